@@ -1,0 +1,66 @@
+"""Length-prefixed frames: int32 size, then that many bytes.
+
+The size is checked against the maximum as soon as its four bytes arrive, before any of the body
+is buffered, so a hostile prefix costs nothing.
+"""
+from __future__ import annotations
+
+import struct
+
+from protocol.wire import ProtocolError
+
+DEFAULT_MAX_FRAME_SIZE = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes
+_SIZE = struct.Struct(">i")
+
+
+class FrameTooLarge(ProtocolError):
+    def __init__(self, size: int, limit: int):
+        super().__init__(f"frame of {size} bytes exceeds the maximum of {limit}")
+        self.size = size
+        self.limit = limit
+
+
+class FrameDecoder:
+    """Incremental frame splitter: ``feed(data)`` returns every frame completed by ``data``."""
+
+    __slots__ = ("max_frame_size", "_buf", "_need")
+
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE):
+        self.max_frame_size = max_frame_size
+        self._buf = bytearray()
+        self._need = -1  # size of the frame being assembled, -1 while reading its prefix
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+    def feed(self, data) -> list[bytes]:
+        buf = self._buf
+        buf += data
+        frames = []
+        start = 0
+        end = len(buf)
+        while True:
+            need = self._need
+            if need < 0:
+                if end - start < 4:
+                    break
+                need, = _SIZE.unpack_from(buf, start)
+                if need < 0 or need > self.max_frame_size:
+                    buf.clear()
+                    raise FrameTooLarge(need, self.max_frame_size) if need >= 0 else ProtocolError(
+                        f"negative frame size {need}")
+                start += 4
+                self._need = need
+            if end - start < need:
+                break
+            frames.append(bytes(buf[start:start + need]))
+            start += need
+            self._need = -1
+        if start:
+            del buf[:start]
+        return frames
+
+
+def frame(payload: bytes) -> bytes:
+    return _SIZE.pack(len(payload)) + payload
