@@ -1,0 +1,192 @@
+"""herd's settings: one frozen dataclass, loaded from defaults < TOML file < HERD_* env < flags.
+
+Every setting has the same name in all three places: ``offsets_partitions`` is
+``--offsets-partitions``, ``HERD_OFFSETS_PARTITIONS`` and ``offsets_partitions = 50`` in TOML.
+A bad value raises :class:`ConfigError` with one clear line; the CLI prints it and exits 2.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+from dataclasses import dataclass, fields
+
+INT32_MAX = 2**31 - 1
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Config:
+    # where it listens and keeps its data
+    host: str = "127.0.0.1"
+    port: int = 9092
+    data_dir: str = "./herd-data"
+    port_file: str | None = None
+    advertised_host: str | None = None  # what Metadata/FindCoordinator tell clients (default: host)
+    advertised_port: int | None = None  # default: the bound port
+    node_id: int = 0
+    cluster_id: str = "herd-cluster"
+
+    # group coordinator (Kafka names in comments)
+    offsets_partitions: int = 50  # offsets.topic.num.partitions
+    initial_rebalance_delay_ms: int = 3000  # group.initial.rebalance.delay.ms
+    min_session_timeout_ms: int = 6000  # group.min.session.timeout.ms
+    max_session_timeout_ms: int = 1800000  # group.max.session.timeout.ms
+    group_max_size: int = INT32_MAX  # group.max.size
+    offsets_retention_minutes: int = 10080  # offsets.retention.minutes (7 days)
+    offsets_retention_check_interval_ms: int = 600000  # offsets.retention.check.interval.ms
+    offset_metadata_max_bytes: int = 4096  # offset.metadata.max.bytes (counted in characters)
+
+    # topic catalog
+    auto_create_topics: bool = True  # auto.create.topics.enable
+    default_partitions: int = 1  # num.partitions
+    topics: tuple[tuple[str, int], ...] = ()  # --topic name:partitions
+
+    # network and disk
+    max_frame_size: int = 104857600  # socket.request.max.bytes
+    connections_max_idle_ms: int = 600000  # connections.max.idle.ms
+    max_connections: int = 10000
+    max_pending_bytes_per_connection: int = 16 * 1024 * 1024
+    fsync: str = "always"  # always | never
+
+    # operating
+    log_level: str = "info"
+    log_format: str = "auto"  # auto (json unless a TTY) | json | console
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    rebalance_history_size: int = 20  # generations kept per group by the flight recorder
+
+    def validate(self) -> "Config":
+        def positive(name):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+
+        for name in ("offsets_partitions", "group_max_size", "offsets_retention_minutes",
+                     "offsets_retention_check_interval_ms", "default_partitions", "max_frame_size",
+                     "connections_max_idle_ms", "max_connections", "max_pending_bytes_per_connection",
+                     "rebalance_history_size"):
+            positive(name)
+        for name in ("initial_rebalance_delay_ms", "min_session_timeout_ms", "offset_metadata_max_bytes"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must not be negative, got {getattr(self, name)}")
+        if self.max_session_timeout_ms < self.min_session_timeout_ms:
+            raise ConfigError("max_session_timeout_ms must be >= min_session_timeout_ms")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be 0-65535, got {self.port}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics_port must be 0-65535, got {self.metrics_port}")
+        if self.fsync not in ("always", "never"):
+            raise ConfigError(f"fsync must be 'always' or 'never', got {self.fsync!r}")
+        if self.log_format not in ("auto", "json", "console"):
+            raise ConfigError(f"log_format must be auto, json or console, got {self.log_format!r}")
+        if self.log_level.lower() not in ("debug", "info", "warning", "error"):
+            raise ConfigError(f"log_level must be debug, info, warning or error, got {self.log_level!r}")
+        for name, parts in self.topics:
+            if not _TOPIC_RE.fullmatch(name):
+                raise ConfigError(f"invalid topic name {name!r}")
+            if parts <= 0:
+                raise ConfigError(f"topic {name} needs a positive partition count, got {parts}")
+        return self
+
+    @property
+    def offsets_retention_ms(self) -> int:
+        return self.offsets_retention_minutes * 60_000
+
+    def replace(self, **changes) -> "Config":
+        return dataclasses.replace(self, **changes).validate()
+
+
+_TOPIC_RE = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+FIELDS = {f.name: f for f in fields(Config)}
+
+
+def parse_topic(text: str) -> tuple[str, int]:
+    name, sep, count = str(text).partition(":")
+    try:
+        parts = int(count) if sep else 1
+    except ValueError:
+        raise ConfigError(f"--topic wants name:partitions, got {text!r}") from None
+    return name, parts
+
+
+def _coerce(name: str, value):
+    """Turn a string (env/flag) or TOML value into the field's type."""
+    f = FIELDS[name]
+    t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    if name == "topics":
+        items = value if isinstance(value, (list, tuple)) else [v for v in str(value).split(",") if v]
+        out = []
+        for item in items:
+            if isinstance(item, (list, tuple)) and len(item) == 2:
+                out.append((str(item[0]), int(item[1])))
+            elif isinstance(item, dict):
+                out.append((str(item.get("name")), int(item.get("partitions", 1))))
+            else:
+                out.append(parse_topic(item))
+        return tuple(out)
+    if value is None:
+        if "None" in t:
+            return None
+        raise ConfigError(f"{name} needs a value")
+    if t.startswith("bool"):
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{name} must be true or false, got {value!r}")
+    if t.startswith("int"):
+        if isinstance(value, bool):
+            raise ConfigError(f"{name} must be an integer, got {value!r}")
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name} must be an integer, got {value!r}") from None
+    if isinstance(value, (dict, list)):
+        raise ConfigError(f"{name} must be a string, got {value!r}")
+    return str(value)
+
+
+def load(toml_path: str | None = None, env: dict | None = None, overrides: dict | None = None) -> Config:
+    """Defaults < TOML file < HERD_* environment < explicit overrides (flags)."""
+    values: dict = {}
+    if toml_path:
+        try:
+            with open(toml_path, "rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {toml_path}") from None
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {toml_path}: {exc}") from None
+        data = data.get("herd", data)
+        for key, value in data.items():
+            name = key.replace("-", "_").replace(".", "_")
+            if name not in FIELDS:
+                raise ConfigError(f"unknown setting {key!r} in {toml_path}")
+            values[name] = _coerce(name, value)
+    env = os.environ if env is None else env
+    for key, value in env.items():
+        if not key.startswith("HERD_"):
+            continue
+        name = key[5:].lower()
+        if name in FIELDS:
+            values[name] = _coerce(name, value)
+    for name, value in (overrides or {}).items():
+        if value is None and name not in values:
+            continue
+        if value is None:
+            continue
+        values[name] = _coerce(name, value)
+    try:
+        return Config(**values).validate()
+    except TypeError as exc:  # pragma: no cover - a programming error in the loader
+        raise ConfigError(str(exc)) from None
+
+
+DEFAULT = Config()
