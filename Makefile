@@ -1,0 +1,59 @@
+# herd developer entry points. Every target works from a fresh clone (no .venv yet).
+#   make run   [HOST=127.0.0.1 PORT=9092 DATA_DIR=./herd-data]
+#   make test  [PYTEST_ARGS='-k group -x']
+#   make bench | make lint | make clean
+
+PYTHON    ?= python3
+VENV      ?= .venv
+HOST      ?= 127.0.0.1
+PORT      ?= 9092
+DATA_DIR  ?= ./herd-data
+PYTEST_ARGS ?=
+
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip --disable-pip-version-check -q
+
+.PHONY: run test bench lint clean java
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# Stamps: reinstall only when pyproject.toml changes.
+$(VENV)/.installed-run: pyproject.toml | $(BIN)/python
+	$(PIP) install -e .
+	@touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(PIP) install -e '.[test,spark]'
+	@touch $@ $(VENV)/.installed-run
+
+run: $(VENV)/.installed-run
+	$(BIN)/herd serve --host $(HOST) --port $(PORT) --data-dir $(DATA_DIR)
+
+test: $(VENV)/.installed-test java
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+bench: $(VENV)/.installed-test
+	$(BIN)/python -m bench
+
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check .
+
+# PySpark 4 needs Java 17+. Install openjdk-17-jre-headless only if no such java is on PATH
+# and we are root with apt-get; otherwise warn (the spark tests will say what is missing).
+java:
+	@major=$$(java -version 2>&1 | sed -n 's/.* version "\([0-9]*\).*/\1/p' | head -n 1); \
+	if [ "$${major:-0}" -ge 17 ] 2>/dev/null; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing openjdk-17-jre-headless (needed by the spark tests)"; \
+		mkdir -p /usr/share/man/man1; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get update -qq >/dev/null && \
+		apt-get install -y -qq --no-install-recommends --no-upgrade openjdk-17-jre-headless >/dev/null; \
+	else \
+		echo "warning: no Java 17+ runtime on PATH; install openjdk-17-jre-headless for the spark tests" >&2; \
+	fi
+
+clean:
+	rm -rf $(VENV) build dist .pytest_cache .hypothesis .ruff_cache *.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +
