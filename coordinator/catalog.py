@@ -1,0 +1,272 @@
+"""The topic catalog, and the answers for the broker APIs a group member also sends.
+
+herd keeps no partition data, but consumers ask for Metadata (to learn partition counts for
+assignment), FindCoordinator, ListOffsets and Fetch. This module answers them as a one-node
+cluster whose logs are all empty:
+
+* Metadata: every known topic with this node as leader of every partition. Unknown topics are
+  created on the fly when ``auto_create_topics`` is on and the client allows it (v4+), as Kafka's
+  ``auto.create.topics.enable``; otherwise UNKNOWN_TOPIC_OR_PARTITION.
+* ListOffsets: offset 0 for earliest and latest (an empty log).
+* Fetch: no records, and a high watermark equal to the fetch offset, so a consumer that resumes
+  from a committed offset stays where it is instead of being reset (the runtime delays the answer
+  by the request's max wait, as a broker with no new data does).
+* CreateTopics: adds topics (replication factor -1 or 1 on this one-node cluster).
+
+Topics are durable: each is a herd-specific record in shard 0's log (key type ``TOPIC_RECORD``),
+so they survive restarts and are compacted with everything else. Pure: no I/O, no clock.
+"""
+from __future__ import annotations
+
+import re
+import struct
+import uuid
+from dataclasses import dataclass
+
+from protocol import errors as E
+from protocol import messages as m
+from protocol.wire import ProtocolError
+
+TOPIC_RECORD = 0x7F00  # herd's own record type, outside Kafka's __consumer_offsets range
+CATALOG_SHARD = 0
+_KEY = struct.Struct(">hh")
+_VALUE = struct.Struct(">hi16s")
+_TOPIC_RE = re.compile(r"[a-zA-Z0-9._-]+")
+MAX_TOPIC_LEN = 249
+MAX_PARTITIONS = 100_000
+
+
+@dataclass
+class Topic:
+    name: str
+    partitions: int
+    topic_id: bytes
+
+
+def topic_key(name: str) -> bytes:
+    raw = name.encode()
+    return _KEY.pack(TOPIC_RECORD, len(raw)) + raw
+
+
+def topic_value(topic: Topic) -> bytes:
+    return _VALUE.pack(0, topic.partitions, topic.topic_id)
+
+
+def is_topic_record(key: bytes) -> bool:
+    return len(key) >= 2 and key[0] == 0x7F and key[1] == 0x00
+
+
+def validate_topic_name(name: str) -> str | None:
+    """Kafka's Topic.validate: None when valid, else the reason."""
+    if not name:
+        return "Topic name is illegal, it can't be empty"
+    if name in (".", ".."):
+        return "Topic name cannot be \".\" or \"..\""
+    if len(name) > MAX_TOPIC_LEN:
+        return f"Topic name is illegal, it can't be longer than {MAX_TOPIC_LEN} characters"
+    if not _TOPIC_RE.fullmatch(name):
+        return f"Topic name \"{name}\" is illegal, it contains a character other than ASCII " \
+               "alphanumerics, '.', '_' and '-'"
+    return None
+
+
+class Catalog:
+    def __init__(self, config, node_id: int = 0):
+        self.config = config
+        self.node_id = node_id
+        self.host = config.advertised_host or config.host
+        self.port = config.advertised_port or config.port
+        self.topics: dict[str, Topic] = {}
+        self.by_id: dict[bytes, Topic] = {}
+
+    # ---- state -------------------------------------------------------------------------------
+
+    def set_address(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+
+    def replay(self, key: bytes, value: bytes | None) -> None:
+        try:
+            _, n = _KEY.unpack_from(key, 0)
+            name = key[4:4 + n].decode()
+        except (struct.error, UnicodeDecodeError) as exc:
+            raise ProtocolError(f"bad topic record key: {exc}") from None
+        old = self.topics.pop(name, None)
+        if old is not None:
+            self.by_id.pop(old.topic_id, None)
+        if value is None:
+            return
+        try:
+            _, parts, tid = _VALUE.unpack_from(value, 0)
+        except struct.error as exc:
+            raise ProtocolError(f"bad topic record value: {exc}") from None
+        topic = Topic(name, parts, tid)
+        self.topics[name] = topic
+        self.by_id[tid] = topic
+
+    def create(self, name: str, partitions: int, writes: list) -> Topic:
+        """Create (in memory, via replay) and queue the durable record into ``writes``."""
+        topic = Topic(name, partitions, uuid.uuid4().bytes)
+        key, value = topic_key(name), topic_value(topic)
+        self.replay(key, value)
+        writes.append((CATALOG_SHARD, key, value))
+        return topic
+
+    def configured_topics(self) -> list:
+        """Writes that create the ``--topic`` topics not yet known (run once after replay)."""
+        writes: list = []
+        for name, parts in self.config.topics:
+            if name not in self.topics:
+                self.create(name, parts, writes)
+        return writes
+
+    # ---- APIs --------------------------------------------------------------------------------
+
+    def find_coordinator(self, req: m.FindCoordinatorRequest, version: int) -> m.FindCoordinatorResponse:
+        def answer(key: str, key_type: int):
+            if key_type != 0:
+                return (E.INVALID_REQUEST, "herd coordinates consumer groups only "
+                        f"(key type {key_type} is not supported)")
+            if not key:
+                return E.INVALID_REQUEST, "The group id must not be empty."
+            return E.NONE, None
+
+        resp = m.FindCoordinatorResponse()
+        if version >= 4:
+            for key in req.coordinator_keys:
+                code, msg = answer(key, req.key_type)
+                ok = code == E.NONE
+                resp.coordinators.append(m.FindCoordinatorResponseCoordinator(
+                    key=key, node_id=self.node_id if ok else -1, host=self.host if ok else "",
+                    port=self.port if ok else -1, error_code=code, error_message=msg))
+            return resp
+        code, msg = answer(req.key, req.key_type if version >= 1 else 0)
+        resp.error_code = code
+        resp.error_message = msg
+        if code == E.NONE:
+            resp.node_id, resp.host, resp.port = self.node_id, self.host, self.port
+        else:
+            resp.node_id, resp.host, resp.port = -1, "", -1
+        return resp
+
+    def _topic_metadata(self, topic: Topic) -> m.MetadataResponseTopic:
+        nid = self.node_id
+        return m.MetadataResponseTopic(
+            error_code=E.NONE, name=topic.name, topic_id=topic.topic_id, is_internal=False,
+            partitions=[m.MetadataResponsePartition(
+                error_code=E.NONE, partition_index=p, leader_id=nid, leader_epoch=0,
+                replica_nodes=[nid], isr_nodes=[nid], offline_replicas=[])
+                for p in range(topic.partitions)])
+
+    def metadata(self, req: m.MetadataRequest, version: int) -> tuple[list, m.MetadataResponse]:
+        writes: list = []
+        resp = m.MetadataResponse(
+            brokers=[m.MetadataResponseBroker(node_id=self.node_id, host=self.host, port=self.port)],
+            cluster_id=self.config.cluster_id, controller_id=self.node_id)
+        requested = req.topics
+        if requested is None or (version == 0 and not requested):
+            resp.topics = [self._topic_metadata(t) for t in sorted(self.topics.values(), key=_name)]
+            return writes, resp
+        allow_create = self.config.auto_create_topics and (version < 4 or req.allow_auto_topic_creation)
+        for rt in requested:
+            name = rt.name
+            if name is None and version >= 10:
+                topic = self.by_id.get(rt.topic_id)
+                if topic is None:
+                    resp.topics.append(m.MetadataResponseTopic(
+                        error_code=E.UNKNOWN_TOPIC_ID, name=None, topic_id=rt.topic_id))
+                    continue
+                resp.topics.append(self._topic_metadata(topic))
+                continue
+            topic = self.topics.get(name)
+            if topic is None:
+                problem = validate_topic_name(name or "")
+                if problem is not None:
+                    resp.topics.append(m.MetadataResponseTopic(error_code=E.INVALID_TOPIC_EXCEPTION, name=name))
+                    continue
+                if not allow_create:
+                    resp.topics.append(m.MetadataResponseTopic(error_code=E.UNKNOWN_TOPIC_OR_PARTITION, name=name))
+                    continue
+                topic = self.create(name, self.config.default_partitions, writes)
+            resp.topics.append(self._topic_metadata(topic))
+        return writes, resp
+
+    def describe_cluster(self, req, version: int) -> m.DescribeClusterResponse:
+        return m.DescribeClusterResponse(
+            cluster_id=self.config.cluster_id, controller_id=self.node_id,
+            brokers=[m.DescribeClusterResponseDescribeClusterBroker(
+                broker_id=self.node_id, host=self.host, port=self.port)])
+
+    def create_topics(self, req: m.CreateTopicsRequest, version: int) -> tuple[list, m.CreateTopicsResponse]:
+        writes: list = []
+        resp = m.CreateTopicsResponse()
+        seen: set[str] = set()
+        for ct in req.topics:
+            r = m.CreateTopicsResponseCreatableTopicResult(name=ct.name)
+            resp.topics.append(r)
+            problem = validate_topic_name(ct.name)
+            parts = ct.num_partitions if ct.num_partitions != -1 else self.config.default_partitions
+            if ct.name in seen:
+                r.error_code, r.error_message = E.INVALID_REQUEST, "Duplicate topic name in request."
+            elif problem:
+                r.error_code, r.error_message = E.INVALID_TOPIC_EXCEPTION, problem
+            elif ct.name in self.topics:
+                r.error_code = E.TOPIC_ALREADY_EXISTS
+                r.error_message = f"Topic '{ct.name}' already exists."
+            elif ct.assignments:
+                r.error_code = E.INVALID_REQUEST
+                r.error_message = "herd does not take manual replica assignments."
+            elif not 0 < parts <= MAX_PARTITIONS:
+                r.error_code = E.INVALID_PARTITIONS
+                r.error_message = f"Number of partitions must be between 1 and {MAX_PARTITIONS}."
+            elif ct.replication_factor not in (-1, 1):
+                r.error_code = E.INVALID_REPLICATION_FACTOR
+                r.error_message = (f"Unable to replicate the partition {ct.replication_factor} time(s): "
+                                   "herd is a one-node cluster.")
+            else:
+                r.num_partitions, r.replication_factor = parts, 1
+                if not req.validate_only:
+                    r.topic_id = self.create(ct.name, parts, writes).topic_id
+            seen.add(ct.name)
+            if r.error_code != E.NONE:
+                r.num_partitions = r.replication_factor = -1
+        return writes, resp
+
+    def list_offsets(self, req: m.ListOffsetsRequest, version: int) -> m.ListOffsetsResponse:
+        resp = m.ListOffsetsResponse()
+        for rt in req.topics:
+            topic = self.topics.get(rt.name)
+            out = m.ListOffsetsResponseListOffsetsTopicResponse(name=rt.name)
+            resp.topics.append(out)
+            for rp in rt.partitions:
+                pr = m.ListOffsetsResponseListOffsetsPartitionResponse(partition_index=rp.partition_index)
+                if topic is None or not 0 <= rp.partition_index < topic.partitions:
+                    pr.error_code = E.UNKNOWN_TOPIC_OR_PARTITION
+                elif version == 0:
+                    pr.old_style_offsets = [0]
+                else:
+                    pr.timestamp, pr.offset, pr.leader_epoch = -1, 0, 0
+                out.partitions.append(pr)
+        return resp
+
+    def fetch(self, req: m.FetchRequest, version: int) -> m.FetchResponse:
+        resp = m.FetchResponse(session_id=0)
+        for ft in req.topics:
+            topic = self.by_id.get(ft.topic_id) if version >= 13 else self.topics.get(ft.topic)
+            out = m.FetchResponseFetchableTopicResponse(topic=ft.topic, topic_id=ft.topic_id)
+            resp.responses.append(out)
+            for fp in ft.partitions:
+                pd = m.FetchResponsePartitionData(partition_index=fp.partition, records=b"")
+                if topic is None:
+                    pd.error_code = E.UNKNOWN_TOPIC_ID if version >= 13 else E.UNKNOWN_TOPIC_OR_PARTITION
+                elif not 0 <= fp.partition < topic.partitions:
+                    pd.error_code = E.UNKNOWN_TOPIC_OR_PARTITION
+                else:
+                    hw = max(fp.fetch_offset, 0)
+                    pd.high_watermark = pd.last_stable_offset = hw
+                    pd.log_start_offset = 0
+                out.partitions.append(pd)
+        return resp
+
+
+def _name(topic: Topic) -> str:
+    return topic.name

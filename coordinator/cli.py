@@ -1,0 +1,179 @@
+"""The ``herd`` command.
+
+``herd serve``   run the daemon (every setting as a flag, HERD_* variable or TOML key)
+``herd groups``  operate on groups of any Kafka-compatible coordinator (see coordinator/admin.py)
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import fcntl
+import os
+import signal
+import socket
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+from coordinator import config as cfg
+
+SERVE_HELP = {
+    "host": "address to listen on",
+    "port": "port to listen on (0 picks a free port)",
+    "data_dir": "where the per-shard logs live",
+    "port_file": "write the bound port to this file once listening",
+    "fsync": "always: acknowledge commits after fsync (default); never: for benchmarks only",
+}
+
+
+class CliError(Exception):
+    """A mistake the user can fix: printed as one line, exit code 2."""
+
+
+def _serve_parser(sub) -> None:
+    p = sub.add_parser("serve", help="run the coordinator daemon",
+                       description="Run the herd coordinator daemon.")
+    p.add_argument("--config", metavar="FILE.toml", help="TOML config file (keys as the flag names)")
+    p.add_argument("--topic", dest="topics", action="append", metavar="NAME:PARTITIONS",
+                   help="a topic to create at start-up (repeatable)")
+    p.add_argument("--repair", action="store_true",
+                   help="cut a shard log at damage found in the middle of it instead of refusing to start")
+    for f in fields(cfg.Config):
+        if f.name == "topics":
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        kind = f.type if isinstance(f.type, str) else str(f.type)
+        help_text = SERVE_HELP.get(f.name, f"default: {f.default}")
+        if kind.startswith("bool"):
+            p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        else:
+            p.add_argument(flag, dest=f.name, default=None, metavar=f.name.upper(), help=help_text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="herd", description="herd: a Kafka-protocol consumer-group coordinator")
+    sub = ap.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    try:
+        from coordinator import admin
+    except ImportError:
+        admin = None
+    if admin is not None:
+        admin.add_parser(sub)
+    return ap
+
+
+def load_config(args) -> cfg.Config:
+    overrides = {f.name: getattr(args, f.name, None) for f in fields(cfg.Config) if f.name != "topics"}
+    if args.topics:
+        overrides["topics"] = args.topics
+    return cfg.load(args.config, os.environ, overrides)
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "serve":
+            config = load_config(args)
+            return serve(config, repair=args.repair)
+        return args.func(args)
+    except (cfg.ConfigError, CliError) as exc:
+        print(f"herd: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+# ---- serve ---------------------------------------------------------------------------------------
+
+def _lock_data_dir(path: Path):
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CliError(f"cannot create data directory {path}: {exc.strerror}") from None
+    fh = open(path / ".lock", "a+")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        fh.close()
+        raise CliError(f"data directory {path} is in use by another herd process") from None
+    return fh
+
+
+def serve(config: cfg.Config, repair: bool = False) -> int:
+    import uvloop
+
+    from coordinator import logs
+    logs.configure(config.log_level, config.log_format)
+    lock = _lock_data_dir(Path(config.data_dir))
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(_serve(config, repair))
+    finally:
+        lock.close()
+
+
+async def _serve(config: cfg.Config, repair: bool) -> int:
+    from coordinator import logs
+    from coordinator.catalog import Catalog
+    from coordinator.groups import GroupCoordinator
+    from coordinator.log import LogCorruptError, LogStore
+    from coordinator.runtime import Runtime
+    from coordinator.server import Server
+
+    log = logs.get("herd")
+    loop = asyncio.get_running_loop()
+    store = LogStore(Path(config.data_dir), config.offsets_partitions, fsync=config.fsync, repair=repair)
+    groups = GroupCoordinator(config, node_id=config.node_id)
+    catalog = Catalog(config, node_id=config.node_id)
+    runtime = Runtime(config, groups, catalog, store)
+    server = Server(config, runtime)
+    try:
+        host, port = await server.bind()
+    except OSError as exc:
+        raise CliError(f"cannot listen on {config.host}:{config.port}: {exc.strerror}") from None
+    adv_host = config.advertised_host or (socket.getfqdn() if host in ("0.0.0.0", "::") else host)
+    catalog.set_address(adv_host, config.advertised_port or port)
+    log.info("listening", host=host, port=port, advertised=f"{adv_host}:{config.advertised_port or port}",
+             data_dir=str(config.data_dir), fsync=config.fsync, offsets_partitions=config.offsets_partitions)
+    if config.fsync == "never":
+        log.warning("fsync=never: acknowledged commits can be lost on a crash; use only for benchmarks")
+    try:
+        shards = await loop.run_in_executor(None, store.open)
+    except LogCorruptError as exc:
+        raise CliError(f"{exc} (start with --repair to cut the log at the damage)") from None
+    stats = runtime.replay(shards)
+    del shards
+    log.info("replayed", records=stats["records"], seconds=stats["seconds"], groups=groups_count(groups))
+    runtime.start(loop)
+    await server.start()
+    if config.port_file:
+        tmp = Path(str(config.port_file) + ".tmp")
+        tmp.write_text(f"{port}\n")
+        os.replace(tmp, config.port_file)
+
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+    log.info("stopping: answering parked requests and flushing the log")
+    server.stop_accepting()
+    runtime.shutdown()
+    await loop.run_in_executor(None, store.close)
+    await asyncio.sleep(0.05)  # let the last durable replies go out
+    server.close_all()
+    log.info("stopped")
+    return 0
+
+
+def groups_count(groups) -> int:
+    try:
+        return len(groups.list_groups())
+    except Exception:  # the count is informational only
+        return -1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,260 @@
+"""Runs the pure cores on the event loop.
+
+Feeds requests and timer ticks to the group coordinator and the topic catalog, hands the records
+they produce to the log writer, and releases replies only once the records they depend on are
+durable:
+
+* A result with writes: its replies leave when all of its writes are on disk (fsync'd under
+  ``fsync=always``). The log writes each shard's entries in order, so this also orders replies
+  behind every earlier write of the same shards.
+* A result without writes for a group whose shard has a write in flight: its replies wait for that
+  write, so nobody learns state (an assignment, a committed offset) before it is durable.
+* A write that fails marks the shard failed (``GroupCoordinator.fail_shard``): the waiting replies
+  become COORDINATOR_NOT_AVAILABLE (retriable) and the shard stops accepting requests. herd does
+  not pretend: it never retries an fsync that failed.
+
+One ``loop.call_later`` tracks the coordinator's next deadline.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from coordinator import logs
+from coordinator.catalog import Catalog, is_topic_record
+from coordinator.versions import GROUP_APIS
+from protocol import errors as E
+from protocol import messages as m
+
+log = logs.get("herd.runtime")
+
+FETCH_WAIT_CAP_MS = 30_000
+
+
+def monotonic_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+class _Waiter:
+    """Replies held until ``count`` writes have completed."""
+
+    __slots__ = ("runtime", "count", "replies", "failed")
+
+    def __init__(self, runtime, count, replies):
+        self.runtime = runtime
+        self.count = count
+        self.replies = replies
+        self.failed: set[int] = set()
+
+    def done(self, shard_id: int, exc: BaseException | None) -> None:
+        if exc is not None:
+            self.failed.add(shard_id)
+            self.runtime.write_failed(shard_id, exc)
+        self.count -= 1
+        if self.count == 0:
+            self.runtime.release(self.replies, failed=bool(self.failed))
+
+
+class Runtime:
+    def __init__(self, config, groups, catalog: Catalog, store, clock=None, metrics=None):
+        self.config = config
+        self.groups = groups
+        self.catalog = catalog
+        self.store = store
+        self.clock = clock
+        self.metrics = metrics
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._last_write: dict[int, object] = {}  # shard -> latest write future
+        self._timer = None
+        self._timer_at: int | None = None
+        self._closing = False
+
+    def now_ms(self) -> int:
+        return self.clock.monotonic_ms() if self.clock is not None else monotonic_ms()
+
+    # ---- start-up ----------------------------------------------------------------------------
+
+    def replay(self, shards) -> dict:
+        """Feed every shard's entries to the cores. ``shards``: shard id -> iterable of (key, value)."""
+        started = time.perf_counter()
+        count = 0
+        groups_replay = self.groups.replay
+        catalog_replay = self.catalog.replay
+        for shard_id, entries in shards.items():
+            for key, value in entries:
+                if is_topic_record(key):
+                    catalog_replay(key, value)
+                else:
+                    groups_replay(shard_id, key, value)
+                count += 1
+        self.groups.loaded(self.now_ms())
+        return {"records": count, "seconds": round(time.perf_counter() - started, 3)}
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        writes = self.catalog.configured_topics()
+        if writes:
+            self.apply(writes, [], None)
+        self.arm()
+
+    # ---- requests ----------------------------------------------------------------------------
+
+    def dispatch(self, token, api_key: int, version: int, request, client_id: str, client_host: str) -> None:
+        if self._closing:
+            token.reply(error_response(api_key, version, request, E.NOT_COORDINATOR))
+            return
+        if api_key in GROUP_APIS:
+            res = self.groups.handle(api_key, version, request, self.now_ms(), token, client_id, client_host)
+            self.apply(res.writes, res.replies, self._shard_of(request))
+            self.arm()
+            return
+        cat = self.catalog
+        if api_key == 3:
+            writes, resp = cat.metadata(request, version)
+            self.apply(writes, [(token, resp)], None)
+        elif api_key == 10:
+            token.reply(cat.find_coordinator(request, version))
+        elif api_key == 1:
+            resp = cat.fetch(request, version)
+            wait = min(max(request.max_wait_ms, 0), FETCH_WAIT_CAP_MS)
+            if wait and request.min_bytes > 0:
+                token.park(self.loop.call_later(wait / 1000, token.reply, resp))
+            else:
+                token.reply(resp)
+        elif api_key == 2:
+            token.reply(cat.list_offsets(request, version))
+        elif api_key == 19:
+            writes, resp = cat.create_topics(request, version)
+            self.apply(writes, [(token, resp)], None)
+        elif api_key == 60:
+            token.reply(cat.describe_cluster(request, version))
+        else:  # pragma: no cover - the server only dispatches supported APIs
+            raise AssertionError(f"no handler for api key {api_key}")
+
+    def _shard_of(self, request) -> int | None:
+        group_id = getattr(request, "group_id", None)
+        if isinstance(group_id, str):
+            return self.groups.shard_for(group_id)
+        return None
+
+    # ---- writes and replies --------------------------------------------------------------------
+
+    def apply(self, writes, replies, shard_hint: int | None) -> None:
+        if writes:
+            by_shard: dict[int, list] = {}
+            for shard_id, key, value in writes:
+                by_shard.setdefault(shard_id, []).append((key, value))
+            waiter = _Waiter(self, len(by_shard), replies)
+            for shard_id, entries in by_shard.items():
+                fut = self.store.append(shard_id, entries)
+                self._last_write[shard_id] = fut
+                self._watch(fut, shard_id, waiter)
+            return
+        if not replies:
+            return
+        if shard_hint is not None:
+            fut = self._last_write.get(shard_hint)
+            if fut is not None:
+                if not fut.done():
+                    self._watch(fut, shard_hint, _Waiter(self, 1, replies))
+                    return
+                del self._last_write[shard_hint]
+        self.release(replies)
+
+    def _watch(self, fut, shard_id: int, waiter: _Waiter) -> None:
+        loop = self.loop
+
+        def finished(f, shard_id=shard_id):
+            exc = f.exception()
+            if loop.is_closed():
+                return
+            loop.call_soon_threadsafe(waiter.done, shard_id, exc)
+
+        fut.add_done_callback(finished)
+
+    def release(self, replies, failed: bool = False) -> None:
+        for token, resp in replies:
+            if failed:
+                resp = error_response(token.api_key, token.api_version, token.request,
+                                      E.COORDINATOR_NOT_AVAILABLE)
+            token.reply(resp)
+
+    def write_failed(self, shard_id: int, exc: BaseException) -> None:
+        log.error("shard write failed; shard stops accepting writes", shard=shard_id, error=str(exc))
+        self.groups.fail_shard(shard_id)
+
+    # ---- timers ------------------------------------------------------------------------------
+
+    def arm(self) -> None:
+        deadline = self.groups.next_deadline()
+        if deadline == self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = deadline
+        if deadline is not None and self.loop is not None:
+            delay = max(0, deadline - self.now_ms()) / 1000
+            self._timer = self.loop.call_later(delay, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        self._timer_at = None
+        res = self.groups.on_timers(self.now_ms())
+        self.apply(res.writes, res.replies, None)
+        self.arm()
+
+    # ---- shutdown ----------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Answer every parked request with NOT_COORDINATOR and stop the timer."""
+        self._closing = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        res = self.groups.shutdown()
+        self.release(res.replies)
+
+
+# ---- error responses ---------------------------------------------------------------------------
+
+def error_response(api_key: int, version: int, request, code: int):
+    """The response Kafka sends for ``request`` when the whole request fails with ``code``."""
+    if api_key == 11:
+        return m.JoinGroupResponse(error_code=code, generation_id=-1, member_id=request.member_id,
+                                   protocol_name=None if version >= 7 else "", leader="")
+    if api_key == 14:
+        return m.SyncGroupResponse(error_code=code, assignment=b"")
+    if api_key == 12:
+        return m.HeartbeatResponse(error_code=code)
+    if api_key == 13:
+        return m.LeaveGroupResponse(error_code=code)
+    if api_key == 8:
+        return m.OffsetCommitResponse(topics=[
+            m.OffsetCommitResponseTopic(name=t.name, partitions=[
+                m.OffsetCommitResponsePartition(partition_index=p.partition_index, error_code=code)
+                for p in t.partitions]) for t in request.topics])
+    if api_key == 9:
+        if version >= 8:
+            return m.OffsetFetchResponse(groups=[
+                m.OffsetFetchResponseGroup(group_id=g.group_id, error_code=code) for g in request.groups])
+        return m.OffsetFetchResponse(error_code=code)
+    if api_key == 15:
+        return m.DescribeGroupsResponse(groups=[
+            m.DescribeGroupsResponseDescribedGroup(error_code=code, group_id=g, group_state="",
+                                                   protocol_type="", protocol_data="")
+            for g in request.groups])
+    if api_key == 16:
+        return m.ListGroupsResponse(error_code=code)
+    if api_key == 42:
+        return m.DeleteGroupsResponse(results=[
+            m.DeleteGroupsResponseDeletableGroupResult(group_id=g, error_code=code) for g in request.groups_names])
+    if api_key == 47:
+        return m.OffsetDeleteResponse(error_code=code)
+    if api_key == 3:
+        return m.MetadataResponse(topics=[
+            m.MetadataResponseTopic(error_code=E.LEADER_NOT_AVAILABLE, name=t.name) for t in request.topics or []])
+    if api_key == 19:
+        return m.CreateTopicsResponse(topics=[
+            m.CreateTopicsResponseCreatableTopicResult(name=t.name, error_code=code) for t in request.topics])
+    raise ValueError(f"no error response for api key {api_key}")

@@ -1,0 +1,278 @@
+"""The TCP edge: one ``asyncio.Protocol`` per connection.
+
+frame → header → (ApiVersions, or an unknown API/version: answered or refused here) → body →
+runtime. Like a Kafka broker, a connection has one request in flight: the next frame is not
+read until the previous one is answered, so a parked JoinGroup holds its connection's later
+requests. Malformed input closes that connection only; the process never dies from input.
+"""
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+from collections import deque
+
+from coordinator import logs
+from coordinator.versions import API_NAMES, API_VERSIONS, SUPPORTED, api_versions_response
+from protocol import errors as E
+from protocol import messages as m
+from protocol.framing import FrameDecoder
+from protocol.headers import decode_request_header, response_header_version
+from protocol.wire import EncodeError, ProtocolError
+
+log = logs.get("herd.server")
+_SIZE = struct.Struct(">i")
+_CID = struct.Struct(">i")
+_REQUESTS = m.REQUESTS
+
+
+class Reply:
+    """The token a request travels with: ``reply(response)`` answers it on its connection."""
+
+    __slots__ = ("conn", "correlation_id", "api_key", "api_version", "request", "timer")
+
+    def __init__(self, conn, correlation_id, api_key, api_version, request):
+        self.conn = conn
+        self.correlation_id = correlation_id
+        self.api_key = api_key
+        self.api_version = api_version
+        self.request = request
+        self.timer = None
+
+    def reply(self, response) -> None:
+        self.conn.send_response(self, response)
+
+    def park(self, timer) -> None:
+        self.timer = timer
+
+    def __repr__(self):
+        return f"Reply({API_NAMES.get(self.api_key)} v{self.api_version} #{self.correlation_id})"
+
+
+class Connection(asyncio.Protocol):
+    def __init__(self, server: "Server"):
+        self.server = server
+        self.runtime = server.runtime
+        self.decoder = FrameDecoder(server.config.max_frame_size)
+        self.transport = None
+        self.peer = "?"
+        self.client_host = ""
+        self.queue: deque[bytes] = deque()
+        self.queued_bytes = 0
+        self.inflight: Reply | None = None
+        self.processing = False
+        self.closed = False
+        self.paused = False
+        self.last_active = 0.0
+
+    # ---- asyncio callbacks ---------------------------------------------------------------------
+
+    def connection_made(self, transport):
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        if peer:
+            self.peer = f"{peer[0]}:{peer[1]}"
+            self.client_host = f"/{peer[0]}"
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+        self.last_active = self.server.loop.time()
+        if not self.server.register(self):
+            log.warning("too many connections; refusing", peer=self.peer, limit=self.server.config.max_connections)
+            self.closed = True
+            transport.abort()
+
+    def connection_lost(self, exc):
+        self.closed = True
+        self.server.unregister(self)
+        if self.inflight is not None and self.inflight.timer is not None:
+            self.inflight.timer.cancel()
+        self.queue.clear()
+
+    def data_received(self, data):
+        if self.closed:
+            return
+        self.last_active = self.server.loop.time()
+        try:
+            frames = self.decoder.feed(data)
+        except ProtocolError as exc:
+            self.fail("malformed frame", exc)
+            return
+        if frames:
+            for f in frames:
+                self.queued_bytes += len(f)
+            self.queue.extend(frames)
+            if self.inflight is None and not self.processing:
+                self.process()
+        if not self.paused and self.queued_bytes + self.decoder.buffered > self.server.config.max_pending_bytes_per_connection:
+            self.paused = True
+            self.transport.pause_reading()
+
+    # ---- requests ----------------------------------------------------------------------------
+
+    def process(self) -> None:
+        self.processing = True
+        try:
+            while self.queue and self.inflight is None and not self.closed:
+                frame = self.queue.popleft()
+                self.queued_bytes -= len(frame)
+                self.handle(frame)
+        finally:
+            self.processing = False
+        if self.paused and not self.closed and self.queued_bytes + self.decoder.buffered <= \
+                self.server.config.max_pending_bytes_per_connection // 2:
+            self.paused = False
+            self.transport.resume_reading()
+
+    def handle(self, frame: bytes) -> None:
+        try:
+            header, pos = decode_request_header(frame)
+        except ProtocolError as exc:
+            self.fail("malformed request header", exc)
+            return
+        api_key = header.api_key
+        version = header.api_version
+        if api_key == API_VERSIONS:
+            self.api_versions(header, frame, pos)
+            return
+        rng = SUPPORTED.get(api_key)
+        if rng is None or not rng[0] <= version <= rng[1]:
+            # Kafka closes the connection for an API or version it does not serve.
+            log.warning("unsupported api or version; closing connection", peer=self.peer,
+                        client_id=header.client_id, api_key=api_key, api_version=version,
+                        api=API_NAMES.get(api_key))
+            self.close()
+            return
+        cls = _REQUESTS[api_key]
+        try:
+            request = cls.decode_from(frame, pos, version)[0]
+        except ProtocolError as exc:
+            self.fail(f"malformed {cls.NAME} v{version}", exc, client_id=header.client_id)
+            return
+        token = Reply(self, header.correlation_id, api_key, version, request)
+        self.inflight = token
+        try:
+            self.runtime.dispatch(token, api_key, version, request, header.client_id or "", self.client_host)
+        except Exception:  # our bug: log it with context, drop this connection, keep serving
+            log.exception("error handling request", peer=self.peer, client_id=header.client_id,
+                          api=cls.NAME, api_version=version)
+            self.close()
+
+    def api_versions(self, header, frame: bytes, pos: int) -> None:
+        lo, hi = SUPPORTED[API_VERSIONS]
+        version = header.api_version
+        token = Reply(self, header.correlation_id, API_VERSIONS, version, None)
+        self.inflight = token
+        if not lo <= version <= hi:
+            # KIP-511: answer in v0 format with our ApiVersions range so the client can retry lower.
+            token.api_version = 0
+            resp = m.ApiVersionsResponse(error_code=E.UNSUPPORTED_VERSION, api_keys=[
+                m.ApiVersionsResponseApiVersion(api_key=API_VERSIONS, min_version=lo, max_version=hi)])
+            self.send_response(token, resp)
+            return
+        try:
+            m.ApiVersionsRequest.decode_from(frame, pos, version)
+        except ProtocolError:
+            self.send_response(token, api_versions_response(E.INVALID_REQUEST))
+            return
+        self.send_response(token, self.server.api_versions_cache)
+
+    # ---- responses ---------------------------------------------------------------------------
+
+    def send_response(self, token: Reply, response) -> None:
+        if token is not self.inflight:
+            return  # the connection moved on (closed and cleaned up); drop the late answer
+        self.inflight = None
+        if self.closed:
+            return
+        version = token.api_version
+        out = bytearray(b"\x00\x00\x00\x00")
+        out += _CID.pack(token.correlation_id)
+        if response_header_version(token.api_key, version):
+            out += b"\x00"
+        try:
+            response.encode_into(out, version)
+        except EncodeError:
+            log.exception("cannot encode response", peer=self.peer, response=type(response).__name__,
+                          api_version=version)
+            self.close()
+            return
+        _SIZE.pack_into(out, 0, len(out) - 4)
+        self.transport.write(out)
+        if self.queue and not self.processing:
+            self.process()
+
+    # ---- closing -----------------------------------------------------------------------------
+
+    def fail(self, what: str, exc: Exception, **kw) -> None:
+        log.warning(f"{what}; closing connection", peer=self.peer, error=str(exc), **kw)
+        self.close()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.inflight = None
+            self.queue.clear()
+            self.transport.abort()
+
+
+class Server:
+    def __init__(self, config, runtime):
+        self.config = config
+        self.runtime = runtime
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.connections: set[Connection] = set()
+        self.server: asyncio.base_events.Server | None = None
+        self.api_versions_cache = api_versions_response()
+        self._idle_timer = None
+        self.port = None
+
+    def register(self, conn: Connection) -> bool:
+        if len(self.connections) >= self.config.max_connections:
+            return False
+        self.connections.add(conn)
+        return True
+
+    def unregister(self, conn: Connection) -> None:
+        self.connections.discard(conn)
+
+    async def bind(self) -> tuple[str, int]:
+        self.loop = asyncio.get_running_loop()
+        self.server = await self.loop.create_server(
+            lambda: Connection(self), self.config.host, self.config.port,
+            start_serving=False, reuse_address=True, backlog=1024)
+        addr = self.server.sockets[0].getsockname()
+        self.port = addr[1]
+        return addr[0], addr[1]
+
+    async def start(self) -> None:
+        await self.server.start_serving()
+        self._schedule_idle_check()
+
+    def _schedule_idle_check(self) -> None:
+        interval = max(0.05, min(self.config.connections_max_idle_ms / 1000 / 4, 30.0))
+        self._idle_timer = self.loop.call_later(interval, self._idle_check)
+
+    def _idle_check(self) -> None:
+        limit = self.config.connections_max_idle_ms / 1000
+        now = self.loop.time()
+        for conn in list(self.connections):
+            if conn.inflight is None and now - conn.last_active > limit:
+                log.info("closing idle connection", peer=conn.peer, idle_s=round(now - conn.last_active, 1))
+                conn.close()
+        self._schedule_idle_check()
+
+    def stop_accepting(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+
+    def close_all(self) -> None:
+        for conn in list(self.connections):
+            if conn.transport is not None and not conn.closed:
+                conn.closed = True
+                conn.transport.close()

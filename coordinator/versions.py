@@ -1,0 +1,45 @@
+"""The APIs and versions herd serves: what ApiVersions advertises and what the server accepts.
+
+Only what is implemented is advertised. KIP-848's ConsumerGroupHeartbeat/Describe, transactions
+(TxnOffsetCommit) and SASL are not served yet.
+"""
+from __future__ import annotations
+
+from protocol import messages as m
+
+API_VERSIONS = 18
+
+# api key -> (min, max) served. Every version the codec has for these APIs is served.
+SUPPORTED: dict[int, tuple[int, int]] = {
+    cls.API_KEY: (cls.MIN_VERSION, cls.MAX_VERSION)
+    for cls in (
+        m.FetchRequest, m.ListOffsetsRequest, m.MetadataRequest, m.OffsetCommitRequest,
+        m.OffsetFetchRequest, m.FindCoordinatorRequest, m.JoinGroupRequest, m.HeartbeatRequest,
+        m.LeaveGroupRequest, m.SyncGroupRequest, m.DescribeGroupsRequest, m.ListGroupsRequest,
+        m.ApiVersionsRequest, m.CreateTopicsRequest, m.DeleteGroupsRequest, m.OffsetDeleteRequest,
+        m.DescribeClusterRequest,
+    )
+}
+
+# The group APIs handled by the group coordinator (coordinator/groups.py).
+GROUP_APIS = frozenset({
+    m.JoinGroupRequest.API_KEY, m.SyncGroupRequest.API_KEY, m.HeartbeatRequest.API_KEY,
+    m.LeaveGroupRequest.API_KEY, m.OffsetCommitRequest.API_KEY, m.OffsetFetchRequest.API_KEY,
+    m.ListGroupsRequest.API_KEY, m.DescribeGroupsRequest.API_KEY, m.DeleteGroupsRequest.API_KEY,
+    m.OffsetDeleteRequest.API_KEY,
+})
+
+API_NAMES = {key: cls.NAME[: -len("Request")] for key, cls in m.REQUESTS.items()}
+
+
+def is_supported(api_key: int, version: int) -> bool:
+    r = SUPPORTED.get(api_key)
+    return r is not None and r[0] <= version <= r[1]
+
+
+def api_versions_response(error_code: int = 0) -> m.ApiVersionsResponse:
+    return m.ApiVersionsResponse(
+        error_code=error_code,
+        api_keys=[m.ApiVersionsResponseApiVersion(api_key=k, min_version=lo, max_version=hi)
+                  for k, (lo, hi) in sorted(SUPPORTED.items())],
+    )
