@@ -1,0 +1,131 @@
+"""The topic catalog and the broker APIs a group member sends (pure, no sockets)."""
+from coordinator.catalog import Catalog, is_topic_record, validate_topic_name
+from coordinator.config import Config
+from protocol import errors as E
+from protocol import messages as m
+
+
+def catalog(**kw):
+    cat = Catalog(Config(**kw))
+    cat.set_address("127.0.0.1", 9092)
+    return cat
+
+
+def md(*names, allow=True):
+    return m.MetadataRequest(topics=[m.MetadataRequestTopic(name=n) for n in names],
+                             allow_auto_topic_creation=allow)
+
+
+def test_metadata_auto_creates_with_default_partitions_and_writes_a_record():
+    cat = catalog(default_partitions=3)
+    writes, resp = cat.metadata(md("orders"), 12)
+    assert [(t.name, t.error_code, len(t.partitions)) for t in resp.topics] == [("orders", 0, 3)]
+    assert resp.brokers[0].host == "127.0.0.1" and resp.brokers[0].port == 9092
+    assert resp.controller_id == 0 and resp.cluster_id == "herd-cluster"
+    (shard, key, value), = writes
+    assert shard == 0 and is_topic_record(key) and value is not None
+    p = resp.topics[0].partitions[1]
+    assert (p.partition_index, p.leader_id, p.replica_nodes, p.isr_nodes) == (1, 0, [0], [0])
+    # the second time it exists: no write
+    writes, resp = cat.metadata(md("orders"), 12)
+    assert writes == [] and resp.topics[0].error_code == 0
+
+
+def test_metadata_respects_auto_create_off_and_client_opt_out():
+    cat = catalog(auto_create_topics=False)
+    writes, resp = cat.metadata(md("x"), 9)
+    assert writes == [] and resp.topics[0].error_code == E.UNKNOWN_TOPIC_OR_PARTITION
+    cat = catalog()
+    writes, resp = cat.metadata(md("x", allow=False), 9)
+    assert writes == [] and resp.topics[0].error_code == E.UNKNOWN_TOPIC_OR_PARTITION
+    # v0-3 have no opt-out flag: creation follows the server setting
+    writes, resp = cat.metadata(md("x", allow=False), 3)
+    assert len(writes) == 1 and resp.topics[0].error_code == 0
+
+
+def test_metadata_all_topics_null_v1_and_empty_v0():
+    cat = catalog()
+    cat.metadata(md("b", "a"), 1)
+    _, resp = cat.metadata(m.MetadataRequest(topics=None), 1)
+    assert [t.name for t in resp.topics] == ["a", "b"]
+    _, resp = cat.metadata(m.MetadataRequest(topics=[]), 0)
+    assert [t.name for t in resp.topics] == ["a", "b"]
+    _, resp = cat.metadata(m.MetadataRequest(topics=[]), 1)
+    assert resp.topics == []
+
+
+def test_invalid_topic_names_are_refused():
+    assert validate_topic_name("ok.topic_1-x") is None
+    for bad in ("", ".", "..", "a b", "x" * 250, "é"):
+        assert validate_topic_name(bad) is not None
+    writes, resp = catalog().metadata(md("bad name"), 9)
+    assert writes == [] and resp.topics[0].error_code == E.INVALID_TOPIC_EXCEPTION
+
+
+def test_topics_survive_replay_with_their_ids():
+    cat = catalog()
+    writes, resp = cat.create_topics(m.CreateTopicsRequest(topics=[
+        m.CreateTopicsRequestCreatableTopic(name="t", num_partitions=4, replication_factor=1)]), 7)
+    assert resp.topics[0].error_code == 0 and resp.topics[0].num_partitions == 4
+    fresh = catalog()
+    for _, key, value in writes:
+        fresh.replay(key, value)
+    assert fresh.topics["t"].partitions == 4
+    assert fresh.topics["t"].topic_id == resp.topics[0].topic_id != bytes(16)
+
+
+def test_create_topics_errors():
+    cat = catalog()
+    cat.create_topics(m.CreateTopicsRequest(topics=[m.CreateTopicsRequestCreatableTopic(
+        name="exists", num_partitions=1, replication_factor=-1)]), 5)
+    ct = m.CreateTopicsRequestCreatableTopic
+    writes, resp = cat.create_topics(m.CreateTopicsRequest(topics=[
+        ct(name="exists", num_partitions=1, replication_factor=1),
+        ct(name="r3", num_partitions=1, replication_factor=3),
+        ct(name="zero", num_partitions=0, replication_factor=1),
+        ct(name="bad/name", num_partitions=1, replication_factor=1),
+        ct(name="dflt", num_partitions=-1, replication_factor=-1),
+    ]), 5)
+    codes = {t.name: t.error_code for t in resp.topics}
+    assert codes == {"exists": E.TOPIC_ALREADY_EXISTS, "r3": E.INVALID_REPLICATION_FACTOR,
+                     "zero": E.INVALID_PARTITIONS, "bad/name": E.INVALID_TOPIC_EXCEPTION, "dflt": E.NONE}
+    assert len(writes) == 1 and cat.topics["dflt"].partitions == 1
+
+
+def test_create_topics_validate_only_writes_nothing():
+    cat = catalog()
+    writes, resp = cat.create_topics(m.CreateTopicsRequest(validate_only=True, topics=[
+        m.CreateTopicsRequestCreatableTopic(name="v", num_partitions=2, replication_factor=1)]), 5)
+    assert writes == [] and resp.topics[0].error_code == 0 and "v" not in cat.topics
+
+
+def test_find_coordinator_single_and_batched():
+    cat = catalog()
+    r = cat.find_coordinator(m.FindCoordinatorRequest(key="g", key_type=0), 3)
+    assert (r.error_code, r.node_id, r.host, r.port) == (0, 0, "127.0.0.1", 9092)
+    r = cat.find_coordinator(m.FindCoordinatorRequest(key="txn", key_type=1), 3)
+    assert r.error_code == E.INVALID_REQUEST and "consumer groups only" in r.error_message
+    r = cat.find_coordinator(m.FindCoordinatorRequest(coordinator_keys=["a", "", "b"], key_type=0), 4)
+    assert [(c.key, c.error_code) for c in r.coordinators] == [("a", 0), ("", E.INVALID_REQUEST), ("b", 0)]
+
+
+def test_list_offsets_and_fetch_answer_as_an_empty_log():
+    cat = catalog(topics=(("t", 2),))
+    assert len(cat.configured_topics()) == 1 and cat.configured_topics() == []
+    lo = m.ListOffsetsRequest(topics=[m.ListOffsetsRequestListOffsetsTopic(name="t", partitions=[
+        m.ListOffsetsRequestListOffsetsPartition(partition_index=0, timestamp=-1),
+        m.ListOffsetsRequestListOffsetsPartition(partition_index=7, timestamp=-2)])])
+    r = cat.list_offsets(lo, 5)
+    (p0, p7), = [t.partitions for t in r.topics]
+    assert (p0.error_code, p0.offset) == (0, 0) and p7.error_code == E.UNKNOWN_TOPIC_OR_PARTITION
+    assert cat.list_offsets(lo, 0).topics[0].partitions[0].old_style_offsets == [0]
+    fr = m.FetchRequest(topics=[m.FetchRequestFetchTopic(topic="t", partitions=[
+        m.FetchRequestFetchPartition(partition=1, fetch_offset=42)])])
+    pd = cat.fetch(fr, 11).responses[0].partitions[0]
+    assert (pd.error_code, pd.high_watermark, pd.records) == (0, 42, b"")
+    tid = cat.topics["t"].topic_id
+    fr13 = m.FetchRequest(topics=[m.FetchRequestFetchTopic(topic_id=tid, partitions=[
+        m.FetchRequestFetchPartition(partition=0, fetch_offset=0)])])
+    assert cat.fetch(fr13, 13).responses[0].partitions[0].error_code == 0
+    fr13.topics[0].topic_id = bytes(range(16))
+    assert cat.fetch(fr13, 13).responses[0].partitions[0].error_code == E.UNKNOWN_TOPIC_ID

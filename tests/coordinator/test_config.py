@@ -1,0 +1,46 @@
+import pytest
+
+from coordinator.config import Config, ConfigError, load
+
+
+def test_defaults_match_kafka():
+    c = Config()
+    assert (c.offsets_partitions, c.initial_rebalance_delay_ms, c.min_session_timeout_ms,
+            c.max_session_timeout_ms, c.offsets_retention_minutes, c.offset_metadata_max_bytes,
+            c.max_frame_size, c.connections_max_idle_ms, c.fsync) == (
+        50, 3000, 6000, 1800000, 10080, 4096, 104857600, 600000, "always")
+
+
+def test_precedence_toml_env_flags(tmp_path):
+    toml = tmp_path / "herd.toml"
+    toml.write_text('offsets_partitions = 7\ngroup_max_size = 5\nfsync = "never"\n'
+                    'topics = ["a:2", {name = "b", partitions = 3}]\n')
+    c = load(str(toml), env={"HERD_GROUP_MAX_SIZE": "9", "HERD_UNRELATED": "x"},
+             overrides={"fsync": "always", "port": None})
+    assert (c.offsets_partitions, c.group_max_size, c.fsync) == (7, 9, "always")
+    assert c.topics == (("a", 2), ("b", 3))
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"HERD_PORT": "http"}, "port must be an integer"),
+    ({"HERD_FSYNC": "sometimes"}, "fsync must be"),
+    ({"HERD_OFFSETS_PARTITIONS": "0"}, "offsets_partitions must be positive"),
+    ({"HERD_AUTO_CREATE_TOPICS": "maybe"}, "true or false"),
+    ({"HERD_MIN_SESSION_TIMEOUT_MS": "10", "HERD_MAX_SESSION_TIMEOUT_MS": "5"}, "max_session_timeout_ms"),
+    ({"HERD_TOPICS": "bad topic:1"}, "invalid topic name"),
+])
+def test_bad_values_give_one_clear_message(env, message):
+    with pytest.raises(ConfigError, match=message):
+        load(env=env)
+
+
+def test_unknown_toml_key_and_missing_file(tmp_path):
+    toml = tmp_path / "x.toml"
+    toml.write_text("no_such_setting = 1\n")
+    with pytest.raises(ConfigError, match="unknown setting 'no_such_setting'"):
+        load(str(toml), env={})
+    with pytest.raises(ConfigError, match="config file not found"):
+        load(str(tmp_path / "missing.toml"), env={})
+    toml.write_text("port = [\n")
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load(str(toml), env={})

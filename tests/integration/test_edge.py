@@ -1,0 +1,144 @@
+"""The daemon's TCP edge against a real daemon process: versions, bad input, limits, signals."""
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+import pytest
+
+from protocol import errors as E
+from protocol import messages as m
+from protocol.headers import encode_request_header
+from tests.support.daemon import REPO, Daemon
+from tests.support.kafka import RawClient
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def herd(tmp_path):
+    with Daemon(tmp_path / "data", "--connections-max-idle-ms", "1500", "--max-frame-size", "65536") as d:
+        yield d
+
+
+def test_api_versions_advertises_what_is_served(herd):
+    with RawClient(herd.address) as c:
+        r = c.call(m.ApiVersionsRequest(client_software_name="t", client_software_version="1"), 3)
+    ranges = {k.api_key: (k.min_version, k.max_version) for k in r.api_keys}
+    assert r.error_code == 0
+    assert ranges[11] == (0, 9) and ranges[14] == (0, 5) and ranges[8] == (0, 9) and ranges[10] == (0, 6)
+    assert 68 not in ranges and 28 not in ranges  # KIP-848 and transactions are not served
+
+
+def test_api_versions_newer_than_ours_gets_a_v0_answer(herd):
+    with RawClient(herd.address) as c:
+        out = bytearray()
+        encode_request_header(out, 18, 99, 7, "future-client")
+        c.send_raw(bytes(out) + b"\x00\x00")
+        data = c.recv_frame()
+    assert struct.unpack_from(">i", data)[0] == 7
+    r = m.ApiVersionsResponse.decode(data, 0, 4)  # header v0, body v0
+    assert r.error_code == E.UNSUPPORTED_VERSION
+    assert [(k.api_key, k.min_version, k.max_version) for k in r.api_keys] == [(18, 0, 4)]
+
+
+def test_bad_input_closes_only_that_connection(herd):
+    with RawClient(herd.address) as good:
+        assert good.call(m.ApiVersionsRequest(), 0).error_code == 0
+        cases = [
+            b"\x00\x0c",  # truncated header
+            struct.pack(">hhih", 12, 4, 1, 0) + b"\xff\xff\xff",  # heartbeat v4 with garbage body
+            struct.pack(">hhih", 999, 0, 1, -1),  # unknown api key
+            struct.pack(">hhih", 12, 99, 1, -1),  # unsupported version
+        ]
+        for payload in cases:
+            with RawClient(herd.address) as bad:
+                bad.send_raw(payload)
+                assert bad.closed_by_peer(), payload
+        with RawClient(herd.address) as big:  # over --max-frame-size: refused at the prefix
+            big.sock.sendall(struct.pack(">i", 10_000_000))
+            assert big.closed_by_peer()
+        with RawClient(herd.address) as neg:
+            neg.sock.sendall(struct.pack(">i", -5))
+            assert neg.closed_by_peer()
+        # the well-behaved connection still works
+        assert good.call(m.FindCoordinatorRequest(key="g", key_type=0), 3).error_code == 0
+    assert herd.proc.poll() is None
+    assert "malformed" in herd.logs()
+
+
+def test_idle_connections_are_closed(herd):
+    with RawClient(herd.address) as c:
+        c.call(m.ApiVersionsRequest(), 1)
+        assert c.closed_by_peer(timeout=10)
+
+
+def test_fetch_waits_max_wait_and_answers_empty(herd):
+    with RawClient(herd.address) as c:
+        c.call(m.MetadataRequest(topics=[m.MetadataRequestTopic(name="t")]), 9)
+        started = time.monotonic()
+        r = c.call(m.FetchRequest(max_wait_ms=300, min_bytes=1, topics=[m.FetchRequestFetchTopic(
+            topic="t", partitions=[m.FetchRequestFetchPartition(partition=0, fetch_offset=3)])]), 11)
+        assert time.monotonic() - started >= 0.25
+    pd = r.responses[0].partitions[0]
+    assert (pd.error_code, pd.high_watermark) == (0, 3)
+
+
+def test_topics_survive_restart(tmp_path):
+    with Daemon(tmp_path / "data", "--topic", "configured:3") as d:
+        with RawClient(d.address) as c:
+            c.call(m.CreateTopicsRequest(topics=[m.CreateTopicsRequestCreatableTopic(
+                name="created", num_partitions=5, replication_factor=1)]), 5)
+        d.restart()
+        with RawClient(d.address) as c:
+            r = c.call(m.MetadataRequest(topics=None, allow_auto_topic_creation=False), 9)
+    assert {t.name: len(t.partitions) for t in r.topics} == {"configured": 3, "created": 5}
+
+
+def test_sigterm_exits_zero_and_logs_json(tmp_path):
+    d = Daemon(tmp_path / "data").start()
+    try:
+        first = d.logs().splitlines()[0]
+        assert '"event": "listening"' in first and f'"port": {d.port}' in first
+        assert d.stop() == 0
+    finally:
+        d.kill()
+
+
+def run_cli(*args, env=None):
+    e = dict(os.environ, PYTHONPATH=str(REPO))
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "coordinator", *args], capture_output=True, text=True,
+                          timeout=30, env=e, cwd=str(REPO))
+
+
+@pytest.mark.parametrize("args, env, needle", [
+    (["serve", "--port", "abc"], {}, "port must be an integer"),
+    (["serve", "--fsync", "maybe"], {}, "fsync must be"),
+    (["serve"], {"HERD_OFFSETS_PARTITIONS": "-1"}, "offsets_partitions must be positive"),
+    (["serve", "--config", "/nonexistent/herd.toml"], {}, "config file not found"),
+])
+def test_bad_config_is_one_line_and_exit_2(args, env, needle):
+    p = run_cli(*args, env=env)
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in p.stderr
+
+
+def test_data_dir_in_use_is_refused(tmp_path):
+    with Daemon(tmp_path / "data"):
+        p = run_cli("serve", "--port", "0", "--data-dir", str(tmp_path / "data"))
+    assert p.returncode == 2 and "in use by another herd process" in p.stderr
+
+
+def test_port_in_use_is_one_line(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        p = run_cli("serve", "--port", str(port), "--data-dir", str(tmp_path / "d"))
+    assert p.returncode == 2 and "cannot listen" in p.stderr.strip().splitlines()[-1]
