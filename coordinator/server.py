@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+import time
 from collections import deque
 
 from coordinator import logs
@@ -24,14 +25,16 @@ log = logs.get("herd.server")
 _SIZE = struct.Struct(">i")
 _CID = struct.Struct(">i")
 _REQUESTS = m.REQUESTS
+_now = time.perf_counter
 
 
 class Reply:
     """The token a request travels with: ``reply(response)`` answers it on its connection."""
 
-    __slots__ = ("conn", "correlation_id", "api_key", "api_version", "request", "timer")
+    __slots__ = ("conn", "correlation_id", "api_key", "api_version", "request", "timer", "started")
 
     def __init__(self, conn, correlation_id, api_key, api_version, request):
+        self.started = _now()
         self.conn = conn
         self.correlation_id = correlation_id
         self.api_key = api_key
@@ -202,6 +205,11 @@ class Connection(asyncio.Protocol):
             return
         _SIZE.pack_into(out, 0, len(out) - 4)
         self.transport.write(out)
+        metrics = self.server.metrics
+        if metrics is not None:
+            name = API_NAMES.get(token.api_key, "?")
+            metrics.requests.inc(name)
+            metrics.request_seconds.observe(_now() - token.started, name)
         if self.queue and not self.processing:
             self.process()
 
@@ -220,9 +228,10 @@ class Connection(asyncio.Protocol):
 
 
 class Server:
-    def __init__(self, config, runtime):
+    def __init__(self, config, runtime, metrics=None):
         self.config = config
         self.runtime = runtime
+        self.metrics = metrics
         self.loop: asyncio.AbstractEventLoop | None = None
         self.connections: set[Connection] = set()
         self.server: asyncio.base_events.Server | None = None
@@ -234,6 +243,8 @@ class Server:
         if len(self.connections) >= self.config.max_connections:
             return False
         self.connections.add(conn)
+        if self.metrics is not None:
+            self.metrics.connections_total.inc()
         return True
 
     def unregister(self, conn: Connection) -> None:

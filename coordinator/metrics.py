@@ -1,0 +1,217 @@
+"""Prometheus metrics and the operator HTTP endpoint.
+
+Counters and histograms are plain Python objects updated on the event loop thread (no locks);
+everything that can be computed from state (groups by state, members, log bytes) is computed
+when scraped, so the request path only pays for one counter increment and one histogram
+observation per request.
+
+HTTP (``--metrics-port``; off by default):
+  GET /metrics                      Prometheus text format 0.0.4
+  GET /healthz                      "ok"
+  GET /groups                       JSON: every group with state, protocol, members
+  GET /groups/<group>/history       JSON: the rebalance flight recorder for that group
+"""
+from __future__ import annotations
+
+import asyncio
+import bisect
+import json
+import math
+import time
+from urllib.parse import unquote
+
+from coordinator import logs
+
+log = logs.get("herd.metrics")
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                   30.0, 60.0)
+REBALANCE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+def _fmt(v: float) -> str:
+    if v == math.inf:
+        return "+Inf"
+    if float(v).is_integer():
+        return str(int(v))
+    return repr(float(v))
+
+
+def _labels(names: tuple, values: tuple, extra: str = "") -> str:
+    parts = [f'{n}="{_escape(str(v))}"' for n, v in zip(names, values)]
+    if extra:
+        parts.append(extra)
+    return "{" + ",".join(parts) + "}" if parts else ""
+
+
+def _escape(s: str) -> str:
+    return s.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+class Counter:
+    def __init__(self, name: str, help: str, labels: tuple = ()):
+        self.name, self.help, self.label_names = name, help, labels
+        self.values: dict[tuple, float] = {}
+
+    def inc(self, *labels, by: float = 1) -> None:
+        self.values[labels] = self.values.get(labels, 0) + by
+
+    def render(self) -> list[str]:
+        out = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} counter"]
+        for labels, v in sorted(self.values.items()):
+            out.append(f"{self.name}{_labels(self.label_names, labels)} {_fmt(v)}")
+        return out
+
+
+class Histogram:
+    def __init__(self, name: str, help: str, labels: tuple = (), buckets=LATENCY_BUCKETS):
+        self.name, self.help, self.label_names = name, help, labels
+        self.buckets = tuple(buckets)
+        self.series: dict[tuple, list] = {}  # labels -> [bucket counts..., sum, count]
+
+    def observe(self, value: float, *labels) -> None:
+        s = self.series.get(labels)
+        if s is None:
+            s = self.series[labels] = [0] * (len(self.buckets) + 2)
+        i = bisect.bisect_left(self.buckets, value)
+        if i < len(self.buckets):
+            s[i] += 1
+        s[-2] += value
+        s[-1] += 1
+
+    def render(self) -> list[str]:
+        out = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
+        for labels, s in sorted(self.series.items()):
+            acc = 0
+            for b, c in zip(self.buckets, s):
+                acc += c
+                le = 'le="%s"' % _fmt(b)
+                out.append(f"{self.name}_bucket{_labels(self.label_names, labels, le)} {acc}")
+            le = 'le="+Inf"'
+            out.append(f"{self.name}_bucket{_labels(self.label_names, labels, le)} {s[-1]}")
+            out.append(f"{self.name}_sum{_labels(self.label_names, labels)} {_fmt(s[-2])}")
+            out.append(f"{self.name}_count{_labels(self.label_names, labels)} {s[-1]}")
+        return out
+
+
+class Gauge:
+    """A gauge computed at scrape time: ``fn()`` returns {label tuple: value}."""
+
+    def __init__(self, name: str, help: str, labels: tuple, fn):
+        self.name, self.help, self.label_names, self.fn = name, help, labels, fn
+
+    def render(self) -> list[str]:
+        out = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} gauge"]
+        try:
+            values = self.fn()
+        except Exception:  # a broken gauge must not break the scrape
+            log.exception("gauge failed", metric=self.name)
+            values = {}
+        for labels, v in sorted(values.items()):
+            out.append(f"{self.name}{_labels(self.label_names, labels)} {_fmt(v)}")
+        return out
+
+
+class Metrics:
+    def __init__(self):
+        self.started = time.time()
+        self.requests = Counter("herd_requests_total", "Requests answered, by API.", ("api",))
+        self.request_seconds = Histogram("herd_request_duration_seconds",
+                                         "Time from a request's arrival to its answer, by API.", ("api",))
+        self.rebalances = Counter("herd_rebalances_total", "Completed rebalances, by what started them.",
+                                  ("reason",))
+        self.rebalance_seconds = Histogram("herd_rebalance_duration_seconds",
+                                           "Duration of completed rebalances (start to stable).",
+                                           buckets=REBALANCE_BUCKETS)
+        self.commits = Counter("herd_offset_commits_total", "Partition offsets committed.")
+        self.connections_total = Counter("herd_connections_accepted_total", "Connections accepted.")
+        self.replay_seconds = 0.0
+        self.replay_records = 0
+        self.gauges: list[Gauge] = []
+
+    def gauge(self, name: str, help: str, labels: tuple, fn) -> None:
+        self.gauges.append(Gauge(name, help, labels, fn))
+
+    def render(self) -> str:
+        lines: list[str] = []
+        for metric in (self.requests, self.request_seconds, self.rebalances, self.rebalance_seconds,
+                       self.commits, self.connections_total):
+            lines += metric.render()
+        lines += [
+            "# HELP herd_shard_replay_seconds Time spent replaying the logs at start-up.",
+            "# TYPE herd_shard_replay_seconds gauge",
+            f"herd_shard_replay_seconds {_fmt(self.replay_seconds)}",
+            "# HELP herd_replayed_records Records replayed at start-up.",
+            "# TYPE herd_replayed_records gauge",
+            f"herd_replayed_records {self.replay_records}",
+            "# HELP herd_start_time_seconds Unix time the daemon started.",
+            "# TYPE herd_start_time_seconds gauge",
+            f"herd_start_time_seconds {_fmt(round(self.started, 3))}",
+        ]
+        for g in self.gauges:
+            lines += g.render()
+        return "\n".join(lines) + "\n"
+
+
+class HttpEndpoint:
+    """A small HTTP/1.1 server (one request per connection) for /metrics and the JSON views."""
+
+    def __init__(self, metrics: Metrics, groups_view, history_view, max_request=8192):
+        self.metrics = metrics
+        self.groups_view = groups_view  # () -> JSON-able
+        self.history_view = history_view  # (group_id) -> JSON-able or None
+        self.max_request = max_request
+        self.server = None
+
+    async def start(self, host: str, port: int) -> int:
+        self.server = await asyncio.start_server(self._client, host, port)
+        return self.server.sockets[0].getsockname()[1]
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
+            line = head.split(b"\r\n", 1)[0].decode("latin-1")
+            parts = line.split()
+            if len(parts) < 2 or parts[0] not in ("GET", "HEAD"):
+                status, ctype, body = 405, "text/plain", b"only GET is supported\n"
+            else:
+                status, ctype, body = self.route(parts[1])
+            writer.write(f"HTTP/1.1 {status} {_REASONS.get(status, 'OK')}\r\nContent-Type: {ctype}\r\n"
+                         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode())
+            if parts and parts[0] != "HEAD":
+                writer.write(body)
+            await writer.drain()
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+                ConnectionError, UnicodeDecodeError):
+            pass
+        except Exception:
+            log.exception("metrics endpoint error")
+        finally:
+            writer.close()
+
+    def route(self, target: str) -> tuple[int, str, bytes]:
+        path = unquote(target.split("?", 1)[0])
+        if path == "/metrics":
+            return 200, "text/plain; version=0.0.4; charset=utf-8", self.metrics.render().encode()
+        if path == "/healthz":
+            return 200, "text/plain", b"ok\n"
+        if path == "/groups":
+            return 200, "application/json", _json(self.groups_view())
+        if path.startswith("/groups/") and path.endswith("/history"):
+            group = path[len("/groups/"):-len("/history")]
+            hist = self.history_view(group)
+            if hist is None:
+                return 404, "application/json", _json({"error": f"unknown group {group}"})
+            return 200, "application/json", _json(hist)
+        return 404, "text/plain", b"not found\n"
+
+
+def _json(obj) -> bytes:
+    return (json.dumps(obj, indent=2, default=str) + "\n").encode()
+
+
+_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed"}
