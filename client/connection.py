@@ -1,0 +1,215 @@
+"""A sans-IO Kafka client connection: bytes in, responses out; no sockets, no clock, no threads.
+
+``Connection`` does the framing, the request/response headers, correlation ids, and the
+ApiVersions handshake:
+
+    conn = Connection(client_id="me")
+    conn.initiate()                      # queues an ApiVersions request
+    sock.send(conn.data_to_send())
+    for event in conn.receive(sock.recv(65536)):
+        ...                              # Ready(versions) once, then Response(...) per request
+    corr = conn.send(request, version)   # after Ready; bytes wait in data_to_send()
+
+Negotiation follows KIP-511: ask ApiVersions at our newest version; a broker that does not know it
+answers UNSUPPORTED_VERSION with a v0 body listing its ApiVersions range, and we ask again at the
+highest version both know. A response that does not decode at the version asked (some brokers get
+the flexible versions wrong) is retried at v0, which every broker answers. The version used per API
+afterwards is the highest both sides support (``negotiate``).
+
+Any broken framing, unknown correlation id or failed handshake raises :class:`ConnectionBroken`;
+the owner then closes the socket. A single response that does not decode is reported as a
+``Response`` whose ``error`` is set, so that one request fails and the connection stays usable.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from protocol import errors as codes
+from protocol import messages
+from protocol.framing import FrameDecoder, frame
+from protocol.headers import decode_response_header, encode_request_header
+from protocol.wire import ProtocolError
+
+__all__ = [
+    "CLIENT_VERSIONS", "Connection", "ConnectionBroken", "Ready", "Response", "negotiate",
+    "SOFTWARE_NAME", "SOFTWARE_VERSION",
+]
+
+SOFTWARE_NAME = "herd-python"
+SOFTWARE_VERSION = "0.1.0"
+API_VERSIONS = messages.ApiVersionsRequest.API_KEY
+
+# The APIs the client sends, and the versions whose semantics the coordinator code handles.
+CLIENT_VERSIONS: dict[int, tuple[int, int]] = {
+    messages.ApiVersionsRequest.API_KEY: (0, messages.ApiVersionsRequest.MAX_VERSION),
+    messages.MetadataRequest.API_KEY: (0, messages.MetadataRequest.MAX_VERSION),
+    messages.OffsetCommitRequest.API_KEY: (0, messages.OffsetCommitRequest.MAX_VERSION),
+    messages.OffsetFetchRequest.API_KEY: (1, messages.OffsetFetchRequest.MAX_VERSION),
+    messages.FindCoordinatorRequest.API_KEY: (0, messages.FindCoordinatorRequest.MAX_VERSION),
+    messages.JoinGroupRequest.API_KEY: (0, messages.JoinGroupRequest.MAX_VERSION),
+    messages.HeartbeatRequest.API_KEY: (0, messages.HeartbeatRequest.MAX_VERSION),
+    messages.LeaveGroupRequest.API_KEY: (0, messages.LeaveGroupRequest.MAX_VERSION),
+    messages.SyncGroupRequest.API_KEY: (0, messages.SyncGroupRequest.MAX_VERSION),
+}
+
+
+def negotiate(broker: dict[int, tuple[int, int]],
+              ours: dict[int, tuple[int, int]] = CLIENT_VERSIONS) -> dict[int, int]:
+    """api key -> the highest version both sides support; APIs without overlap are left out."""
+    out = {}
+    for key, (lo, hi) in ours.items():
+        theirs = broker.get(key)
+        if theirs is None:
+            continue
+        top = min(hi, theirs[1])
+        if top >= max(lo, theirs[0]):
+            out[key] = top
+    return out
+
+
+class ConnectionBroken(Exception):
+    """The connection cannot go on (bad frame, unexpected correlation id, failed handshake)."""
+
+
+@dataclass(frozen=True)
+class Ready:
+    """The handshake finished: ``versions`` maps api key -> negotiated version."""
+    versions: dict
+    broker_versions: dict
+
+
+@dataclass(frozen=True)
+class Response:
+    correlation_id: int
+    api_key: int
+    api_version: int
+    message: Any = None        # the decoded response, or None when ``error`` is set
+    error: Exception | None = None
+
+
+class Connection:
+    """One client connection's protocol state. See the module docstring."""
+
+    def __init__(self, client_id: str | None = "herd", max_frame_size: int = 100 * 1024 * 1024,
+                 api_versions_version: int = messages.ApiVersionsRequest.MAX_VERSION):
+        self.client_id = client_id
+        self._decoder = FrameDecoder(max_frame_size)
+        self._out = bytearray()
+        self._next_corr = 0
+        self._inflight: dict[int, tuple[int, int]] = {}   # corr -> (api_key, version)
+        self._handshake_version = api_versions_version
+        self._handshake_corr: int | None = None
+        self._handshake_attempts = 0
+        self.versions: dict[int, int] | None = None
+        self.broker_versions: dict[int, tuple[int, int]] | None = None
+
+    # -- state -------------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self.versions is not None
+
+    @property
+    def in_flight(self) -> list[int]:
+        """Correlation ids of user requests awaiting a response (handshake excluded)."""
+        return [c for c in self._inflight if c != self._handshake_corr]
+
+    def data_to_send(self) -> bytes:
+        data = bytes(self._out)
+        self._out.clear()
+        return data
+
+    # -- sending -----------------------------------------------------------------------------
+    def initiate(self) -> None:
+        """Queue the ApiVersions handshake request."""
+        self._send_handshake(self._handshake_version)
+
+    def _send_handshake(self, version: int) -> None:
+        self._handshake_attempts += 1
+        if self._handshake_attempts > 4:
+            raise ConnectionBroken("ApiVersions negotiation did not converge")
+        self._handshake_version = version
+        req = messages.ApiVersionsRequest(client_software_name=SOFTWARE_NAME,
+                                          client_software_version=SOFTWARE_VERSION)
+        self._handshake_corr = self._queue(req, version)
+
+    def send(self, request, version: int) -> int:
+        """Queue ``request`` encoded at ``version``; return its correlation id."""
+        if not self.ready:
+            raise ConnectionBroken("send before the ApiVersions handshake finished")
+        return self._queue(request, version)
+
+    def _queue(self, request, version: int) -> int:
+        corr = self._next_corr
+        self._next_corr = (self._next_corr + 1) & 0x7FFFFFFF
+        body = bytearray()
+        encode_request_header(body, request.API_KEY, version, corr, self.client_id)
+        request.encode_into(body, version)
+        self._out += frame(bytes(body))
+        self._inflight[corr] = (request.API_KEY, version)
+        return corr
+
+    # -- receiving ---------------------------------------------------------------------------
+    def receive(self, data: bytes) -> list:
+        """Feed bytes read from the socket; return ``Ready`` / ``Response`` events in order."""
+        try:
+            frames = self._decoder.feed(data)
+        except ProtocolError as exc:
+            raise ConnectionBroken(f"bad frame: {exc}") from None
+        events = []
+        for payload in frames:
+            if len(payload) < 4:
+                raise ConnectionBroken("response shorter than its header")
+            corr = int.from_bytes(payload[:4], "big", signed=True)
+            entry = self._inflight.pop(corr, None)
+            if entry is None:
+                raise ConnectionBroken(f"response with unknown correlation id {corr}")
+            api_key, version = entry
+            if corr == self._handshake_corr:
+                ev = self._on_handshake(payload, version)
+                if ev is not None:
+                    events.append(ev)
+                continue
+            cls = messages.RESPONSES[api_key]
+            try:
+                _, pos = decode_response_header(payload, api_key, version)
+                msg = cls.decode(payload, version, pos)
+            except ProtocolError as exc:
+                events.append(Response(corr, api_key, version, None, exc))
+            else:
+                events.append(Response(corr, api_key, version, msg))
+        return events
+
+    def _on_handshake(self, payload: bytes, version: int):
+        self._handshake_corr = None
+        if len(payload) < 6:
+            raise ConnectionBroken("truncated ApiVersions response")
+        error_code = int.from_bytes(payload[4:6], "big", signed=True)
+        resp = None
+        if error_code != codes.UNSUPPORTED_VERSION:
+            try:
+                resp = messages.ApiVersionsResponse.decode(payload, version, 4)
+            except ProtocolError:
+                resp = None
+        if error_code == codes.UNSUPPORTED_VERSION:
+            # KIP-511: the body is v0, listing the broker's ApiVersions range.
+            try:
+                v0 = messages.ApiVersionsResponse.decode(payload, 0, 4)
+                ranges = {k.api_key: k.max_version for k in v0.api_keys}
+            except ProtocolError:
+                ranges = {}
+            retry = min(ranges.get(API_VERSIONS, 0), version - 1) if version > 0 else -1
+            if retry < 0:
+                raise ConnectionBroken("broker rejected every ApiVersions version")
+            self._send_handshake(retry)
+            return None
+        if resp is None:
+            if version == 0:
+                raise ConnectionBroken("undecodable ApiVersions v0 response")
+            self._send_handshake(0)
+            return None
+        if resp.error_code != codes.NONE:
+            raise ConnectionBroken(f"ApiVersions failed: {codes.error_name(resp.error_code)}")
+        self.broker_versions = {k.api_key: (k.min_version, k.max_version) for k in resp.api_keys}
+        self.versions = negotiate(self.broker_versions)
+        return Ready(dict(self.versions), dict(self.broker_versions))

@@ -1,0 +1,470 @@
+"""The one background thread: it owns every socket and the coordinator state machine.
+
+Nothing else touches a socket or the ``ConsumerCoordinator``. The user's threads reach this thread
+through exactly three things, none of which can make it wait:
+
+- ``submit(fn)``: appends a command to a ``queue.SimpleQueue`` (unbounded; ``put`` never blocks) and
+  writes a byte to a non-blocking wake-up socket (a full buffer means a wake-up is already pending,
+  so the write is dropped). Commands are plain functions ``fn(core, now)`` run on this thread.
+- ``snapshot``: an immutable ``Snapshot`` this thread republishes by plain attribute assignment
+  (atomic in CPython); readers never lock.
+- the *events* queue (another ``SimpleQueue``) this thread only ever ``put``s to: rebalance events
+  for the user's thread, completed-commit callbacks, and a ``Nudge`` whenever the snapshot changes.
+
+Replies travel in ``concurrent.futures.Future`` objects that are never handed to user code, so no
+user callback is ever attached to them (``set_result`` would otherwise run it on this thread).
+
+This thread blocks only in ``selector.select(timeout)``; it never takes a lock that user code can
+hold, never waits for a future, and never runs user code (listeners, commit callbacks and
+assignors all run elsewhere -- except an assignor, which is a pure function of its inputs). The one
+lock it shares (``_handoff``) guards the shutdown hand-off of the command queue and is held for a
+few non-blocking instructions on either side, with no other lock taken inside it. Hence no cycle of
+waiting can include this thread, and every user call has its own timeout: no deadlock is possible.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import queue
+import selectors
+import socket
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from client import errors as cerr
+from client.connection import CLIENT_VERSIONS, Connection, ConnectionBroken, Ready, Response
+from client.coordinator import (
+    Connect, ConsumerCoordinator, Disconnect, Emit, Reply, Send, Snapshot, Stop,
+)
+
+log = logging.getLogger("herd.client.network")
+
+__all__ = ["NetworkThread", "Handle", "Nudge", "CommitCallback"]
+
+MAX_SELECT_S = 1.0
+HUNG_UP = "closed by the broker"
+RECV_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True)
+class Nudge:
+    """The snapshot changed (no payload: read ``NetworkThread.snapshot``)."""
+
+
+@dataclass(frozen=True)
+class CommitCallback:
+    """An asynchronous commit finished: run ``callback(offsets, error)`` on the user's thread."""
+    callback: object
+    offsets: dict
+    error: BaseException | None
+
+
+class Handle:
+    """Where a reply goes: a future the user thread waits on, and/or a callback to run at poll time."""
+
+    __slots__ = ("future", "callback", "offsets")
+
+    def __init__(self, future: Future | None = None, callback=None, offsets=None):
+        self.future = future
+        self.callback = callback
+        self.offsets = offsets
+
+
+class _Sock:
+    __slots__ = ("conn_id", "sock", "proto", "state", "out", "inflight", "setup_deadline", "target",
+                 "registered")
+
+    def __init__(self, conn_id, sock, proto, target, setup_deadline):
+        self.conn_id = conn_id
+        self.sock = sock
+        self.proto = proto
+        self.state = "connecting"          # connecting | handshake | ready
+        self.out = bytearray()
+        self.inflight: dict[int, tuple] = {}   # corr -> (tag, deadline, api_key, version)
+        self.setup_deadline = setup_deadline
+        self.target = target
+        self.registered = 0
+
+
+class NetworkThread(threading.Thread):
+    def __init__(self, core: ConsumerCoordinator, events: queue.SimpleQueue, clock=time.monotonic,
+                 name: str = "herd-consumer-network"):
+        super().__init__(name=name, daemon=True)
+        self.core = core
+        self.events = events
+        self.clock = clock
+        self.cfg = core.cfg
+        self.commands: queue.SimpleQueue = queue.SimpleQueue()
+        self.snapshot: Snapshot = core.snapshot()
+        self.crashed: BaseException | None = None
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        self._socks: dict[str, _Sock] = {}
+        self._stop_requested = False
+        self._stopped = False
+        self._core_stopped = False
+        # Per broker address: api key -> highest version to use, lowered when the broker hangs up on
+        # a request at a version it never answered (a broker that advertises a version it cannot
+        # parse, e.g. librdkafka's mock and JoinGroup v6). And what it did answer.
+        self._caps: dict[tuple, dict[int, int]] = {}
+        self._config_caps = dict(core.cfg.api_versions_max)
+        self._answered: dict[tuple, set] = {}
+        self._submitted = 0
+        self._ran = 0
+        self.commands_done = 0
+        self._handoff = threading.Lock()
+
+    # -- user-thread side (non-blocking) -------------------------------------------------------
+    def submit(self, fn) -> int:
+        """Queue ``fn(core, now)`` for this thread; return its sequence number (0: thread stopped).
+
+        ``commands_done`` reaches that number once the command ran and ``snapshot`` reflects it."""
+        with self._handoff:
+            if self._stopped:
+                return 0
+            self._submitted += 1
+            seq = self._submitted
+            self.commands.put(fn)
+        self.wake()
+        return seq
+
+    def wake(self) -> None:
+        try:
+            self._wake_w.send(b"\0")
+        except (BlockingIOError, InterruptedError):
+            pass  # a wake-up is already pending
+        except OSError:
+            pass  # closed: the thread is gone
+
+    def stop(self) -> None:
+        """Ask the thread to exit at once (no LeaveGroup). Safe from any thread, never blocks."""
+        self._stop_requested = True
+        self.wake()
+
+    # -- the loop --------------------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            while not self._stop_requested and not self._core_stopped:
+                now = self.clock()
+                self._run_commands(now)
+                self._check_deadlines(now)
+                self.core.tick(now)
+                self._execute(now)
+                if self._core_stopped:
+                    break
+                self._publish()
+                timeout = min(MAX_SELECT_S, max(0.0, self._next_wake() - self.clock()))
+                for key, mask in self._sel.select(timeout):
+                    if key.data is None:
+                        self._drain_wake()
+                    else:
+                        self._on_io(key.data, mask, self.clock())
+                        self._execute(self.clock())
+                        if self._core_stopped:
+                            break
+        except BaseException as exc:  # a bug: fail loudly, but never leave the user hanging
+            log.exception("consumer network thread crashed")
+            self.crashed = exc
+        finally:
+            self._shutdown()
+
+    def _next_wake(self) -> float:
+        t = self.core.next_deadline()
+        for s in self._socks.values():
+            if s.state != "ready":
+                t = min(t, s.setup_deadline)
+            for entry in s.inflight.values():
+                t = min(t, entry[1])
+        return t
+
+    def _run_commands(self, now: float) -> None:
+        while True:
+            try:
+                fn = self.commands.get_nowait()
+            except queue.Empty:
+                return
+            self._ran += 1
+            try:
+                fn(self.core, now)
+            except Exception as exc:  # a malformed command fails its caller, not this thread
+                log.exception("consumer command failed")
+                handle = getattr(fn, "handle", None)
+                if isinstance(handle, Handle):
+                    self._reply(Reply(handle, error=exc))
+            self._execute(now)
+
+    def _execute(self, now: float) -> bool:
+        """Carry out the core's actions (which may lead to more). True once the core stopped."""
+        stopped = False
+        while True:
+            actions = self.core.take_actions()
+            if not actions:
+                return stopped
+            for a in actions:
+                t = type(a)
+                if t is Send:
+                    self._do_send(a, now)
+                elif t is Emit:
+                    self.events.put(a.event)
+                elif t is Reply:
+                    self._reply(a)
+                elif t is Connect:
+                    self._do_connect(a, now)
+                elif t is Disconnect:
+                    self._drop(a.conn, a.reason, notify=False, now=now)
+                elif t is Stop:
+                    stopped = True
+                    self._core_stopped = True
+
+    def _publish(self) -> None:
+        snap = self.core.snapshot()
+        changed = snap != self.snapshot
+        if changed:
+            self.snapshot = snap
+        if changed or self.commands_done != self._ran:
+            self.commands_done = self._ran
+            self.events.put(Nudge())
+
+    def _reply(self, a: Reply) -> None:
+        h = a.handle
+        if not isinstance(h, Handle):
+            return
+        if h.future is not None and not h.future.done():
+            if a.error is not None:
+                h.future.set_exception(a.error)
+            else:
+                h.future.set_result(a.value)
+        if h.callback is not None:
+            self.events.put(CommitCallback(h.callback, h.offsets, a.error))
+
+    # -- sockets -----------------------------------------------------------------------------------
+    def _do_connect(self, a: Connect, now: float) -> None:
+        self._drop(a.conn, "reconnecting", notify=False, now=now)
+        try:
+            infos = socket.getaddrinfo(a.host, a.port, 0, socket.SOCK_STREAM)
+            family, stype, proto, _, addr = infos[0]
+            sock = socket.socket(family, stype, proto)
+        except OSError as exc:
+            self.core.on_disconnected(a.conn, now, f"cannot resolve {a.host}:{a.port}: {exc}")
+            return
+        sock.setblocking(False)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+        err = sock.connect_ex(addr)
+        if err not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EAGAIN):
+            sock.close()
+            self.core.on_disconnected(a.conn, now, f"connect to {a.host}:{a.port} failed: {errno.errorcode.get(err, err)}")
+            return
+        proto = Connection(client_id=self.cfg.client_id, max_frame_size=self.cfg.max_frame_bytes)
+        s = _Sock(a.conn, sock, proto, (a.host, a.port), now + self.cfg.s("socket_connection_setup_timeout_ms"))
+        self._socks[a.conn] = s
+        self._register(s, selectors.EVENT_WRITE)
+
+    def _register(self, s: _Sock, mask: int) -> None:
+        if mask == s.registered:
+            return
+        if s.registered == 0:
+            self._sel.register(s.sock, mask, s)
+        elif mask == 0:
+            self._sel.unregister(s.sock)
+        else:
+            self._sel.modify(s.sock, mask, s)
+        s.registered = mask
+
+    def _interest(self, s: _Sock) -> None:
+        mask = selectors.EVENT_READ
+        if s.out or s.state == "connecting":
+            mask |= selectors.EVENT_WRITE
+        if s.state == "connecting":
+            mask = selectors.EVENT_WRITE
+        self._register(s, mask)
+
+    def _drop(self, conn_id: str, reason: str, notify: bool, now: float) -> None:
+        s = self._socks.pop(conn_id, None)
+        if s is None:
+            return
+        try:
+            if s.registered:
+                self._sel.unregister(s.sock)
+        except (KeyError, ValueError, OSError):
+            pass
+        try:
+            s.sock.close()
+        except OSError:
+            pass
+        error = cerr.KafkaConnectionError(f"{conn_id} connection to {s.target[0]}:{s.target[1]} closed: {reason}")
+        if reason == HUNG_UP and s.state == "ready":
+            self._lower_versions(s)
+        for corr, (tag, *_) in list(s.inflight.items()):
+            self.core.on_response(conn_id, tag, error, now)
+        s.inflight.clear()
+        if notify:
+            log.info("%s connection to %s:%s closed: %s", conn_id, s.target[0], s.target[1], reason)
+            self.core.on_disconnected(conn_id, now, reason)
+
+    def _do_send(self, a: Send, now: float) -> None:
+        s = self._socks.get(a.conn)
+        if s is None or s.state != "ready":
+            self.core.on_response(a.conn, a.tag, cerr.KafkaConnectionError(f"{a.conn} is not connected"), now)
+            return
+        try:
+            corr = s.proto.send(a.request, a.version)
+        except Exception as exc:  # an encode error is a bug on our side: fail that request only
+            log.exception("cannot encode %s v%d", type(a.request).__name__, a.version)
+            self.core.on_response(a.conn, a.tag, exc, now)
+            return
+        s.inflight[corr] = (a.tag, now + a.timeout, a.request.API_KEY, a.version)
+        s.out += s.proto.data_to_send()
+        self._flush(s, now)
+
+    def _flush(self, s: _Sock, now: float) -> None:
+        if s.out and s.state != "connecting":
+            try:
+                n = s.sock.send(s.out)
+                del s.out[:n]
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError as exc:
+                self._drop(s.conn_id, f"send failed: {exc}", notify=True, now=now)
+                return
+        if self._socks.get(s.conn_id) is s:
+            self._interest(s)
+
+    def _on_io(self, s: _Sock, mask: int, now: float) -> None:
+        if self._socks.get(s.conn_id) is not s:
+            return
+        if s.state == "connecting":
+            if mask & selectors.EVENT_WRITE:
+                err = s.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                if err:
+                    self._drop(s.conn_id, f"connect failed: {errno.errorcode.get(err, err)}", notify=True, now=now)
+                    return
+                s.state = "handshake"
+                s.proto.initiate()
+                s.out += s.proto.data_to_send()
+                self._flush(s, now)
+            return
+        if mask & selectors.EVENT_READ:
+            try:
+                data = s.sock.recv(RECV_BYTES)
+            except (BlockingIOError, InterruptedError):
+                data = None
+            except OSError as exc:
+                self._drop(s.conn_id, f"recv failed: {exc}", notify=True, now=now)
+                return
+            if data == b"":
+                self._drop(s.conn_id, HUNG_UP, notify=True, now=now)
+                return
+            if data:
+                try:
+                    events = s.proto.receive(data)
+                except ConnectionBroken as exc:
+                    self._drop(s.conn_id, str(exc), notify=True, now=now)
+                    return
+                # The handshake may have queued a retry at a lower ApiVersions version.
+                s.out += s.proto.data_to_send()
+                for ev in events:
+                    if self._socks.get(s.conn_id) is not s:
+                        return
+                    if isinstance(ev, Ready):
+                        s.state = "ready"
+                        versions = dict(ev.versions)
+                        for caps in (self._config_caps, self._caps.get(s.target, {})):
+                            for key, cap in caps.items():
+                                if key in versions:
+                                    versions[key] = min(versions[key], cap)
+                                    if versions[key] < s.proto.broker_versions.get(key, (0, 0))[0]:
+                                        del versions[key]
+                        self.core.on_connected(s.conn_id, versions, now)
+                    elif isinstance(ev, Response):
+                        entry = s.inflight.pop(ev.correlation_id, None)
+                        if entry is not None:
+                            if ev.error is None:
+                                self._answered.setdefault(s.target, set()).add((ev.api_key, ev.api_version))
+                            result = ev.error if ev.error is not None else ev.message
+                            self.core.on_response(s.conn_id, entry[0], result, now)
+                    self._execute(now)
+        if self._socks.get(s.conn_id) is s and (mask & selectors.EVENT_WRITE or s.out):
+            self._flush(s, now)
+
+    def _lower_versions(self, s: _Sock) -> None:
+        answered = self._answered.get(s.target, set())
+        for _, _, api_key, version in s.inflight.values():
+            if (api_key, version) in answered:
+                continue
+            lowest = max(CLIENT_VERSIONS.get(api_key, (0, 0))[0],
+                         (s.proto.broker_versions or {}).get(api_key, (0, 0))[0])
+            if version - 1 >= lowest:
+                caps = self._caps.setdefault(s.target, {})
+                if caps.get(api_key, version) >= version:
+                    caps[api_key] = version - 1
+                    log.warning("broker %s:%s hung up on api key %d v%d without answering; using v%d from now on",
+                                s.target[0], s.target[1], api_key, version, version - 1)
+
+    def _check_deadlines(self, now: float) -> None:
+        for s in list(self._socks.values()):
+            if s.state != "ready" and now >= s.setup_deadline:
+                self._drop(s.conn_id, "connection setup timed out", notify=True, now=now)
+                continue
+            if any(entry[1] <= now for entry in s.inflight.values()):
+                self._drop(s.conn_id, "request timed out", notify=True, now=now)
+
+    def _drain_wake(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError, OSError):
+            pass
+
+    # -- shutdown --------------------------------------------------------------------------------
+    def _shutdown(self) -> None:
+        with self._handoff:
+            self._stopped = True
+        error = cerr.IllegalStateError("the consumer is closed") if self.crashed is None else \
+            cerr.KafkaError(f"the consumer's network thread crashed: {self.crashed!r}")
+        # Commands that will never run: answer whatever they were waiting for.
+        while True:
+            try:
+                fn = self.commands.get_nowait()
+            except queue.Empty:
+                break
+            handle = getattr(fn, "handle", None)
+            if isinstance(handle, Handle):
+                self._reply(Reply(handle, error=error))
+        try:
+            for a in self.core.abandon(error):
+                self._reply(a)
+        except Exception:
+            log.exception("abandoning the coordinator failed")
+        for conn_id in list(self._socks):
+            s = self._socks.pop(conn_id)
+            try:
+                s.sock.close()
+            except OSError:
+                pass
+        try:
+            snap = self.core.snapshot()
+            if self.crashed is not None and snap.error is None:
+                from dataclasses import replace
+                snap = replace(snap, error=error)
+            self.snapshot = snap
+        except Exception:
+            pass
+        self.commands_done = self._submitted
+        self.events.put(Nudge())
+        try:
+            self._sel.close()
+        except Exception:
+            pass
+        for s in (self._wake_r, self._wake_w):
+            try:
+                s.close()
+            except OSError:
+                pass

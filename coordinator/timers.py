@@ -1,0 +1,107 @@
+"""Keyed timers with lazy deadlines.
+
+A key (any hashable; the coordinator uses tuples such as ``("hb", group_id, member_id)``,
+``("join", group_id)``, ``("sync", group_id)``, ``("pending", group_id, member_id)``,
+``("retention",)``) has at most one deadline. Scheduling a key again replaces its deadline,
+``cancel`` forgets it, ``expired(now)`` pops the keys whose deadline has passed.
+
+Heartbeats are the hot path: a member's deadline moves forward on every heartbeat. Pushing a heap
+entry each time would grow the heap by one entry per heartbeat, so deadlines are *lazy*: the dict
+holds each key's true deadline, and the heap holds at most one "armed" entry per key at a time that
+is never later than the true deadline. Moving a deadline later is a dict store (O(1)); when the
+armed entry surfaces early it is re-armed at the stored deadline (one heap push per session
+timeout, not per heartbeat). Moving a deadline earlier pushes a new entry; the superseded entry is
+recognised as stale when it surfaces and dropped.
+"""
+from __future__ import annotations
+
+import heapq
+from collections.abc import Hashable
+
+__all__ = ["Timers"]
+
+
+class Timers:
+    __slots__ = ("_deadline", "_armed", "_heap", "_seq")
+
+    def __init__(self) -> None:
+        self._deadline: dict[Hashable, int] = {}  # key -> true deadline
+        self._armed: dict[Hashable, int] = {}  # key -> deadline of its live heap entry (<= true)
+        self._heap: list[tuple[int, int, Hashable]] = []  # (deadline, seq, key)
+        self._seq = 0  # tie-break: keys need not be orderable
+
+    def __len__(self) -> int:
+        return len(self._deadline)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._deadline
+
+    def deadline(self, key: Hashable) -> int | None:
+        return self._deadline.get(key)
+
+    def schedule(self, key: Hashable, deadline: int) -> None:
+        """Set ``key`` to fire at ``deadline`` (replacing any earlier schedule). O(1) when the
+        deadline moves later, O(log n) when it moves earlier or the key is new."""
+        self._deadline[key] = deadline
+        armed = self._armed.get(key)
+        if armed is None or deadline < armed:
+            self._armed[key] = deadline
+            self._seq += 1
+            heapq.heappush(self._heap, (deadline, self._seq, key))
+
+    def cancel(self, key: Hashable) -> bool:
+        """Forget ``key``; True if it was scheduled. Its heap entry goes stale and is dropped later."""
+        if self._deadline.pop(key, None) is None:
+            return False
+        self._armed.pop(key, None)
+        return True
+
+    def _settle(self) -> None:
+        """Make the heap top a live entry whose deadline is the key's true deadline."""
+        heap = self._heap
+        while heap:
+            when, _, key = heap[0]
+            if self._armed.get(key) != when:  # stale: cancelled or superseded by an earlier push
+                heapq.heappop(heap)
+                continue
+            true = self._deadline[key]
+            if true > when:  # lazily extended: re-arm at the true deadline
+                self._armed[key] = true
+                self._seq += 1
+                heapq.heapreplace(heap, (true, self._seq, key))
+                continue
+            return
+
+    def next_deadline(self) -> int | None:
+        """The earliest true deadline, or None when nothing is scheduled."""
+        self._settle()
+        return self._heap[0][0] if self._heap else None
+
+    def expired(self, now: int) -> list[Hashable]:
+        """Remove and return every key whose deadline is <= ``now``, earliest first."""
+        out = []
+        heap = self._heap
+        while True:
+            self._settle()
+            if not heap or heap[0][0] > now:
+                return out
+            _, _, key = heapq.heappop(heap)
+            del self._armed[key]
+            del self._deadline[key]
+            out.append(key)
+
+    def pop_expired(self, now: int) -> Hashable | None:
+        """Remove and return the earliest key whose deadline is <= ``now`` (None if none): lets a
+        caller fire timers one at a time while handlers schedule and cancel others."""
+        self._settle()
+        heap = self._heap
+        if not heap or heap[0][0] > now:
+            return None
+        _, _, key = heapq.heappop(heap)
+        del self._armed[key]
+        del self._deadline[key]
+        return key
+
+    def heap_size(self) -> int:
+        """Entries physically in the heap (live + stale); for tests and diagnostics."""
+        return len(self._heap)

@@ -1,0 +1,754 @@
+"""The group state machine with a manual clock and scripted broker responses (no sockets, no sleeps)."""
+from __future__ import annotations
+
+import pytest
+
+from client import errors as cerr
+from client.coordinator import (
+    BOOTSTRAP, COORDINATOR, GroupFailed, MemberState, PartitionsAssigned, PartitionsLost, PartitionsRevoked,
+)
+from client.types import OffsetAndMetadata
+from protocol import errors as E
+from protocol import messages as m
+from protocol.consumer import decode_assignment
+from tests.client.harness import (
+    Harness, decode_join_subscription, member_meta, metadata_response, subscription_blob, tp, tps,
+)
+
+
+class H:
+    """Stand-in reply handle."""
+
+    def __init__(self, name="h"):
+        self.name = name
+
+    def __repr__(self):
+        return self.name
+
+
+# -- discovery ---------------------------------------------------------------------------------------
+
+def test_nothing_happens_before_subscribe():
+    h = Harness().tick(1)
+    assert h.connects == [] and h.sends == []
+
+
+def test_bootstrap_find_coordinator_and_connect():
+    h = Harness()
+    h.call("subscribe", ["t"])
+    assert [(c.conn, c.host, c.port) for c in h.connects] == [(BOOTSTRAP, "b1", 9092)]
+    h.connected(BOOTSTRAP)
+    s = h.take(m.FindCoordinatorRequest)
+    assert s.version == m.FindCoordinatorRequest.MAX_VERSION
+    assert s.request.coordinator_keys == ["g"] and s.request.key_type == 0
+    h.respond(s, m.FindCoordinatorResponse(coordinators=[
+        m.FindCoordinatorResponseCoordinator(key="g", node_id=3, host="c3", port=9999)]))
+    assert [(c.conn, c.host, c.port) for c in h.connects] == [(COORDINATOR, "c3", 9999)]
+    assert h.core.coordinator == (3, "c3", 9999)
+
+
+def test_find_coordinator_old_version_uses_key_field():
+    versions = dict(Harness().versions)
+    versions[m.FindCoordinatorRequest.API_KEY] = 2
+    h = Harness(versions=versions)
+    h.call("subscribe", ["t"]).connected(BOOTSTRAP)
+    s = h.take(m.FindCoordinatorRequest)
+    assert s.version == 2 and s.request.key == "g"
+    h.respond(s, m.FindCoordinatorResponse(node_id=1, host="c1", port=1))
+    assert h.core.coordinator == (1, "c1", 1)
+
+
+def test_bootstrap_rotates_on_connect_failure_with_backoff():
+    h = Harness()
+    h.call("subscribe", ["t"])
+    assert h.connects[-1].host == "b1"
+    h.connects.clear()
+    h.disconnected(BOOTSTRAP, "refused")
+    assert h.connects == []                                  # reconnect backoff first
+    h.tick(2.0)
+    assert [(c.host, c.port) for c in h.connects] == [("b2", 9093)]
+
+
+@pytest.mark.parametrize("code", [E.COORDINATOR_NOT_AVAILABLE, E.COORDINATOR_LOAD_IN_PROGRESS, E.NOT_COORDINATOR])
+def test_find_coordinator_retries_with_backoff(code):
+    h = Harness()
+    h.call("subscribe", ["t"]).connected(BOOTSTRAP)
+    s = h.take(m.FindCoordinatorRequest)
+    h.respond(s, m.FindCoordinatorResponse(coordinators=[
+        m.FindCoordinatorResponseCoordinator(key="g", error_code=code)]))
+    assert h.pending(m.FindCoordinatorRequest) == []
+    h.tick(0.05)
+    assert h.pending(m.FindCoordinatorRequest) == []         # 100 ms backoff (+-20%)
+    h.tick(0.1)
+    assert len(h.pending(m.FindCoordinatorRequest)) == 1
+
+
+def test_find_coordinator_backoff_grows_and_resets():
+    h = Harness()
+    h.call("subscribe", ["t"]).connected(BOOTSTRAP)
+    delays = []
+    for _ in range(6):
+        s = h.take(m.FindCoordinatorRequest)
+        h.respond(s, m.FindCoordinatorResponse(coordinators=[
+            m.FindCoordinatorResponseCoordinator(key="g", error_code=E.COORDINATOR_NOT_AVAILABLE)]))
+        start = h.now
+        while not h.pending(m.FindCoordinatorRequest):
+            h.tick(0.01)
+        delays.append(h.now - start)
+    assert delays[0] < 0.15 and 0.7 < delays[-1] < 1.25      # 100 ms doubling, capped at 1 s (+-20%)
+
+
+@pytest.mark.parametrize("code", [E.NOT_COORDINATOR, E.COORDINATOR_NOT_AVAILABLE])
+def test_heartbeat_not_coordinator_rediscovers(code):
+    h = Harness().stable_member(parts=[tp("t", 0)])
+    h.tick(3.0)
+    hb = h.take(m.HeartbeatRequest)
+    h.respond(hb, m.HeartbeatResponse(error_code=code))
+    assert h.core.coordinator is None
+    assert any(d.conn == COORDINATOR for d in h.disconnects)
+    h.tick(0)
+    h.find_coordinator(host="c2")
+    assert h.core.state is MemberState.STABLE and h.core.owned == tps("t", 0)   # membership kept
+    h.tick(3.0)
+    assert h.pending(m.HeartbeatRequest)
+
+
+def test_coordinator_connection_loss_rediscovers_and_keeps_membership():
+    h = Harness().stable_member(parts=[tp("t", 0)])
+    h.disconnected(COORDINATOR, "reset by peer")
+    assert h.core.coordinator is None
+    h.tick(0)
+    h.find_coordinator()
+    assert h.core.state is MemberState.STABLE and h.core.generation == 1
+
+
+def test_connection_loss_during_join_rejoins():
+    h = Harness()
+    h.call("subscribe", ["t"])
+    h.find_coordinator()
+    h.take(m.JoinGroupRequest)
+    h.disconnected(COORDINATOR)
+    assert h.core.state is MemberState.UNJOINED
+    h.tick(1.0)
+    h.find_coordinator()
+    h.tick(1.0)
+    assert h.pending(m.JoinGroupRequest)
+
+
+def test_session_timeout_without_heartbeat_response_marks_coordinator_dead():
+    h = Harness().stable_member()
+    h.tick(3.0)
+    h.take(m.HeartbeatRequest)          # never answered
+    h.tick(7.5)
+    assert h.core.coordinator is None   # 10 s session without a response
+
+
+# -- join / sync ---------------------------------------------------------------------------------------
+
+def test_join_request_fields_and_subscription_blob():
+    h = Harness(session_timeout_ms=6000, max_poll_interval_ms=60000, client_rack="r1",
+                partition_assignment_strategy="range,roundrobin")
+    h.call("subscribe", ["b", "a"])
+    h.find_coordinator()
+    s = h.take(m.JoinGroupRequest)
+    r = s.request
+    assert (r.group_id, r.session_timeout_ms, r.rebalance_timeout_ms, r.member_id, r.protocol_type) == \
+        ("g", 6000, 60000, "", "consumer")
+    assert [p.name for p in r.protocols] == ["range", "roundrobin"]
+    version, sub = decode_join_subscription(s)
+    assert version == 3 and sub.topics == ["a", "b"] and sub.rack_id == "r1" and sub.generation_id == -1
+    assert sub.owned_partitions == []
+    assert s.timeout >= 65.0            # rebalance timeout + 5 s
+
+
+def test_member_id_required_then_join():
+    h = Harness()
+    h.call("subscribe", ["t"])
+    h.find_coordinator()
+    s = h.take(m.JoinGroupRequest)
+    h.respond(s, h.join_response(member="minted-1", error=E.MEMBER_ID_REQUIRED, generation=-1))
+    s2 = h.take(m.JoinGroupRequest)     # at once, no backoff
+    assert s2.request.member_id == "minted-1"
+
+
+def test_follower_join_sync_stable():
+    h = Harness()
+    h.call("subscribe", ["t"])
+    h.find_coordinator()
+    h.answer_join(member="m2", generation=4, leader="m1")
+    sync = h.take(m.SyncGroupRequest)
+    assert sync.request.assignments == [] and sync.request.generation_id == 4 and sync.request.member_id == "m2"
+    assert h.core.state is MemberState.COMPLETING_REBALANCE
+    h.respond(sync, m.SyncGroupResponse(assignment=__import__("tests.client.harness", fromlist=["x"])
+                                        .assignment_blob([tp("t", 1), tp("t", 3)])))
+    assert h.core.state is MemberState.STABLE and h.core.stable
+    [ev] = h.take_events(PartitionsAssigned)
+    assert ev.added == tps("t", 1, 3) and ev.assignment == tps("t", 1, 3) and ev.generation == 4
+    snap = h.core.snapshot()
+    assert snap.generation == 4 and snap.member_id == "m2" and not snap.leader
+
+
+def test_leader_fetches_metadata_assigns_and_syncs():
+    h = Harness(partition_assignment_strategy="range")
+    h.call("subscribe", ["t"])
+    h.find_coordinator()
+    members = [member_meta("m1", subscription_blob(["t"])), member_meta("m2", subscription_blob(["t", "u"])),
+               member_meta("m3", subscription_blob(["t"], version=0))]
+    h.answer_join(member="m1", generation=2, leader="m1", members=members)
+    md = h.take(m.MetadataRequest)
+    assert sorted(t.name for t in md.request.topics) == ["t", "u"]
+    h.respond(md, metadata_response({"t": 10, "u": 2}))
+    sync = h.take(m.SyncGroupRequest)
+    got = {}
+    for a in sync.request.assignments:
+        version, asg = decode_assignment(a.assignment)
+        assert version == 0                      # the lowest subscription version in the group
+        got[a.member_id] = sorted((x.topic, p) for x in asg.assigned_partitions for p in x.partitions)
+    assert got["m1"] == [("t", p) for p in range(0, 4)]
+    assert got["m2"] == [("t", p) for p in range(4, 7)] + [("u", 0), ("u", 1)]
+    assert got["m3"] == [("t", p) for p in range(7, 10)]
+
+
+def test_leader_ignores_missing_topics():
+    h = Harness(partition_assignment_strategy="range")
+    h.call("subscribe", ["t", "missing"])
+    h.find_coordinator()
+    h.answer_join(member="m1", members=[member_meta("m1", subscription_blob(["t", "missing"]))])
+    md = h.take(m.MetadataRequest)
+    h.respond(md, m.MetadataResponse(topics=[
+        m.MetadataResponseTopic(name="t", partitions=[m.MetadataResponsePartition(partition_index=0)]),
+        m.MetadataResponseTopic(name="missing", error_code=E.UNKNOWN_TOPIC_OR_PARTITION)]))
+    sync = h.take(m.SyncGroupRequest)
+    [a] = sync.request.assignments
+    _, asg = decode_assignment(a.assignment)
+    assert [(x.topic, x.partitions) for x in asg.assigned_partitions] == [("t", [0])]
+
+
+def test_leader_rejoins_when_partition_count_changes():
+    h = Harness(partition_assignment_strategy="range", metadata_max_age_ms=60000)
+    h.call("subscribe", ["t"])
+    h.find_coordinator()
+    h.answer_join(member="m1", members=[member_meta("m1", subscription_blob(["t"]))])
+    h.respond(h.take(m.MetadataRequest), metadata_response({"t": 2}))
+    h.answer_sync([tp("t", 0), tp("t", 1)])
+    assert h.core.stable
+    h.live(59)
+    assert h.pending(m.MetadataRequest) == []
+    h.live(2)
+    md = h.take(m.MetadataRequest)
+    h.respond(md, metadata_response({"t": 3}))
+    assert h.core.rejoin_needed
+
+
+@pytest.mark.parametrize("code,reset_member", [(E.UNKNOWN_MEMBER_ID, True), (E.ILLEGAL_GENERATION, False)])
+def test_heartbeat_fenced_generation_loses_partitions_and_rejoins(code, reset_member):
+    h = Harness().stable_member(parts=[tp("t", 0), tp("t", 1)], member="m7", generation=3)
+    h.take_events()
+    h.tick(3.0)
+    h.respond(h.take(m.HeartbeatRequest), m.HeartbeatResponse(error_code=code))
+    [lost] = h.take_events(PartitionsLost)
+    assert lost.partitions == tps("t", 0, 1)
+    assert h.core.generation == -1 and h.core.owned == frozenset()
+    join = h.take(m.JoinGroupRequest)                 # rejoins at once; nothing to revoke
+    assert join.request.member_id == ("" if reset_member else "m7")
+
+
+def test_heartbeat_rebalance_in_progress_eager_revokes_before_rejoin():
+    h = Harness(partition_assignment_strategy="range").stable_member(parts=[tp("t", 0)])
+    h.take_events()
+    h.tick(3.0)
+    h.respond(h.take(m.HeartbeatRequest), m.HeartbeatResponse(error_code=E.REBALANCE_IN_PROGRESS))
+    [rev] = h.take_events(PartitionsRevoked)
+    assert rev.partitions == tps("t", 0)
+    assert h.pending(m.JoinGroupRequest) == []       # waits for the user's callback
+    assert not h.core.stable
+    h.tick(3.0)
+    assert h.pending(m.HeartbeatRequest)              # still heartbeating meanwhile
+    h.call("ack", rev.seq)
+    join = h.take(m.JoinGroupRequest)
+    _, sub = decode_join_subscription(join)
+    assert sub.owned_partitions == [] and h.core.owned == frozenset()
+
+
+def test_stale_ack_is_ignored():
+    h = Harness().stable_member(parts=[tp("t", 0)])
+    h.call("ack", 12345)
+    assert h.core.owned == tps("t", 0)
+
+
+def test_heartbeat_rebalance_in_progress_ignored_while_completing():
+    h = Harness()
+    h.call("subscribe", ["t"])
+    h.find_coordinator()
+    h.answer_join(member="m2", leader="m1")
+    h.tick(3.0)
+    h.respond(h.take(m.HeartbeatRequest), m.HeartbeatResponse(error_code=E.REBALANCE_IN_PROGRESS))
+    assert not h.core.rejoin_needed
+
+
+@pytest.mark.parametrize("code", [E.REBALANCE_IN_PROGRESS, E.INVALID_REQUEST, E.UNKNOWN_SERVER_ERROR])
+def test_sync_errors_rejoin(code):
+    h = Harness()
+    h.call("subscribe", ["t"])
+    h.find_coordinator()
+    h.answer_join(member="m2", leader="m1", generation=5)
+    h.answer_sync([], error=code)
+    assert h.core.state is not MemberState.STABLE and h.core.member_id == "m2"
+    h.tick(1.5)
+    join = h.take(m.JoinGroupRequest)
+    assert join.request.member_id == "m2"
+
+
+@pytest.mark.parametrize("code", [E.UNKNOWN_MEMBER_ID, E.ILLEGAL_GENERATION])
+def test_sync_fenced_resets_generation(code):
+    h = Harness()
+    h.call("subscribe", ["t"])
+    h.find_coordinator()
+    h.answer_join(member="m2", leader="m1", generation=5)
+    h.answer_sync([], error=code)
+    assert h.core.generation == -1
+    assert h.take(m.JoinGroupRequest)
+
+
+@pytest.mark.parametrize("code", [E.REBALANCE_IN_PROGRESS, E.UNKNOWN_MEMBER_ID, E.ILLEGAL_GENERATION])
+def test_join_errors_rejoin_immediately(code):
+    h = Harness()
+    h.call("subscribe", ["t"])
+    h.find_coordinator()
+    s = h.take(m.JoinGroupRequest)
+    h.respond(s, h.join_response(error=code, member=""))
+    assert h.take(m.JoinGroupRequest)
+
+
+def test_join_coordinator_load_in_progress_backs_off():
+    h = Harness()
+    h.call("subscribe", ["t"])
+    h.find_coordinator()
+    h.respond(h.take(m.JoinGroupRequest), h.join_response(error=E.COORDINATOR_LOAD_IN_PROGRESS, member=""))
+    assert h.pending(m.JoinGroupRequest) == []
+    h.tick(0.2)
+    assert h.take(m.JoinGroupRequest)
+
+
+@pytest.mark.parametrize("code", [E.NOT_COORDINATOR, E.COORDINATOR_NOT_AVAILABLE])
+def test_join_not_coordinator_rediscovers(code):
+    h = Harness()
+    h.call("subscribe", ["t"])
+    h.find_coordinator()
+    h.respond(h.take(m.JoinGroupRequest), h.join_response(error=code, member=""))
+    assert h.core.coordinator is None
+    h.tick(0.01)
+    h.find_coordinator(host="c9")
+    h.tick(1.0)
+    assert h.take(m.JoinGroupRequest).conn == COORDINATOR
+
+
+@pytest.mark.parametrize("code,exc", [
+    (E.FENCED_INSTANCE_ID, cerr.FencedInstanceIdError),
+    (E.INCONSISTENT_GROUP_PROTOCOL, cerr.InconsistentGroupProtocolError),
+    (E.INVALID_SESSION_TIMEOUT, cerr.InvalidSessionTimeoutError),
+    (E.GROUP_AUTHORIZATION_FAILED, cerr.GroupAuthorizationError),
+    (E.GROUP_MAX_SIZE_REACHED, cerr.GroupMaxSizeReachedError),
+    (E.INVALID_GROUP_ID, cerr.InvalidGroupIdError),
+])
+def test_join_fatal_errors(code, exc):
+    h = Harness()
+    h.call("subscribe", ["t"])
+    h.find_coordinator()
+    h.respond(h.take(m.JoinGroupRequest), h.join_response(error=code, member=""))
+    [ev] = h.take_events(GroupFailed)
+    assert isinstance(ev.error, exc) and isinstance(h.core.snapshot().error, exc)
+    h.tick(5.0)
+    assert h.pending(m.JoinGroupRequest) == []
+    h.call("commit", {tp("t", 0): OffsetAndMetadata(1)}, H(), h.now + 5)
+    [r] = h.take_replies()
+    assert isinstance(r.error, exc)
+
+
+def test_heartbeat_fenced_instance_is_fatal():
+    h = Harness(group_instance_id="i1").stable_member(parts=[tp("t", 0)])
+    h.take_events()
+    h.tick(3.0)
+    h.respond(h.take(m.HeartbeatRequest), m.HeartbeatResponse(error_code=E.FENCED_INSTANCE_ID))
+    evs = h.take_events()
+    assert [type(e) for e in evs] == [PartitionsLost, GroupFailed]
+    assert isinstance(evs[1].error, cerr.FencedInstanceIdError)
+
+
+def test_static_membership_needs_join_v5():
+    versions = dict(Harness().versions)
+    versions[m.JoinGroupRequest.API_KEY] = 4
+    h = Harness(versions=versions, group_instance_id="i1")
+    h.call("subscribe", ["t"])
+    h.find_coordinator()
+    [ev] = h.take_events(GroupFailed)
+    assert isinstance(ev.error, cerr.UnsupportedVersionError)
+
+
+def test_missing_api_is_fatal():
+    versions = dict(Harness().versions)
+    del versions[m.SyncGroupRequest.API_KEY]
+    h = Harness(versions=versions)
+    h.call("subscribe", ["t"])
+    h.find_coordinator()
+    [ev] = h.take_events(GroupFailed)
+    assert "SyncGroup" in str(ev.error)
+
+
+# -- heartbeat timing ----------------------------------------------------------------------------------
+
+def test_heartbeats_every_interval_one_in_flight():
+    h = Harness(heartbeat_interval_ms=1000, session_timeout_ms=10000).stable_member()
+    assert h.pending(m.HeartbeatRequest) == []
+    h.tick(0.99)
+    assert h.pending(m.HeartbeatRequest) == []
+    h.tick(0.02)
+    hb = h.take(m.HeartbeatRequest)
+    assert (hb.request.generation_id, hb.request.member_id) == (1, "m1")
+    h.tick(5.0)
+    assert h.pending(m.HeartbeatRequest) == []        # one in flight at a time
+    h.respond(hb, m.HeartbeatResponse())
+    hb2 = h.take(m.HeartbeatRequest)                  # an interval after the last send: long past
+    h.respond(hb2, m.HeartbeatResponse())
+    h.tick(0.99)
+    assert h.pending(m.HeartbeatRequest) == []
+    h.tick(0.02)
+    assert len(h.pending(m.HeartbeatRequest)) == 1
+
+
+def test_failed_heartbeat_retries_after_backoff():
+    h = Harness(heartbeat_interval_ms=1000, retry_backoff_ms=100).stable_member()
+    h.tick(1.0)
+    hb = h.take(m.HeartbeatRequest)
+    h.respond(hb, ConnectionError("boom"))
+    h.tick(0.05)
+    assert h.pending(m.HeartbeatRequest) == []
+    h.tick(0.06)
+    assert h.pending(m.HeartbeatRequest)
+
+
+def test_next_deadline_tracks_heartbeat():
+    h = Harness(heartbeat_interval_ms=2000).stable_member()
+    assert h.core.next_deadline() == pytest.approx(h.now + 2.0)
+
+
+# -- max.poll.interval -----------------------------------------------------------------------------------
+
+def test_poll_timeout_leaves_group_and_next_poll_rejoins():
+    h = Harness(max_poll_interval_ms=30000, heartbeat_interval_ms=3000, session_timeout_ms=10000)
+    h.stable_member(parts=[tp("t", 0)], member="m1")
+    h.take_events()
+    for _ in range(9):                                 # heartbeat fine for 27 s, but no poll
+        h.tick(3.0)
+        for hb in list(h.pending(m.HeartbeatRequest)):
+            h.sends.remove(hb)
+            h.respond(hb, m.HeartbeatResponse())
+    assert h.core.state is MemberState.STABLE
+    h.tick(3.5)
+    leave = h.take(m.LeaveGroupRequest)
+    assert leave.request.members[0].member_id == "m1"
+    assert h.core.state is MemberState.UNJOINED and h.core.member_id == ""
+    [lost] = h.take_events(PartitionsLost)
+    assert lost.partitions == tps("t", 0)
+    h.tick(10.0)
+    assert h.pending(m.JoinGroupRequest) == []         # waits for the next poll
+    h.call("poll")
+    assert h.take(m.JoinGroupRequest)
+
+
+def test_poll_resets_the_poll_timer():
+    h = Harness(max_poll_interval_ms=10000, heartbeat_interval_ms=1000, session_timeout_ms=6000)
+    h.stable_member(parts=[tp("t", 0)])
+    for _ in range(30):
+        h.now += 1.0
+        h.call("poll")
+        for hb in list(h.pending(m.HeartbeatRequest)):
+            h.sends.remove(hb)
+            h.respond(hb, m.HeartbeatResponse())
+    assert h.core.stable and h.pending(m.LeaveGroupRequest) == []
+
+
+def test_static_member_poll_timeout_sends_no_leave():
+    h = Harness(max_poll_interval_ms=5000, heartbeat_interval_ms=1000, session_timeout_ms=6000,
+                group_instance_id="inst-1").stable_member(parts=[tp("t", 0)])
+    h.tick(5.5)
+    assert h.pending(m.LeaveGroupRequest) == []
+    assert h.core.state is MemberState.UNJOINED
+
+
+# -- cooperative -----------------------------------------------------------------------------------------
+
+def test_cooperative_owned_partitions_travel_in_subscription():
+    h = Harness(partition_assignment_strategy="cooperative-sticky")
+    assert h.core.protocol == "cooperative"
+    h.stable_member(parts=[tp("t", 0), tp("t", 1)], generation=3)
+    h.tick(3.0)
+    h.respond(h.take(m.HeartbeatRequest), m.HeartbeatResponse(error_code=E.REBALANCE_IN_PROGRESS))
+    assert h.take_events(PartitionsRevoked) == []      # nothing revoked up front
+    join = h.take(m.JoinGroupRequest)
+    version, sub = decode_join_subscription(join)
+    assert [(x.topic, x.partitions) for x in sub.owned_partitions] == [("t", [0, 1])]
+    assert sub.generation_id == 3
+    assert sub.user_data == (3).to_bytes(4, "big")     # CooperativeStickyAssignor user data
+
+
+def test_cooperative_revokes_only_what_moved_then_rejoins():
+    h = Harness(partition_assignment_strategy="cooperative-sticky")
+    h.stable_member(parts=[tp("t", 0), tp("t", 1), tp("t", 2)], generation=1)
+    h.take_events()
+    h.tick(3.0)
+    h.respond(h.take(m.HeartbeatRequest), m.HeartbeatResponse(error_code=E.REBALANCE_IN_PROGRESS))
+    h.answer_join(member="m1", generation=2, leader="m0")
+    h.answer_sync([tp("t", 0), tp("t", 1), tp("t", 5)])
+    rev, asg = h.take_events()
+    assert isinstance(rev, PartitionsRevoked) and rev.partitions == tps("t", 2)
+    assert isinstance(asg, PartitionsAssigned) and asg.added == tps("t", 5)
+    assert asg.assignment == tps("t", 0, 1, 5) and h.core.owned == tps("t", 0, 1, 5)
+    assert h.pending(m.JoinGroupRequest) == [] and not h.core.stable
+    h.call("ack", rev.seq)
+    join = h.take(m.JoinGroupRequest)                  # the follow-up rebalance
+    _, sub = decode_join_subscription(join)
+    assert sorted(p for x in sub.owned_partitions for p in x.partitions) == [0, 1, 5]
+
+
+def test_cooperative_subscription_change_revokes_dropped_topics_first():
+    h = Harness(partition_assignment_strategy="cooperative-sticky")
+    h.stable_member(topics=["a", "b"], parts=[tp("a", 0), tp("b", 0)])
+    h.take_events()
+    h.call("subscribe", ["a"])
+    [rev] = h.take_events(PartitionsRevoked)
+    assert rev.partitions == tps("b", 0) and h.pending(m.JoinGroupRequest) == []
+    h.call("ack", rev.seq)
+    assert h.core.owned == tps("a", 0)
+    _, sub = decode_join_subscription(h.take(m.JoinGroupRequest))
+    assert sub.topics == ["a"]
+
+
+def test_cooperative_leader_withholds_partitions_owned_by_others():
+    h = Harness(partition_assignment_strategy="cooperative-sticky")
+    h.call("subscribe", ["t"])
+    h.find_coordinator()
+    # m1 (leader) is new; m2 owns all 4 partitions at generation 1.
+    members = [member_meta("m1", subscription_blob(["t"])),
+               member_meta("m2", subscription_blob(["t"], owned=[("t", p) for p in range(4)], generation=1))]
+    h.answer_join(member="m1", generation=2, leader="m1", members=members, protocol="cooperative-sticky")
+    h.respond(h.take(m.MetadataRequest), metadata_response({"t": 4}))
+    sync = h.take(m.SyncGroupRequest)
+    got = {}
+    for a in sync.request.assignments:
+        _, asg = decode_assignment(a.assignment)
+        got[a.member_id] = sorted(p for x in asg.assigned_partitions for p in x.partitions)
+    assert got == {"m1": [], "m2": [0, 1]}             # 2 and 3 move: revoked first, assigned next round
+
+
+# -- leave / close -----------------------------------------------------------------------------------------
+
+def test_close_dynamic_member_sends_leave_and_waits():
+    h = Harness().stable_member(parts=[tp("t", 0)], member="m1")
+    handle = H("close")
+    h.call("close", handle, h.now + 5, True)
+    leave = h.take(m.LeaveGroupRequest)
+    assert leave.request.members[0].member_id == "m1" and leave.request.members[0].group_instance_id is None
+    assert h.take_replies() == [] and not h.stopped
+    h.respond(leave, m.LeaveGroupResponse())
+    assert [r.handle for r in h.take_replies()] == [handle] and h.stopped
+
+
+def test_close_leave_v2_uses_member_id_field():
+    versions = dict(Harness().versions)
+    versions[m.LeaveGroupRequest.API_KEY] = 2
+    h = Harness(versions=versions).stable_member(member="m1")
+    h.call("close", H(), h.now + 5, True)
+    leave = h.take(m.LeaveGroupRequest)
+    assert leave.version == 2 and leave.request.member_id == "m1"
+
+
+def test_close_gives_up_waiting_for_leave_at_deadline():
+    h = Harness().stable_member(member="m1")
+    h.call("close", H(), h.now + 2, True)
+    h.take(m.LeaveGroupRequest)
+    h.tick(1.0)
+    assert not h.stopped
+    h.tick(1.5)
+    assert h.stopped
+
+
+def test_close_static_member_sends_no_leave():
+    h = Harness(group_instance_id="inst-1").stable_member(parts=[tp("t", 0)])
+    handle = H()
+    h.call("close", handle, h.now + 5, True)
+    assert h.pending(m.LeaveGroupRequest) == []
+    assert [r.handle for r in h.take_replies()] == [handle] and h.stopped
+
+
+def test_static_member_sends_instance_id():
+    h = Harness(group_instance_id="inst-1")
+    h.call("subscribe", ["t"])
+    h.find_coordinator()
+    join = h.take(m.JoinGroupRequest)
+    assert join.request.group_instance_id == "inst-1"
+    h.respond(join, h.join_response(member="m1", leader="m0"))
+    assert h.take(m.SyncGroupRequest).request.group_instance_id == "inst-1"
+
+
+def test_unsubscribe_leaves_without_lost_event():
+    h = Harness().stable_member(parts=[tp("t", 0)], member="m1")
+    h.take_events()
+    h.call("unsubscribe")
+    assert h.take(m.LeaveGroupRequest)
+    assert h.take_events() == [] and h.core.owned == frozenset() and h.core.generation == -1
+    h.tick(10)
+    assert h.pending(m.JoinGroupRequest) == []
+
+
+# -- offsets -----------------------------------------------------------------------------------------------
+
+def test_commit_as_member_carries_generation():
+    h = Harness(group_instance_id="i1").stable_member(parts=[tp("t", 0)], member="m1", generation=7)
+    handle = H()
+    h.call("commit", {tp("t", 0): OffsetAndMetadata(42, "md")}, handle, h.now + 10)
+    s = h.take(m.OffsetCommitRequest)
+    r = s.request
+    assert (r.group_id, r.generation_id_or_member_epoch, r.member_id, r.group_instance_id) == ("g", 7, "m1", "i1")
+    [t] = r.topics
+    assert t.name == "t" and t.partitions[0].committed_offset == 42 and t.partitions[0].committed_metadata == "md"
+    h.respond(s, m.OffsetCommitResponse(topics=[m.OffsetCommitResponseTopic(
+        name="t", partitions=[m.OffsetCommitResponsePartition(partition_index=0)])]))
+    [reply] = h.take_replies()
+    assert reply.handle is handle and reply.error is None
+
+
+def test_standalone_commit_without_subscription():
+    h = Harness()
+    handle = H()
+    h.call("commit", {tp("t", 3): OffsetAndMetadata(5)}, handle, h.now + 10)
+    h.find_coordinator()
+    s = h.take(m.OffsetCommitRequest)
+    assert s.request.generation_id_or_member_epoch == -1 and s.request.member_id == ""
+
+
+@pytest.mark.parametrize("code,exc,rejoin,reset", [
+    (E.REBALANCE_IN_PROGRESS, cerr.RebalanceInProgressError, True, False),
+    (E.UNKNOWN_MEMBER_ID, cerr.CommitFailedError, False, True),
+    (E.ILLEGAL_GENERATION, cerr.CommitFailedError, False, True),
+    (E.OFFSET_METADATA_TOO_LARGE, cerr.OffsetMetadataTooLargeError, False, False),
+    (E.GROUP_AUTHORIZATION_FAILED, cerr.GroupAuthorizationError, False, False),
+    (E.FENCED_INSTANCE_ID, cerr.FencedInstanceIdError, False, False),
+])
+def test_commit_error_mapping(code, exc, rejoin, reset):
+    h = Harness().stable_member(parts=[tp("t", 0)], generation=3)
+    h.call("commit", {tp("t", 0): OffsetAndMetadata(1)}, H(), h.now + 10)
+    h.respond(h.take(m.OffsetCommitRequest), m.OffsetCommitResponse(topics=[m.OffsetCommitResponseTopic(
+        name="t", partitions=[m.OffsetCommitResponsePartition(partition_index=0, error_code=code)])]))
+    [reply] = h.take_replies()
+    assert isinstance(reply.error, exc)
+    assert h.core.rejoin_needed == rejoin
+    assert (h.core.generation == -1) == reset
+    assert (h.core.error is not None) == (code == E.FENCED_INSTANCE_ID)
+
+
+@pytest.mark.parametrize("code", [E.COORDINATOR_LOAD_IN_PROGRESS, E.NOT_COORDINATOR, E.UNKNOWN_TOPIC_OR_PARTITION])
+def test_commit_retriable_errors_retry(code):
+    h = Harness().stable_member(parts=[tp("t", 0)])
+    handle = H()
+    h.call("commit", {tp("t", 0): OffsetAndMetadata(1)}, handle, h.now + 10)
+    h.respond(h.take(m.OffsetCommitRequest), m.OffsetCommitResponse(topics=[m.OffsetCommitResponseTopic(
+        name="t", partitions=[m.OffsetCommitResponsePartition(partition_index=0, error_code=code)])]))
+    assert h.take_replies() == []
+    if h.core.coordinator is None:
+        h.tick(0.01)
+        h.find_coordinator()
+    h.tick(1.0)
+    s = h.take(m.OffsetCommitRequest)
+    h.respond(s, m.OffsetCommitResponse(topics=[m.OffsetCommitResponseTopic(
+        name="t", partitions=[m.OffsetCommitResponsePartition(partition_index=0)])]))
+    [reply] = h.take_replies()
+    assert reply.handle is handle and reply.error is None
+
+
+def test_commit_times_out_when_coordinator_unreachable():
+    h = Harness()
+    handle = H()
+    h.call("commit", {tp("t", 0): OffsetAndMetadata(1)}, handle, h.now + 3)
+    for _ in range(40):
+        h.tick(0.1)
+        h.connects.clear()
+        if h.take_replies():
+            break
+        h.disconnected(BOOTSTRAP, "refused") if h.core._conns[BOOTSTRAP].state == "connecting" else None
+    else:
+        pytest.fail("no reply")
+
+
+def test_commit_during_rebalance_is_rejected():
+    h = Harness()
+    h.call("subscribe", ["t"])
+    h.find_coordinator()
+    h.take(m.JoinGroupRequest)
+    h.call("commit", {tp("t", 0): OffsetAndMetadata(1)}, H(), h.now + 10)
+    [reply] = h.take_replies()
+    assert isinstance(reply.error, cerr.RebalanceInProgressError)
+
+
+def test_commit_while_awaiting_revoke_ack_uses_current_generation():
+    h = Harness(partition_assignment_strategy="range").stable_member(parts=[tp("t", 0)], generation=4)
+    h.tick(3.0)
+    h.respond(h.take(m.HeartbeatRequest), m.HeartbeatResponse(error_code=E.REBALANCE_IN_PROGRESS))
+    [rev] = h.take_events(PartitionsRevoked)
+    h.call("commit", {tp("t", 0): OffsetAndMetadata(9)}, H(), h.now + 10)
+    assert h.take(m.OffsetCommitRequest).request.generation_id_or_member_epoch == 4
+
+
+@pytest.mark.parametrize("version", [5, 7, 8, 9])
+def test_fetch_committed(version):
+    versions = dict(Harness().versions)
+    versions[m.OffsetFetchRequest.API_KEY] = version
+    h = Harness(versions=versions)
+    handle = H()
+    h.call("fetch_committed", [tp("t", 0), tp("t", 1), tp("u", 0)], handle, h.now + 10)
+    h.find_coordinator()
+    s = h.take(m.OffsetFetchRequest)
+    parts = [m.OffsetFetchResponsePartitions if version >= 8 else m.OffsetFetchResponsePartition][0]
+    topic_cls = m.OffsetFetchResponseTopics if version >= 8 else m.OffsetFetchResponseTopic
+    topics = [topic_cls(name="t", partitions=[parts(partition_index=0, committed_offset=10, metadata="x"),
+                                              parts(partition_index=1, committed_offset=-1)]),
+              topic_cls(name="u", partitions=[parts(partition_index=0, error_code=E.UNKNOWN_TOPIC_OR_PARTITION)])]
+    if version >= 8:
+        assert s.request.groups[0].group_id == "g"
+        resp = m.OffsetFetchResponse(groups=[m.OffsetFetchResponseGroup(group_id="g", topics=topics)])
+    else:
+        assert s.request.group_id == "g" and sorted(t.name for t in s.request.topics) == ["t", "u"]
+        resp = m.OffsetFetchResponse(topics=topics)
+    h.respond(s, resp)
+    [reply] = h.take_replies()
+    assert reply.value == {tp("t", 0): OffsetAndMetadata(10, "x", -1), tp("t", 1): None, tp("u", 0): None}
+
+
+def test_fetch_committed_load_in_progress_retries():
+    h = Harness()
+    h.call("fetch_committed", [tp("t", 0)], H(), h.now + 10)
+    h.find_coordinator()
+    h.respond(h.take(m.OffsetFetchRequest), m.OffsetFetchResponse(groups=[
+        m.OffsetFetchResponseGroup(group_id="g", error_code=E.COORDINATOR_LOAD_IN_PROGRESS)]))
+    assert h.take_replies() == []
+    h.tick(1.0)
+    assert h.take(m.OffsetFetchRequest)
+
+
+def test_pending_requests_fail_at_close():
+    h = Harness()
+    handle = H()
+    h.call("commit", {tp("t", 0): OffsetAndMetadata(1)}, handle, h.now + 10)
+    h.call("close", H("c"), h.now + 1, True)
+    errors = [r for r in h.take_replies() if r.handle is handle]
+    assert errors and isinstance(errors[0].error, cerr.IllegalStateError)
+
+
+def test_abandon_answers_everything():
+    h = Harness().stable_member(parts=[tp("t", 0)])
+    a, b = H("a"), H("b")
+    h.call("commit", {tp("t", 0): OffsetAndMetadata(1)}, a, h.now + 10)
+    h.call("fetch_committed", [tp("t", 0)], b, h.now + 10)
+    boom = RuntimeError("gone")
+    replies = h.core.abandon(boom)
+    assert {r.handle for r in replies} == {a, b} and all(r.error is boom for r in replies)

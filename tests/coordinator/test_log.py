@@ -1,0 +1,691 @@
+"""coordinator/log.py: framing, replay, torn tails, mid-log corruption, group commit, compaction,
+fsync failures, and a SIGKILL'd writer process. No sleeps: every interleaving is forced with events."""
+from __future__ import annotations
+
+import errno
+import os
+import random
+import signal
+import struct
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from coordinator import log as L
+from coordinator.log import (
+    HEADER_SIZE,
+    LogClosedError,
+    LogCorruptError,
+    LogError,
+    LogFormatError,
+    LogStore,
+    ShardFailedError,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+WAIT = 30  # seconds: only a bound for a hung test, never a pacing sleep
+
+
+class Recorder:
+    """Stands in for the module's structlog logger."""
+
+    def __init__(self):
+        self.events: list[tuple[str, str, dict]] = []
+
+    def _rec(self, level):
+        def f(event, **kw):
+            self.events.append((level, event, kw))
+        return f
+
+    def __getattr__(self, level):
+        return self._rec(level)
+
+    def named(self, event):
+        return [kw for _lvl, ev, kw in self.events if ev == event]
+
+
+@pytest.fixture
+def events(monkeypatch):
+    rec = Recorder()
+    monkeypatch.setattr(L, "log", rec)
+    return rec
+
+
+def log_path(d, shard=0) -> Path:
+    return Path(d) / L.shard_dir_name(shard) / L.LOG_NAME
+
+
+def opened(d, n=2, **kw) -> tuple[LogStore, dict]:
+    s = LogStore(d, n, **kw)
+    return s, s.open()
+
+
+def write_batches(d, shard_entries, n=2, fsync="always", **kw) -> None:
+    """Each inner list is one append, awaited before the next (so one batch each)."""
+    s, _ = opened(d, n, fsync=fsync, **kw)
+    try:
+        for shard, entries in shard_entries:
+            s.append(shard, entries).result(WAIT)
+    finally:
+        s.close()
+
+
+def reopen(d, n=2, **kw) -> dict:
+    s, data = opened(d, n, **kw)
+    s.close()
+    return data
+
+
+def entry_offsets(d, shard=0) -> list[int]:
+    return [p for p, _k, _v in L.read_log_file(log_path(d, shard)).entries]
+
+
+def fold(entries) -> dict:
+    state = {}
+    for k, v in entries:
+        if v is None:
+            state.pop(k, None)
+        else:
+            state[k] = v
+    return state
+
+
+def kv(i: int) -> tuple[bytes, bytes]:
+    return b"key-%d" % i, b"value-%d" % i
+
+
+# ---- format ------------------------------------------------------------------------------------
+
+
+def test_crc32c_matches_the_castagnoli_check_value_and_the_pure_fallback():
+    assert L.crc32c(b"123456789") == 0xE3069283
+    assert L.crc32c_pure(b"123456789") == 0xE3069283
+    data = random.Random(1).randbytes(3000)
+    assert L.crc32c(data) == L.crc32c_pure(data)
+
+
+def test_entry_layout_is_pinned():
+    frame = bytes(L.encode_entries([(b"k", b"vv")], L.PREFIX_DURABLE))
+    payload = b"\x00\x01" + b"\x00\x00\x00\x01k" + b"\x00\x00\x00\x02vv"
+    assert frame == struct.pack(">II", len(payload), L.crc32c(payload)) + payload
+    tomb = bytes(L.encode_entries([(b"k", None)]))
+    payload = b"\x00\x00" + b"\x00\x00\x00\x01k" + b"\xff\xff\xff\xff"
+    assert tomb == struct.pack(">II", len(payload), L.crc32c(payload)) + payload
+    header = L.encode_header(7)
+    assert len(header) == HEADER_SIZE == 24
+    assert header[:8] == b"HERDLOG\x00" and struct.unpack(">HHQ", header[8:20]) == (1, 7, 24)
+
+
+# ---- round trip --------------------------------------------------------------------------------
+
+
+def test_append_and_replay_round_trip(tmp_path):
+    s, data = opened(tmp_path, 3)
+    assert data == {0: [], 1: [], 2: []}
+    sent = {0: [], 1: [], 2: []}
+    futures = []
+    for i in range(60):
+        shard = i % 3
+        entry = (b"", b"") if i == 7 else (b"k%d" % (i % 10), None if i % 11 == 0 else b"v%d" % i)
+        sent[shard].append(entry)
+        futures.append(s.append(shard, [entry]))
+    futures.append(s.append(1, [(b"big", bytes(range(256)) * 300)]))
+    sent[1].append((b"big", bytes(range(256)) * 300))
+    for f in futures:
+        assert f.result(WAIT) is None
+    st = s.stats()
+    assert [x.entries for x in st] == [len(sent[0]), len(sent[1]), len(sent[2])]
+    assert all(x.bytes == os.path.getsize(log_path(tmp_path, x.shard)) for x in st)
+    s.close()
+    assert reopen(tmp_path, 3) == sent
+    assert (tmp_path / "shard-00" / "current.log").exists()
+
+
+def test_latest_only_returns_what_compaction_keeps(tmp_path):
+    write_batches(tmp_path, [(0, [(b"a", b"1"), (b"b", b"1"), (b"a", b"2"), (b"c", b"1"), (b"b", None)])])
+    s = LogStore(tmp_path, 2)
+    assert s.open(latest_only=True)[0] == [(b"a", b"2"), (b"c", b"1")]
+    s.close()
+
+
+def test_append_validates_and_refuses_when_not_open(tmp_path):
+    s = LogStore(tmp_path, 2)
+    with pytest.raises(LogClosedError):
+        s.append(0, [(b"k", b"v")])
+    s.open()
+    with pytest.raises(TypeError):
+        s.append(0, [("k", b"v")])
+    with pytest.raises(TypeError):
+        s.append(0, [(b"k", "v")])
+    with pytest.raises(ValueError):
+        s.append(5, [(b"k", b"v")])
+    s.close()
+    with pytest.raises(LogClosedError):
+        s.append(0, [(b"k", b"v")])
+
+
+def test_close_resolves_everything_queued(tmp_path):
+    s, _ = opened(tmp_path)
+    futures = [s.append(i % 2, [kv(i)]) for i in range(500)]
+    s.close()
+    assert all(f.done() and f.exception() is None for f in futures)
+    assert len(reopen(tmp_path)[0]) == 250
+
+
+def test_shard_count_is_fixed_for_a_data_dir(tmp_path):
+    write_batches(tmp_path, [(0, [kv(1)])], n=2)
+    with pytest.raises(LogError, match="fixed for the life"):
+        LogStore(tmp_path, 3).open()
+    assert reopen(tmp_path, 2)[0] == [kv(1)]
+
+
+# ---- group commit and fsync modes --------------------------------------------------------------
+
+
+def test_group_commit_one_fsync_per_touched_file_per_batch(tmp_path, monkeypatch):
+    s, _ = opened(tmp_path, 4)
+    real_fsync = os.fsync
+    calls = []
+    entered, release = threading.Event(), threading.Event()
+
+    def fsync(fd):
+        calls.append(fd)
+        if len(calls) == 1:
+            entered.set()
+            assert release.wait(WAIT)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    first = s.append(0, [kv(-1)])
+    assert entered.wait(WAIT)  # the writer is inside the first batch's fsync
+    futures = []
+    lock = threading.Lock()
+
+    def producer(t):
+        mine = [s.append(i % 4, [kv(t * 1000 + i)]) for i in range(50)]
+        with lock:
+            futures.extend(mine)
+
+    threads = [threading.Thread(target=producer, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    release.set()
+    first.result(WAIT)
+    for f in futures:
+        assert f.result(WAIT) is None
+    # batch 1: shard 0; batch 2: all 200 appends, one fsync per shard
+    assert len(calls) == 1 + 4
+    st = s.stats()
+    assert [x.fsyncs for x in st] == [2, 1, 1, 1]
+    assert [x.batches for x in st] == [2, 1, 1, 1]
+    assert all(x.fsync_seconds > 0 for x in st)
+    s.close()
+    data = reopen(tmp_path, 4)
+    assert sum(len(v) for v in data.values()) == 201
+
+
+def test_fsync_never_never_calls_fsync(tmp_path, monkeypatch):
+    s, _ = opened(tmp_path, 2, fsync="never")
+
+    def no_fsync(fd):
+        raise AssertionError("fsync called under fsync='never'")
+
+    monkeypatch.setattr(os, "fsync", no_fsync)
+    futures = [s.append(i % 2, [kv(i)]) for i in range(100)]
+    for f in futures:
+        assert f.result(WAIT) is None
+    s.close()
+    assert [x.fsyncs for x in s.stats()] == [0, 0]
+    monkeypatch.undo()
+    assert len(reopen(tmp_path)[1]) == 50
+
+
+# ---- fsync and write failures ------------------------------------------------------------------
+
+
+def test_fsync_failure_fails_the_batch_and_the_shard_refuses_further_appends(tmp_path, monkeypatch, events):
+    s, _ = opened(tmp_path, 2)
+    s.append(0, [kv(0)]).result(WAIT)
+    bad_fd = s._shards[0].fd
+    real_fsync = os.fsync
+    calls_on_bad = []
+
+    def fsync(fd):
+        if fd == bad_fd:
+            calls_on_bad.append(fd)
+            raise OSError(errno.EIO, "Input/output error")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    f = s.append(0, [kv(1)])
+    with pytest.raises(OSError) as info:
+        f.result(WAIT)
+    assert info.value.errno == errno.EIO
+    later = s.append(0, [kv(2)])
+    with pytest.raises(ShardFailedError, match="shard 0"):
+        later.result(WAIT)
+    assert s.append(1, [kv(3)]).result(WAIT) is None  # other shards carry on
+    assert calls_on_bad == [bad_fd]  # never retried (fsyncgate)
+    assert s.stats()[0].failed and "Input/output error" in s.stats()[0].failed
+    assert events.named("log.shard_failed")[0]["shard"] == 0
+    with pytest.raises(ShardFailedError):
+        s.compact(0).result(WAIT)
+    s.close()
+    monkeypatch.undo()
+    data = reopen(tmp_path)
+    assert data[0][0] == kv(0) and data[1] == [kv(3)]
+
+
+def test_write_failure_fails_the_shard(tmp_path, monkeypatch):
+    s, _ = opened(tmp_path, 2)
+    bad_fd = s._shards[1].fd
+    real_pwrite = os.pwrite
+
+    def pwrite(fd, data, offset):
+        if fd == bad_fd:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    with pytest.raises(OSError, match="No space"):
+        s.append(1, [kv(1)]).result(WAIT)
+    with pytest.raises(ShardFailedError):
+        s.append(1, [kv(2)]).result(WAIT)
+    assert s.append(0, [kv(3)]).result(WAIT) is None
+    s.close()
+
+
+# ---- torn tails --------------------------------------------------------------------------------
+
+GOOD = [kv(i) for i in range(6)]
+
+
+def _truncate_mid_entry(p: Path, offsets):
+    with open(p, "r+b") as f:
+        f.truncate(offsets[-1] + 11)
+
+
+def _flip_byte_in_last_entry(p: Path, offsets):
+    with open(p, "r+b") as f:
+        f.seek(offsets[-1] + 16)
+        b = f.read(1)
+        f.seek(offsets[-1] + 16)
+        f.write(bytes([b[0] ^ 0x40]))
+
+
+def _length_past_eof(p: Path, offsets):
+    with open(p, "r+b") as f:
+        f.seek(offsets[-1])
+        f.write(struct.pack(">I", 10_000))
+
+
+def _cut_in_frame_header(p: Path, offsets):
+    with open(p, "r+b") as f:
+        f.truncate(offsets[-1] + 5)
+
+
+def _garbage(p: Path, offsets):
+    with open(p, "ab") as f:
+        f.write(random.Random(7).randbytes(5000))
+
+
+def _zeros(p: Path, offsets):
+    with open(p, "ab") as f:
+        f.write(bytes(4096))
+
+
+def _garbage_with_a_stale_frame(p: Path, offsets):
+    # a complete frame after the damage, but not flagged PREFIX_DURABLE: part of the same torn write
+    with open(p, "ab") as f:
+        f.write(b"\x00\x00\x00\x30" + bytes(20) + bytes(L.encode_entries([kv(99)])))
+
+
+@pytest.mark.parametrize("damage, kept", [
+    (_truncate_mid_entry, 5),
+    (_flip_byte_in_last_entry, 5),
+    (_length_past_eof, 5),
+    (_cut_in_frame_header, 5),
+    (_garbage, 6),
+    (_zeros, 6),
+    (_garbage_with_a_stale_frame, 6),
+])
+def test_torn_tail_is_cut_back_to_the_last_good_entry(tmp_path, events, damage, kept):
+    write_batches(tmp_path, [(0, [e]) for e in GOOD] + [(1, [kv(100)])])
+    p = log_path(tmp_path)
+    offsets = entry_offsets(tmp_path)
+    good_end = offsets[kept] if kept < len(offsets) else p.stat().st_size
+    damage(p, offsets)
+    s, data = opened(tmp_path)
+    assert data[0] == GOOD[:kept] and data[1] == [kv(100)]
+    assert p.stat().st_size == good_end
+    cut = events.named("log.tail_truncated")
+    assert len(cut) == 1 and cut[0]["offset"] == good_end and cut[0]["shard"] == 0 and cut[0]["cut_bytes"] > 0
+    # the shard is writable after the cut, and the next open is clean
+    s.append(0, [kv(50)]).result(WAIT)
+    s.close()
+    assert reopen(tmp_path)[0] == GOOD[:kept] + [kv(50)]
+    assert len(events.named("log.tail_truncated")) == 1
+
+
+def test_a_torn_last_batch_is_a_tail_even_with_intact_entries_after_the_damage(tmp_path, events):
+    # One batch of 5 entries written in one pwrite and never fsynced: a crash can persist its later
+    # pages and not an earlier one.
+    write_batches(tmp_path, [(0, [kv(0)]), (0, [kv(1)]), (0, [kv(i) for i in range(2, 7)])])
+    offsets = entry_offsets(tmp_path)
+    _flip_byte_in_last_entry(log_path(tmp_path), offsets[:4])  # damage entry 3 of the last batch
+    assert reopen(tmp_path)[0] == [kv(0), kv(1), kv(2)]
+    assert events.named("log.tail_truncated")[0]["offset"] == offsets[3]
+
+
+def test_short_header_is_rewritten(tmp_path, events):
+    write_batches(tmp_path, [(1, [kv(1)])])
+    p = log_path(tmp_path)
+    p.write_bytes(b"HERDLOG")
+    assert reopen(tmp_path) == {0: [], 1: [kv(1)]}
+    assert p.stat().st_size == HEADER_SIZE
+    assert events.named("log.header_rewritten")
+
+
+def test_stale_compaction_file_is_removed(tmp_path):
+    write_batches(tmp_path, [(0, [kv(1)])])
+    tmp = tmp_path / "shard-00" / L.COMPACT_TMP
+    tmp.write_bytes(b"half a compaction")
+    assert reopen(tmp_path)[0] == [kv(1)]
+    assert not tmp.exists()
+
+
+# ---- corruption in the middle ------------------------------------------------------------------
+
+
+def test_mid_log_corruption_refuses_to_open_and_changes_nothing(tmp_path, events):
+    write_batches(tmp_path, [(0, [kv(i)]) for i in range(10)])
+    p = log_path(tmp_path)
+    offsets = entry_offsets(tmp_path)
+    _flip_byte_in_last_entry(p, offsets[:3])  # entry 2 of 10
+    before = p.read_bytes()
+    with pytest.raises(LogCorruptError) as info:
+        LogStore(tmp_path, 2).open()
+    err = info.value
+    assert err.shard == 0 and err.offset == offsets[2] and err.path == str(p)
+    assert str(p) in str(err) and f"byte {offsets[2]}" in str(err) and "checksum mismatch" in str(err)
+    assert f"from byte {offsets[3]}" in str(err)
+    assert p.read_bytes() == before
+    assert events.named("log.corrupt")[0]["offset"] == offsets[2]
+    # the store can be opened again (nothing was left half-open)
+    with pytest.raises(LogCorruptError):
+        LogStore(tmp_path, 2).open()
+
+
+def test_all_corrupt_shards_are_listed(tmp_path):
+    write_batches(tmp_path, [(s, [kv(i)]) for i in range(4) for s in (0, 1)])
+    for shard in (0, 1):
+        _flip_byte_in_last_entry(log_path(tmp_path, shard), entry_offsets(tmp_path, shard)[:2])
+    with pytest.raises(LogCorruptError) as info:
+        LogStore(tmp_path, 2).open()
+    assert [p.shard for p in info.value.problems] == [0, 1]
+
+
+def test_repair_cuts_at_the_first_bad_entry_and_warns(tmp_path, events):
+    write_batches(tmp_path, [(0, [kv(i)]) for i in range(10)])
+    offsets = entry_offsets(tmp_path)
+    _flip_byte_in_last_entry(log_path(tmp_path), offsets[:5])
+    s, data = opened(tmp_path, repair=True)
+    assert data[0] == [kv(i) for i in range(4)]
+    rep = events.named("log.repaired")
+    assert rep and rep[0]["offset"] == offsets[4] and "LOST" in rep[0]["action"]
+    s.append(0, [kv(77)]).result(WAIT)
+    s.close()
+    assert reopen(tmp_path)[0] == [kv(i) for i in range(4)] + [kv(77)]
+
+
+def test_under_fsync_never_damage_before_unsynced_entries_is_a_torn_tail(tmp_path, events):
+    write_batches(tmp_path, [(0, [kv(i)]) for i in range(10)], fsync="never")
+    _flip_byte_in_last_entry(log_path(tmp_path), entry_offsets(tmp_path)[:3])
+    assert reopen(tmp_path, fsync="never")[0] == [kv(0), kv(1)]
+    assert events.named("log.tail_truncated")
+
+
+def test_corruption_in_a_compacted_region_is_refused(tmp_path):
+    s, _ = opened(tmp_path, fsync="never")
+    for i in range(10):
+        s.append(0, [kv(i)]).result(WAIT)
+    s.compact(0).result(WAIT)
+    s.close()
+    _flip_byte_in_last_entry(log_path(tmp_path), entry_offsets(tmp_path)[:8])
+    with pytest.raises(LogCorruptError, match="compaction"):
+        LogStore(tmp_path, 2, fsync="never").open()
+
+
+def test_bad_header_is_corruption_and_repair_rewrites_it(tmp_path, events):
+    write_batches(tmp_path, [(0, [kv(1)]), (0, [kv(2)])])
+    p = log_path(tmp_path)
+    raw = bytearray(p.read_bytes())
+    raw[3] ^= 0xFF
+    p.write_bytes(bytes(raw))
+    with pytest.raises(LogCorruptError, match="bad file header"):
+        LogStore(tmp_path, 2).open()
+    assert reopen(tmp_path, repair=True)[0] == [kv(1), kv(2)]
+    assert reopen(tmp_path)[0] == [kv(1), kv(2)]
+
+
+def test_newer_format_and_foreign_shard_files_are_refused(tmp_path):
+    write_batches(tmp_path, [(0, [kv(1)]), (1, [kv(2)])])
+    p0, p1 = log_path(tmp_path, 0), log_path(tmp_path, 1)
+    body = p0.read_bytes()[HEADER_SIZE:]
+    head = struct.pack(">8sHHQ", L.MAGIC, 2, 0, HEADER_SIZE)
+    p0.write_bytes(head + struct.pack(">I", L.crc32c(head)) + body)
+    with pytest.raises(LogFormatError, match="format 2"):
+        LogStore(tmp_path, 2).open()
+    p0.write_bytes(p1.read_bytes())
+    with pytest.raises(LogFormatError, match="belongs to shard 1"):
+        LogStore(tmp_path, 2).open()
+
+
+def test_unknown_entry_version_is_refused_not_truncated(tmp_path):
+    write_batches(tmp_path, [(0, [kv(1)])])
+    p = log_path(tmp_path)
+    payload = b"\x01\x00" + b"\x00\x00\x00\x01k" + b"\x00\x00\x00\x01v"
+    with open(p, "ab") as f:
+        f.write(struct.pack(">II", len(payload), L.crc32c(payload)) + payload)
+    size = p.stat().st_size
+    with pytest.raises(LogFormatError, match="version 1"):
+        LogStore(tmp_path, 2).open()
+    assert p.stat().st_size == size
+
+
+# ---- compaction --------------------------------------------------------------------------------
+
+
+def test_compaction_keeps_last_values_drops_tombstones_and_survives_reopen(tmp_path):
+    s, _ = opened(tmp_path)
+    ops = [(b"a", b"1"), (b"b", b"1"), (b"c", b"1"), (b"a", b"2"), (b"b", None), (b"d", b"1"),
+           (b"c", b"2"), (b"e", b"1"), (b"e", None), (b"b", b"3")]
+    for op in ops:
+        s.append(0, [op]).result(WAIT)
+    before = s.stats()[0]
+    info = s.compact(0).result(WAIT)
+    after = s.stats()[0]
+    expected = [(b"a", b"2"), (b"d", b"1"), (b"c", b"2"), (b"b", b"3")]
+    assert info["bytes_before"] == before.bytes and info["bytes_after"] == after.bytes < before.bytes
+    assert after.entries == 4 and after.dead_bytes == 0 and after.compactions == 1
+    assert after.live_bytes == before.live_bytes
+    s.append(0, [(b"f", b"1")]).result(WAIT)
+    s.close()
+    assert reopen(tmp_path)[0] == expected + [(b"f", b"1")]
+    assert L.read_log_file(log_path(tmp_path)).durable_end == after.bytes
+
+
+def test_appends_racing_with_compaction_are_kept_in_order(tmp_path):
+    s, _ = opened(tmp_path)
+    for i in range(20):
+        s.append(0, [(b"k%d" % (i % 5), b"old%d" % i)]).result(WAIT)
+    written, release = threading.Event(), threading.Event()
+
+    def hook(shard):
+        written.set()
+        assert release.wait(WAIT)
+
+    s._compaction_written_hook = hook
+    comp = s.compact(0)
+    assert written.wait(WAIT)  # the compacted file is written; the writer has not swapped it in
+    racing = [(b"k1", b"new1"), (b"k9", b"new9"), (b"k2", None), (b"k3", b"new3")]
+    for op in racing:
+        assert s.append(0, [op]).result(WAIT) is None  # acknowledged while the compaction is pending
+    release.set()
+    comp.result(WAIT)
+    s.append(0, [(b"k9", b"after")]).result(WAIT)
+    s.close()
+    expected = {b"k0": b"old15", b"k1": b"new1", b"k3": b"new3", b"k4": b"old19", b"k9": b"after"}
+    replayed = reopen(tmp_path)[0]
+    assert fold(replayed) == expected
+    assert replayed[-1] == (b"k9", b"after")
+
+
+def test_concurrent_appends_and_compactions_lose_nothing(tmp_path):
+    s, _ = opened(tmp_path, 2, fsync="never", compact_threshold_bytes=2048)
+    rnd = random.Random(3)
+    model: dict[bytes, bytes] = {}
+    futures = []
+    for i in range(3000):
+        key = b"k%d" % rnd.randrange(40)
+        value = None if rnd.random() < 0.1 else b"v%d" % i
+        futures.append(s.append(0, [(key, value)]))
+        if value is None:
+            model.pop(key, None)
+        else:
+            model[key] = value
+        if i % 500 == 0:
+            futures.append(s.compact(0))
+    for f in futures:
+        f.result(WAIT)
+    s.compact(0).result(WAIT)  # queued behind any automatic one still running
+    assert s.stats()[0].compactions >= 2
+    s.close()
+    data = reopen(tmp_path)[0]
+    assert data == L.latest(data)  # fully compacted: nothing was appended after the last compaction
+    assert fold(data) == model
+
+
+def test_automatic_compaction_trigger(tmp_path):
+    s, _ = opened(tmp_path, 2, compact_threshold_bytes=4096)
+    for i in range(200):  # ~30 bytes each, 4 keys: mostly dead
+        s.append(0, [(b"k%d" % (i % 4), b"v%d" % i)]).result(WAIT)
+    s.compact(1).result(WAIT)
+    st = s.stats()
+    s.close()
+    assert st[0].compactions >= 1 and st[0].bytes < 4096 + 200
+    assert reopen(tmp_path)[0][-4:] == [(b"k%d" % (i % 4), b"v%d" % i) for i in range(196, 200)]
+
+
+def test_no_automatic_compaction_when_mostly_live(tmp_path):
+    s, _ = opened(tmp_path, 2, compact_threshold_bytes=2048)
+    for i in range(200):
+        s.append(0, [kv(i)]).result(WAIT)
+    s.close()
+    assert s.stats()[0].compactions == 0
+
+
+# ---- a killed writer process -------------------------------------------------------------------
+
+CHILD = textwrap.dedent("""
+    import sys, threading
+    import structlog
+    from coordinator.log import LogStore
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    data_dir, repeat, threshold = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    store = LogStore(data_dir, 4, fsync="always", compact_threshold_bytes=threshold)
+    store.open()
+    out_lock = threading.Lock()
+    slots = threading.BoundedSemaphore(200)
+
+    def acked(seq):
+        def done(f):
+            if f.exception() is None:
+                with out_lock:
+                    sys.stdout.write("%d\\n" % seq)
+                    sys.stdout.flush()
+            slots.release()
+        return done
+
+    seq = 0
+    while True:
+        slots.acquire()
+        shard = seq % 4
+        k = (seq // 4) % repeat if repeat else seq
+        value = None if repeat and seq % 10 == 9 else b"%d" % seq
+        store.append(shard, [(b"s%d-k%d" % (shard, k), value)]).add_done_callback(acked(seq))
+        seq += 1
+""")
+
+
+def _key(seq, repeat):
+    shard = seq % 4
+    return b"s%d-k%d" % (shard, (seq // 4) % repeat if repeat else seq)
+
+
+def _value(seq, repeat):
+    return None if repeat and seq % 10 == 9 else b"%d" % seq
+
+
+def _run_and_kill(tmp_path, repeat, threshold, acks_wanted):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path), str(repeat), str(threshold)],
+                            stdout=subprocess.PIPE, env=env, cwd=REPO)
+    acked = []
+    try:
+        for line in proc.stdout:
+            acked.append(int(line))
+            if len(acked) >= acks_wanted:
+                break
+        proc.send_signal(signal.SIGKILL)
+        acked.extend(int(x) for x in proc.stdout.read().split())  # acks already in the pipe count
+    finally:
+        proc.kill()
+        proc.wait(WAIT)
+    assert len(acked) >= acks_wanted, "the child died early"
+    return acked
+
+
+def test_sigkill_loses_no_acknowledged_entry(tmp_path):
+    acked = _run_and_kill(tmp_path, 0, 1 << 30, 1500)
+    data = reopen(tmp_path, 4)
+    for shard in range(4):
+        seqs = [int(v) for _k, v in data[shard]]
+        # a gap-free prefix of what this shard was sent, holding every acknowledged entry
+        assert seqs == list(range(shard, 4 * len(seqs), 4))
+        mine = [a for a in acked if a % 4 == shard]
+        assert not mine or max(mine) <= seqs[-1]
+        assert all(k == _key(int(v), 0) for k, v in data[shard])
+
+
+def test_sigkill_during_frequent_compactions_loses_no_acknowledged_entry(tmp_path):
+    repeat = 7
+    acked = _run_and_kill(tmp_path, repeat, 1024, 3000)
+    data = reopen(tmp_path, 4)
+    for shard in range(4):
+        seqs = [int(v) for _k, v in data[shard] if v is not None]
+        assert seqs == sorted(seqs)  # compaction keeps log order
+        mine = [a for a in acked if a % 4 == shard]
+        low = max([shard] + seqs + mine)
+        replayed = fold(data[shard])
+        # the state equals replaying a prefix of this shard's appends that covers every ack
+        for end in range(low, low + 4 * 100, 4):
+            state = {}
+            for seq in range(shard, end + 1, 4):
+                k, v = _key(seq, repeat), _value(seq, repeat)
+                if v is None:
+                    state.pop(k, None)
+                else:
+                    state[k] = v
+            if state == replayed:
+                break
+        else:
+            pytest.fail(f"shard {shard}: replayed state is no prefix of the appends")
+    # compactions did happen in the child (a compacted file records its durable end)
+    assert any(L.read_log_file(log_path(tmp_path, shard)).durable_end > HEADER_SIZE for shard in range(4))

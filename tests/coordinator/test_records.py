@@ -1,0 +1,108 @@
+"""__consumer_offsets-format records: keys, values, versions, tombstones, unknown types."""
+import struct
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from coordinator import records
+from coordinator.config import Config
+from coordinator.groups import GroupCoordinator
+from protocol.messages import (
+    GroupMetadataKey, GroupMetadataValue, GroupMetadataValueMemberMetadata, OffsetCommitKey, OffsetCommitValue,
+)
+
+
+def generated_key(type_: int, obj) -> bytes:
+    return struct.pack(">h", type_) + obj.encode(type_)
+
+
+def generated_value(version: int, obj) -> bytes:
+    return struct.pack(">h", version) + obj.encode(version)
+
+
+@given(group=st.text(max_size=30), topic=st.text(min_size=1, max_size=30),
+       partition=st.integers(0, 2**31 - 1), offset=st.integers(-1, 2**63 - 1),
+       epoch=st.integers(-1, 2**31 - 1), meta=st.text(max_size=50), ts=st.integers(0, 2**62))
+def test_fast_encoders_match_the_generated_codec(group, topic, partition, offset, epoch, meta, ts):
+    key = records.offset_commit_key(group, topic, partition)
+    assert key == generated_key(1, OffsetCommitKey(group, topic, partition))
+    v3 = records.offset_commit_value(offset, epoch, meta, ts)
+    assert v3 == generated_value(3, OffsetCommitValue(offset, epoch, meta, ts))
+    v1 = records.offset_commit_value(offset, epoch, meta, ts, ts + 5)
+    assert v1 == generated_value(1, OffsetCommitValue(offset, -1, meta, ts, ts + 5))
+    rtype, k = records.decode_key(key)
+    assert rtype == records.OFFSET_COMMIT and (k.group, k.topic, k.partition) == (group, topic, partition)
+    d3 = records.decode_value(rtype, v3)
+    assert (d3.offset, d3.leader_epoch, d3.metadata, d3.commit_timestamp, d3.expire_timestamp) == (offset, epoch, meta, ts, -1)
+    d1 = records.decode_value(rtype, v1)
+    assert (d1.offset, d1.leader_epoch, d1.metadata, d1.commit_timestamp, d1.expire_timestamp) == (offset, -1, meta, ts, ts + 5)
+
+
+def test_value_versions():
+    assert records.offset_commit_value(1, 2, "", 3)[:2] == b"\x00\x03"
+    assert records.offset_commit_value(1, 2, "", 3, 9)[:2] == b"\x00\x01"
+    gm = GroupMetadataValue("consumer", 3, "range", "m1", 123, [
+        GroupMetadataValueMemberMetadata("m1", "i1", "c", "/h", 300, 100, b"s", b"a")])
+    raw = records.group_metadata_value(gm)
+    assert raw[:2] == b"\x00\x03"
+    assert records.decode_value(records.GROUP_METADATA, raw) == gm
+    assert records.group_metadata_key("g") == generated_key(2, GroupMetadataKey("g"))
+    assert records.decode_key(records.group_metadata_key("g")) == (2, GroupMetadataKey("g"))
+
+
+def test_generic_encode_helpers_and_tombstones():
+    assert records.encode_key(OffsetCommitKey("g", "t", 1)) == records.offset_commit_key("g", "t", 1)
+    assert records.encode_key(GroupMetadataKey("g")) == records.group_metadata_key("g")
+    assert records.encode_value(None) is None
+    assert records.decode_value(records.OFFSET_COMMIT, None) is None
+    assert records.decode_value(records.GROUP_METADATA, None) is None
+    v = OffsetCommitValue(5, 1, "m", 10)
+    assert records.decode_value(1, records.encode_value(v)) == v
+    with pytest.raises(records.RecordError):
+        records.encode_key(v)
+    with pytest.raises(records.RecordError):
+        records.encode_value(GroupMetadataKey("g"))
+
+
+def test_version_zero_offset_key_is_read():
+    raw = generated_key(0, OffsetCommitKey("g", "t", 3))
+    assert records.decode_key(raw) == (0, OffsetCommitKey("g", "t", 3))
+    old_value = generated_value(0, OffsetCommitValue(7, -1, "x", 11))
+    assert records.decode_value(0, old_value).offset == 7
+
+
+def test_unknown_record_types_are_reported_not_decoded():
+    for rtype in range(3, 16):  # KIP-848 consumer groups, share groups, streams groups
+        raw = struct.pack(">h", rtype) + b"\x00\x01g" + b"junk"
+        assert records.decode_key(raw) == (rtype, None)
+        with pytest.raises(records.RecordError):
+            records.decode_value(rtype, b"\x00\x00")
+
+
+def test_malformed_records_raise_one_error_type():
+    for bad in (b"", b"\x00", b"\x00\x01\x00\x05ab", b"\x00\x02\xff"):
+        with pytest.raises(records.RecordError):
+            records.decode_key(bad)
+    for bad in (b"\x00", b"\x00\x03\x00", b"\xff\xff"):
+        with pytest.raises(records.RecordError):
+            records.decode_value(1, bad)
+    with pytest.raises(records.RecordError):
+        records.decode_value(2, b"\x00\x03\x00\x01")
+
+
+def test_newer_value_versions_are_read_with_the_newest_schema():
+    v4 = generated_value(4, OffsetCommitValue(9, 2, "m", 100))
+    assert records.decode_value(1, v4).offset == 9
+    future = b"\x00\x07" + v4[2:]  # a v7 from a future Kafka: read as v4 (tagged fields only)
+    assert records.decode_value(1, future).offset == 9
+
+
+def test_replay_skips_unknown_types_cleanly():
+    gc = GroupCoordinator(Config(offsets_partitions=3))
+    for rtype in range(3, 16):
+        gc.replay(0, struct.pack(">h", rtype) + b"\x00\x03abc", b"\x00\x00whatever")
+    assert gc.skipped_records == 13
+    assert gc.list_groups() == []
+    with pytest.raises(records.RecordError):
+        gc.replay(0, b"\x00\x01\x00", None)

@@ -1,0 +1,89 @@
+"""Differential tests: herd's generated codec against the independent construct codec
+(``tools/construct_codec.py``, built from SCHEMA and the spec's encoding rules) for every
+(message, version):
+
+* bytes from the generated encoder parse with the construct codec to the same field values;
+* bytes built by the construct codec are identical to the generated encoder's, decode with the
+  generated decoder to the same values, and re-encode to identical bytes.
+"""
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tools import construct_codec as cc
+
+_NULL_MARKER = (
+    "codec bug: a nullable struct field outside a tagged section is written with null = 0x00 and "
+    "read with 0x00 = null; Kafka uses an int8 marker (-1 = null, 1 = present) in every version, "
+    "flexible or not (tools/genproto.py read_value/write_value use the compact marker when the "
+    "version is flexible)"
+)
+_NULL_DEFAULT = (
+    "codec bug: ConsumerGroupMemberMetadataValue.ClassicMemberMetadata has a JSON null default, "
+    "which Kafka's generator treats as no default (an empty struct): a null value must be written "
+    "as tag 0 with marker 0 and an absent tag decodes to an empty struct; genproto treats JSON "
+    "null like \"null\" (tools/genproto.py load_message build_field)"
+)
+KNOWN_CODEC_BUGS = {
+    ("ConsumerGroupHeartbeatResponse", 0): _NULL_MARKER,
+    ("ConsumerGroupHeartbeatResponse", 1): _NULL_MARKER,
+    ("ConsumerGroupMemberMetadataValue", 0): _NULL_DEFAULT,
+}
+
+
+def check_both_ways(kit, name, v, value):
+    expected = cc.project(name, v, value)
+    herd_bytes = kit.to_obj(name, value).encode(v)
+    assert cc.parse(name, v, herd_bytes) == expected, "construct reads herd's bytes differently"
+    construct_bytes = cc.build_bytes(name, v, value)
+    assert construct_bytes == herd_bytes, "the two encoders disagree"
+    back, end = kit.cls(name).decode_from(construct_bytes, 0, v)
+    assert end == len(construct_bytes)
+    assert kit.to_plain(back) == expected, "herd reads construct's bytes differently"
+    assert back.encode(v) == construct_bytes
+
+
+def test_differential_rich(kit, msg_version):
+    name, v = msg_version
+    check_both_ways(kit, name, v, kit.rich(name, v))
+
+
+@pytest.mark.codec_bugs(KNOWN_CODEC_BUGS)
+def test_differential_sparse(kit, msg_version):
+    name, v = msg_version
+    check_both_ways(kit, name, v, kit.sparse(name, v))
+
+
+# run=False: a failing hypothesis test spends a long time shrinking; the strict xfails of
+# test_differential_sparse pin these bugs.
+@pytest.mark.codec_bugs(KNOWN_CODEC_BUGS, run=False, strict=False)
+@settings(settings.get_profile("herd-protocol-light"))
+@given(data=st.data())
+def test_differential_generated(kit, msg_version, data):
+    name, v = msg_version
+    check_both_ways(kit, name, v, data.draw(kit.strategy(name, v), label="value"))
+
+
+def test_compiled_construct_agrees(kit, msg_version):
+    """The construct-compiled codec (the benchmark's baseline) parses and builds like the
+    interpreted one, on well-formed input."""
+    name, v = msg_version
+    value = cc.project(name, v, kit.rich(name, v))
+    data = cc.build_bytes(name, v, value)
+    comp = cc.compiled(name, v)
+    assert comp.parse(data) == value
+    assert comp.build(value) == data
+
+
+def test_known_bug_null_struct_marker(kit):
+    """Kafka writes a null non-tagged nullable struct as int8 -1 even in flexible versions
+    (its NullableStructMessage test schema and, e.g., DescribeTopicPartitionsRequest.Cursor)."""
+    from protocol.messages import ConsumerGroupHeartbeatResponse as R
+    r = R(member_id="m", member_epoch=1, heartbeat_interval_ms=3000, assignment=None)
+    raw = r.encode(0)
+    java = cc.build_bytes("ConsumerGroupHeartbeatResponse", 0, kit.to_plain(r))
+    # throttle(4) error(2) error_message(null: 00) member_id(02 'm') epoch(4) interval(4) marker
+    assert java[-2:] == b"\xff\x00"
+    if raw != java:
+        pytest.xfail(_NULL_MARKER)
+    assert R.decode(java, 0).assignment is None
