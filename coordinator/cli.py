@@ -119,6 +119,7 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     from coordinator.catalog import Catalog
     from coordinator.groups import GroupCoordinator
     from coordinator.log import LogCorruptError, LogStore
+    from coordinator.metrics import HttpEndpoint, Metrics, install_collectors
     from coordinator.runtime import Runtime
     from coordinator.server import Server
 
@@ -128,7 +129,9 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     groups = GroupCoordinator(config, node_id=config.node_id)
     catalog = Catalog(config, node_id=config.node_id)
     runtime = Runtime(config, groups, catalog, store)
-    server = Server(config, runtime)
+    metrics = Metrics()
+    server = Server(config, runtime, metrics)
+    install_collectors(metrics, groups, store, server)
     try:
         host, port = await server.bind()
     except OSError as exc:
@@ -145,9 +148,20 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
         raise CliError(f"{exc} (start with --repair to cut the log at the damage)") from None
     stats = runtime.replay(shards)
     del shards
-    log.info("replayed", records=stats["records"], seconds=stats["seconds"], groups=groups_count(groups))
+    metrics.replay_seconds, metrics.replay_records = stats["seconds"], stats["records"]
+    log.info("replayed", records=stats["records"], seconds=stats["seconds"], groups=len(groups.list_groups()))
     runtime.start(loop)
     await server.start()
+    http = None
+    if config.metrics_port is not None:
+        http = HttpEndpoint(metrics, groups.list_groups,
+                            lambda g: groups.group_history(g, runtime.now_ms()))
+        try:
+            mport = await http.start(config.metrics_host, config.metrics_port)
+        except OSError as exc:
+            raise CliError(f"cannot listen for metrics on {config.metrics_host}:{config.metrics_port}: "
+                           f"{exc.strerror}") from None
+        log.info("metrics listening", host=config.metrics_host, port=mport)
     if config.port_file:
         tmp = Path(str(config.port_file) + ".tmp")
         tmp.write_text(f"{port}\n")
@@ -160,19 +174,14 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
 
     log.info("stopping: answering parked requests and flushing the log")
     server.stop_accepting()
+    if http is not None:
+        http.close()
     runtime.shutdown()
     await loop.run_in_executor(None, store.close)
     await asyncio.sleep(0.05)  # let the last durable replies go out
     server.close_all()
     log.info("stopped")
     return 0
-
-
-def groups_count(groups) -> int:
-    try:
-        return len(groups.list_groups())
-    except Exception:  # the count is informational only
-        return -1
 
 
 if __name__ == "__main__":

@@ -118,24 +118,21 @@ class Metrics:
         self.requests = Counter("herd_requests_total", "Requests answered, by API.", ("api",))
         self.request_seconds = Histogram("herd_request_duration_seconds",
                                          "Time from a request's arrival to its answer, by API.", ("api",))
-        self.rebalances = Counter("herd_rebalances_total", "Completed rebalances, by what started them.",
-                                  ("reason",))
         self.rebalance_seconds = Histogram("herd_rebalance_duration_seconds",
                                            "Duration of completed rebalances (start to stable).",
                                            buckets=REBALANCE_BUCKETS)
-        self.commits = Counter("herd_offset_commits_total", "Partition offsets committed.")
         self.connections_total = Counter("herd_connections_accepted_total", "Connections accepted.")
         self.replay_seconds = 0.0
         self.replay_records = 0
         self.gauges: list[Gauge] = []
+        self.collectors: list = []  # () -> list of exposition lines, run at scrape time
 
     def gauge(self, name: str, help: str, labels: tuple, fn) -> None:
         self.gauges.append(Gauge(name, help, labels, fn))
 
     def render(self) -> str:
         lines: list[str] = []
-        for metric in (self.requests, self.request_seconds, self.rebalances, self.rebalance_seconds,
-                       self.commits, self.connections_total):
+        for metric in (self.requests, self.request_seconds, self.rebalance_seconds, self.connections_total):
             lines += metric.render()
         lines += [
             "# HELP herd_shard_replay_seconds Time spent replaying the logs at start-up.",
@@ -150,6 +147,11 @@ class Metrics:
         ]
         for g in self.gauges:
             lines += g.render()
+        for collect in self.collectors:
+            try:
+                lines += collect()
+            except Exception:  # a broken collector must not break the scrape
+                log.exception("metrics collector failed")
         return "\n".join(lines) + "\n"
 
 
@@ -215,3 +217,61 @@ def _json(obj) -> bytes:
 
 
 _REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed"}
+
+
+def _family(name: str, kind: str, help: str, samples) -> list[str]:
+    out = [f"# HELP {name} {help}", f"# TYPE {name} {kind}"]
+    for labels, value in samples:
+        out.append(f"{name}{labels} {_fmt(value)}")
+    return out
+
+
+def install_collectors(metrics: Metrics, groups, store, server) -> None:
+    """Scrape-time views of the group coordinator, the log store and the server."""
+
+    def group_lines() -> list[str]:
+        snap = groups.snapshot_stats()
+        counters = snap["counters"]
+        lines = _family("herd_groups", "gauge", "Groups by state.",
+                        [(f'{{state="{s}"}}', n) for s, n in sorted(snap["groups_by_state"].items())])
+        lines += _family("herd_group_members", "gauge", "Members of all groups.", [("", snap["members"])])
+        lines += _family("herd_group_pending_members", "gauge", "Members that must rejoin with their "
+                         "assigned id (KIP-394).", [("", snap["pending_members"])])
+        lines += _family("herd_parked_requests", "gauge", "JoinGroup/SyncGroup requests waiting for a "
+                         "rebalance to complete.", [("", snap["parked_requests"])])
+        lines += _family("herd_committed_offsets", "gauge", "Committed offsets held.", [("", snap["offsets"])])
+        lines += _family("herd_failed_shards", "gauge", "Shards stopped after a log write failure.",
+                         [("", len(snap["failed_shards"]))])
+        prefix = "rebalances_completed_reason_"
+        lines += _family("herd_rebalances_total", "counter", "Completed rebalances, by what started them.",
+                         [(f'{{reason="{k[len(prefix):]}"}}', v) for k, v in sorted(counters.items())
+                          if k.startswith(prefix)])
+        lines += _family("herd_offset_commits_total", "counter", "Partition offsets committed.",
+                         [("", counters.get("offset_commits", 0))])
+        lines += _family("herd_offsets_expired_total", "counter", "Offsets removed by retention.",
+                         [("", counters.get("offsets_expired", 0))])
+        lines += _family("herd_groups_deleted_total", "counter", "Groups deleted (DeleteGroups or expiry).",
+                         [("", counters.get("groups_deleted", 0) + counters.get("groups_expired", 0))])
+        removed = "members_removed_"
+        lines += _family("herd_members_removed_total", "counter", "Members removed, by why.",
+                         [(f'{{why="{k[len(removed):]}"}}', v) for k, v in sorted(counters.items())
+                          if k.startswith(removed)])
+        return lines
+
+    def log_lines() -> list[str]:
+        stats = store.stats()
+        lines = _family("herd_log_bytes", "gauge", "Size of each shard's log file.",
+                        [(f'{{shard="{s.shard}"}}', s.bytes) for s in stats])
+        lines += _family("herd_log_fsyncs_total", "counter", "fsyncs of appended log data.",
+                         [("", sum(s.fsyncs for s in stats))])
+        lines += _family("herd_log_fsync_seconds_total", "counter", "Time spent in those fsyncs "
+                         "(rate of this over rate of herd_log_fsyncs_total is the mean fsync latency).",
+                         [("", round(sum(s.fsync_seconds for s in stats), 6))])
+        lines += _family("herd_log_compactions_total", "counter", "Log compactions.",
+                         [("", sum(s.compactions for s in stats))])
+        return lines
+
+    def server_lines() -> list[str]:
+        return _family("herd_connections", "gauge", "Open client connections.", [("", len(server.connections))])
+
+    metrics.collectors += [group_lines, log_lines, server_lines]

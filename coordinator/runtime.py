@@ -22,6 +22,7 @@ import time
 
 from coordinator import logs
 from coordinator.catalog import Catalog, is_topic_record
+from coordinator.groups import Result
 from coordinator.versions import GROUP_APIS
 from protocol import errors as E
 from protocol import messages as m
@@ -36,23 +37,34 @@ def monotonic_ms() -> int:
 
 
 class _Waiter:
-    """Replies held until ``count`` writes have completed."""
+    """Replies held until ``count`` writes (or earlier writes they must not overtake) complete."""
 
-    __slots__ = ("runtime", "count", "replies", "failed")
+    __slots__ = ("runtime", "count", "result", "on_failure", "failed")
 
-    def __init__(self, runtime, count, replies):
+    def __init__(self, runtime, count, result, on_failure):
         self.runtime = runtime
         self.count = count
-        self.replies = replies
-        self.failed: set[int] = set()
+        self.result = result
+        self.on_failure = on_failure
+        self.failed = False
 
     def done(self, shard_id: int, exc: BaseException | None) -> None:
         if exc is not None:
-            self.failed.add(shard_id)
+            self.failed = True
             self.runtime.write_failed(shard_id, exc)
         self.count -= 1
         if self.count == 0:
-            self.runtime.release(self.replies, failed=bool(self.failed))
+            replies = self.on_failure(self.result) if self.failed else self.result.replies
+            self.runtime.release(replies)
+
+
+def _group_failure(result):
+    return result.failure_replies(E.COORDINATOR_NOT_AVAILABLE)
+
+
+def _catalog_failure(result):
+    return [(token, error_response(token.api_key, token.api_version, token.request, E.UNKNOWN_SERVER_ERROR))
+            for token, _ in result.replies]
 
 
 class Runtime:
@@ -68,6 +80,7 @@ class Runtime:
         self._timer = None
         self._timer_at: int | None = None
         self._closing = False
+        self._failed: set[int] = set()
 
     def now_ms(self) -> int:
         return self.clock.monotonic_ms() if self.clock is not None else monotonic_ms()
@@ -94,7 +107,7 @@ class Runtime:
         self.loop = loop
         writes = self.catalog.configured_topics()
         if writes:
-            self.apply(writes, [], None)
+            self.apply(Result(writes, []), _catalog_failure)
         self.arm()
 
     # ---- requests ----------------------------------------------------------------------------
@@ -104,14 +117,13 @@ class Runtime:
             token.reply(error_response(api_key, version, request, E.NOT_COORDINATOR))
             return
         if api_key in GROUP_APIS:
-            res = self.groups.handle(api_key, version, request, self.now_ms(), token, client_id, client_host)
-            self.apply(res.writes, res.replies, self._shard_of(request))
+            self.apply(self.groups.handle(api_key, version, request, self.now_ms(), token, client_id, client_host))
             self.arm()
             return
         cat = self.catalog
         if api_key == 3:
             writes, resp = cat.metadata(request, version)
-            self.apply(writes, [(token, resp)], None)
+            self.apply(Result(writes, [(token, resp)]), _catalog_failure)
         elif api_key == 10:
             token.reply(cat.find_coordinator(request, version))
         elif api_key == 1:
@@ -125,63 +137,63 @@ class Runtime:
             token.reply(cat.list_offsets(request, version))
         elif api_key == 19:
             writes, resp = cat.create_topics(request, version)
-            self.apply(writes, [(token, resp)], None)
+            self.apply(Result(writes, [(token, resp)]), _catalog_failure)
         elif api_key == 60:
             token.reply(cat.describe_cluster(request, version))
         else:  # pragma: no cover - the server only dispatches supported APIs
             raise AssertionError(f"no handler for api key {api_key}")
 
-    def _shard_of(self, request) -> int | None:
-        group_id = getattr(request, "group_id", None)
-        if isinstance(group_id, str):
-            return self.groups.shard_for(group_id)
-        return None
-
     # ---- writes and replies --------------------------------------------------------------------
 
-    def apply(self, writes, replies, shard_hint: int | None) -> None:
-        if writes:
+    def apply(self, result, on_failure=_group_failure) -> None:
+        """Append the result's writes; send its replies once they (and any earlier pending writes
+        of ``result.shards``) are durable."""
+        pending = []
+        if result.writes:
             by_shard: dict[int, list] = {}
-            for shard_id, key, value in writes:
+            for shard_id, key, value in result.writes:
                 by_shard.setdefault(shard_id, []).append((key, value))
-            waiter = _Waiter(self, len(by_shard), replies)
             for shard_id, entries in by_shard.items():
                 fut = self.store.append(shard_id, entries)
                 self._last_write[shard_id] = fut
-                self._watch(fut, shard_id, waiter)
+                pending.append((shard_id, fut))
+        for shard_id in result.shards:
+            fut = self._last_write.get(shard_id)
+            if fut is None:
+                continue
+            if fut.done():
+                del self._last_write[shard_id]
+            elif not any(f is fut for _, f in pending):
+                pending.append((shard_id, fut))
+        if not pending:
+            if result.replies:
+                self.release(result.replies)
             return
-        if not replies:
-            return
-        if shard_hint is not None:
-            fut = self._last_write.get(shard_hint)
-            if fut is not None:
-                if not fut.done():
-                    self._watch(fut, shard_hint, _Waiter(self, 1, replies))
-                    return
-                del self._last_write[shard_hint]
-        self.release(replies)
+        waiter = _Waiter(self, len(pending), result, on_failure)
+        for shard_id, fut in pending:
+            self._watch(fut, shard_id, waiter)
 
     def _watch(self, fut, shard_id: int, waiter: _Waiter) -> None:
         loop = self.loop
 
         def finished(f, shard_id=shard_id):
             exc = f.exception()
-            if loop.is_closed():
-                return
-            loop.call_soon_threadsafe(waiter.done, shard_id, exc)
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(waiter.done, shard_id, exc)
 
         fut.add_done_callback(finished)
 
-    def release(self, replies, failed: bool = False) -> None:
+    def release(self, replies) -> None:
         for token, resp in replies:
-            if failed:
-                resp = error_response(token.api_key, token.api_version, token.request,
-                                      E.COORDINATOR_NOT_AVAILABLE)
             token.reply(resp)
 
     def write_failed(self, shard_id: int, exc: BaseException) -> None:
-        log.error("shard write failed; shard stops accepting writes", shard=shard_id, error=str(exc))
-        self.groups.fail_shard(shard_id)
+        if shard_id in self._failed:
+            return
+        self._failed.add(shard_id)
+        log.error("shard write failed; the shard stops accepting requests until restart",
+                  shard=shard_id, error=str(exc))
+        self.release(self.groups.fail_shard(shard_id).replies)
 
     # ---- timers ------------------------------------------------------------------------------
 
@@ -200,8 +212,7 @@ class Runtime:
     def _fire(self) -> None:
         self._timer = None
         self._timer_at = None
-        res = self.groups.on_timers(self.now_ms())
-        self.apply(res.writes, res.replies, None)
+        self.apply(self.groups.on_timers(self.now_ms()))
         self.arm()
 
     # ---- shutdown ----------------------------------------------------------------------------
@@ -212,8 +223,7 @@ class Runtime:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        res = self.groups.shutdown()
-        self.release(res.replies)
+        self.release(self.groups.shutdown().replies)
 
 
 # ---- error responses ---------------------------------------------------------------------------
