@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import fcntl
+import functools
+import gc
 import os
 import signal
 import socket
@@ -118,7 +120,7 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     from coordinator import logs
     from coordinator.catalog import Catalog
     from coordinator.groups import GroupCoordinator
-    from coordinator.log import LogCorruptError, LogStore
+    from coordinator.log import LogCorruptError, LogError, LogStore
     from coordinator.metrics import HttpEndpoint, Metrics, install_collectors
     from coordinator.runtime import Runtime
     from coordinator.server import Server
@@ -143,11 +145,18 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     if config.fsync == "never":
         log.warning("fsync=never: acknowledged commits can be lost on a crash; use only for benchmarks")
     try:
-        shards = await loop.run_in_executor(None, store.open)
+        shards = await loop.run_in_executor(None, functools.partial(store.open, latest_only=True))
     except LogCorruptError as exc:
         raise CliError(f"{exc} (start with --repair to cut the log at the damage)") from None
-    stats = runtime.replay(shards)
-    del shards
+    except LogError as exc:
+        raise CliError(str(exc)) from None
+    gc.disable()  # replay builds millions of long-lived objects: no point scanning them meanwhile
+    try:
+        stats = runtime.replay(shards)
+        del shards
+    finally:
+        gc.enable()
+    gc.freeze()  # and keep them out of every later collection
     metrics.replay_seconds, metrics.replay_records = stats["seconds"], stats["records"]
     log.info("replayed", records=stats["records"], seconds=stats["seconds"], groups=len(groups.list_groups()))
     runtime.start(loop)
