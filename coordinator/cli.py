@@ -56,10 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="herd", description="herd: a Kafka-protocol consumer-group coordinator")
     sub = ap.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
-    try:
-        from coordinator import admin
-    except ImportError:
-        admin = None
+    from coordinator import admin
     if admin is not None:
         admin.add_parser(sub)
     return ap

@@ -43,7 +43,8 @@ from __future__ import annotations
 from collections import deque
 
 from protocol import errors
-from protocol.consumer import PROTOCOL_TYPE as CONSUMER_PROTOCOL_TYPE, decode_subscription
+from protocol.consumer import PROTOCOL_TYPE as CONSUMER_PROTOCOL_TYPE
+from protocol.consumer import decode_subscription
 from protocol.wire import ProtocolError
 
 __all__ = [
@@ -166,7 +167,7 @@ class RebalanceRecord:
                  "started_ms", "started_wall_ms", "awaited", "joined", "removed", "join_done_ms",
                  "synced", "protocol", "generation", "members", "outcome", "ended_ms", "ended_wall_ms")
 
-    def __init__(self, group: "Group", reason: str, detail: str, trigger: dict | None,
+    def __init__(self, group: Group, reason: str, detail: str, trigger: dict | None,
                  client_reason: str | None, now_ms: int, wall_ms: int):
         self.reason = reason
         self.detail = detail
@@ -221,7 +222,7 @@ class RebalanceRecord:
             entry["outcome"] = why
         self.removed.append({"member_id": member_id, "why": why, "after_ms": now_ms - self.started_ms})
 
-    def on_join_done(self, group: "Group", now_ms: int) -> None:
+    def on_join_done(self, group: Group, now_ms: int) -> None:
         self.join_done_ms = now_ms
         self.protocol = group.protocol_name
         self.generation = group.generation
@@ -235,7 +236,7 @@ class RebalanceRecord:
         if self.join_done_ms is not None and self.synced.get(member_id, 0) is None:
             self.synced[member_id] = now_ms - self.join_done_ms
 
-    def finish(self, group: "Group", outcome: str, now_ms: int, wall_ms: int) -> None:
+    def finish(self, group: Group, outcome: str, now_ms: int, wall_ms: int) -> None:
         self.outcome = outcome
         self.ended_ms = now_ms
         self.ended_wall_ms = wall_ms
@@ -271,7 +272,8 @@ class RebalanceRecord:
             "duration_ms": None if end is None else end - self.started_ms,
             "phases": {"preparing_ms": preparing, "completing_ms": completing},
             "awaited": [dict(e) for e in self.awaited.values()],
-            "slowest_member": None if slowest is None else {"member_id": slowest[0], "rejoined_after_ms": slowest[1]},
+            "slowest_member": (None if slowest is None
+                               else {"member_id": slowest[0], "rejoined_after_ms": slowest[1]}),
             "joined": [dict(j) for j in self.joined],
             "removed": [dict(r) for r in self.removed],
             "sync": [{"member_id": mid, "synced_after_ms": after} for mid, after in self.synced.items()],
@@ -389,7 +391,8 @@ class Group:
         member.rebalance_timeout_ms = rebalance_timeout_ms
         member.session_timeout_ms = session_timeout_ms
 
-    def replace_static_member(self, group_instance_id: str, old_id: str, new_id: str, hb_key) -> tuple[Member, Member]:
+    def replace_static_member(self, group_instance_id: str, old_id: str, new_id: str,
+                              hb_key) -> tuple[Member, Member]:
         """KIP-345: the instance id moves to ``new_id``; everything else is kept. Returns
         ``(old, new)``; the caller answers the old member's parked requests (FENCED_INSTANCE_ID)."""
         old = self.members.pop(old_id, None)

@@ -34,11 +34,25 @@ from coordinator.partitioning import shard_for as _shard_for
 from coordinator.shard import Out, Shard, _commit_error, join_response, sync_response
 from protocol import errors
 from protocol.messages import (
-    DeleteGroupsResponse, DeleteGroupsResponseDeletableGroupResult, DescribeGroupsResponse,
-    DescribeGroupsResponseDescribedGroup, HeartbeatResponse, JoinGroupResponse, LeaveGroupResponse,
-    ListGroupsResponse, OffsetCommitResponse, OffsetCommitResponsePartition, OffsetCommitResponseTopic,
-    OffsetDeleteResponse, OffsetFetchResponse, OffsetFetchResponseGroup, OffsetFetchResponsePartition,
-    OffsetFetchResponsePartitions, OffsetFetchResponseTopic, OffsetFetchResponseTopics, SyncGroupResponse,
+    DeleteGroupsResponse,
+    DeleteGroupsResponseDeletableGroupResult,
+    DescribeGroupsResponse,
+    DescribeGroupsResponseDescribedGroup,
+    HeartbeatResponse,
+    JoinGroupResponse,
+    LeaveGroupResponse,
+    ListGroupsResponse,
+    OffsetCommitResponse,
+    OffsetCommitResponsePartition,
+    OffsetCommitResponseTopic,
+    OffsetDeleteResponse,
+    OffsetFetchResponse,
+    OffsetFetchResponseGroup,
+    OffsetFetchResponsePartition,
+    OffsetFetchResponsePartitions,
+    OffsetFetchResponseTopic,
+    OffsetFetchResponseTopics,
+    SyncGroupResponse,
 )
 
 __all__ = ["GroupCoordinator", "Result", "SUPPORTED_VERSIONS", "API_NAMES"]
@@ -56,8 +70,9 @@ OFFSET_DELETE = 47
 
 # api key -> (min, max) version this coordinator answers (for ApiVersions)
 SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
-    OFFSET_COMMIT: (0, 9), OFFSET_FETCH: (0, 9), JOIN_GROUP: (0, 9), HEARTBEAT: (0, 4), LEAVE_GROUP: (0, 5),
-    SYNC_GROUP: (0, 5), DESCRIBE_GROUPS: (0, 5), LIST_GROUPS: (0, 5), DELETE_GROUPS: (0, 2), OFFSET_DELETE: (0, 0),
+    OFFSET_COMMIT: (0, 9), OFFSET_FETCH: (0, 9), JOIN_GROUP: (0, 9), HEARTBEAT: (0, 4),
+    LEAVE_GROUP: (0, 5), SYNC_GROUP: (0, 5), DESCRIBE_GROUPS: (0, 5), LIST_GROUPS: (0, 5),
+    DELETE_GROUPS: (0, 2), OFFSET_DELETE: (0, 0),
 }
 API_NAMES = {OFFSET_COMMIT: "OffsetCommit", OFFSET_FETCH: "OffsetFetch", JOIN_GROUP: "JoinGroup",
              HEARTBEAT: "Heartbeat", LEAVE_GROUP: "LeaveGroup", SYNC_GROUP: "SyncGroup",
@@ -77,7 +92,7 @@ class Result:
     shards: frozenset = _NO_SHARDS
     """Shards whose earlier pending writes these replies must not overtake."""
 
-    def failure_replies(self, error_code: int = errors.COORDINATOR_NOT_AVAILABLE) -> list[tuple[object, object]]:
+    def failure_replies(self, error_code: int = errors.COORDINATOR_NOT_AVAILABLE) -> list[tuple]:
         """The replies to send instead of :attr:`replies` when the writes failed: each response
         replaced by the same API's answer with ``error_code`` (valid at every version)."""
         return [(token, _as_error(resp, error_code)) for token, resp in self.replies]
@@ -120,7 +135,8 @@ class GroupCoordinator:
         self.misplaced_records = 0
         self._dispatch = {
             JOIN_GROUP: self._join_group, SYNC_GROUP: self._sync_group, HEARTBEAT: self._heartbeat,
-            LEAVE_GROUP: self._leave_group, OFFSET_COMMIT: self._offset_commit, OFFSET_FETCH: self._offset_fetch,
+            LEAVE_GROUP: self._leave_group, OFFSET_COMMIT: self._offset_commit,
+            OFFSET_FETCH: self._offset_fetch,
             LIST_GROUPS: self._list_groups, DESCRIBE_GROUPS: self._describe_groups,
             DELETE_GROUPS: self._delete_groups, OFFSET_DELETE: self._offset_delete,
         }
@@ -239,7 +255,7 @@ class GroupCoordinator:
                 touched.add(shard.shard_id)
                 err = self._unavailable(shard)
                 if err:
-                    groups_out.append(OffsetFetchResponseGroup(group_id=g.group_id, topics=[], error_code=err))
+                    groups_out.append(OffsetFetchResponseGroup(g.group_id, [], err))
                     continue
                 wanted = None if g.topics is None else [(t.name, t.partition_indexes) for t in g.topics]
                 rows = shard.fetch_offsets(g.group_id, wanted)
@@ -257,16 +273,17 @@ class GroupCoordinator:
             if err:
                 if version < 2:  # no top-level error field: every partition carries it
                     resp = OffsetFetchResponse(topics=[
-                        OffsetFetchResponseTopic(name, [OffsetFetchResponsePartition(p, -1, -1, "", err) for p in parts])
+                        OffsetFetchResponseTopic(name, [OffsetFetchResponsePartition(p, -1, -1, "", err)
+                                                        for p in parts])
                         for name, parts in (wanted or [])])
                 else:
                     resp = OffsetFetchResponse(topics=[], error_code=err)
             else:
                 rows = shard.fetch_offsets(req.group_id, wanted)
                 resp = OffsetFetchResponse(error_code=_NONE, topics=[
-                    OffsetFetchResponseTopic(name, [OffsetFetchResponsePartition(p, off, epoch if epochs else -1,
-                                                                                 meta, _NONE)
-                                                    for p, off, epoch, meta in parts])
+                    OffsetFetchResponseTopic(name, [
+                        OffsetFetchResponsePartition(p, off, epoch if epochs else -1, meta, _NONE)
+                        for p, off, epoch, meta in parts])
                     for name, parts in rows])
         return Result([], [(token, resp)], frozenset(touched))
 

@@ -23,7 +23,10 @@ from __future__ import annotations
 import struct
 
 from protocol.messages import (
-    GroupMetadataKey, GroupMetadataValue, GroupMetadataValueMemberMetadata, OffsetCommitKey,
+    GroupMetadataKey,
+    GroupMetadataValue,
+    GroupMetadataValueMemberMetadata,
+    OffsetCommitKey,
     OffsetCommitValue,
 )
 from protocol.wire import EncodeError, ProtocolError
@@ -67,17 +70,27 @@ def _str16(s: str) -> bytes:
 
 def offset_commit_key(group: str, topic: str, partition: int) -> bytes:
     """Key bytes of an offset commit (type 1)."""
-    return b"".join((_KEY_PREFIX, _str16(group), _str16(topic), _I32.pack(partition)))
+    return offset_key_prefix(group, topic) + _I32.pack(partition)
+
+
+def offset_key_prefix(group: str, topic: str) -> bytes:
+    """Everything of an offset-commit key but the partition (for many partitions of one topic)."""
+    return b"".join((_KEY_PREFIX, _str16(group), _str16(topic)))
+
+
+pack_partition = _I32.pack
+encode_str16 = _str16
 
 
 def offset_commit_value(offset: int, leader_epoch: int, metadata: str, commit_timestamp: int,
-                        expire_timestamp: int = -1) -> bytes:
+                        expire_timestamp: int = -1, metadata_str16: bytes | None = None) -> bytes:
     """Value bytes: v3 normally, v1 when an explicit expire timestamp exists (v1 has no leader
-    epoch, as in Kafka)."""
+    epoch, as in Kafka). ``metadata_str16`` is ``metadata`` already encoded (length-prefixed)."""
+    meta = metadata_str16 if metadata_str16 is not None else _str16(metadata)
     if expire_timestamp == -1:
-        return b"".join((_V3_HEAD.pack(OFFSET_COMMIT_VALUE_VERSION, offset, leader_epoch),
-                         _str16(metadata), _I64.pack(commit_timestamp)))
-    return b"".join((_V1_HEAD.pack(OFFSET_COMMIT_VALUE_EXPIRE_VERSION, offset), _str16(metadata),
+        return b"".join((_V3_HEAD.pack(OFFSET_COMMIT_VALUE_VERSION, offset, leader_epoch), meta,
+                         _I64.pack(commit_timestamp)))
+    return b"".join((_V1_HEAD.pack(OFFSET_COMMIT_VALUE_EXPIRE_VERSION, offset), meta,
                      _I64_I64.pack(commit_timestamp, expire_timestamp)))
 
 

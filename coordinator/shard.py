@@ -27,17 +27,38 @@ import structlog
 from coordinator import records
 from coordinator.config import Config
 from coordinator.group import (
-    COMPLETING_REBALANCE, DEAD, EMPTY, PREPARING_REBALANCE, STABLE, Group, Member, Parked, RebalanceRecord,
+    COMPLETING_REBALANCE,
+    DEAD,
+    EMPTY,
+    PREPARING_REBALANCE,
+    STABLE,
+    Group,
+    Member,
+    Parked,
+    RebalanceRecord,
 )
 from coordinator.timers import Timers
 from protocol import errors
 from protocol.messages import (
-    DescribeGroupsResponseDescribedGroup, DescribeGroupsResponseDescribedGroupMember, GroupMetadataValue,
-    GroupMetadataValueMemberMetadata, HeartbeatResponse, JoinGroupResponse, JoinGroupResponseMember,
-    LeaveGroupRequestMemberIdentity, LeaveGroupResponse, LeaveGroupResponseMemberResponse,
-    ListGroupsResponseListedGroup, OffsetCommitResponse, OffsetCommitResponsePartition,
-    OffsetCommitResponseTopic, OffsetCommitValue, OffsetDeleteResponse, OffsetDeleteResponsePartition,
-    OffsetDeleteResponseTopic, SyncGroupResponse,
+    DescribeGroupsResponseDescribedGroup,
+    DescribeGroupsResponseDescribedGroupMember,
+    GroupMetadataValue,
+    GroupMetadataValueMemberMetadata,
+    HeartbeatResponse,
+    JoinGroupResponse,
+    JoinGroupResponseMember,
+    LeaveGroupRequestMemberIdentity,
+    LeaveGroupResponse,
+    LeaveGroupResponseMemberResponse,
+    ListGroupsResponseListedGroup,
+    OffsetCommitResponse,
+    OffsetCommitResponsePartition,
+    OffsetCommitResponseTopic,
+    OffsetCommitValue,
+    OffsetDeleteResponse,
+    OffsetDeleteResponsePartition,
+    OffsetDeleteResponseTopic,
+    SyncGroupResponse,
 )
 
 __all__ = ["Shard", "Out", "NEW_MEMBER_JOIN_TIMEOUT_MS", "join_response", "sync_response"]
@@ -157,7 +178,8 @@ class Shard:
         group = Group(gid, state=STABLE if value.members else EMPTY, generation=value.generation,
                       protocol_type=value.protocol_type or None, protocol_name=value.protocol,
                       leader_id=value.leader,
-                      state_wall_ms=None if value.current_state_timestamp == -1 else value.current_state_timestamp,
+                      state_wall_ms=(None if value.current_state_timestamp == -1
+                                     else value.current_state_timestamp),
                       history_size=self.config.rebalance_history_size)
         for mm in value.members:
             rt = mm.session_timeout if mm.rebalance_timeout == -1 else mm.rebalance_timeout
@@ -186,7 +208,8 @@ class Shard:
         for mid in group.pending_members:
             t.cancel(("pending", gid, mid))
 
-    def _write_offset(self, out: Out, gid: str, topic: str, partition: int, value: OffsetCommitValue | None) -> None:
+    def _write_offset(self, out: Out, gid: str, topic: str, partition: int,
+                      value: OffsetCommitValue | None) -> None:
         key = records.offset_commit_key(gid, topic, partition)
         if value is None:
             out.writes.append((self.shard_id, key, None))
@@ -208,9 +231,10 @@ class Shard:
                 session_timeout=m.session_timeout_ms, subscription=m.metadata(group.protocol_name),
                 assignment=(assignment.get(m.member_id, b"") if assignment is not None else m.assignment)))
         value = GroupMetadataValue(
-            protocol_type=group.protocol_type or "", generation=group.generation, protocol=group.protocol_name,
-            leader=group.leader_id if members else None,
-            current_state_timestamp=-1 if group.state_wall_ms is None else group.state_wall_ms, members=members)
+            protocol_type=group.protocol_type or "", generation=group.generation,
+            protocol=group.protocol_name, leader=group.leader_id if members else None,
+            current_state_timestamp=-1 if group.state_wall_ms is None else group.state_wall_ms,
+            members=members)
         out.writes.append((self.shard_id, records.group_metadata_key(group.group_id),
                            records.group_metadata_value(value)))
 
@@ -229,9 +253,9 @@ class Shard:
             for m in group.members.values():
                 self.timers.schedule(m.hb_key, now + m.session_timeout_ms)
             if len(group.members) > self.config.group_max_size:
-                self._prepare_rebalance(group, "over_capacity",
-                                        f"freshly loaded group has {len(group.members)} members, over "
-                                        f"group_max_size {self.config.group_max_size}", None, None, now, wall, out)
+                detail = (f"freshly loaded group has {len(group.members)} members, over "
+                          f"group_max_size {self.config.group_max_size}")
+                self._prepare_rebalance(group, "over_capacity", detail, None, None, now, wall, out)
         self.timers.schedule(_RETENTION_KEY, now + self.config.offsets_retention_check_interval_ms)
         return out
 
@@ -256,7 +280,12 @@ class Shard:
                 return
             group = Group(gid, state_wall_ms=wall, history_size=cfg.rebalance_history_size)
             self.groups[gid] = group
-        if not self._accept_joining_member(group, mid):
+        size_id = mid
+        if unknown and version >= 5 and req.group_instance_id is not None:
+            # herd: a restarting static member takes its own place back, so a full group can still
+            # restart its members (Kafka checks it as a newcomer and may answer GROUP_MAX_SIZE_REACHED)
+            size_id = group.static_members.get(req.group_instance_id, mid)
+        if not self._accept_joining_member(group, size_id):
             member = group.members.get(mid)
             if member is not None:
                 self._remove_member_and_update(group, member, "over_capacity",
@@ -283,7 +312,7 @@ class Shard:
             return (member is not None and member.join is not None) or group.num_awaiting_join < limit
         return member is not None or len(group.members) < limit
 
-    def _join_new_member(self, group: Group, ctx: "_JoinCtx", now: int, wall: int, out: Out) -> None:
+    def _join_new_member(self, group: Group, ctx: _JoinCtx, now: int, wall: int, out: Out) -> None:
         req, version = ctx.req, ctx.version
         if group.state == DEAD:
             out.reply(ctx.token, join_response(version, errors.COORDINATOR_NOT_AVAILABLE, ""))
@@ -307,7 +336,7 @@ class Shard:
         else:
             self._add_member_and_rebalance(group, ctx, new_id, now, wall, out)
 
-    def _join_existing_member(self, group: Group, ctx: "_JoinCtx", now: int, wall: int, out: Out) -> None:
+    def _join_existing_member(self, group: Group, ctx: _JoinCtx, now: int, wall: int, out: Out) -> None:
         req, version, token = ctx.req, ctx.version, ctx.token
         mid = req.member_id
         if group.state == DEAD:
@@ -338,16 +367,18 @@ class Shard:
                 out.reply(token, join_response(version, _NONE, mid, group.generation, group.protocol_type,
                                                group.protocol_name, group.leader_id, members))
             else:
-                self._update_member_and_rebalance(group, member, ctx, "metadata_changed",
-                                                  f"member {mid} changed its metadata during {state}", now, wall, out)
+                detail = f"member {mid} changed its metadata during {state}"
+                self._update_member_and_rebalance(group, member, ctx, "metadata_changed", detail, now, wall,
+                                                  out)
         elif state == STABLE:
             if group.is_leader(mid):
                 # the leader rejoins to trigger a rebalance (e.g. topic metadata changed)
                 self._update_member_and_rebalance(group, member, ctx, "leader_rejoin",
                                                   f"leader {mid} rejoined during Stable", now, wall, out)
             elif not member.matches(ctx.protocols):
-                self._update_member_and_rebalance(group, member, ctx, "metadata_changed",
-                                                  f"member {mid} changed its metadata during Stable", now, wall, out)
+                detail = f"member {mid} changed its metadata during Stable"
+                self._update_member_and_rebalance(group, member, ctx, "metadata_changed", detail, now, wall,
+                                                  out)
             else:
                 out.reply(token, join_response(version, _NONE, mid, group.generation, group.protocol_type,
                                                group.protocol_name, group.leader_id, []))
@@ -360,7 +391,7 @@ class Shard:
         return [JoinGroupResponseMember(m.member_id, m.group_instance_id if v5 else None, m.metadata(proto))
                 for m in group.members.values()]
 
-    def _add_member_and_rebalance(self, group: Group, ctx: "_JoinCtx", member_id: str, now: int, wall: int,
+    def _add_member_and_rebalance(self, group: Group, ctx: _JoinCtx, member_id: str, now: int, wall: int,
                                   out: Out) -> None:
         gid = group.group_id
         member = Member(member_id, ctx.instance_id, ctx.client_id, ctx.client_host, ctx.rebalance_timeout,
@@ -382,14 +413,14 @@ class Shard:
             f"member {member_id} joined (client {ctx.client_id!r} from {ctx.client_host or '?'})",
             _member_ident(member), ctx.reason, now, wall, out)
 
-    def _update_member_and_rebalance(self, group: Group, member: Member, ctx: "_JoinCtx", reason: str,
+    def _update_member_and_rebalance(self, group: Group, member: Member, ctx: _JoinCtx, reason: str,
                                      detail: str, now: int, wall: int, out: Out) -> None:
         group.update_member(member, ctx.protocols, ctx.rebalance_timeout, ctx.req.session_timeout_ms)
         self._park_join(group, member, Parked(ctx.token, ctx.version, now), out)
         if group.rebalance is not None and group.state == PREPARING_REBALANCE:
             group.rebalance.on_join(member, now)
-        self._maybe_prepare_rebalance_or_complete_join(group, reason, detail, _member_ident(member), ctx.reason,
-                                                       now, wall, out)
+        self._maybe_prepare_rebalance_or_complete_join(group, reason, detail, _member_ident(member),
+                                                       ctx.reason, now, wall, out)
 
     def _park_join(self, group: Group, member: Member, parked: Parked, out: Out) -> None:
         old = group.set_join(member, parked)
@@ -398,7 +429,7 @@ class Shard:
             # than dropped (Kafka drops it), so no connection waits forever
             out.reply(old.token, join_response(old.version, errors.REBALANCE_IN_PROGRESS, member.member_id))
 
-    def _replace_static_member(self, group: Group, ctx: "_JoinCtx", old_id: str, new_id: str, now: int,
+    def _replace_static_member(self, group: Group, ctx: _JoinCtx, old_id: str, new_id: str, now: int,
                                wall: int, out: Out) -> None:
         """KIP-345: a static member came back with no member id: it takes over its instance id."""
         gid = group.group_id
@@ -430,7 +461,8 @@ class Shard:
                     is_leader = group.is_leader(new_id)
                     members = self._join_members(group, v) if is_leader else []
                     resp = join_response(v, _NONE, new_id, group.generation, group.protocol_type,
-                                         group.protocol_name, group.leader_id, members, skip_assignment=is_leader)
+                                         group.protocol_name, group.leader_id, members,
+                                         skip_assignment=is_leader)
                 else:
                     # before v9 the old leader id is returned, so a restarted leader acts as a
                     # follower and fetches its stored assignment instead of reassigning
@@ -580,7 +612,8 @@ class Shard:
             log.info("rebalance_completed", group_id=group.group_id, generation=entry["generation"],
                      members=entry["members"], reason=rec.reason, duration_ms=entry["duration_ms"],
                      outcome=outcome, protocol=entry["protocol"], detail=rec.detail,
-                     preparing_ms=entry["phases"]["preparing_ms"], completing_ms=entry["phases"]["completing_ms"],
+                     preparing_ms=entry["phases"]["preparing_ms"],
+                     completing_ms=entry["phases"]["completing_ms"],
                      shard=self.shard_id)
 
     # ==== SyncGroup ==============================================================================
@@ -729,8 +762,8 @@ class Shard:
             err = next((e for _, e in results if e != _NONE), _NONE)
             return LeaveGroupResponse(error_code=err), out
         return LeaveGroupResponse(error_code=_NONE, members=[
-            LeaveGroupResponseMemberResponse(member_id=ident.member_id, group_instance_id=ident.group_instance_id,
-                                             error_code=e) for ident, e in results]), out
+            LeaveGroupResponseMemberResponse(ident.member_id, ident.group_instance_id, e)
+            for ident, e in results]), out
 
     # ==== offsets ================================================================================
 
@@ -762,20 +795,37 @@ class Shard:
         max_meta = self.config.offset_metadata_max_bytes
         topics_out = []
         written = 0
+        writes = out.writes
+        sid = self.shard_id
+        pack_partition = records.pack_partition
+        value_bytes = records.offset_commit_value
         for t in req.topics:
             parts_out = []
+            prefix = None
+            stored = None
+            last_meta = last_meta16 = None
             for p in t.partitions:
                 meta = p.committed_metadata
                 if meta is None:
                     meta = ""
                 if len(meta) > max_meta:  # Kafka counts characters, not bytes
-                    parts_out.append(OffsetCommitResponsePartition(p.partition_index, errors.OFFSET_METADATA_TOO_LARGE))
+                    parts_out.append(OffsetCommitResponsePartition(p.partition_index,
+                                                                   errors.OFFSET_METADATA_TOO_LARGE))
                     continue
+                if prefix is None:
+                    prefix = records.offset_key_prefix(gid, t.name)
+                    stored = self.offsets.setdefault(gid, {}).setdefault(t.name, {})
+                if meta is not last_meta:
+                    last_meta, last_meta16 = meta, records.encode_str16(meta)
                 ts = p.commit_timestamp if (version == 1 and p.commit_timestamp != -1) else wall
-                epoch = p.committed_leader_epoch if version >= 6 else -1
-                self._write_offset(out, gid, t.name, p.partition_index,
-                                   OffsetCommitValue(p.committed_offset, epoch, meta, ts, expire))
-                parts_out.append(OffsetCommitResponsePartition(p.partition_index, _NONE))
+                # a v1 record (explicit expiry) has no leader epoch: memory stays equal to replay
+                epoch = p.committed_leader_epoch if version >= 6 and expire == -1 else -1
+                offset = p.committed_offset
+                idx = p.partition_index
+                writes.append((sid, prefix + pack_partition(idx),
+                               value_bytes(offset, epoch, meta, ts, expire, last_meta16)))
+                stored[idx] = OffsetCommitValue(offset, epoch, meta, ts, expire)
+                parts_out.append(OffsetCommitResponsePartition(idx, _NONE))
                 written += 1
             topics_out.append(OffsetCommitResponseTopic(t.name, parts_out))
         if written:
@@ -783,7 +833,8 @@ class Shard:
         return OffsetCommitResponse(topics=topics_out), out
 
     @staticmethod
-    def _validate_offset_commit(group: Group, member_id: str, instance_id: str | None, generation: int) -> int:
+    def _validate_offset_commit(group: Group, member_id: str, instance_id: str | None,
+                                generation: int) -> int:
         state = group.state
         if state == DEAD:
             return errors.COORDINATOR_NOT_AVAILABLE
@@ -857,7 +908,8 @@ class Shard:
 
     # ==== group admin ============================================================================
 
-    def describe_group(self, group_id: str, include_authorized_operations: bool = False) -> DescribeGroupsResponseDescribedGroup:
+    def describe_group(self, group_id: str,
+                       include_authorized_operations: bool = False) -> DescribeGroupsResponseDescribedGroup:
         group = self.groups.get(group_id)
         ops = GROUP_AUTHORIZED_OPERATIONS if include_authorized_operations else -2147483648
         if group is None or group.state == DEAD:
@@ -893,15 +945,16 @@ class Shard:
         self._count("groups_deleted")
         return _NONE
 
-    def list_groups(self, states: set[str] | None, types: set[str] | None) -> list[ListGroupsResponseListedGroup]:
+    def list_groups(self, states: set[str] | None,
+                    types: set[str] | None) -> list[ListGroupsResponseListedGroup]:
         res = []
         for group in self.groups.values():
             if states and group.state.lower() not in states:
                 continue
             if types and "classic" not in types:
                 continue
-            res.append(ListGroupsResponseListedGroup(group_id=group.group_id, protocol_type=group.protocol_type or "",
-                                                     group_state=group.state, group_type="classic"))
+            res.append(ListGroupsResponseListedGroup(group.group_id, group.protocol_type or "", group.state,
+                                                     "classic"))
         return res
 
     # ==== timers =================================================================================
@@ -942,10 +995,9 @@ class Shard:
         why = "join_timeout" if member.is_new else "session_expired"
         log.info("member_expired", group_id=gid, member_id=mid, client_id=member.client_id,
                  client_host=member.client_host, why=why, generation=group.generation, shard=self.shard_id)
-        self._remove_member_and_update(group, member, why,
-                                       f"member {mid} (client {member.client_id!r} from {member.client_host or '?'}) "
-                                       f"{'never completed its join' if member.is_new else 'stopped heartbeating'}",
-                                       now, wall, out)
+        what = "never completed its join" if member.is_new else "stopped heartbeating"
+        detail = f"member {mid} (client {member.client_id!r} from {member.client_host or '?'}) {what}"
+        self._remove_member_and_update(group, member, why, detail, now, wall, out)
 
     def _expire_pending_member(self, gid: str, mid: str, now: int, wall: int, out: Out) -> None:
         group = self.groups.get(gid)
@@ -1071,5 +1123,6 @@ class _JoinCtx:
 
 def _commit_error(req, err: int) -> OffsetCommitResponse:
     return OffsetCommitResponse(topics=[
-        OffsetCommitResponseTopic(t.name, [OffsetCommitResponsePartition(p.partition_index, err) for p in t.partitions])
+        OffsetCommitResponseTopic(t.name, [OffsetCommitResponsePartition(p.partition_index, err)
+                                           for p in t.partitions])
         for t in req.topics])

@@ -17,7 +17,8 @@ Public API::
 
     build(name, version)            -> construct.Construct (parses to / builds from a dict)
     compiled(name, version)         -> the same, construct-compiled (for the benchmark)
-    parse(name, version, data)      -> dict          (ConstructError on malformed input)
+    parse(name, version, data)      -> dict          (KafkaConstructError on malformed input)
+    parse_prefix(name, v, data, pos) -> (dict, end)
     build_bytes(name, version, d)   -> bytes         (missing keys take their defaults)
     parse_versioned(name, data)     -> (version, dict)   int16 version prefix, as in the
     build_versioned(name, v, d)     -> bytes             consumer-protocol blobs and record values
@@ -39,7 +40,7 @@ from __future__ import annotations
 
 import io
 import struct
-from functools import lru_cache
+from functools import cache
 
 import construct as C
 
@@ -47,8 +48,8 @@ from protocol.messages import SCHEMA
 
 __all__ = [
     "KafkaConstructError", "build", "compiled", "parse", "build_bytes", "parse_versioned",
-    "build_versioned", "parse_offsets_record", "record_types", "defaults", "project", "struct_fields",
-    "UNKNOWN_TAGS",
+    "build_versioned", "parse_offsets_record", "record_types", "defaults", "default_of", "project",
+    "struct_fields", "parse_prefix", "present_in", "uvarint", "read_uvarint", "UNKNOWN_TAGS",
 ]
 
 UNKNOWN_TAGS = "unknown_tagged_fields"
@@ -68,6 +69,11 @@ class KafkaConstructError(C.ConstructError):
 
 def _in(rng, v: int) -> bool:
     return rng is not None and rng[0] <= v and (rng[1] is None or v <= rng[1])
+
+
+def present_in(f: dict, version: int) -> bool:
+    """Whether field ``f`` (a SCHEMA field dict) exists at ``version``."""
+    return _in(f["versions"], version)
 
 
 def _struct_map() -> dict[str, tuple[str, list]]:
@@ -513,7 +519,7 @@ class TaggedSection(C.Construct):
             items.append((tag, sub.getvalue()))
         items.extend((t, bytes(b)) for t, b in obj["unknown"] or ())
         items.sort(key=lambda p: p[0])
-        for a, b in zip(items, items[1:]):
+        for a, b in zip(items, items[1:], strict=False):
             if a[0] == b[0]:
                 raise KafkaConstructError(f"duplicate tag {a[0]}", path=path)
         stream.write(uvarint(len(items)))
@@ -660,13 +666,13 @@ class _Builder:
         return self.value(f, f["type"], compact, nullable, tagged)
 
 
-@lru_cache(maxsize=None)
+@cache
 def build(name: str, version: int) -> C.Construct:
     """The construct for message (or header / data struct) ``name`` at ``version``."""
     return _Builder(name, version).struct(name)
 
 
-@lru_cache(maxsize=None)
+@cache
 def compiled(name: str, version: int) -> C.Construct:
     """``build(name, version).compile()`` (cached). Give it only well-formed input."""
     return build(name, version).compile()

@@ -2,9 +2,19 @@
 from coordinator import records
 from protocol import errors as E
 from protocol.messages import (
-    DescribeGroupsRequest, HeartbeatRequest, JoinGroupRequest, JoinGroupRequestProtocol, LeaveGroupRequest,
-    OffsetCommitRequest, OffsetCommitRequestPartition, OffsetCommitRequestTopic, OffsetDeleteRequest,
-    OffsetFetchRequest, OffsetFetchRequestGroup, OffsetFetchRequestTopic, SyncGroupRequest,
+    DescribeGroupsRequest,
+    HeartbeatRequest,
+    JoinGroupRequest,
+    JoinGroupRequestProtocol,
+    LeaveGroupRequest,
+    OffsetCommitRequest,
+    OffsetCommitRequestPartition,
+    OffsetCommitRequestTopic,
+    OffsetDeleteRequest,
+    OffsetFetchRequest,
+    OffsetFetchRequestGroup,
+    OffsetFetchRequestTopic,
+    SyncGroupRequest,
 )
 from tests.coordinator.test_group_harness import DESCRIBE, FETCH, Harness, sub
 
@@ -57,7 +67,8 @@ def test_describe_versions_instance_id_and_authorized_operations():
         resp = h.call(DESCRIBE, v, DescribeGroupsRequest(groups=["g"], include_authorized_operations=v >= 3))
         (d,) = resp.groups
         assert d.members[0].group_instance_id == ("i1" if v >= 4 else None)
-        assert d.authorized_operations == (-2147483648 if v < 3 else (1 << 3) | (1 << 6) | (1 << 8) | (1 << 10) | (1 << 11))
+        ops = (1 << 3) | (1 << 6) | (1 << 8) | (1 << 10) | (1 << 11)  # READ DELETE DESCRIBE *_CONFIGS
+        assert d.authorized_operations == (-2147483648 if v < 3 else ops)
 
 
 def test_delete_groups():
@@ -84,7 +95,8 @@ def every_request(group_id, member="m"):
         14: (3, SyncGroupRequest(group_id=group_id, generation_id=1, member_id=member)),
         12: (3, HeartbeatRequest(group_id=group_id, generation_id=1, member_id=member)),
         13: (1, LeaveGroupRequest(group_id=group_id, member_id=member)),
-        8: (8, OffsetCommitRequest(group_id=group_id, topics=[OffsetCommitRequestTopic("t", [OffsetCommitRequestPartition(0, 1)])])),
+        8: (8, OffsetCommitRequest(group_id=group_id, topics=[
+            OffsetCommitRequestTopic("t", [OffsetCommitRequestPartition(0, 1)])])),
         9: (7, OffsetFetchRequest(group_id=group_id, topics=[OffsetFetchRequestTopic("t", [0])])),
         15: (5, DescribeGroupsRequest(groups=[group_id])),
         47: (0, OffsetDeleteRequest(group_id=group_id)),
@@ -111,10 +123,12 @@ def test_a_failed_shard_answers_coordinator_not_available_and_others_keep_workin
     assert h.gc.failed_shards == [h.gc.shard_for("g")]
     for api, (v, req) in every_request("g").items():
         assert error_of(api, h.call(api, v, req)) == E.COORDINATOR_NOT_AVAILABLE, api
-    r = h.call(FETCH, 8, OffsetFetchRequest(groups=[OffsetFetchRequestGroup("g"), OffsetFetchRequestGroup(other)]))
+    r = h.call(FETCH, 8, OffsetFetchRequest(groups=[OffsetFetchRequestGroup("g"),
+                                                    OffsetFetchRequestGroup(other)]))
     assert [gr.error_code for gr in r.groups] == [E.COORDINATOR_NOT_AVAILABLE, E.NONE]
     assert h.delete_groups("g", other)["g"] == E.COORDINATOR_NOT_AVAILABLE
-    assert h.list_groups().error_code == E.COORDINATOR_NOT_AVAILABLE  # as Kafka: one failed partition fails it
+    # as Kafka: one partition that cannot answer fails the listing
+    assert h.list_groups().error_code == E.COORDINATOR_NOT_AVAILABLE
     # v0-1 OffsetFetch has no top-level error: the partitions carry it
     r = h.call(FETCH, 1, OffsetFetchRequest(group_id="g", topics=[OffsetFetchRequestTopic("t", [0, 1])]))
     assert [p.error_code for p in r.topics[0].partitions] == [E.COORDINATOR_NOT_AVAILABLE] * 2
@@ -141,7 +155,9 @@ def test_failure_replies_replace_replies_with_valid_errors():
     for _, r in failed:
         for v in range(6):
             type(r).decode(r.encode(v), v)
-    res = h.gc.handle(8, 8, OffsetCommitRequest(group_id="x", topics=[OffsetCommitRequestTopic("t", [OffsetCommitRequestPartition(0, 1)])]), h.now, "c")
+    commit = OffsetCommitRequest(group_id="x",
+                                 topics=[OffsetCommitRequestTopic("t", [OffsetCommitRequestPartition(0, 1)])])
+    res = h.gc.handle(8, 8, commit, h.now, "c")
     (_, r), = res.failure_replies()
     assert r.topics[0].partitions[0].error_code == E.COORDINATOR_NOT_AVAILABLE
 
@@ -165,10 +181,11 @@ def test_result_shards_tell_the_runtime_what_replies_depend_on():
     h = Harness(offsets_partitions=8)
     mids, gen = h.form_group("g", 1)
     sid = h.gc.shard_for("g")
-    res = h.gc.handle(12, 3, HeartbeatRequest(group_id="g", generation_id=gen, member_id=mids[0]), h.now, "hb")
+    hb = HeartbeatRequest(group_id="g", generation_id=gen, member_id=mids[0])
+    res = h.gc.handle(12, 3, hb, h.now, "hb")
     assert res.shards == frozenset() and res.writes == []
-    res = h.gc.handle(9, 8, OffsetFetchRequest(groups=[OffsetFetchRequestGroup("g"), OffsetFetchRequestGroup("zz")]),
-                      h.now, "f")
+    fetch = OffsetFetchRequest(groups=[OffsetFetchRequestGroup("g"), OffsetFetchRequestGroup("zz")])
+    res = h.gc.handle(9, 8, fetch, h.now, "f")
     assert res.shards == {sid, h.gc.shard_for("zz")}
 
 

@@ -14,11 +14,26 @@ from coordinator.groups import GroupCoordinator, Result
 from protocol import errors
 from protocol.consumer import encode_subscription
 from protocol.messages import (
-    ConsumerProtocolSubscription, DeleteGroupsRequest, DescribeGroupsRequest, HeartbeatRequest,
-    JoinGroupRequest, JoinGroupRequestProtocol, LeaveGroupRequest, LeaveGroupRequestMemberIdentity,
-    ListGroupsRequest, OffsetCommitRequest, OffsetCommitRequestPartition, OffsetCommitRequestTopic,
-    OffsetDeleteRequest, OffsetDeleteRequestPartition, OffsetDeleteRequestTopic, OffsetFetchRequest,
-    OffsetFetchRequestGroup, OffsetFetchRequestTopic, OffsetFetchRequestTopics, SyncGroupRequest,
+    ConsumerProtocolSubscription,
+    DeleteGroupsRequest,
+    DescribeGroupsRequest,
+    HeartbeatRequest,
+    JoinGroupRequest,
+    JoinGroupRequestProtocol,
+    LeaveGroupRequest,
+    LeaveGroupRequestMemberIdentity,
+    ListGroupsRequest,
+    OffsetCommitRequest,
+    OffsetCommitRequestPartition,
+    OffsetCommitRequestTopic,
+    OffsetDeleteRequest,
+    OffsetDeleteRequestPartition,
+    OffsetDeleteRequestTopic,
+    OffsetFetchRequest,
+    OffsetFetchRequestGroup,
+    OffsetFetchRequestTopic,
+    OffsetFetchRequestTopics,
+    SyncGroupRequest,
     SyncGroupRequestAssignment,
 )
 
@@ -113,7 +128,8 @@ class Harness:
 
     def join(self, group_id: str, member_id: str = "", *, version: int = 5, session: int = 10_000,
              rebalance: int = 30_000, protocols=DEFAULT_PROTOCOLS, instance: str | None = None,
-             ptype: str = "consumer", client_id: str = "cli", host: str = "/10.0.0.1", reason: str | None = None):
+             ptype: str = "consumer", client_id: str = "cli", host: str = "/10.0.0.1",
+             reason: str | None = None):
         req = JoinGroupRequest(group_id=group_id, session_timeout_ms=session,
                                rebalance_timeout_ms=rebalance if version >= 1 else -1, member_id=member_id,
                                group_instance_id=instance if version >= 5 else None, protocol_type=ptype,
@@ -139,7 +155,8 @@ class Harness:
         return mid, t
 
     def sync(self, group_id: str, generation: int, member_id: str, assignments: dict | None = None, *,
-             version: int = 3, instance: str | None = None, ptype: str | None = None, pname: str | None = None):
+             version: int = 3, instance: str | None = None, ptype: str | None = None,
+             pname: str | None = None):
         if version >= 5:
             ptype = ptype if ptype is not None else "consumer"
             pname = pname if pname is not None else "range"
@@ -147,7 +164,8 @@ class Harness:
                                group_instance_id=instance if version >= 3 else None,
                                protocol_type=ptype if version >= 5 else None,
                                protocol_name=pname if version >= 5 else None,
-                               assignments=[SyncGroupRequestAssignment(k, v) for k, v in (assignments or {}).items()])
+                               assignments=[SyncGroupRequestAssignment(k, v)
+                                            for k, v in (assignments or {}).items()])
         return self.send(SYNC, version, req)
 
     def heartbeat(self, group_id: str, generation: int, member_id: str, *, version: int = 3,
@@ -164,7 +182,8 @@ class Harness:
         idents = []
         for m in members:
             if isinstance(m, tuple):
-                idents.append(LeaveGroupRequestMemberIdentity(m[0], m[1], m[2] if len(m) > 2 and version >= 5 else None))
+                reason = m[2] if len(m) > 2 and version >= 5 else None
+                idents.append(LeaveGroupRequestMemberIdentity(m[0], m[1], reason))
             else:
                 idents.append(LeaveGroupRequestMemberIdentity(m, None, None))
         return self.call(LEAVE, version, LeaveGroupRequest(group_id=group_id, members=idents))
@@ -189,7 +208,8 @@ class Harness:
         """``wanted``: {topic: [partitions]} or None (all; v2+). Returns (error, {(t, p): (offset, meta)})."""
         if version >= 8:
             topics = None if wanted is None else [OffsetFetchRequestTopics(t, ps) for t, ps in wanted.items()]
-            resp = self.call(FETCH, version, OffsetFetchRequest(groups=[OffsetFetchRequestGroup(group_id, None, -1, topics)]))
+            req = OffsetFetchRequest(groups=[OffsetFetchRequestGroup(group_id, None, -1, topics)])
+            resp = self.call(FETCH, version, req)
             (g,) = resp.groups
             return g.error_code, {(t.name, p.partition_index): (p.committed_offset, p.metadata)
                                   for t in g.topics for p in t.partitions}
@@ -206,11 +226,13 @@ class Harness:
                                                           types_filter=list(types) if version >= 5 else []))
 
     def delete_groups(self, *group_ids: str, version: int = 2):
-        return {r.group_id: r.error_code for r in self.call(DELETE, version, DeleteGroupsRequest(list(group_ids))).results}
+        resp = self.call(DELETE, version, DeleteGroupsRequest(list(group_ids)))
+        return {r.group_id: r.error_code for r in resp.results}
 
     def offset_delete(self, group_id: str, parts: dict):
-        req = OffsetDeleteRequest(group_id, [OffsetDeleteRequestTopic(t, [OffsetDeleteRequestPartition(p) for p in ps])
-                                             for t, ps in parts.items()])
+        req = OffsetDeleteRequest(group_id, [
+            OffsetDeleteRequestTopic(t, [OffsetDeleteRequestPartition(p) for p in ps])
+            for t, ps in parts.items()])
         return self.call(ODELETE, 0, req)
 
     # ---- scenarios ----------------------------------------------------------------------------

@@ -4,8 +4,17 @@ import itertools
 import pytest
 
 from coordinator.group import (
-    COMPLETING_REBALANCE, DEAD, EMPTY, PREPARING_REBALANCE, STABLE, STATES, VALID_PREVIOUS, Group,
-    IllegalStateTransition, Member, Parked,
+    COMPLETING_REBALANCE,
+    DEAD,
+    EMPTY,
+    PREPARING_REBALANCE,
+    STABLE,
+    STATES,
+    VALID_PREVIOUS,
+    Group,
+    IllegalStateTransition,
+    Member,
+    Parked,
 )
 
 

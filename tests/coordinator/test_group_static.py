@@ -54,7 +54,8 @@ def test_restart_in_stable_with_same_protocols_keeps_assignment_without_rebalanc
     # the new id is persisted before the reply (GroupMetadata record in the same result)
     (write,) = h.writes[n:]
     value = records.decode_value(2, write[2])
-    assert new_id in [m.member_id for m in value.members] and old_id not in [m.member_id for m in value.members]
+    stored = [m.member_id for m in value.members]
+    assert new_id in stored and old_id not in stored
     result = next(res for res in h.results if any(tok == t for tok, _ in res.replies))
     assert result.writes == [write]
     # the old id is fenced
@@ -131,7 +132,8 @@ def test_static_rejoin_during_preparing_fences_the_parked_old_join():
 def test_static_members_that_miss_the_rejoin_are_kept_then_dropped_by_sync_expiry():
     h = Harness()
     ids, gen = static_group(h, session=20_000, rebalance=5_000)
-    t = h.join("g", ids["i0"], instance="i0", session=20_000, rebalance=5_000, protocols=(("range", sub("t", "y")),))
+    t = h.join("g", ids["i0"], instance="i0", session=20_000, rebalance=5_000,
+               protocols=(("range", sub("t", "y")),))
     h.advance(5_000)  # rebalance timeout: i1 (static) did not rejoin but is kept, unlike a dynamic member
     assert h.state("g") == "CompletingRebalance"
     assert set(h.group("g").static_members) == {"i0", "i1"}
@@ -159,3 +161,11 @@ def test_fencing_and_unknown_instances_on_join_and_leave():
     assert set(h.group("g").static_members) == {"i0"}
     assert h.state("g") == "PreparingRebalance"
     assert h.group("g").rebalance.client_reason == "operator"
+
+
+def test_a_full_group_can_still_restart_its_static_members():
+    h = Harness(group_max_size=2)
+    ids, gen = static_group(h)
+    r = h.reply(h.join("g", instance="i0"))
+    assert r.error_code == E.NONE and r.generation_id == gen
+    assert h.reply(h.join("g", instance="i9")).error_code == E.GROUP_MAX_SIZE_REACHED

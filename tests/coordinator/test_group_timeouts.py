@@ -173,7 +173,7 @@ def test_pending_member_holds_the_join_phase_until_it_joins_or_expires():
     h = Harness()
     mids, gen = h.form_group("g", 2, session=2_000, rebalance=30_000)
     a, b = mids
-    pid = h.reply(h.join("g", session=2_000)).member_id  # MEMBER_ID_REQUIRED
+    assert h.reply(h.join("g", session=2_000)).error_code == E.MEMBER_ID_REQUIRED  # a pending member
     ta = h.join("g", a, session=2_000, protocols=CHANGED)
     tb = h.join("g", b, session=2_000)
     assert h.state("g") == "PreparingRebalance"  # everyone rejoined, but a pending member exists

@@ -9,7 +9,11 @@ from coordinator import records
 from coordinator.config import Config
 from coordinator.groups import GroupCoordinator
 from protocol.messages import (
-    GroupMetadataKey, GroupMetadataValue, GroupMetadataValueMemberMetadata, OffsetCommitKey, OffsetCommitValue,
+    GroupMetadataKey,
+    GroupMetadataValue,
+    GroupMetadataValueMemberMetadata,
+    OffsetCommitKey,
+    OffsetCommitValue,
 )
 
 
@@ -34,9 +38,10 @@ def test_fast_encoders_match_the_generated_codec(group, topic, partition, offset
     rtype, k = records.decode_key(key)
     assert rtype == records.OFFSET_COMMIT and (k.group, k.topic, k.partition) == (group, topic, partition)
     d3 = records.decode_value(rtype, v3)
-    assert (d3.offset, d3.leader_epoch, d3.metadata, d3.commit_timestamp, d3.expire_timestamp) == (offset, epoch, meta, ts, -1)
+    fields = ("offset", "leader_epoch", "metadata", "commit_timestamp", "expire_timestamp")
+    assert tuple(getattr(d3, f) for f in fields) == (offset, epoch, meta, ts, -1)
     d1 = records.decode_value(rtype, v1)
-    assert (d1.offset, d1.leader_epoch, d1.metadata, d1.commit_timestamp, d1.expire_timestamp) == (offset, -1, meta, ts, ts + 5)
+    assert tuple(getattr(d1, f) for f in fields) == (offset, -1, meta, ts, ts + 5)
 
 
 def test_value_versions():

@@ -35,7 +35,7 @@ settings.register_profile(
     "herd-protocol",
     max_examples=_EXAMPLES,
     deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
     print_blob=True,
 )
 settings.register_profile(
@@ -308,7 +308,8 @@ _STRATEGIES = Strategies()
 @pytest.fixture(scope="session")
 def kit():
     return SimpleNamespace(
-        strategy=_STRATEGIES.message, rich=rich, sparse=sparse, rich_value=rich_value, to_obj=to_obj, to_plain=to_plain,
+        strategy=_STRATEGIES.message, rich=rich, sparse=sparse, rich_value=rich_value,
+        to_obj=to_obj, to_plain=to_plain,
         cls=cls_of, flexible=_flexible, pairs=PAIRS, shared_spec=SHARED_SPEC, repo=REPO,
         fields=cc.struct_fields,
     )

@@ -6,7 +6,7 @@ import pytest
 from protocol import headers as h
 from protocol import messages as m
 from protocol.framing import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, FrameTooLarge, frame
-from protocol.wire import ProtocolError
+from protocol.wire import EncodeError, ProtocolError
 from tools import construct_codec as cc
 
 PAYLOADS = [b"", b"a", b"hello world", bytes(range(256)) * 3, b"\x00\x00\x00\x05"]
@@ -165,6 +165,21 @@ def test_client_id_keeps_int16_length_in_header_v2():
     assert bytes(out) == struct.pack(">hhi", 12, 4, 7) + b"\xff\xff" + b"\x00"
     assert m.RequestHeader(request_api_key=12, request_api_version=4, correlation_id=7,
                            client_id="abc").encode(2) == struct.pack(">hhi", 12, 4, 7) + b"\x00\x03abc\x00"
+
+
+@pytest.mark.xfail(strict=True, raises=struct.error, reason=(
+    "codec bug: protocol/headers.py encode_request_header/encode_response_header let struct.error "
+    "escape for values the header cannot carry (client id over 32767 UTF-8 bytes, out-of-range "
+    "ints) instead of raising EncodeError"))
+@pytest.mark.parametrize("call", [
+    lambda: h.encode_request_header(bytearray(), 12, 4, 1, "x" * 40000),
+    lambda: h.encode_request_header(bytearray(), 12, 4, 1 << 31, "c"),
+    lambda: h.encode_request_header(bytearray(), 1 << 15, 0, 1, "c"),
+    lambda: h.encode_response_header(1 << 31, 12, 4),
+], ids=["long-client-id", "correlation-id", "api-key", "response-correlation-id"])
+def test_header_encode_refuses_impossible_values_with_encode_error(call):
+    with pytest.raises(EncodeError):
+        call()
 
 
 def test_request_header_v2_keeps_unknown_tags():

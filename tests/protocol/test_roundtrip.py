@@ -41,7 +41,7 @@ def test_roundtrip_rich_and_sparse(kit, msg_version):
 def test_every_pair_is_covered(kit):
     """The parametrization covers every message kind and every version of each."""
     kinds = {}
-    for name, v in kit.pairs:
+    for name, _v in kit.pairs:
         kinds.setdefault(kit.cls(name).TYPE, set()).add(name)
     assert set(kinds) == {"request", "response", "header", "data"}
     assert {"RequestHeader", "ResponseHeader"} <= kinds["header"]

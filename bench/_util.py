@@ -1,0 +1,562 @@
+"""Shared helpers for the benchmarks (not a benchmark itself: the name starts with ``_``).
+
+* :func:`environment` — date, machine, python, git revision: every JSON result carries it.
+* :class:`Herd` / :class:`Mock` — start the herd daemon / librdkafka's mock cluster as subprocesses
+  in their own process group on 127.0.0.1 and always stop them (SIGTERM, then SIGKILL of the group).
+  Both also get ``PR_SET_PDEATHSIG`` so they die with the benchmark even if it is killed hard.
+* ``/proc`` readers: process CPU (per thread, ns resolution from ``schedstat``), RSS.
+* :func:`percentiles`, :func:`emit` (one JSON object on stdout, a short table on stderr).
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import datetime as _dt
+import json
+import os
+import platform
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MOCK_TOOL = REPO.parent / "shared" / "tools" / "mock_cluster.py"
+PY_SPY = Path(sys.executable).parent / "py-spy"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+# ---- environment -------------------------------------------------------------------------------
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
+
+
+def _mem_total_gb() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 1024 / 1024, 1)
+    except OSError:
+        pass
+    return None
+
+
+def _git_revision() -> str | None:
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                             text=True, timeout=5).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return rev + ("-dirty" if dirty else "") if rev else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def environment() -> dict:
+    return {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {
+            "platform": platform.platform(),
+            "cpu": _cpu_model(),
+            "cpu_count": os.cpu_count(),
+            "mem_gb": _mem_total_gb(),
+            "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+        },
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "git": _git_revision(),
+    }
+
+
+def client_versions() -> dict:
+    out = {}
+    try:
+        import confluent_kafka
+        out["confluent_kafka"] = confluent_kafka.version()[0]
+        out["librdkafka"] = confluent_kafka.libversion()[0]
+    except ImportError:
+        pass
+    return out
+
+
+# ---- /proc -----------------------------------------------------------------------------------
+
+def proc_cpu_seconds(pid: int) -> float:
+    """utime + stime of a whole process (all threads), 1/CLK_TCK resolution."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def proc_threads_cpu_ns(pid: int) -> dict[str, int]:
+    """CPU ns per thread name (``schedstat`` sum_exec_runtime; threads of one name are summed).
+
+    Threads that already exited are not counted; the daemon's threads live as long as it does."""
+    out: dict[str, int] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                ns = int(f.read().split()[0])
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except (OSError, ValueError, IndexError):
+            continue
+        if tid == str(pid):
+            name = "main"
+        out[name] = out.get(name, 0) + ns
+    return out
+
+
+def proc_cpu_ns(pid: int) -> int:
+    return sum(proc_threads_cpu_ns(pid).values())
+
+
+def proc_rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def proc_hwm_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def self_cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+# ---- subprocess handling ----------------------------------------------------------------------
+
+def _die_with_parent():
+    """preexec_fn: SIGTERM this child when the benchmark process dies (Linux prctl)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def stop_process_group(proc: subprocess.Popen, timeout: float = 15.0) -> int | None:
+    """SIGTERM the child's process group, wait, then SIGKILL the group. Returns the exit code."""
+    if proc is None:
+        return None
+    try:
+        pgid = os.getpgid(proc.pid)
+    except ProcessLookupError:
+        pgid = None
+    if proc.poll() is None and pgid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+    if pgid is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)  # stragglers (e.g. a py-spy wrapper's child)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(10)
+    return proc.returncode
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(x) for x in text.split()]
+
+
+class Herd:
+    """``with Herd(fsync="always") as h: h.bootstrap, h.pid`` — a herd daemon on 127.0.0.1, port 0.
+
+    ``data_dir``: reuse a directory (default: a fresh temp dir under ``tmp_root``, removed at exit).
+    ``wrap``: a command prefix, e.g. ``["py-spy", "record", ..., "--"]``; ``pid`` is then the
+    daemon's own pid (the wrapper's child), so CPU readings stay the daemon's."""
+
+    def __init__(self, *, fsync: str = "always", topics=("bench:100",), data_dir=None, tmp_root=None,
+                 initial_rebalance_delay_ms: int = 0, extra_args=(), log_level: str = "info",
+                 wrap=None, start_timeout: float = 120.0, keep_data: bool = False):
+        self.fsync = fsync
+        self.topics = list(topics)
+        self.initial_rebalance_delay_ms = initial_rebalance_delay_ms
+        self.extra_args = [str(a) for a in extra_args]
+        self.log_level = log_level
+        self.wrap = list(wrap or [])
+        self.start_timeout = start_timeout
+        self.keep_data = keep_data or data_dir is not None
+        self._tmp = None
+        if data_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="herd-bench-", dir=tmp_root or default_tmp_root())
+            data_dir = Path(self._tmp.name) / "data"
+        self.data_dir = Path(data_dir)
+        self.port_file = self.data_dir.parent / f"{self.data_dir.name}.port"
+        self.log_path = self.data_dir.parent / f"{self.data_dir.name}.herd.log"
+        self.proc: subprocess.Popen | None = None
+        self.pid: int | None = None
+        self.port: int | None = None
+        self.start_seconds: float | None = None
+        self._log = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "coordinator", "serve", "--host", "127.0.0.1", "--port", "0",
+               "--data-dir", str(self.data_dir), "--port-file", str(self.port_file),
+               "--initial-rebalance-delay-ms", str(self.initial_rebalance_delay_ms),
+               "--fsync", self.fsync, "--log-format", "json", "--log-level", self.log_level]
+        for t in self.topics:
+            cmd += ["--topic", t]
+        return self.wrap + cmd + self.extra_args
+
+    def start(self) -> "Herd":
+        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        if self.port_file.exists():
+            self.port_file.unlink()
+        env = dict(os.environ)
+        for k in list(env):
+            if k.startswith("HERD_"):
+                env.pop(k)
+        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+        self._log = open(self.log_path, "ab")
+        started = time.perf_counter()
+        self.proc = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT, cwd=str(REPO),
+                                     env=env, start_new_session=True, preexec_fn=_die_with_parent)
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"herd exited with {self.proc.returncode} during start-up:\n{self.logs()[-3000:]}")
+            if self.port_file.exists():
+                text = self.port_file.read_text().strip()
+                if text:
+                    self.start_seconds = time.perf_counter() - started
+                    self.port = int(text)
+                    break
+            time.sleep(0.005)
+        else:
+            self.stop()
+            raise RuntimeError(f"herd did not start within {self.start_timeout}s:\n{self.logs()[-3000:]}")
+        self.pid = self.proc.pid
+        if self.wrap:  # the daemon is the wrapper's child
+            for _ in range(200):
+                kids = _children(self.proc.pid)
+                if kids:
+                    self.pid = kids[0]
+                    break
+                time.sleep(0.01)
+        return self
+
+    def logs(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def log_events(self, event: str) -> list[dict]:
+        out = []
+        for line in self.logs().splitlines():
+            if f'"{event}"' not in line:
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if obj.get("event") == event:
+                out.append(obj)
+        return out
+
+    def stop(self) -> int | None:
+        code = None
+        try:
+            if self.proc is not None:
+                if self.wrap and self.pid and self.pid != self.proc.pid:
+                    # stop the daemon first so the wrapper (py-spy) can write its output
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(self.pid, signal.SIGTERM)
+                    try:
+                        self.proc.wait(60)
+                    except subprocess.TimeoutExpired:
+                        pass
+                code = stop_process_group(self.proc)
+        finally:
+            if self._log is not None:
+                self._log.close()
+                self._log = None
+        return code
+
+    def cleanup(self) -> None:
+        keep = os.environ.get("HERD_BENCH_LOGS")  # a directory to copy daemon logs into
+        if keep and self.log_path.exists():
+            import shutil
+            Path(keep).mkdir(parents=True, exist_ok=True)
+            shutil.copy(self.log_path, Path(keep) / f"herd-{self.pid}.log")
+        if self._tmp is not None and not self.keep_data:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self):
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            self.cleanup()
+            raise
+
+    def __exit__(self, *exc):
+        try:
+            self.stop()
+        finally:
+            self.cleanup()
+
+
+class Mock:
+    """``with Mock(topics=["bench:100"]) as m: m.bootstrap, m.pid`` — librdkafka's mock cluster."""
+
+    def __init__(self, topics=("bench:100",), initial_rebalance_delay_ms: int = 0, max_seconds: int = 3600,
+                 start_timeout: float = 30.0):
+        self.topics = list(topics)
+        self.initial_rebalance_delay_ms = initial_rebalance_delay_ms
+        self.max_seconds = max_seconds
+        self.start_timeout = start_timeout
+        self.proc = None
+        self.pid = None
+        self.bootstrap = None
+
+    def start(self) -> "Mock":
+        if not MOCK_TOOL.exists():
+            raise RuntimeError(f"mock cluster tool not found at {MOCK_TOOL}")
+        cmd = [sys.executable, str(MOCK_TOOL), "--initial-rebalance-delay-ms", str(self.initial_rebalance_delay_ms)]
+        for t in self.topics:
+            cmd += ["--topic", t]
+        help_text = _mock_help()
+        if "--max-seconds" in help_text:
+            cmd += ["--max-seconds", str(self.max_seconds)]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                     start_new_session=True, preexec_fn=_die_with_parent)
+        self.pid = self.proc.pid
+        ready, _, _ = select.select([self.proc.stdout], [], [], self.start_timeout)
+        line = self.proc.stdout.readline().strip() if ready else ""
+        if not line:
+            self.stop()
+            raise RuntimeError("mock cluster printed no bootstrap address")
+        self.bootstrap = line.split(",")[0]
+        return self
+
+    def stop(self):
+        if self.proc is not None:
+            stop_process_group(self.proc)
+            if self.proc.stdout:
+                self.proc.stdout.close()
+
+    def __enter__(self):
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+_MOCK_HELP = None
+
+
+def _mock_help() -> str:
+    global _MOCK_HELP
+    if _MOCK_HELP is None:
+        try:
+            _MOCK_HELP = MOCK_TOOL.read_text()
+        except OSError:
+            _MOCK_HELP = ""
+    return _MOCK_HELP
+
+
+def default_tmp_root() -> str:
+    """Where data dirs go: ``$HERD_BENCH_TMP`` or the system temp dir. Results report its file
+    system (:func:`filesystem_of`): on a tmpfs, fsync costs nothing and "durable" numbers lie."""
+    return os.environ.get("HERD_BENCH_TMP") or tempfile.gettempdir()
+
+
+def filesystem_of(path) -> str:
+    """The file-system type holding ``path`` (from /proc/mounts), e.g. ``ext4`` or ``tmpfs``."""
+    path = os.path.realpath(path)
+    best, kind = "", "?"
+    try:
+        for line in Path("/proc/mounts").read_text().splitlines():
+            parts = line.split()
+            if len(parts) >= 3 and (path == parts[1] or path.startswith(parts[1].rstrip("/") + "/")):
+                if len(parts[1]) > len(best):
+                    best, kind = parts[1], parts[2]
+    except OSError:
+        pass
+    return kind
+
+
+# ---- py-spy --------------------------------------------------------------------------------------
+
+class PySpy:
+    """Attach py-spy to ``pid`` for the duration of a ``with`` block; writes raw collapsed stacks."""
+
+    def __init__(self, pid: int, out_path, rate: int = 250, native: bool = False, threads: bool = False):
+        self.pid = pid
+        self.out_path = str(out_path)
+        self.rate = rate
+        self.native = native
+        self.threads = threads
+        self.proc = None
+
+    def __enter__(self):
+        if not PY_SPY.exists():
+            raise RuntimeError(f"py-spy not found at {PY_SPY} (pip install py-spy into the venv)")
+        cmd = [str(PY_SPY), "record", "--pid", str(self.pid), "--format", "raw", "-o", self.out_path,
+               "--rate", str(self.rate), "--duration", "600"]
+        cmd.append("--native" if self.native else "--nonblocking")
+        if self.threads:
+            cmd.append("--threads")
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     start_new_session=True, preexec_fn=_die_with_parent)
+        time.sleep(0.5)  # let it attach
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)  # py-spy writes its output on Ctrl-C
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                stop_process_group(self.proc)
+        if self.proc is not None and self.proc.stderr:
+            self.proc.stderr.close()
+
+
+class Sampler:
+    """Samples a process's RSS and CPU every ``interval`` s in a background thread."""
+
+    def __init__(self, pid: int, interval: float = 0.5):
+        import threading
+        self.pid = pid
+        self.interval = interval
+        self.samples: list[tuple[float, int, float]] = []  # (t, rss bytes, cpu s)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                self.samples.append((time.perf_counter(), proc_rss_bytes(self.pid), proc_cpu_seconds(self.pid)))
+            except OSError:
+                return
+            self._stop.wait(self.interval)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(5)
+
+    def max_rss(self) -> int:
+        return max((s[1] for s in self.samples), default=0)
+
+    def cpu_util(self) -> float | None:
+        if len(self.samples) < 2:
+            return None
+        (t0, _, c0), (t1, _, c1) = self.samples[0], self.samples[-1]
+        return (c1 - c0) / (t1 - t0) if t1 > t0 else None
+
+    def max_cpu_util(self, span: float = 5.0, first: int = 0) -> float | None:
+        """Highest CPU utilisation over any ``span``-second stretch of the samples from ``first`` on."""
+        samples = self.samples[first:]
+        best = None
+        j = 0
+        for i, (t1, _, c1) in enumerate(samples):
+            while j < i and t1 - samples[j][0] > span:
+                j += 1
+            t0, _, c0 = samples[max(0, j - 1)] if j else samples[0]
+            if t1 - t0 >= span * 0.8:
+                u = (c1 - c0) / (t1 - t0)
+                best = u if best is None or u > best else best
+        return best
+
+
+# ---- statistics and output ----------------------------------------------------------------------
+
+def percentiles(values, ps=(50, 99)) -> dict:
+    """Nearest-rank percentiles of ``values`` (any iterable of numbers) plus max, count, mean."""
+    data = sorted(values)
+    n = len(data)
+    out = {"count": n}
+    if not n:
+        for p in ps:
+            out[f"p{p}"] = None
+        out["max"] = None
+        out["mean"] = None
+        return out
+    for p in ps:
+        k = max(0, min(n - 1, int(round(p / 100 * n + 0.5)) - 1))
+        out[f"p{p}"] = data[k]
+    out["max"] = data[-1]
+    out["mean"] = sum(data) / n
+    return out
+
+
+def rounded(obj, digits: int = 3):
+    if isinstance(obj, float):
+        return round(obj, digits)
+    if isinstance(obj, dict):
+        return {k: rounded(v, digits) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [rounded(v, digits) for v in obj]
+    return obj
+
+
+def table(rows: list[list], header: list[str]) -> str:
+    cells = [[str(c) for c in header]] + [[("" if c is None else str(c)) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def emit(result: dict, text: str | None = None) -> dict:
+    """Print the result as ONE JSON line on stdout and an optional human table on stderr."""
+    if text:
+        print(text, file=sys.stderr, flush=True)
+    print(json.dumps(rounded(result), sort_keys=False), flush=True)
+    return result
+
+
+def quick_from_env() -> bool:
+    """``make bench`` runs every module's ``main()`` without arguments; ``HERD_BENCH_QUICK=1`` makes
+    those runs use the ``--quick`` parameters."""
+    return os.environ.get("HERD_BENCH_QUICK", "") not in ("", "0", "false", "no")
+
+
+def parse(parser, argv):
+    """Parse ``argv`` (None: defaults, as when ``python -m bench`` calls ``main()``), applying
+    ``HERD_BENCH_QUICK`` when no argv is given."""
+    if argv is None:
+        argv = ["--quick"] if quick_from_env() else []
+    return parser.parse_args(argv)

@@ -1,0 +1,221 @@
+"""Offset commits from confluent-kafka: herd (durable) against librdkafka's mock cluster (in memory).
+
+``python -m bench.commits [--quick] [--procs 1,4] [--duration S] [--partitions 10] [--fsync always]``
+
+Each client process is one confluent-kafka ``Consumer`` that ``assign()``s 10 partitions of topic
+``bench`` (100 partitions) and commits them in a loop with ``commit(offsets=[10 TopicPartitions],
+asynchronous=False)`` — one OffsetCommit request of 10 partitions, waited for — as fast as it can
+for ``--duration`` seconds, after a warm-up. Offsets grow by one per commit. Each process uses its
+own group (a standalone consumer: generation -1 into an Empty group, as Spark executors do).
+
+herd and the mock both run for the whole benchmark; each (target, process count) cell is measured
+alone, herd and mock back to back, alternating which goes first per round. Reported per cell:
+commits/s (all processes), latency p50/p99/max in ms, errors, and the server's CPU µs per commit
+(``/proc``); then the herd/mock ratio of commits/s. Target: ratio >= 1.0 with herd fsync=always.
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import statistics
+import sys
+import time
+from array import array
+
+from bench import _util as U
+
+TARGET_RATIO = 1.0
+
+
+def _worker(bootstrap: str, group: str, topic: str, partitions: list[int], duration: float, warmup: int,
+            max_commits: int, barrier, results) -> None:
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+    out = {"group": group, "commits": 0, "errors": 0, "error_samples": []}
+    consumer = None
+    try:
+        consumer = Consumer({
+            "bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+            "enable.auto.offset.store": False, "client.id": f"bench-commits-{group}",
+            "socket.nagle.disable": True, "log_level": 3,
+        })
+        consumer.assign([TopicPartition(topic, p) for p in partitions])
+        offset = 0
+        for _ in range(warmup):  # FindCoordinator, connections, first commits
+            offset += 1
+            consumer.commit(offsets=[TopicPartition(topic, p, offset) for p in partitions], asynchronous=False)
+        barrier.wait(60)
+        lat = array("d")
+        errors = 0
+        cpu0 = U.self_cpu_seconds()
+        started = time.perf_counter()
+        stop_at = started + duration
+        now = started
+        while now < stop_at and len(lat) < max_commits:
+            offset += 1
+            offs = [TopicPartition(topic, p, offset) for p in partitions]
+            t0 = time.perf_counter()
+            try:
+                res = consumer.commit(offsets=offs, asynchronous=False)
+                bad = [tp for tp in res or () if tp.error is not None]
+                if bad:
+                    errors += 1
+                    if len(out["error_samples"]) < 3:
+                        out["error_samples"].append(str(bad[0].error))
+            except KafkaException as exc:
+                errors += 1
+                if len(out["error_samples"]) < 3:
+                    out["error_samples"].append(str(exc))
+            now = time.perf_counter()
+            lat.append(now - t0)
+        out.update(commits=len(lat), errors=errors, seconds=now - started, latencies=lat.tobytes(),
+                   client_cpu_s=U.self_cpu_seconds() - cpu0)
+    except Exception as exc:  # reported, never hangs the parent
+        out["failure"] = f"{type(exc).__name__}: {exc}"
+        try:
+            barrier.abort()
+        except Exception:
+            pass
+    finally:
+        if consumer is not None:
+            try:
+                consumer.close()
+            except Exception:
+                pass
+        results.put(out)
+
+
+def run_cell(target: str, bootstrap: str, server_pid: int, procs: int, args, round_no: int) -> dict:
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(procs + 1)
+    results = ctx.Queue()
+    workers = []
+    stamp = f"{target}-{procs}p-r{round_no}-{int(time.time() * 1000) % 10**8}"
+    try:
+        for i in range(procs):
+            first = (i * args.partitions) % args.topic_partitions
+            parts = [(first + k) % args.topic_partitions for k in range(args.partitions)]
+            w = ctx.Process(target=_worker, daemon=True,
+                            args=(bootstrap, f"bench-commits-{stamp}-{i}", args.topic, parts, args.duration,
+                                  args.warmup, args.max_commits, barrier, results))
+            w.start()
+            workers.append(w)
+        barrier.wait(120)  # every client warmed up
+        threads0 = U.proc_threads_cpu_ns(server_pid)
+        t0 = time.perf_counter()
+        outs = [results.get(timeout=args.duration + 120) for _ in workers]
+        wall = time.perf_counter() - t0
+        threads1 = U.proc_threads_cpu_ns(server_pid)
+        by_thread = {name: (ns - threads0.get(name, 0)) / 1e9 for name, ns in threads1.items()}
+        server_cpu_s = sum(by_thread.values())
+    finally:
+        for w in workers:
+            w.join(30)
+            if w.is_alive():
+                w.kill()
+                w.join(5)
+    failures = [o["failure"] for o in outs if "failure" in o]
+    if failures:
+        raise RuntimeError(f"{target} {procs}p: client failed: {failures[0]}")
+    lat = array("d")
+    for o in outs:
+        lat.frombytes(o["latencies"])
+    commits = sum(o["commits"] for o in outs)
+    seconds = max(o["seconds"] for o in outs)
+    pct = U.percentiles(lat, (50, 99))
+    return {
+        "target": target, "procs": procs, "round": round_no, "commits": commits,
+        "errors": sum(o["errors"] for o in outs),
+        "error_samples": [s for o in outs for s in o["error_samples"]][:3],
+        "seconds": seconds, "commits_per_s": commits / seconds if seconds else 0.0,
+        "latency_ms": {k: (v * 1000 if k not in ("count",) and v is not None else v) for k, v in pct.items()},
+        "server_cpu_us_per_commit": server_cpu_s * 1e6 / commits if commits else None,
+        "server_cpu_util": server_cpu_s / wall if wall else None,
+        "server_cpu_us_per_commit_by_thread": {k: v * 1e6 / commits for k, v in by_thread.items() if v > 0}
+        if commits else {},
+        "client_cpu_us_per_commit": sum(o["client_cpu_s"] for o in outs) * 1e6 / commits if commits else None,
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m bench.commits", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="short runs (< 60 s in all)")
+    ap.add_argument("--procs", default="1,4", help="client process counts, comma separated (default 1,4)")
+    ap.add_argument("--duration", type=float, default=None, help="seconds per cell (default 10, quick 3)")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds of every cell (default 2, quick 1)")
+    ap.add_argument("--warmup", type=int, default=20, help="commits per client before timing")
+    ap.add_argument("--max-commits", type=int, default=10_000_000, help="cap per client")
+    ap.add_argument("--partitions", type=int, default=10, help="partitions per commit request")
+    ap.add_argument("--topic", default="bench")
+    ap.add_argument("--topic-partitions", type=int, default=100)
+    ap.add_argument("--fsync", default="always", choices=("always", "never"), help="herd's fsync mode")
+    ap.add_argument("--herd-log-level", default="info")
+    ap.add_argument("--targets", default="herd,mock", help="which servers (default herd,mock)")
+    return ap
+
+
+def main(argv=None):
+    args = U.parse(build_parser(), argv)
+    if args.duration is None:
+        args.duration = 3.0 if args.quick else 10.0
+    if args.rounds is None:
+        args.rounds = 1 if args.quick else 2
+    procs_list = [int(x) for x in args.procs.split(",") if x]
+    targets = [t for t in args.targets.split(",") if t]
+    env = U.environment()
+    topic = f"{args.topic}:{args.topic_partitions}"
+    cells = []
+    with U.Herd(fsync=args.fsync, topics=[topic], log_level=args.herd_log_level) as herd, \
+            U.Mock(topics=[topic]) as mock:
+        servers = {"herd": (herd.bootstrap, herd.pid), "mock": (mock.bootstrap, mock.pid)}
+        for r in range(args.rounds):
+            for procs in procs_list:
+                order = targets if r % 2 == 0 else list(reversed(targets))
+                for target in order:
+                    bootstrap, pid = servers[target]
+                    cell = run_cell(target, bootstrap, pid, procs, args, r)
+                    cells.append(cell)
+                    print(f"  {target:4} {procs}p round {r}: {cell['commits_per_s']:8.0f} commits/s "
+                          f"p50 {cell['latency_ms']['p50']:.2f} ms p99 {cell['latency_ms']['p99']:.2f} ms",
+                          file=sys.stderr, flush=True)
+        herd_rss = U.proc_rss_bytes(herd.pid)
+        data_fs = U.filesystem_of(herd.data_dir)
+    summary = []
+    for procs in procs_list:
+        row = {"procs": procs}
+        for target in targets:
+            mine = [c for c in cells if c["target"] == target and c["procs"] == procs]
+            row[target] = {
+                "commits_per_s": statistics.median(c["commits_per_s"] for c in mine),
+                "p50_ms": statistics.median(c["latency_ms"]["p50"] for c in mine),
+                "p99_ms": statistics.median(c["latency_ms"]["p99"] for c in mine),
+                "errors": sum(c["errors"] for c in mine),
+                "server_cpu_us_per_commit": statistics.median(c["server_cpu_us_per_commit"] for c in mine),
+            }
+        if "herd" in row and "mock" in row and row["mock"]["commits_per_s"]:
+            row["ratio_herd_over_mock"] = row["herd"]["commits_per_s"] / row["mock"]["commits_per_s"]
+            row["target_ratio"] = TARGET_RATIO
+            row["meets_target"] = row["ratio_herd_over_mock"] >= TARGET_RATIO and row["herd"]["errors"] == 0
+        summary.append(row)
+    result = {
+        "benchmark": "commits", **env, "clients": U.client_versions(),
+        "params": {"procs": procs_list, "duration_s": args.duration, "rounds": args.rounds, "warmup": args.warmup,
+                   "partitions_per_commit": args.partitions, "topic": topic, "herd_fsync": args.fsync,
+                   "herd_data_fs": data_fs, "herd_log_level": args.herd_log_level, "quick": args.quick,
+                   "commit_call": "Consumer.commit(offsets=[...], asynchronous=False) after assign()",
+                   "groups": "one per client process (standalone, generation -1)"},
+        "summary": summary, "cells": cells, "herd_rss_mb": herd_rss / 2**20,
+    }
+    rows = []
+    for s in summary:
+        rows.append([f"{s['procs']}p",
+                     *(f"{s[t]['commits_per_s']:.0f}" for t in targets),
+                     *(f"{s[t]['p50_ms']:.2f}/{s[t]['p99_ms']:.2f}" for t in targets),
+                     f"{s.get('ratio_herd_over_mock', float('nan')):.2f}", ">= 1.0",
+                     "yes" if s.get("meets_target") else "NO"])
+    text = U.table(rows, ["procs", *(f"{t} commits/s" for t in targets),
+                          *(f"{t} p50/p99 ms" for t in targets), "herd/mock", "target", "holds"])
+    U.emit(result, "commits (10 partitions per synchronous commit)\n" + text)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,51 @@
+"""Configuration: Kafka names and Pythonic keywords."""
+from __future__ import annotations
+
+import pytest
+
+from client.config import parse_bootstrap, parse_config
+
+
+def test_kafka_names_and_keywords_are_equivalent():
+    a = parse_config("h:1", "g", {"session.timeout.ms": 6000, "enable.auto.commit": "false"})
+    b = parse_config("h:1", "g", session_timeout_ms=6000, enable_auto_commit=False)
+    assert a == b and a.session_timeout_ms == 6000 and a.enable_auto_commit is False
+
+
+def test_group_id_from_config_and_defaults():
+    c = parse_config(None, None, {"bootstrap.servers": "a:1,b:2", "group.id": "gg"})
+    assert c.group_id == "gg" and c.bootstrap_servers == [("a", 1), ("b", 2)]
+    assert c.partition_assignment_strategy == ["range", "cooperative-sticky"]
+    assert c.max_poll_interval_ms == 300000 and c.heartbeat_interval_ms == 3000
+
+
+def test_strategy_as_string_list_or_instance():
+    assert parse_config("h:1", "g", partition_assignment_strategy="sticky, range").partition_assignment_strategy \
+        == ["sticky", "range"]
+
+
+@pytest.mark.parametrize("kw", [{"sesion_timeout_ms": 1}, {"session_timeout_ms": "x"},
+                                {"heartbeat_interval_ms": 10000, "session_timeout_ms": 10000},
+                                {"isolation_level": "dirty"}])
+def test_bad_config_is_rejected(kw):
+    with pytest.raises(ValueError):
+        parse_config("h:1", "g", **kw)
+
+
+def test_group_id_required():
+    with pytest.raises(ValueError):
+        parse_config("h:1", None)
+
+
+def test_bootstrap_forms():
+    assert parse_bootstrap(["a:1", ("b", 2), "c"]) == [("a", 1), ("b", 2), ("c", 9092)]
+    assert parse_bootstrap("[::1]:9093") == [("::1", 9093)]
+    with pytest.raises(ValueError):
+        parse_bootstrap("")
+
+
+def test_api_version_caps_by_name_or_key():
+    c = parse_config("h:1", "g", api_versions_max={"JoinGroup": 5, 14: 3})
+    assert c.api_versions_max == {11: 5, 14: 3}
+    with pytest.raises(ValueError):
+        parse_config("h:1", "g", api_versions_max={"Nope": 1})

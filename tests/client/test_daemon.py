@@ -1,0 +1,308 @@
+"""herd's client against the herd daemon (a real subprocess): convergence, leave / kill -9 /
+poll-timeout paths, cooperative rebalancing, static restart, and mixed groups with unmodified
+third-party clients.
+
+The daemon is started by the ``herd_daemon`` fixture below through ``tests/support/daemon.py``; swap
+it for the project's shared daemon fixture once there is one. Everything is bounded: short
+sessions, explicit deadlines, every consumer closed in ``finally``.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from client import GroupConsumer, TopicPartition
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 12
+ALL = frozenset(TopicPartition("t", p) for p in range(PARTITIONS))
+SESSION_MS = 2000
+_groups = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def herd_daemon(tmp_path_factory):
+    try:
+        from tests.support.daemon import Daemon
+    except ImportError as exc:
+        pytest.skip(f"no daemon fixture: {exc}")
+    d = Daemon(tmp_path_factory.mktemp("herd") / "data", "--topic", f"t:{PARTITIONS}",
+               "--min-session-timeout-ms", "1000", initial_rebalance_delay_ms=0, fsync="never")
+    try:
+        d.start()
+    except Exception as exc:  # noqa: BLE001 - the daemon is someone else's work in progress
+        pytest.skip(f"the herd daemon does not start: {exc}")
+    try:
+        yield d.bootstrap
+    finally:
+        d.stop()
+        d.kill()
+
+
+def group():
+    return f"d-{os.getpid()}-{next(_groups)}"
+
+
+def consumer(bootstrap, grp, **kw):
+    cfg = dict(session_timeout_ms=SESSION_MS, heartbeat_interval_ms=200, request_timeout_ms=10000,
+               default_api_timeout_ms=15000, retry_backoff_ms=50)
+    cfg.update(kw)
+    return GroupConsumer(bootstrap, grp, **cfg)
+
+
+def converge(consumers, expected=ALL, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    views = []
+    while time.monotonic() < deadline:
+        views = [c.poll(0.02) for c in consumers]
+        flat = [tp for v in views for tp in v]
+        if (len(flat) == len(set(flat)) and set(flat) == expected
+                and len({c.generation() for c in consumers}) == 1
+                and all(c.group_state()["stable"] for c in consumers)):
+            return views
+    pytest.fail(f"no convergence in {timeout}s: {[sorted(v) for v in views]}")
+
+
+@pytest.mark.parametrize("n", [1, 5, 20])
+def test_members_converge(herd_daemon, n):
+    g = group()
+    cs = [consumer(herd_daemon, g) for _ in range(n)]
+    try:
+        for c in cs:
+            c.subscribe(["t"])
+        views = converge(cs, timeout=30)
+        sizes = sorted(len(v) for v in views)
+        assert sizes[-1] - sizes[0] <= 1
+        c0 = cs[0]
+        c0.commit({tp: 3 for tp in views[0]})
+        assert all(om.offset == 3 for om in c0.committed(sorted(views[0])).values())
+    finally:
+        for c in cs:
+            c.close(timeout_s=5)
+
+
+def test_leave_hands_over_promptly(herd_daemon):
+    g = group()
+    cs = [consumer(herd_daemon, g, session_timeout_ms=30000, heartbeat_interval_ms=200) for _ in range(3)]
+    try:
+        for c in cs:
+            c.subscribe(["t"])
+        converge(cs)
+        t0 = time.monotonic()
+        cs[2].close()
+        converge(cs[:2], timeout=10)
+        assert time.monotonic() - t0 < 10          # LeaveGroup, not the 30 s session expiry
+    finally:
+        for c in cs:
+            c.close(timeout_s=5)
+
+
+CHILD = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {repo!r})
+    from client import GroupConsumer
+    c = GroupConsumer({boot!r}, {group!r}, session_timeout_ms={session}, heartbeat_interval_ms=200)
+    c.subscribe(["t"])
+    while True:
+        a = c.poll(0.1)
+        if a and c.group_state()["stable"]:
+            print("ASSIGNED", len(a), flush=True)
+""")
+
+
+def test_kill_9_member_expires_after_session(herd_daemon):
+    from tests.support.daemon import REPO
+    g = group()
+    c = consumer(herd_daemon, g)
+    child = subprocess.Popen([sys.executable, "-c", CHILD.format(repo=str(REPO), boot=herd_daemon, group=g,
+                                                                  session=SESSION_MS)],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(child.stdout.readline, "")), daemon=True)
+    reader.start()
+    try:
+        c.subscribe(["t"])
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:          # keep polling: the rebalance needs us too
+            mine = c.poll(0.05)
+            if lines and 0 < len(mine) < PARTITIONS and c.group_state()["stable"]:
+                break
+        assert lines and 0 < len(c.assignment()) < PARTITIONS, "the child never shared the partitions"
+        child.send_signal(signal.SIGKILL)
+        child.wait(5)
+        t0 = time.monotonic()
+        converge([c], timeout=20)
+        assert time.monotonic() - t0 >= SESSION_MS / 1000 * 0.5   # only the session timeout removes it
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(5)
+        c.close(timeout_s=5)
+
+
+def test_poll_timeout_member_leaves_and_rejoins(herd_daemon):
+    g = group()
+    lazy = consumer(herd_daemon, g, max_poll_interval_ms=1500)
+    busy = consumer(herd_daemon, g)
+    try:
+        for c in (lazy, busy):
+            c.subscribe(["t"])
+        converge([lazy, busy])
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 3.0:       # only busy polls
+            busy.poll(0.05)
+        assert busy.assignment() == ALL and lazy.generation() == -1
+        converge([lazy, busy])                   # lazy polls again: it rejoins
+    finally:
+        lazy.close(timeout_s=5)
+        busy.close(timeout_s=5)
+
+
+def test_cooperative_incremental_rebalance_never_owns_twice(herd_daemon):
+    g = group()
+    lock = threading.Lock()
+    owners: dict = {}
+    overlaps = []
+    revocations = []
+
+    class Track:
+        def __init__(self, name):
+            self.name = name
+
+        def on_partitions_assigned(self, ps):
+            with lock:
+                for tp in ps:
+                    if owners.get(tp, self.name) != self.name:
+                        overlaps.append((tp, owners[tp], self.name))
+                    owners[tp] = self.name
+
+        def on_partitions_revoked(self, ps):
+            with lock:
+                revocations.append((self.name, len(ps)))
+                for tp in ps:
+                    if owners.get(tp) == self.name:
+                        del owners[tp]
+
+        on_partitions_lost = on_partitions_revoked
+
+    cs = []
+    try:
+        for i in range(4):
+            c = consumer(herd_daemon, g, partition_assignment_strategy="cooperative-sticky")
+            c.subscribe(["t"], listener=Track(f"c{i}"))
+            cs.append(c)
+            views = converge(cs)
+            assert sorted(len(v) for v in views)[-1] - sorted(len(v) for v in views)[0] <= 1
+        cs.pop(0).close()
+        converge(cs)
+        assert overlaps == []
+        # Incremental: no member ever revoked everything it had to let one partition go.
+        assert all(n < PARTITIONS for _, n in revocations if _ != "c0")
+    finally:
+        for c in cs:
+            c.close(timeout_s=5)
+
+
+def test_static_member_restart_keeps_partitions_without_rebalance(herd_daemon):
+    g = group()
+    other = consumer(herd_daemon, g, session_timeout_ms=10000)
+    static = consumer(herd_daemon, g, group_instance_id="static-1", session_timeout_ms=10000)
+    try:
+        other.subscribe(["t"])
+        static.subscribe(["t"])
+        views = converge([other, static])
+        gen = other.generation()
+        before = views[1]
+        static.close()
+        static = consumer(herd_daemon, g, group_instance_id="static-1", session_timeout_ms=10000)
+        static.subscribe(["t"])
+        deadline = time.monotonic() + 10
+        while static.poll(0.05) != before and time.monotonic() < deadline:
+            pass
+        assert static.assignment() == before
+        assert static.generation() == gen and other.generation() == gen
+    finally:
+        other.close(timeout_s=5)
+        static.close(timeout_s=5)
+
+
+# -- interop with unmodified clients --------------------------------------------------------------
+
+def _confluent(bootstrap, g):
+    ck = pytest.importorskip("confluent_kafka")
+    c = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": g, "partition.assignment.strategy": "range",
+                     "session.timeout.ms": 6000, "heartbeat.interval.ms": 300, "enable.auto.commit": False,
+                     "auto.offset.reset": "earliest", "log_level": 3})
+    c.subscribe(["t"])
+    return c
+
+
+def _kafka_python(bootstrap, g):
+    kp = pytest.importorskip("kafka")
+    from kafka.coordinator.assignors.range import RangePartitionAssignor
+    return kp.KafkaConsumer("t", bootstrap_servers=bootstrap, group_id=g, session_timeout_ms=6000,
+                            heartbeat_interval_ms=300, enable_auto_commit=False,
+                            partition_assignment_strategy=[RangePartitionAssignor])
+
+
+@pytest.mark.parametrize("first", ["herd", "confluent", "kafka-python"])
+def test_mixed_group_converges_whoever_leads(herd_daemon, first):
+    g = group()
+    makers = {"herd": lambda: _herd(herd_daemon, g), "confluent": lambda: _confluent(herd_daemon, g),
+              "kafka-python": lambda: _kafka_python(herd_daemon, g)}
+    order = [first] + [k for k in makers if k != first]
+    members = {}
+    try:
+        members[first] = makers[first]()
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 10 and not _assignment(first, members[first]):
+            _poll(first, members[first])
+        for name in order[1:]:
+            members[name] = makers[name]()
+        deadline = time.monotonic() + 45
+        while time.monotonic() < deadline:
+            for name, c in members.items():
+                _poll(name, c)
+            views = {name: _assignment(name, c) for name, c in members.items()}
+            flat = [tp for v in views.values() for tp in v]
+            if set(flat) == ALL and len(flat) == len(set(flat)) and all(views.values()):
+                break
+        else:
+            pytest.fail(f"mixed group did not converge: {views}")
+    finally:
+        for name, c in members.items():
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def _herd(bootstrap, g):
+    c = consumer(bootstrap, g, session_timeout_ms=6000, heartbeat_interval_ms=300,
+                 partition_assignment_strategy="range")
+    c.subscribe(["t"])
+    return c
+
+
+def _poll(name, c):
+    if name == "herd":
+        c.poll(0.05)
+    elif name == "confluent":
+        c.poll(0.05)
+    else:
+        c.poll(timeout_ms=50)
+
+
+def _assignment(name, c) -> frozenset:
+    if name == "herd":
+        return c.assignment()
+    return frozenset(TopicPartition(tp.topic, tp.partition) for tp in c.assignment())

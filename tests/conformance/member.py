@@ -1,0 +1,216 @@
+"""One group member, run as a child process by the conformance tests.
+
+    python member.py '<json config>'
+
+Config keys: client ("kafka-python" | "aiokafka" | "confluent"), bootstrap, group, topics,
+assignor (optional: "range" | "roundrobin" | "cooperative-sticky"; default: the client's own
+default), session_ms, heartbeat_ms, max_poll_ms, instance_id (optional, static membership), name.
+
+It joins, then prints JSON lines on stdout (flushed) until it is told to stop:
+
+    {"ev": "start", ...}
+    {"ev": "assigned"|"revoked"|"lost", "t": <CLOCK_MONOTONIC>, "partitions": [[topic, p], ...]}
+        from the client's rebalance callbacks (for cooperative protocols: the increment)
+    {"ev": "state", "t": ..., "partitions": [...], "generation": g, "member_id": "..."}
+        whenever the full assignment, the generation or the member id changes
+    {"ev": "closed", "t": ...}
+
+SIGTERM closes the consumer cleanly (a dynamic member sends LeaveGroup; a static member does not,
+as the clients implement KIP-345) and exits 0. SIGKILL is the crash case. The member also exits if
+its stdin is closed (the test process died), so no orphan outlives a test run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+STOP = threading.Event()
+
+
+def emit(ev: str, **fields) -> None:
+    fields = {"ev": ev, "t": time.monotonic(), **fields}
+    sys.stdout.write(json.dumps(fields) + "\n")
+    sys.stdout.flush()
+
+
+def tps(partitions) -> list:
+    return sorted([tp.topic, tp.partition] for tp in partitions)
+
+
+def _watch_stdin() -> None:
+    try:
+        while sys.stdin.read(1):
+            pass
+    except (OSError, ValueError):
+        pass
+    os._exit(3)  # the parent is gone
+
+
+class StateReporter:
+    def __init__(self) -> None:
+        self.last = None
+
+    def report(self, partitions, generation, member_id) -> None:
+        now = (tps(partitions), generation, member_id)
+        if now != self.last:
+            self.last = now
+            emit("state", partitions=now[0], generation=generation, member_id=member_id)
+
+
+def run_kafka_python(cfg: dict) -> None:
+    from kafka import KafkaConsumer
+    from kafka.consumer.subscription_state import ConsumerRebalanceListener
+    from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
+    from kafka.coordinator.assignors.range import RangePartitionAssignor
+    from kafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
+
+    kwargs = {}
+    assignor = cfg.get("assignor")
+    if assignor:
+        kwargs["partition_assignment_strategy"] = [{
+            "range": RangePartitionAssignor,
+            "roundrobin": RoundRobinPartitionAssignor,
+            "cooperative-sticky": CooperativeStickyAssignor,
+        }[assignor]]
+    if cfg.get("instance_id"):
+        kwargs["group_instance_id"] = cfg["instance_id"]
+
+    class Listener(ConsumerRebalanceListener):
+        def on_partitions_revoked(self, revoked):
+            emit("revoked", partitions=tps(revoked))
+
+        def on_partitions_assigned(self, assigned):
+            emit("assigned", partitions=tps(assigned))
+
+        def on_partitions_lost(self, lost):
+            emit("lost", partitions=tps(lost))
+
+    consumer = KafkaConsumer(
+        bootstrap_servers=cfg["bootstrap"], group_id=cfg["group"], client_id=cfg["name"],
+        session_timeout_ms=cfg["session_ms"], heartbeat_interval_ms=cfg["heartbeat_ms"],
+        max_poll_interval_ms=cfg["max_poll_ms"], enable_auto_commit=False,
+        auto_offset_reset="earliest", fetch_max_wait_ms=100, **kwargs)
+    consumer.subscribe(cfg["topics"], listener=Listener())
+    emit("start", client="kafka-python", pid=os.getpid())
+    reporter = StateReporter()
+    try:
+        while not STOP.is_set():
+            consumer.poll(timeout_ms=100)
+            gen = consumer._coordinator._generation  # client internals: the only place it lives
+            reporter.report(consumer.assignment(), gen.generation_id, gen.member_id)
+    finally:
+        consumer.close()
+        emit("closed")
+
+
+def run_aiokafka(cfg: dict) -> None:
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+    from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+    from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
+
+    kwargs = {}
+    assignor = cfg.get("assignor")
+    if assignor:  # one assignor only: see the module docstring of test_conformance.py
+        kwargs["partition_assignment_strategy"] = (
+            {"range": RangePartitionAssignor, "roundrobin": RoundRobinPartitionAssignor}[assignor],)
+    if cfg.get("instance_id"):
+        kwargs["group_instance_id"] = cfg["instance_id"]
+
+    class Listener(ConsumerRebalanceListener):
+        def on_partitions_revoked(self, revoked):
+            emit("revoked", partitions=tps(revoked))
+
+        def on_partitions_assigned(self, assigned):
+            emit("assigned", partitions=tps(assigned))
+
+    async def main():
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=cfg["bootstrap"], group_id=cfg["group"], client_id=cfg["name"],
+            session_timeout_ms=cfg["session_ms"], heartbeat_interval_ms=cfg["heartbeat_ms"],
+            max_poll_interval_ms=cfg["max_poll_ms"], rebalance_timeout_ms=cfg["max_poll_ms"],
+            enable_auto_commit=False, auto_offset_reset="earliest", fetch_max_wait_ms=100, **kwargs)
+        await consumer.start()
+        consumer.subscribe(cfg["topics"], listener=Listener())
+        emit("start", client="aiokafka", pid=os.getpid())
+        reporter = StateReporter()
+        try:
+            while not STOP.is_set():
+                await consumer.getmany(timeout_ms=100)
+                coord = consumer._coordinator  # client internals: the only place it lives
+                reporter.report(consumer.assignment(), coord.generation, coord.member_id)
+        finally:
+            await consumer.stop()
+            emit("closed")
+
+    asyncio.run(main())
+
+
+def confluent_generation(consumer):
+    """(generation, member_id) from librdkafka's serialized ConsumerGroupMetadata.
+
+    Layout (rd_kafka_consumer_group_metadata_write): b"CGMDv2:", generation_id as a native
+    (little-endian here) int32, then group_id and member_id as NUL-terminated strings.
+    """
+    raw = consumer.consumer_group_metadata()
+    if not raw.startswith(b"CGMDv2:"):
+        return None, None
+    gen = int.from_bytes(raw[7:11], sys.byteorder, signed=True)
+    parts = raw[11:].split(b"\x00")
+    member_id = parts[1].decode(errors="replace") if len(parts) > 1 else None
+    return gen, member_id
+
+
+def run_confluent(cfg: dict) -> None:
+    from confluent_kafka import Consumer
+
+    conf = {
+        "bootstrap.servers": cfg["bootstrap"], "group.id": cfg["group"], "client.id": cfg["name"],
+        "session.timeout.ms": cfg["session_ms"], "heartbeat.interval.ms": cfg["heartbeat_ms"],
+        "max.poll.interval.ms": cfg["max_poll_ms"], "enable.auto.commit": False,
+        "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100,
+        "topic.metadata.refresh.interval.ms": 2000, "log_level": 3,
+    }
+    if cfg.get("assignor"):
+        conf["partition.assignment.strategy"] = cfg["assignor"]
+    if cfg.get("instance_id"):
+        conf["group.instance.id"] = cfg["instance_id"]
+    consumer = Consumer(conf)
+
+    def on_assign(c, partitions):
+        emit("assigned", partitions=tps(partitions))
+
+    def on_revoke(c, partitions):
+        emit("revoked", partitions=tps(partitions))
+
+    def on_lost(c, partitions):
+        emit("lost", partitions=tps(partitions))
+
+    consumer.subscribe(cfg["topics"], on_assign=on_assign, on_revoke=on_revoke, on_lost=on_lost)
+    emit("start", client="confluent", pid=os.getpid())
+    reporter = StateReporter()
+    try:
+        while not STOP.is_set():
+            consumer.poll(0.1)
+            gen, member_id = confluent_generation(consumer)
+            reporter.report(consumer.assignment(), gen, member_id)
+    finally:
+        consumer.close()
+        emit("closed")
+
+
+def main() -> None:
+    cfg = json.loads(sys.argv[1])
+    signal.signal(signal.SIGTERM, lambda *_: STOP.set())
+    threading.Thread(target=_watch_stdin, daemon=True).start()
+    {"kafka-python": run_kafka_python, "aiokafka": run_aiokafka, "confluent": run_confluent}[
+        cfg["client"]](cfg)
+
+
+if __name__ == "__main__":
+    main()
