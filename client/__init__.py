@@ -8,9 +8,18 @@ sticky, cooperative-sticky, and the registry), ``network`` (the one background t
 sockets), ``consumer`` (the blocking user API, talking to that thread only through queues and
 futures), ``errors``, ``config``, ``types``.
 """
+
 from client.assignors import (
-    Assignor, CooperativeStickyAssignor, MemberAssignment, MemberSubscription, RangeAssignor,
-    RoundRobinAssignor, StickyAssignor, create_assignor, register_assignor, registered_assignors,
+    Assignor,
+    CooperativeStickyAssignor,
+    MemberAssignment,
+    MemberSubscription,
+    RangeAssignor,
+    RoundRobinAssignor,
+    StickyAssignor,
+    create_assignor,
+    register_assignor,
+    registered_assignors,
 )
 from client.consumer import GroupConsumer, RebalanceListener
 from client.errors import *  # noqa: F403
@@ -18,8 +27,21 @@ from client.errors import __all__ as _errors_all
 from client.types import COOPERATIVE, EAGER, OffsetAndMetadata, TopicPartition
 
 __all__ = [
-    "GroupConsumer", "RebalanceListener", "TopicPartition", "OffsetAndMetadata",
-    "Assignor", "MemberSubscription", "MemberAssignment", "RangeAssignor", "RoundRobinAssignor",
-    "StickyAssignor", "CooperativeStickyAssignor", "register_assignor", "registered_assignors",
-    "create_assignor", "EAGER", "COOPERATIVE", *_errors_all,
+    "GroupConsumer",
+    "RebalanceListener",
+    "TopicPartition",
+    "OffsetAndMetadata",
+    "Assignor",
+    "MemberSubscription",
+    "MemberAssignment",
+    "RangeAssignor",
+    "RoundRobinAssignor",
+    "StickyAssignor",
+    "CooperativeStickyAssignor",
+    "register_assignor",
+    "registered_assignors",
+    "create_assignor",
+    "EAGER",
+    "COOPERATIVE",
+    *_errors_all,
 ]

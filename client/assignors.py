@@ -30,6 +30,7 @@ fewest partitions, and then partitions move from a member to an eligible member 
 fewer until none can: Kafka's definition of balanced. Each such move lowers the sum of squared
 assignment sizes, so the loop ends.
 """
+
 from __future__ import annotations
 
 import struct
@@ -40,10 +41,22 @@ from dataclasses import dataclass, field
 from client.types import COOPERATIVE, EAGER, TopicPartition
 
 __all__ = [
-    "Assignor", "MemberSubscription", "MemberAssignment", "RangeAssignor", "RoundRobinAssignor",
-    "StickyAssignor", "CooperativeStickyAssignor", "register_assignor", "create_assignor",
-    "registered_assignors", "encode_sticky_user_data", "decode_sticky_user_data",
-    "encode_generation_user_data", "decode_generation_user_data", "EAGER", "COOPERATIVE",
+    "Assignor",
+    "MemberSubscription",
+    "MemberAssignment",
+    "RangeAssignor",
+    "RoundRobinAssignor",
+    "StickyAssignor",
+    "CooperativeStickyAssignor",
+    "register_assignor",
+    "create_assignor",
+    "registered_assignors",
+    "encode_sticky_user_data",
+    "decode_sticky_user_data",
+    "encode_generation_user_data",
+    "decode_generation_user_data",
+    "EAGER",
+    "COOPERATIVE",
 ]
 
 _I16 = struct.Struct(">h")
@@ -53,6 +66,7 @@ _I32 = struct.Struct(">i")
 @dataclass
 class MemberSubscription:
     """One member's decoded subscription, as the leader's assignor sees it."""
+
     member_id: str
     topics: list
     user_data: bytes | None = None
@@ -86,12 +100,13 @@ class Assignor(ABC):
         return None
 
     @abstractmethod
-    def assign(self, partitions_per_topic: dict[str, int],
-               subscriptions: dict[str, MemberSubscription]) -> dict[str, MemberAssignment | list]:
+    def assign(
+        self, partitions_per_topic: dict[str, int], subscriptions: dict[str, MemberSubscription]
+    ) -> dict[str, MemberAssignment | list]:
         """member id -> its partitions (a list of TopicPartition, or a MemberAssignment)."""
 
-    def on_assignment(self, partitions: list, user_data: bytes | None, generation: int) -> None:
-        """Called on every member when it receives its assignment."""
+    def on_assignment(self, partitions: list, user_data: bytes | None, generation: int) -> None:  # noqa: B027
+        """Called on every member when it receives its assignment (default: nothing)."""
 
 
 def _sorted_members(subscriptions: dict[str, MemberSubscription]) -> list[MemberSubscription]:
@@ -174,29 +189,29 @@ def decode_sticky_user_data(data: bytes | None) -> tuple[list[TopicPartition], i
         return [], None
     try:
         pos = 0
-        n, = _I32.unpack_from(data, pos)
+        (n,) = _I32.unpack_from(data, pos)
         pos += 4
         if n < 0 or n > len(data):
             return [], None
         parts = []
         for _ in range(n):
-            ln, = _I16.unpack_from(data, pos)
+            (ln,) = _I16.unpack_from(data, pos)
             pos += 2
             if ln < 0 or pos + ln > len(data):
                 return [], None
-            topic = data[pos:pos + ln].decode()
+            topic = data[pos : pos + ln].decode()
             pos += ln
-            m, = _I32.unpack_from(data, pos)
+            (m,) = _I32.unpack_from(data, pos)
             pos += 4
             if m < 0 or pos + 4 * m > len(data):
                 return [], None
             for _ in range(m):
-                p, = _I32.unpack_from(data, pos)
+                (p,) = _I32.unpack_from(data, pos)
                 pos += 4
                 parts.append(TopicPartition(topic, p))
         generation = None
         if len(data) - pos >= 4:
-            generation, = _I32.unpack_from(data, pos)
+            (generation,) = _I32.unpack_from(data, pos)
         return parts, generation
     except (struct.error, UnicodeDecodeError):
         return [], None
@@ -227,8 +242,9 @@ class _AbstractSticky(Assignor):
 
     def assign(self, partitions_per_topic, subscriptions):
         members = [s.member_id for s in sorted(subscriptions.values(), key=lambda s: s.member_id)]
-        eligible_topics = {m: frozenset(t for t in subscriptions[m].topics if partitions_per_topic.get(t))
-                           for m in members}
+        eligible_topics = {
+            m: frozenset(t for t in subscriptions[m].topics if partitions_per_topic.get(t)) for m in members
+        }
         exists = lambda tp: 0 <= tp.partition < partitions_per_topic.get(tp.topic, 0)  # noqa: E731
 
         # Previous ownership: the highest generation wins; equal generations, the first member.
@@ -248,15 +264,25 @@ class _AbstractSticky(Assignor):
             if tp.topic in eligible_topics[m]:
                 owned_by[m].append(tp)
 
-        all_partitions = sorted(TopicPartition(t, p) for t in set().union(*eligible_topics.values())
-                                for p in range(partitions_per_topic[t])) if members else []
+        all_partitions = (
+            sorted(
+                TopicPartition(t, p)
+                for t in set().union(*eligible_topics.values())
+                for p in range(partitions_per_topic[t])
+            )
+            if members
+            else []
+        )
         if members and len(set(eligible_topics.values())) == 1:
             result = self._constrained(members, owned_by, all_partitions)
         else:
             result = self._general(members, owned_by, all_partitions, eligible_topics)
         self.partitions_transferring = {
-            tp: m for m, tps in result.items() for tp in tps
-            if tp in prev_owner and prev_owner[tp] != m and prev_owner[tp] in subscriptions}
+            tp: m
+            for m, tps in result.items()
+            for tp in tps
+            if tp in prev_owner and prev_owner[tp] != m and prev_owner[tp] in subscriptions
+        }
         return result
 
     @staticmethod
@@ -339,7 +365,8 @@ class _AbstractSticky(Assignor):
                     best = None
                     for b in candidates[tp.topic]:
                         if len(result[b]) < len(result[a]) - 1 and (
-                                best is None or (len(result[b]), b) < (len(result[best]), best)):
+                            best is None or (len(result[b]), b) < (len(result[best]), best)
+                        ):
                             best = b
                     if best is not None:
                         result[a].remove(tp)

@@ -4,6 +4,7 @@
 name is the Kafka name with dots written as underscores). Unknown names raise ``ValueError`` so a
 typo does not silently fall back to a default. Defaults are Kafka's consumer defaults.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ DEFAULTS: dict[str, object] = {
     "allow.auto.create.topics": True,
     "metadata.max.age.ms": 300000,
     "isolation.level": "read_uncommitted",
-    "connections.max.idle.ms": 540000,   # accepted for compatibility; connections stay open
+    "connections.max.idle.ms": 540000,  # accepted for compatibility; connections stay open
     "max.frame.bytes": 100 * 1024 * 1024,  # not a Kafka name: the largest response frame accepted
     # Not a Kafka name: {api name or key: highest version to use}, for brokers that advertise
     # versions they cannot parse (librdkafka's mock cluster: {"JoinGroup": 5, "SyncGroup": 3}).
@@ -56,7 +57,7 @@ def parse_bootstrap(servers) -> list[tuple[str, int]]:
             item = item.strip()
             if not item:
                 continue
-            if item.startswith("["):               # [ipv6]:port
+            if item.startswith("["):  # [ipv6]:port
                 host, _, rest = item[1:].partition("]")
                 port = rest.lstrip(":") or "9092"
             elif item.count(":") == 1:
@@ -73,6 +74,7 @@ def _api_caps(value) -> dict[int, int]:
     if not value:
         return {}
     from protocol import messages
+
     by_name = {cls.NAME.removesuffix("Request"): key for key, cls in messages.REQUESTS.items()}
     out = {}
     for api, version in dict(value).items():
@@ -94,6 +96,7 @@ def _bool(key, value) -> bool:
 @dataclass
 class ClientConfig:
     """Parsed configuration. Durations are in milliseconds as in Kafka (``*_s`` helpers for seconds)."""
+
     bootstrap_servers: list
     group_id: str
     client_id: str = "herd-python"
@@ -117,7 +120,7 @@ class ClientConfig:
     isolation_level: str = "read_uncommitted"
     connections_max_idle_ms: int = 540000
     max_frame_bytes: int = 100 * 1024 * 1024
-    api_versions_max: dict = field(default_factory=dict)   # api key -> highest version
+    api_versions_max: dict = field(default_factory=dict)  # api key -> highest version
 
     def s(self, name: str) -> float:
         """A ``*_ms`` setting in seconds: ``cfg.s("session_timeout_ms")``."""
@@ -185,7 +188,9 @@ def parse_config(bootstrap_servers=None, group_id=None, config: dict | None = No
         api_versions_max=_api_caps(values["api.versions.max"]),
     )
     if cfg.session_timeout_ms <= 0 or cfg.heartbeat_interval_ms <= 0 or cfg.max_poll_interval_ms <= 0:
-        raise ValueError("session.timeout.ms, heartbeat.interval.ms and max.poll.interval.ms must be positive")
+        raise ValueError(
+            "session.timeout.ms, heartbeat.interval.ms and max.poll.interval.ms must be positive"
+        )
     if cfg.heartbeat_interval_ms >= cfg.session_timeout_ms:
         raise ValueError("heartbeat.interval.ms must be lower than session.timeout.ms")
     return cfg

@@ -20,6 +20,7 @@ Any broken framing, unknown correlation id or failed handshake raises :class:`Co
 the owner then closes the socket. A single response that does not decode is reported as a
 ``Response`` whose ``error`` is set, so that one request fails and the connection stays usable.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,8 +33,14 @@ from protocol.headers import decode_response_header, encode_request_header
 from protocol.wire import ProtocolError
 
 __all__ = [
-    "CLIENT_VERSIONS", "Connection", "ConnectionBroken", "Ready", "Response", "negotiate",
-    "SOFTWARE_NAME", "SOFTWARE_VERSION",
+    "CLIENT_VERSIONS",
+    "Connection",
+    "ConnectionBroken",
+    "Ready",
+    "Response",
+    "negotiate",
+    "SOFTWARE_NAME",
+    "SOFTWARE_VERSION",
 ]
 
 SOFTWARE_NAME = "herd-python"
@@ -54,8 +61,9 @@ CLIENT_VERSIONS: dict[int, tuple[int, int]] = {
 }
 
 
-def negotiate(broker: dict[int, tuple[int, int]],
-              ours: dict[int, tuple[int, int]] = CLIENT_VERSIONS) -> dict[int, int]:
+def negotiate(
+    broker: dict[int, tuple[int, int]], ours: dict[int, tuple[int, int]] = CLIENT_VERSIONS
+) -> dict[int, int]:
     """api key -> the highest version both sides support; APIs without overlap are left out."""
     out = {}
     for key, (lo, hi) in ours.items():
@@ -75,6 +83,7 @@ class ConnectionBroken(Exception):
 @dataclass(frozen=True)
 class Ready:
     """The handshake finished: ``versions`` maps api key -> negotiated version."""
+
     versions: dict
     broker_versions: dict
 
@@ -84,20 +93,24 @@ class Response:
     correlation_id: int
     api_key: int
     api_version: int
-    message: Any = None        # the decoded response, or None when ``error`` is set
+    message: Any = None  # the decoded response, or None when ``error`` is set
     error: Exception | None = None
 
 
 class Connection:
     """One client connection's protocol state. See the module docstring."""
 
-    def __init__(self, client_id: str | None = "herd", max_frame_size: int = 100 * 1024 * 1024,
-                 api_versions_version: int = messages.ApiVersionsRequest.MAX_VERSION):
+    def __init__(
+        self,
+        client_id: str | None = "herd",
+        max_frame_size: int = 100 * 1024 * 1024,
+        api_versions_version: int = messages.ApiVersionsRequest.MAX_VERSION,
+    ):
         self.client_id = client_id
         self._decoder = FrameDecoder(max_frame_size)
         self._out = bytearray()
         self._next_corr = 0
-        self._inflight: dict[int, tuple[int, int]] = {}   # corr -> (api_key, version)
+        self._inflight: dict[int, tuple[int, int]] = {}  # corr -> (api_key, version)
         self._handshake_version = api_versions_version
         self._handshake_corr: int | None = None
         self._handshake_attempts = 0
@@ -129,8 +142,9 @@ class Connection:
         if self._handshake_attempts > 4:
             raise ConnectionBroken("ApiVersions negotiation did not converge")
         self._handshake_version = version
-        req = messages.ApiVersionsRequest(client_software_name=SOFTWARE_NAME,
-                                          client_software_version=SOFTWARE_VERSION)
+        req = messages.ApiVersionsRequest(
+            client_software_name=SOFTWARE_NAME, client_software_version=SOFTWARE_VERSION
+        )
         self._handshake_corr = self._queue(req, version)
 
     def send(self, request, version: int) -> int:

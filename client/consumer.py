@@ -55,6 +55,7 @@ raised by ``poll`` and every later call. An exception from a listener callback i
 Static membership: with ``group.instance.id`` set, ``close()`` does not send LeaveGroup; a restart
 within ``session.timeout.ms`` gets the same partitions back without a rebalance.
 """
+
 from __future__ import annotations
 
 import logging
@@ -68,9 +69,13 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from client import errors as cerr
 from client.config import parse_config
 from client.coordinator import (
-    ConsumerCoordinator, GroupFailed, PartitionsAssigned, PartitionsLost, PartitionsRevoked,
+    ConsumerCoordinator,
+    GroupFailed,
+    PartitionsAssigned,
+    PartitionsLost,
+    PartitionsRevoked,
 )
-from client.network import CommitCallback, Handle, NetworkThread, Nudge
+from client.network import NUDGE, CommitCallback, Handle, NetworkThread, Nudge
 from client.types import OffsetAndMetadata, TopicPartition
 
 log = logging.getLogger("herd.client")
@@ -135,15 +140,16 @@ def _offset(value) -> OffsetAndMetadata:
 class GroupConsumer:
     """A Kafka consumer-group member without fetching. See the module docstring."""
 
-    def __init__(self, bootstrap_servers=None, group_id: str | None = None, config: dict | None = None,
-                 **kwargs):
+    def __init__(
+        self, bootstrap_servers=None, group_id: str | None = None, config: dict | None = None, **kwargs
+    ):
         self._config = parse_config(bootstrap_servers, group_id, config, **kwargs)
         cfg = self._config
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         core = ConsumerCoordinator(cfg, time.monotonic())
         self._net = NetworkThread(core, self._events, name=f"herd-consumer-{cfg.group_id}")
-        self._lock = threading.Lock()          # user-side state (view, positions); never held while waiting
-        self._poll_lock = threading.Lock()     # one thread at a time runs callbacks
+        self._lock = threading.Lock()  # user-side state (view, positions); never held while waiting
+        self._poll_lock = threading.Lock()  # one thread at a time runs callbacks
         self._local = threading.local()
         self._listener = None
         self._view: frozenset = frozenset()
@@ -240,7 +246,8 @@ class GroupConsumer:
     def poll(self, timeout_s: float = 0.0) -> frozenset:
         """Drive the group: run due callbacks, wait (up to ``timeout_s``) for a stable group, and
         return the current assignment as a frozenset of TopicPartition."""
-        self._check_open()
+        if self._closed:
+            raise cerr.IllegalStateError("the consumer is closed")
         deadline = time.monotonic() + max(0.0, float(timeout_s))
         my_seq = self._submit(lambda core, now: core.poll(now))
         if getattr(self._local, "in_callback", False):
@@ -249,7 +256,13 @@ class GroupConsumer:
             if not held:
                 self._check_open()
                 return self._view
+            keepalive = time.monotonic()
             while True:
+                if self._closed:  # closed from another thread
+                    break
+                if time.monotonic() - keepalive > 1.0:  # a long poll is still a poll (poll timer)
+                    keepalive = time.monotonic()
+                    my_seq = self._submit(lambda core, now: core.poll(now))
                 self._drain_events()
                 self._maybe_auto_commit()
                 seen = self._net.commands_done
@@ -259,15 +272,19 @@ class GroupConsumer:
                     raise snap.error
                 if snap.closed:
                     raise cerr.IllegalStateError("the consumer's network thread has stopped")
-                if seen >= my_seq and (not snap.subscribed or (snap.stable and self._processed >= snap.events)):
+                if seen >= my_seq and (
+                    not snap.subscribed or (snap.stable and self._processed >= snap.events)
+                ):
                     break
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
                 try:
-                    ev = self._events.get(timeout=remaining)
+                    ev = self._events.get(timeout=min(remaining, 1.0))
                 except queue.Empty:
-                    break
+                    if remaining <= 1.0:
+                        break
+                    continue
                 self._handle_event(ev)
         self._raise_callback_errors()
         return self._view
@@ -279,7 +296,9 @@ class GroupConsumer:
             self.held = False
 
         def __enter__(self):
-            self.held = self.lock.acquire(timeout=self.timeout) if self.timeout > 0 else self.lock.acquire(False)
+            self.held = (
+                self.lock.acquire(timeout=self.timeout) if self.timeout > 0 else self.lock.acquire(False)
+            )
             return self.held
 
         def __exit__(self, *exc):
@@ -300,6 +319,7 @@ class GroupConsumer:
     def _handle_event(self, ev) -> None:
         t = type(ev)
         if t is Nudge:
+            self._net.nudge_pending = False
             return
         if t is CommitCallback:
             if ev.error is None and ev.offsets:
@@ -322,7 +342,7 @@ class GroupConsumer:
         elif t is PartitionsAssigned:
             with self._lock:
                 gone = self._view - ev.assignment
-            if gone:   # defensive: never expected, the core revokes or loses first
+            if gone:  # defensive: never expected, the core revokes or loses first
                 self._listener_call("on_partitions_lost", gone)
                 self._forget(gone)
             with self._lock:
@@ -355,7 +375,7 @@ class GroupConsumer:
         listener = self._listener
         fn = getattr(listener, method, None) if listener is not None else None
         if fn is None and method == "on_partitions_lost" and listener is not None:
-            fn = getattr(listener, "on_partitions_revoked", None)   # Kafka's default for lost
+            fn = getattr(listener, "on_partitions_revoked", None)  # Kafka's default for lost
         if fn is None:
             return
         self._run_callback(fn, frozenset(parts))
@@ -421,8 +441,9 @@ class GroupConsumer:
             self._submit(lambda core, now: core.commit(data, handle, now + timeout, now), handle)
             return None
         try:
-            result = self._call(lambda h: lambda core, now: core.commit(data, h, now + timeout, now),
-                                timeout, "commit")
+            result = self._call(
+                lambda h: lambda core, now: core.commit(data, h, now + timeout, now), timeout, "commit"
+            )
         except cerr.KafkaError as exc:
             if callback is not None:
                 self._run_callback(callback, data, exc)
@@ -443,8 +464,11 @@ class GroupConsumer:
         if not self._config.enable_auto_commit:
             return
         with self._lock:
-            data = {tp: om for tp, om in self._positions.items()
-                    if tp in parts and self._last_committed.get(tp) != om}
+            data = {
+                tp: om
+                for tp, om in self._positions.items()
+                if tp in parts and self._last_committed.get(tp) != om
+            }
         if not data:
             return
         try:
@@ -462,12 +486,17 @@ class GroupConsumer:
         if not self._net.snapshot.stable:
             return
         with self._lock:
-            data = {tp: om for tp, om in self._positions.items()
-                    if tp in self._view and self._last_committed.get(tp) != om}
+            data = {
+                tp: om
+                for tp, om in self._positions.items()
+                if tp in self._view and self._last_committed.get(tp) != om
+            }
         if data:
+
             def done(offsets, error):
                 if error is not None:
                     log.warning("auto-commit failed: %s", error)
+
             self._commit(data, False, done, None)
 
     def committed(self, partitions, timeout_s: float | None = None) -> dict:
@@ -477,8 +506,11 @@ class GroupConsumer:
             partitions = [partitions]
         parts = [_tp(p) for p in partitions]
         timeout = self._default_timeout(timeout_s)
-        return self._call(lambda h: lambda core, now: core.fetch_committed(parts, h, now + timeout, now),
-                          timeout, "committed()")
+        return self._call(
+            lambda h: lambda core, now: core.fetch_committed(parts, h, now + timeout, now),
+            timeout,
+            "committed()",
+        )
 
     # -- group state -------------------------------------------------------------------------------
     def generation(self) -> int:
@@ -492,9 +524,16 @@ class GroupConsumer:
     def group_state(self) -> dict:
         """A summary for logs and tests: state, generation, member id, leader, stable, protocol."""
         s = self._net.snapshot
-        return {"state": s.state, "generation": s.generation, "member_id": s.member_id, "leader": s.leader,
-                "stable": s.stable, "protocol": s.protocol, "coordinator": s.coordinator,
-                "assignment": sorted(self._view)}
+        return {
+            "state": s.state,
+            "generation": s.generation,
+            "member_id": s.member_id,
+            "leader": s.leader,
+            "stable": s.stable,
+            "protocol": s.protocol,
+            "coordinator": s.coordinator,
+            "assignment": sorted(self._view),
+        }
 
     # -- close -------------------------------------------------------------------------------------
     def _give_up_assignment(self) -> None:
@@ -516,6 +555,7 @@ class GroupConsumer:
             if self._closed:
                 return
             self._closed = True
+        self._events.put(NUDGE)  # a poll waiting in another thread returns now
         deadline = time.monotonic() + max(0.0, timeout_s)
         try:
             if not getattr(self._local, "in_callback", False):
@@ -530,7 +570,9 @@ class GroupConsumer:
                 fut: Future = Future()
                 handle = Handle(fut)
                 remaining = max(0.0, deadline - time.monotonic())
-                if self._net.submit(_Cmd(lambda core, now: core.close(handle, now + remaining, True, now), handle)):
+                if self._net.submit(
+                    _Cmd(lambda core, now: core.close(handle, now + remaining, True, now), handle)
+                ):
                     try:
                         fut.result(remaining + 0.5)
                     except Exception:

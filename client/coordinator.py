@@ -31,6 +31,7 @@ cooperative protocol (KIP-429) only partitions that move are revoked, after Sync
 member rejoins once the user's ``on_partitions_revoked`` has returned. This is what keeps a
 partition from being owned twice: nobody else is assigned it until its owner has let go.
 """
+
 from __future__ import annotations
 
 import logging
@@ -46,17 +47,36 @@ from client.types import COOPERATIVE, EAGER, OffsetAndMetadata, TopicPartition
 from protocol import errors as codes
 from protocol import messages as m
 from protocol.consumer import (
-    PROTOCOL_TYPE, Assignment, Subscription, SubscriptionTopicPartitions, TopicPartitions,
-    decode_assignment, decode_subscription, encode_assignment, encode_subscription,
+    PROTOCOL_TYPE,
+    Assignment,
+    Subscription,
+    SubscriptionTopicPartitions,
+    TopicPartitions,
+    decode_assignment,
+    decode_subscription,
+    encode_assignment,
+    encode_subscription,
 )
 from protocol.wire import ProtocolError
 
 log = logging.getLogger("herd.client")
 
 __all__ = [
-    "ConsumerCoordinator", "MemberState", "BOOTSTRAP", "COORDINATOR",
-    "Connect", "Disconnect", "Send", "Emit", "Reply", "Stop",
-    "PartitionsRevoked", "PartitionsAssigned", "PartitionsLost", "GroupFailed", "Snapshot",
+    "ConsumerCoordinator",
+    "MemberState",
+    "BOOTSTRAP",
+    "COORDINATOR",
+    "Connect",
+    "Disconnect",
+    "Send",
+    "Emit",
+    "Reply",
+    "Stop",
+    "PartitionsRevoked",
+    "PartitionsAssigned",
+    "PartitionsLost",
+    "GroupFailed",
+    "Snapshot",
 ]
 
 BOOTSTRAP = "bootstrap"
@@ -73,11 +93,18 @@ METADATA = m.MetadataRequest.API_KEY
 SUBSCRIPTION_VERSION = 3
 
 # JoinGroup/SyncGroup/Heartbeat errors after which the member cannot go on.
-FATAL_GROUP_ERRORS = frozenset({
-    codes.FENCED_INSTANCE_ID, codes.INCONSISTENT_GROUP_PROTOCOL, codes.INVALID_SESSION_TIMEOUT,
-    codes.INVALID_GROUP_ID, codes.GROUP_AUTHORIZATION_FAILED, codes.GROUP_MAX_SIZE_REACHED,
-    codes.UNRELEASED_INSTANCE_ID, codes.UNSUPPORTED_VERSION,
-})
+FATAL_GROUP_ERRORS = frozenset(
+    {
+        codes.FENCED_INSTANCE_ID,
+        codes.INCONSISTENT_GROUP_PROTOCOL,
+        codes.INVALID_SESSION_TIMEOUT,
+        codes.INVALID_GROUP_ID,
+        codes.GROUP_AUTHORIZATION_FAILED,
+        codes.GROUP_MAX_SIZE_REACHED,
+        codes.UNRELEASED_INSTANCE_ID,
+        codes.UNSUPPORTED_VERSION,
+    }
+)
 COORDINATOR_MOVED = frozenset({codes.NOT_COORDINATOR, codes.COORDINATOR_NOT_AVAILABLE})
 
 
@@ -139,6 +166,7 @@ class Stop:
 class PartitionsRevoked:
     """Run ``on_partitions_revoked(partitions)``, then ``ack(seq)``. If the membership epoch moved on
     meanwhile (``epoch`` differs from the snapshot's), the partitions were lost instead."""
+
     seq: int
     partitions: frozenset
     epoch: int
@@ -184,17 +212,17 @@ class Snapshot:
 
 @dataclass
 class _Conn:
-    state: str = "down"               # down | connecting | ready
+    state: str = "down"  # down | connecting | ready
     versions: dict = field(default_factory=dict)
     next_attempt: float = 0.0
     backoff: Backoff | None = None
-    target: tuple | None = None       # (host, port) being connected / connected
+    target: tuple | None = None  # (host, port) being connected / connected
 
 
 @dataclass
 class _OffsetReq:
-    kind: str                         # "commit" | "fetch"
-    data: dict                        # commit: {tp: OffsetAndMetadata}; fetch: {tp: None}
+    kind: str  # "commit" | "fetch"
+    data: dict  # commit: {tp: OffsetAndMetadata}; fetch: {tp: None}
     handle: Any
     deadline: float
     retry_at: float = 0.0
@@ -221,16 +249,20 @@ class ConsumerCoordinator:
         names = [a.name for a in self.assignors]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate assignor names in partition.assignment.strategy: {names}")
-        self.protocol = COOPERATIVE if all(COOPERATIVE in a.supported_protocols for a in self.assignors) \
-            else EAGER
+        self.protocol = (
+            COOPERATIVE if all(COOPERATIVE in a.supported_protocols for a in self.assignors) else EAGER
+        )
         self._rng = rng
         self._conns = {
-            BOOTSTRAP: _Conn(backoff=self._backoff(config.reconnect_backoff_ms, config.reconnect_backoff_max_ms)),
-            COORDINATOR: _Conn(backoff=self._backoff(config.reconnect_backoff_ms,
-                                                     config.reconnect_backoff_max_ms)),
+            BOOTSTRAP: _Conn(
+                backoff=self._backoff(config.reconnect_backoff_ms, config.reconnect_backoff_max_ms)
+            ),
+            COORDINATOR: _Conn(
+                backoff=self._backoff(config.reconnect_backoff_ms, config.reconnect_backoff_max_ms)
+            ),
         }
         self._boot_index = 0
-        self.coordinator: tuple | None = None          # (node_id, host, port)
+        self.coordinator: tuple | None = None  # (node_id, host, port)
         self._find_backoff = self._backoff(config.retry_backoff_ms, config.retry_backoff_max_ms)
         self._next_find = now
         self._join_backoff = self._backoff(config.retry_backoff_ms, config.retry_backoff_max_ms)
@@ -246,10 +278,16 @@ class ConsumerCoordinator:
         self.rejoin_needed = False
         self.rejoin_reason = ""
         self._awaiting_ack: int | None = None
+        self._pending_revoke: frozenset = frozenset()  # dropped from owned on ack (eager)
         self._rejoin_after_ack = False
         self._poll_expired = False
-        self.heartbeat = Heartbeat(config.s("session_timeout_ms"), config.s("heartbeat_interval_ms"),
-                                   config.s("max_poll_interval_ms"), config.s("retry_backoff_ms"), now)
+        self.heartbeat = Heartbeat(
+            config.s("session_timeout_ms"),
+            config.s("heartbeat_interval_ms"),
+            config.s("max_poll_interval_ms"),
+            config.s("retry_backoff_ms"),
+            now,
+        )
         self._leader_subs: dict[str, MemberSubscription] | None = None
         self._assigned_metadata: dict[str, int] | None = None
         self._group_topics: frozenset = frozenset()
@@ -258,7 +296,7 @@ class ConsumerCoordinator:
 
         self._pending: list[_OffsetReq] = []
         self._inflight: dict[int, _Inflight] = {}
-        self._closing: tuple | None = None             # (handle, deadline)
+        self._closing: tuple | None = None  # (handle, deadline)
         self.closed = False
         self.error: BaseException | None = None
         self.epoch = 0
@@ -295,15 +333,23 @@ class ConsumerCoordinator:
         tag = self._tag
         version = self._version(conn, request.API_KEY)
         self._inflight[tag] = _Inflight(conn, kind, ctx, version)
-        self._actions.append(Send(conn, request, version, tag,
-                                  timeout if timeout is not None else self.cfg.s("request_timeout_ms")))
+        self._actions.append(
+            Send(
+                conn,
+                request,
+                version,
+                tag,
+                timeout if timeout is not None else self.cfg.s("request_timeout_ms"),
+            )
+        )
         return tag
 
     def _version(self, conn: str, api_key: int) -> int:
         v = self._conns[conn].versions.get(api_key)
         if v is None:
-            raise cerr.UnsupportedVersionError(f"the broker does not support api key {api_key} in a version "
-                                               "this client knows")
+            raise cerr.UnsupportedVersionError(
+                f"the broker does not support api key {api_key} in a version this client knows"
+            )
         return v
 
     def _ready(self, conn: str) -> bool:
@@ -315,16 +361,30 @@ class ConsumerCoordinator:
 
     @property
     def stable(self) -> bool:
-        return (self.state is MemberState.STABLE and not self.rejoin_needed and self._awaiting_ack is None
-                and self.error is None)
+        return (
+            self.state is MemberState.STABLE
+            and not self.rejoin_needed
+            and self._awaiting_ack is None
+            and self.error is None
+        )
 
     def snapshot(self) -> Snapshot:
         return Snapshot(
-            state=self.state.value, generation=self.generation, member_id=self.member_id,
-            leader=bool(self.member_id) and self.leader_id == self.member_id, assignment=self.owned,
-            stable=self.stable, epoch=self.epoch, events=self._seq, subscribed=self.subscription is not None,
-            error=self.error, closed=self.closed, coordinator=self.coordinator, protocol=self.protocol,
-            rejoin_reason=self.rejoin_reason)
+            state=self.state.value,
+            generation=self.generation,
+            member_id=self.member_id,
+            leader=bool(self.member_id) and self.leader_id == self.member_id,
+            assignment=self.owned,
+            stable=self.stable,
+            epoch=self.epoch,
+            events=self._seq,
+            subscribed=self.subscription is not None,
+            error=self.error,
+            closed=self.closed,
+            coordinator=self.coordinator,
+            protocol=self.protocol,
+            rejoin_reason=self.rejoin_reason,
+        )
 
     # ---------------------------------------------------------------------------------------------
     # user inputs
@@ -369,8 +429,6 @@ class ConsumerCoordinator:
                 self._request_rejoin("rejoining after revoking partitions (cooperative)")
         self._advance(now)
 
-    _pending_revoke: frozenset = frozenset()
-
     def commit(self, offsets: dict, handle, deadline: float, now: float) -> None:
         if self.error is not None:
             self._actions.append(Reply(handle, error=self.error))
@@ -406,8 +464,13 @@ class ConsumerCoordinator:
         for req in self._pending:
             self._actions.append(Reply(req.handle, error=cerr.IllegalStateError("the consumer was closed")))
         self._pending.clear()
-        if leave and self.instance_id is None and self.member_id and self.coordinator_ready \
-                and self.state is not MemberState.UNJOINED:
+        if (
+            leave
+            and self.instance_id is None
+            and self.member_id
+            and self.coordinator_ready
+            and self.state is not MemberState.UNJOINED
+        ):
             self._send_leave("the consumer is being closed")
             self._closing = (self._closing[0], deadline, True)
         self._advance(now)
@@ -422,8 +485,12 @@ class ConsumerCoordinator:
         missing = [k for k in (_REQUIRED[conn]) if k not in c.versions]
         if missing:
             names = ", ".join(m.REQUESTS[k].NAME.removesuffix("Request") for k in missing)
-            self._fatal(cerr.UnsupportedVersionError(
-                f"the broker at {c.target} supports no version of {names} that this client knows"), now)
+            self._fatal(
+                cerr.UnsupportedVersionError(
+                    f"the broker at {c.target} supports no version of {names} that this client knows"
+                ),
+                now,
+            )
             return
         if conn == COORDINATOR:
             # A fresh connection to the coordinator: give the session a fresh start.
@@ -449,7 +516,7 @@ class ConsumerCoordinator:
     def on_response(self, conn: str, tag: int, response, now: float) -> None:
         entry = self._inflight.pop(tag, None)
         if entry is None:
-            return self._advance(now)   # stale: its connection was dropped, or the request superseded
+            return self._advance(now)  # stale: its connection was dropped, or the request superseded
         handler = getattr(self, "_on_" + entry.kind)
         handler(entry, response, now)
         self._advance(now)
@@ -500,14 +567,20 @@ class ConsumerCoordinator:
         self._maybe_refresh_metadata(now)
 
     def _needs_coordinator(self) -> bool:
-        return ((self.error is None and self.subscription is not None) or bool(self._pending)
-                or any(e.kind in ("commit", "fetch") for e in self._inflight.values()))
+        return (
+            (self.error is None and self.subscription is not None)
+            or bool(self._pending)
+            or any(e.kind in ("commit", "fetch") for e in self._inflight.values())
+        )
 
     def _check_timers(self, now: float) -> None:
         if self.state in (MemberState.COMPLETING_REBALANCE, MemberState.STABLE):
             if self.heartbeat.poll_timeout_expired(now):
-                log.warning("consumer poll timeout expired: the time between polls exceeded "
-                            "max.poll.interval.ms (%d); leaving the group", self.cfg.max_poll_interval_ms)
+                log.warning(
+                    "consumer poll timeout expired: the time between polls exceeded "
+                    "max.poll.interval.ms (%d); leaving the group",
+                    self.cfg.max_poll_interval_ms,
+                )
                 self._leave_group(now, "consumer poll timeout has expired")
                 self._poll_expired = True
                 return
@@ -603,11 +676,18 @@ class ConsumerCoordinator:
 
     # -- heartbeat ------------------------------------------------------------------------------
     def _maybe_heartbeat(self, now: float) -> None:
-        if self.state not in (MemberState.COMPLETING_REBALANCE, MemberState.STABLE) or not self.coordinator_ready:
+        if (
+            self.state not in (MemberState.COMPLETING_REBALANCE, MemberState.STABLE)
+            or not self.coordinator_ready
+        ):
             return
         if self.heartbeat.should_heartbeat(now):
-            req = m.HeartbeatRequest(group_id=self.group_id, generation_id=self.generation,
-                                     member_id=self.member_id, group_instance_id=self.instance_id)
+            req = m.HeartbeatRequest(
+                group_id=self.group_id,
+                generation_id=self.generation,
+                member_id=self.member_id,
+                group_instance_id=self.instance_id,
+            )
             self._send(COORDINATOR, "heartbeat", req, ctx=self.generation)
             self.heartbeat.sent_heartbeat(now)
         self._wake_at(self.heartbeat.next_heartbeat_at())
@@ -626,8 +706,11 @@ class ConsumerCoordinator:
                 self._request_rejoin("the group is rebalancing (heartbeat)")
         elif code in (codes.ILLEGAL_GENERATION, codes.UNKNOWN_MEMBER_ID):
             if current and self.state is not MemberState.UNJOINED:
-                self._reset_generation(now, f"heartbeat: {codes.error_name(code)}",
-                                       reset_member_id=code == codes.UNKNOWN_MEMBER_ID)
+                self._reset_generation(
+                    now,
+                    f"heartbeat: {codes.error_name(code)}",
+                    reset_member_id=code == codes.UNKNOWN_MEMBER_ID,
+                )
         elif code == codes.FENCED_INSTANCE_ID:
             if current:
                 self._fatal(cerr.FencedInstanceIdError(), now)
@@ -674,30 +757,51 @@ class ConsumerCoordinator:
     def _send_join(self, now: float) -> None:
         v = self._version(COORDINATOR, JOIN)
         if self.instance_id is not None and v < 5:
-            self._fatal(cerr.UnsupportedVersionError(
-                "static membership (group.instance.id) needs JoinGroup v5+; the broker supports v%d" % v), now)
+            self._fatal(
+                cerr.UnsupportedVersionError(
+                    "static membership (group.instance.id) needs JoinGroup v5+; the broker supports v%d" % v
+                ),
+                now,
+            )
             return
         topics = sorted(self.subscription)
         owned = self._topic_partitions(self.owned, SubscriptionTopicPartitions)
         protocols = []
         for a in self.assignors:
-            sub = Subscription(topics=topics, user_data=a.subscription_user_data(topics),
-                               owned_partitions=owned, generation_id=self.generation,
-                               rack_id=self.cfg.client_rack)
-            protocols.append(m.JoinGroupRequestProtocol(
-                name=a.name, metadata=encode_subscription(sub, SUBSCRIPTION_VERSION)))
+            sub = Subscription(
+                topics=topics,
+                user_data=a.subscription_user_data(topics),
+                owned_partitions=owned,
+                generation_id=self.generation,
+                rack_id=self.cfg.client_rack,
+            )
+            protocols.append(
+                m.JoinGroupRequestProtocol(
+                    name=a.name, metadata=encode_subscription(sub, SUBSCRIPTION_VERSION)
+                )
+            )
         reason = self.rejoin_reason or "joining the group"
         req = m.JoinGroupRequest(
-            group_id=self.group_id, session_timeout_ms=self.cfg.session_timeout_ms,
-            rebalance_timeout_ms=self.cfg.max_poll_interval_ms, member_id=self.member_id,
-            group_instance_id=self.instance_id, protocol_type=PROTOCOL_TYPE, protocols=protocols,
-            reason=reason)
+            group_id=self.group_id,
+            session_timeout_ms=self.cfg.session_timeout_ms,
+            rebalance_timeout_ms=self.cfg.max_poll_interval_ms,
+            member_id=self.member_id,
+            group_instance_id=self.instance_id,
+            protocol_type=PROTOCOL_TYPE,
+            protocols=protocols,
+            reason=reason,
+        )
         timeout = max(self.cfg.s("request_timeout_ms"), self.cfg.s("max_poll_interval_ms") + 5.0)
         self._send(COORDINATOR, "join", req, timeout=timeout)
         self.state = MemberState.PREPARING_REBALANCE
         self.rejoin_needed = False
-        log.info("joining group %s (member %r, generation %d): %s", self.group_id, self.member_id,
-                 self.generation, reason)
+        log.info(
+            "joining group %s (member %r, generation %d): %s",
+            self.group_id,
+            self.member_id,
+            self.generation,
+            reason,
+        )
 
     @staticmethod
     def _topic_partitions(parts, cls) -> list:
@@ -725,8 +829,12 @@ class ConsumerCoordinator:
         name = codes.error_name(code)
         if code == codes.NONE:
             if entry.version >= 7 and resp.protocol_type not in (None, PROTOCOL_TYPE):
-                self._fatal(cerr.InconsistentGroupProtocolError(
-                    f"JoinGroup answered protocol type {resp.protocol_type!r}"), now)
+                self._fatal(
+                    cerr.InconsistentGroupProtocolError(
+                        f"JoinGroup answered protocol type {resp.protocol_type!r}"
+                    ),
+                    now,
+                )
                 return
             self._join_backoff.reset()
             self.member_id = resp.member_id
@@ -735,8 +843,14 @@ class ConsumerCoordinator:
             self.leader_id = resp.leader
             self.state = MemberState.COMPLETING_REBALANCE
             self.heartbeat.reset_timeouts(now)
-            log.info("joined group %s generation %d as %s (%s), protocol %s", self.group_id, self.generation,
-                     self.member_id, "leader" if resp.leader == resp.member_id else "follower", self.protocol_name)
+            log.info(
+                "joined group %s generation %d as %s (%s), protocol %s",
+                self.group_id,
+                self.generation,
+                self.member_id,
+                "leader" if resp.leader == resp.member_id else "follower",
+                self.protocol_name,
+            )
             if resp.leader == resp.member_id and not resp.skip_assignment:
                 self._lead(resp, now)
             else:
@@ -769,17 +883,26 @@ class ConsumerCoordinator:
             try:
                 version, sub = decode_subscription(member.metadata)
                 subs[member.member_id] = MemberSubscription(
-                    member_id=member.member_id, topics=list(sub.topics), user_data=sub.user_data,
-                    owned_partitions=[TopicPartition(t.topic, p) for t in sub.owned_partitions
-                                      for p in t.partitions] if version >= 1 else [],
+                    member_id=member.member_id,
+                    topics=list(sub.topics),
+                    user_data=sub.user_data,
+                    owned_partitions=[
+                        TopicPartition(t.topic, p) for t in sub.owned_partitions for p in t.partitions
+                    ]
+                    if version >= 1
+                    else [],
                     generation_id=sub.generation_id if version >= 2 else -1,
                     rack_id=sub.rack_id if version >= 3 else None,
-                    group_instance_id=member.group_instance_id, version=version)
+                    group_instance_id=member.group_instance_id,
+                    version=version,
+                )
             except ProtocolError as exc:
-                log.warning("member %s sent an undecodable subscription (%s); it gets nothing",
-                            member.member_id, exc)
-                subs[member.member_id] = MemberSubscription(member_id=member.member_id, topics=[],
-                                                            group_instance_id=member.group_instance_id)
+                log.warning(
+                    "member %s sent an undecodable subscription (%s); it gets nothing", member.member_id, exc
+                )
+                subs[member.member_id] = MemberSubscription(
+                    member_id=member.member_id, topics=[], group_instance_id=member.group_instance_id
+                )
         self._leader_subs = subs
         topics = sorted({t for s in subs.values() for t in s.topics})
         self._group_topics = frozenset(topics)
@@ -790,8 +913,10 @@ class ConsumerCoordinator:
 
     def _send_metadata(self, topics, kind: str, ctx=None) -> None:
         v = self._version(COORDINATOR, METADATA)
-        req = m.MetadataRequest(topics=[m.MetadataRequestTopic(name=t) for t in topics],
-                                allow_auto_topic_creation=self.cfg.allow_auto_create_topics and v >= 4)
+        req = m.MetadataRequest(
+            topics=[m.MetadataRequestTopic(name=t) for t in topics],
+            allow_auto_topic_creation=self.cfg.allow_auto_create_topics and v >= 4,
+        )
         self._send(COORDINATOR, kind, req, ctx=ctx)
 
     @staticmethod
@@ -803,8 +928,11 @@ class ConsumerCoordinator:
         return out
 
     def _on_leader_metadata(self, entry: _Inflight, resp, now: float) -> None:
-        if self.state is not MemberState.COMPLETING_REBALANCE or entry.ctx != self.generation \
-                or self._leader_subs is None:
+        if (
+            self.state is not MemberState.COMPLETING_REBALANCE
+            or entry.ctx != self.generation
+            or self._leader_subs is None
+        ):
             return
         if isinstance(resp, BaseException):
             self._join_failed(now, f"leader could not fetch metadata: {resp}")
@@ -815,8 +943,12 @@ class ConsumerCoordinator:
         subs = self._leader_subs or {}
         assignor = next((a for a in self.assignors if a.name == self.protocol_name), None)
         if assignor is None:
-            self._fatal(cerr.InconsistentGroupProtocolError(
-                f"the coordinator chose assignor {self.protocol_name!r}, which this member lacks"), now)
+            self._fatal(
+                cerr.InconsistentGroupProtocolError(
+                    f"the coordinator chose assignor {self.protocol_name!r}, which this member lacks"
+                ),
+                now,
+            )
             return
         try:
             raw = assignor.assign(dict(counts), {k: v for k, v in subs.items()})
@@ -836,17 +968,27 @@ class ConsumerCoordinator:
         self._assigned_metadata = dict(counts)
         refresh = self.cfg.s("metadata_max_age_ms")
         if self._group_topics - set(counts):
-            refresh = min(refresh, max(1.0, self.cfg.s("retry_backoff_max_ms")))  # look again for missing topics
+            refresh = min(
+                refresh, max(1.0, self.cfg.s("retry_backoff_max_ms"))
+            )  # look again for missing topics
         self._next_metadata_refresh = now + refresh
         version = min([SUBSCRIPTION_VERSION] + [max(0, s.version) for s in subs.values()])
         assignments = []
         for member, a in sorted(result.items()):
-            blob = encode_assignment(Assignment(assigned_partitions=self._topic_partitions(a.partitions,
-                                                                                            TopicPartitions),
-                                                user_data=a.user_data), min(version, 3))
+            blob = encode_assignment(
+                Assignment(
+                    assigned_partitions=self._topic_partitions(a.partitions, TopicPartitions),
+                    user_data=a.user_data,
+                ),
+                min(version, 3),
+            )
             assignments.append(m.SyncGroupRequestAssignment(member_id=member, assignment=blob))
-        log.info("leader assigned generation %d with %s: %s", self.generation, assignor.name,
-                 {k: len(v.partitions) for k, v in result.items()})
+        log.info(
+            "leader assigned generation %d with %s: %s",
+            self.generation,
+            assignor.name,
+            {k: len(v.partitions) for k, v in result.items()},
+        )
         self._send_sync(assignments, now)
 
     @staticmethod
@@ -862,9 +1004,15 @@ class ConsumerCoordinator:
 
     # -- sync -----------------------------------------------------------------------------------
     def _send_sync(self, assignments: list, now: float) -> None:
-        req = m.SyncGroupRequest(group_id=self.group_id, generation_id=self.generation, member_id=self.member_id,
-                                 group_instance_id=self.instance_id, protocol_type=PROTOCOL_TYPE,
-                                 protocol_name=self.protocol_name, assignments=assignments)
+        req = m.SyncGroupRequest(
+            group_id=self.group_id,
+            generation_id=self.generation,
+            member_id=self.member_id,
+            group_instance_id=self.instance_id,
+            protocol_type=PROTOCOL_TYPE,
+            protocol_name=self.protocol_name,
+            assignments=assignments,
+        )
         self._send(COORDINATOR, "sync", req, ctx=self.generation)
 
     def _on_sync(self, entry: _Inflight, resp, now: float) -> None:
@@ -876,10 +1024,16 @@ class ConsumerCoordinator:
         code = resp.error_code
         name = codes.error_name(code)
         if code == codes.NONE:
-            if entry.version >= 5 and (resp.protocol_type not in (None, PROTOCOL_TYPE) or
-                                       resp.protocol_name not in (None, self.protocol_name)):
-                self._fatal(cerr.InconsistentGroupProtocolError(
-                    f"SyncGroup answered {resp.protocol_type}/{resp.protocol_name}"), now)
+            if entry.version >= 5 and (
+                resp.protocol_type not in (None, PROTOCOL_TYPE)
+                or resp.protocol_name not in (None, self.protocol_name)
+            ):
+                self._fatal(
+                    cerr.InconsistentGroupProtocolError(
+                        f"SyncGroup answered {resp.protocol_type}/{resp.protocol_name}"
+                    ),
+                    now,
+                )
                 return
             try:
                 _, asg = decode_assignment(resp.assignment)
@@ -931,8 +1085,12 @@ class ConsumerCoordinator:
                 self._rejoin_after_ack = True
                 self._emit(PartitionsRevoked(seq, revoked, self.epoch))
             self._emit(PartitionsAssigned(self._next_seq(), added, assigned, self.generation))
-        log.info("group %s stable at generation %d with %d partitions", self.group_id, self.generation,
-                 len(assigned))
+        log.info(
+            "group %s stable at generation %d with %d partitions",
+            self.group_id,
+            self.generation,
+            len(assigned),
+        )
 
     # -- reset / leave / fatal ------------------------------------------------------------------
     def _drop_owned(self, now: float) -> None:
@@ -961,9 +1119,14 @@ class ConsumerCoordinator:
     def _send_leave(self, reason: str) -> None:
         v = self._version(COORDINATOR, LEAVE)
         if v >= 3:
-            req = m.LeaveGroupRequest(group_id=self.group_id, members=[
-                m.LeaveGroupRequestMemberIdentity(member_id=self.member_id, group_instance_id=None,
-                                                  reason=reason)])
+            req = m.LeaveGroupRequest(
+                group_id=self.group_id,
+                members=[
+                    m.LeaveGroupRequestMemberIdentity(
+                        member_id=self.member_id, group_instance_id=None, reason=reason
+                    )
+                ],
+            )
         else:
             req = m.LeaveGroupRequest(group_id=self.group_id, member_id=self.member_id)
         self._send(COORDINATOR, "leave", req)
@@ -971,8 +1134,12 @@ class ConsumerCoordinator:
     def _leave_group(self, now: float, reason: str) -> None:
         """Leave proactively (poll timeout). Static members send nothing: only the session timeout
         removes them, so a restart within it keeps their partitions."""
-        if self.instance_id is None and self.member_id and self.coordinator_ready \
-                and self.state is not MemberState.UNJOINED:
+        if (
+            self.instance_id is None
+            and self.member_id
+            and self.coordinator_ready
+            and self.state is not MemberState.UNJOINED
+        ):
             self._send_leave(reason)
         self._reset_generation(now, reason, reset_member_id=True)
 
@@ -1007,10 +1174,14 @@ class ConsumerCoordinator:
             return
         handles = self._closing[0]
         self._closing = None
-        for tag, entry in list(self._inflight.items()):
+        for entry in list(self._inflight.values()):
             if entry.kind in ("commit", "fetch"):
-                self._actions.append(Reply(self._request_of(entry).handle,
-                                           error=cerr.IllegalStateError("the consumer was closed")))
+                self._actions.append(
+                    Reply(
+                        self._request_of(entry).handle,
+                        error=cerr.IllegalStateError("the consumer was closed"),
+                    )
+                )
         self._inflight.clear()
         self.closed = True
         self.state = MemberState.UNJOINED
@@ -1020,8 +1191,14 @@ class ConsumerCoordinator:
 
     # -- leader metadata refresh ----------------------------------------------------------------
     def _maybe_refresh_metadata(self, now: float) -> None:
-        if not (self.state is MemberState.STABLE and self.leader_id == self.member_id and self.member_id
-                and self._assigned_metadata is not None and self.coordinator_ready and not self.rejoin_needed):
+        if not (
+            self.state is MemberState.STABLE
+            and self.leader_id == self.member_id
+            and self.member_id
+            and self._assigned_metadata is not None
+            and self.coordinator_ready
+            and not self.rejoin_needed
+        ):
             return
         if self._metadata_inflight:
             return
@@ -1053,7 +1230,8 @@ class ConsumerCoordinator:
             if now >= req.deadline:
                 err = cerr.KafkaTimeoutError(
                     f"{'commit' if req.kind == 'commit' else 'committed()'} timed out"
-                    + (f"; last error: {req.last_error}" if req.last_error else ""))
+                    + (f"; last error: {req.last_error}" if req.last_error else "")
+                )
                 self._actions.append(Reply(req.handle, error=err))
                 continue
             if not self.coordinator_ready or now < req.retry_at:
@@ -1071,12 +1249,17 @@ class ConsumerCoordinator:
     def _commit_generation(self):
         """(generation, member id) to commit with, or an exception when a member cannot commit now."""
         if self.subscription is None and self.generation < 0:
-            return -1, "", None                         # standalone commit (no group membership)
+            return -1, "", None  # standalone commit (no group membership)
         if self.state is MemberState.STABLE:
             return self.generation, self.member_id, None
         if self.state in (MemberState.PREPARING_REBALANCE, MemberState.COMPLETING_REBALANCE):
-            return None, None, cerr.RebalanceInProgressError(
-                "the group is rebalancing; poll to complete the rebalance, then commit again")
+            return (
+                None,
+                None,
+                cerr.RebalanceInProgressError(
+                    "the group is rebalancing; poll to complete the rebalance, then commit again"
+                ),
+            )
         return None, None, cerr.CommitFailedError()
 
     def _send_commit(self, req: _OffsetReq, now: float) -> None:
@@ -1086,20 +1269,31 @@ class ConsumerCoordinator:
             return
         by_topic: dict[str, list] = {}
         for tp, om in sorted(req.data.items()):
-            by_topic.setdefault(tp.topic, []).append(m.OffsetCommitRequestPartition(
-                partition_index=tp.partition, committed_offset=om.offset,
-                committed_leader_epoch=om.leader_epoch, commit_timestamp=-1,
-                committed_metadata=om.metadata))
+            by_topic.setdefault(tp.topic, []).append(
+                m.OffsetCommitRequestPartition(
+                    partition_index=tp.partition,
+                    committed_offset=om.offset,
+                    committed_leader_epoch=om.leader_epoch,
+                    commit_timestamp=-1,
+                    committed_metadata=om.metadata,
+                )
+            )
         request = m.OffsetCommitRequest(
-            group_id=self.group_id, generation_id_or_member_epoch=gen, member_id=member,
-            group_instance_id=self.instance_id if gen >= 0 else None, retention_time_ms=-1,
-            topics=[m.OffsetCommitRequestTopic(name=t, partitions=ps) for t, ps in by_topic.items()])
+            group_id=self.group_id,
+            generation_id_or_member_epoch=gen,
+            member_id=member,
+            group_instance_id=self.instance_id if gen >= 0 else None,
+            retention_time_ms=-1,
+            topics=[m.OffsetCommitRequestTopic(name=t, partitions=ps) for t, ps in by_topic.items()],
+        )
         req.attempts += 1
         self._send(COORDINATOR, "commit", request, ctx=(req, gen))
 
     def _retry_or_fail(self, req: _OffsetReq, error: BaseException, now: float) -> None:
         req.last_error = error
-        delay = min(self.cfg.s("retry_backoff_max_ms"), self.cfg.s("retry_backoff_ms") * (2 ** min(req.attempts, 10)))
+        delay = min(
+            self.cfg.s("retry_backoff_max_ms"), self.cfg.s("retry_backoff_ms") * (2 ** min(req.attempts, 10))
+        )
         if now + delay < req.deadline:
             req.retry_at = now + delay
             self._pending.append(req)
@@ -1111,8 +1305,12 @@ class ConsumerCoordinator:
         if isinstance(resp, BaseException):
             self._retry_or_fail(req, cerr.KafkaConnectionError(str(resp)), now)
             return
-        failed = [(t.name, p.partition_index, p.error_code) for t in resp.topics for p in t.partitions
-                  if p.error_code != codes.NONE]
+        failed = [
+            (t.name, p.partition_index, p.error_code)
+            for t in resp.topics
+            for p in t.partitions
+            if p.error_code != codes.NONE
+        ]
         if not failed:
             self._actions.append(Reply(req.handle, value=dict(req.data)))
             return
@@ -1129,16 +1327,25 @@ class ConsumerCoordinator:
         elif code == codes.REBALANCE_IN_PROGRESS:
             if self.state is MemberState.STABLE and gen == self.generation:
                 self._request_rejoin("OffsetCommit: REBALANCE_IN_PROGRESS")
-            self._actions.append(Reply(req.handle, error=cerr.RebalanceInProgressError(
-                "the group is rebalancing; poll to complete the rebalance, then commit again")))
+            self._actions.append(
+                Reply(
+                    req.handle,
+                    error=cerr.RebalanceInProgressError(
+                        "the group is rebalancing; poll to complete the rebalance, then commit again"
+                    ),
+                )
+            )
         elif code in (codes.UNKNOWN_MEMBER_ID, codes.ILLEGAL_GENERATION):
             if gen >= 0 and gen == self.generation and self.state is not MemberState.UNJOINED:
-                self._reset_generation(now, f"OffsetCommit: {name}",
-                                       reset_member_id=code == codes.UNKNOWN_MEMBER_ID)
+                self._reset_generation(
+                    now, f"OffsetCommit: {name}", reset_member_id=code == codes.UNKNOWN_MEMBER_ID
+                )
             self._actions.append(Reply(req.handle, error=cerr.CommitFailedError()))
         else:
             detail = ", ".join(f"{t}-{p}: {codes.error_name(c)}" for t, p, c in failed[:5])
-            self._actions.append(Reply(req.handle, error=cerr.error_for_code(code, f"commit failed ({detail})")))
+            self._actions.append(
+                Reply(req.handle, error=cerr.error_for_code(code, f"commit failed ({detail})"))
+            )
 
     def _send_fetch(self, req: _OffsetReq, now: float) -> None:
         v = self._version(COORDINATOR, FETCH)
@@ -1147,13 +1354,26 @@ class ConsumerCoordinator:
             by_topic.setdefault(tp.topic, []).append(tp.partition)
         stable = self.cfg.isolation_level == "read_committed"
         if v >= 8:
-            request = m.OffsetFetchRequest(groups=[m.OffsetFetchRequestGroup(
-                group_id=self.group_id, topics=[m.OffsetFetchRequestTopics(name=t, partition_indexes=ps)
-                                                for t, ps in by_topic.items()])], require_stable=stable)
+            request = m.OffsetFetchRequest(
+                groups=[
+                    m.OffsetFetchRequestGroup(
+                        group_id=self.group_id,
+                        topics=[
+                            m.OffsetFetchRequestTopics(name=t, partition_indexes=ps)
+                            for t, ps in by_topic.items()
+                        ],
+                    )
+                ],
+                require_stable=stable,
+            )
         else:
-            request = m.OffsetFetchRequest(group_id=self.group_id, topics=[
-                m.OffsetFetchRequestTopic(name=t, partition_indexes=ps) for t, ps in by_topic.items()],
-                require_stable=stable)
+            request = m.OffsetFetchRequest(
+                group_id=self.group_id,
+                topics=[
+                    m.OffsetFetchRequestTopic(name=t, partition_indexes=ps) for t, ps in by_topic.items()
+                ],
+                require_stable=stable,
+            )
         req.attempts += 1
         self._send(COORDINATOR, "fetch", request, ctx=req)
 
@@ -1165,7 +1385,9 @@ class ConsumerCoordinator:
         if entry.version >= 8:
             group = next((g for g in resp.groups if g.group_id == self.group_id), None)
             if group is None:
-                self._retry_or_fail(req, cerr.ProtocolMismatchError("OffsetFetch answered without our group"), now)
+                self._retry_or_fail(
+                    req, cerr.ProtocolMismatchError("OffsetFetch answered without our group"), now
+                )
                 return
             top, topics = group.error_code, group.topics
         else:
@@ -1194,5 +1416,7 @@ class ConsumerCoordinator:
                     self._actions.append(Reply(req.handle, error=cerr.error_for_code(p.error_code)))
                     return
                 if p.committed_offset >= 0:
-                    out[tp] = OffsetAndMetadata(p.committed_offset, p.metadata or "", p.committed_leader_epoch)
+                    out[tp] = OffsetAndMetadata(
+                        p.committed_offset, p.metadata or "", p.committed_leader_epoch
+                    )
         self._actions.append(Reply(req.handle, value=out))

@@ -22,20 +22,41 @@ What the consumer raises, and when:
   ``GroupMaxSizeReachedError``, ``UnsupportedVersionError``, ``FencedInstanceIdError``,
   ``UnreleasedInstanceIdError``.
 """
+
 from __future__ import annotations
 
 from protocol import errors as codes
 
 __all__ = [
-    "KafkaError", "KafkaTimeoutError", "KafkaConnectionError", "IllegalStateError", "ProtocolMismatchError",
-    "CommitFailedError", "RetriableCommitFailedError", "RebalanceInProgressError", "FencedInstanceIdError",
-    "UnknownMemberIdError", "IllegalGenerationError", "MemberIdRequiredError",
-    "CoordinatorNotAvailableError", "NotCoordinatorError", "CoordinatorLoadInProgressError",
-    "GroupAuthorizationError", "TopicAuthorizationError", "InconsistentGroupProtocolError",
-    "InvalidSessionTimeoutError", "InvalidGroupIdError", "GroupMaxSizeReachedError",
-    "UnreleasedInstanceIdError", "UnsupportedVersionError", "OffsetMetadataTooLargeError",
-    "InvalidCommitOffsetSizeError", "UnknownTopicOrPartitionError", "UnstableOffsetCommitError",
-    "RequestTimedOutError", "error_for_code",
+    "KafkaError",
+    "KafkaTimeoutError",
+    "KafkaConnectionError",
+    "IllegalStateError",
+    "ProtocolMismatchError",
+    "CommitFailedError",
+    "RetriableCommitFailedError",
+    "RebalanceInProgressError",
+    "FencedInstanceIdError",
+    "UnknownMemberIdError",
+    "IllegalGenerationError",
+    "MemberIdRequiredError",
+    "CoordinatorNotAvailableError",
+    "NotCoordinatorError",
+    "CoordinatorLoadInProgressError",
+    "GroupAuthorizationError",
+    "TopicAuthorizationError",
+    "InconsistentGroupProtocolError",
+    "InvalidSessionTimeoutError",
+    "InvalidGroupIdError",
+    "GroupMaxSizeReachedError",
+    "UnreleasedInstanceIdError",
+    "UnsupportedVersionError",
+    "OffsetMetadataTooLargeError",
+    "InvalidCommitOffsetSizeError",
+    "UnknownTopicOrPartitionError",
+    "UnstableOffsetCommitError",
+    "RequestTimedOutError",
+    "error_for_code",
 ]
 
 
@@ -87,8 +108,10 @@ class CommitFailedError(KafkaError):
     """The commit cannot be completed: the group rebalanced and this member's generation is gone."""
 
     def default_message(self) -> str:
-        return ("Commit cannot be completed since the group has already rebalanced and assigned the "
-                "partitions to another member. Poll again to rejoin, then process from the committed offsets.")
+        return (
+            "Commit cannot be completed since the group has already rebalanced and assigned the "
+            "partitions to another member. Poll again to rejoin, then process from the committed offsets."
+        )
 
 
 class RetriableCommitFailedError(KafkaError):
@@ -180,14 +203,29 @@ class RequestTimedOutError(KafkaError):
 
 
 _BY_CODE: dict[int, type[KafkaError]] = {
-    cls.code: cls for cls in (
-        RebalanceInProgressError, FencedInstanceIdError, UnknownMemberIdError, IllegalGenerationError,
-        MemberIdRequiredError, CoordinatorNotAvailableError, NotCoordinatorError,
-        CoordinatorLoadInProgressError, GroupAuthorizationError, TopicAuthorizationError,
-        InconsistentGroupProtocolError, InvalidSessionTimeoutError, InvalidGroupIdError,
-        GroupMaxSizeReachedError, UnreleasedInstanceIdError, UnsupportedVersionError,
-        OffsetMetadataTooLargeError, InvalidCommitOffsetSizeError, UnknownTopicOrPartitionError,
-        UnstableOffsetCommitError, RequestTimedOutError,
+    cls.code: cls
+    for cls in (
+        RebalanceInProgressError,
+        FencedInstanceIdError,
+        UnknownMemberIdError,
+        IllegalGenerationError,
+        MemberIdRequiredError,
+        CoordinatorNotAvailableError,
+        NotCoordinatorError,
+        CoordinatorLoadInProgressError,
+        GroupAuthorizationError,
+        TopicAuthorizationError,
+        InconsistentGroupProtocolError,
+        InvalidSessionTimeoutError,
+        InvalidGroupIdError,
+        GroupMaxSizeReachedError,
+        UnreleasedInstanceIdError,
+        UnsupportedVersionError,
+        OffsetMetadataTooLargeError,
+        InvalidCommitOffsetSizeError,
+        UnknownTopicOrPartitionError,
+        UnstableOffsetCommitError,
+        RequestTimedOutError,
     )
 }
 

@@ -13,6 +13,7 @@
 ``Backoff`` is the exponential retry backoff (``retry.backoff.ms`` doubling up to
 ``retry.backoff.max.ms``, with +-20% jitter from an injectable random source).
 """
+
 from __future__ import annotations
 
 import random
@@ -21,8 +22,14 @@ INF = float("inf")
 
 
 class Heartbeat:
-    def __init__(self, session_timeout_s: float, heartbeat_interval_s: float, max_poll_interval_s: float,
-                 retry_backoff_s: float, now: float):
+    def __init__(
+        self,
+        session_timeout_s: float,
+        heartbeat_interval_s: float,
+        max_poll_interval_s: float,
+        retry_backoff_s: float,
+        now: float,
+    ):
         if heartbeat_interval_s >= session_timeout_s:
             raise ValueError("heartbeat.interval.ms must be lower than session.timeout.ms")
         self.session_timeout = session_timeout_s
@@ -94,7 +101,9 @@ class Heartbeat:
 class Backoff:
     """Exponential backoff: ``base * 2**attempts`` capped at ``maximum``, with jitter."""
 
-    def __init__(self, base_s: float, maximum_s: float, jitter: float = 0.2, rng: random.Random | None = None):
+    def __init__(
+        self, base_s: float, maximum_s: float, jitter: float = 0.2, rng: random.Random | None = None
+    ):
         self.base = base_s
         self.maximum = max(maximum_s, base_s)
         self.jitter = jitter

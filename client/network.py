@@ -9,7 +9,8 @@ through exactly three things, none of which can make it wait:
 - ``snapshot``: an immutable ``Snapshot`` this thread republishes by plain attribute assignment
   (atomic in CPython); readers never lock.
 - the *events* queue (another ``SimpleQueue``) this thread only ever ``put``s to: rebalance events
-  for the user's thread, completed-commit callbacks, and a ``Nudge`` whenever the snapshot changes.
+  for the user's thread, completed-commit callbacks, and a ``Nudge`` whenever the snapshot changes
+  (coalesced: at most one waits at a time).
 
 Replies travel in ``concurrent.futures.Future`` objects that are never handed to user code, so no
 user callback is ever attached to them (``set_result`` would otherwise run it on this thread).
@@ -21,6 +22,7 @@ lock it shares (``_handoff``) guards the shutdown hand-off of the command queue 
 few non-blocking instructions on either side, with no other lock taken inside it. Hence no cycle of
 waiting can include this thread, and every user call has its own timeout: no deadlock is possible.
 """
+
 from __future__ import annotations
 
 import errno
@@ -36,7 +38,14 @@ from dataclasses import dataclass
 from client import errors as cerr
 from client.connection import CLIENT_VERSIONS, Connection, ConnectionBroken, Ready, Response
 from client.coordinator import (
-    Connect, ConsumerCoordinator, Disconnect, Emit, Reply, Send, Snapshot, Stop,
+    Connect,
+    ConsumerCoordinator,
+    Disconnect,
+    Emit,
+    Reply,
+    Send,
+    Snapshot,
+    Stop,
 )
 
 log = logging.getLogger("herd.client.network")
@@ -53,9 +62,13 @@ class Nudge:
     """The snapshot changed (no payload: read ``NetworkThread.snapshot``)."""
 
 
+NUDGE = Nudge()
+
+
 @dataclass(frozen=True)
 class CommitCallback:
     """An asynchronous commit finished: run ``callback(offsets, error)`` on the user's thread."""
+
     callback: object
     offsets: dict
     error: BaseException | None
@@ -73,24 +86,38 @@ class Handle:
 
 
 class _Sock:
-    __slots__ = ("conn_id", "sock", "proto", "state", "out", "inflight", "setup_deadline", "target",
-                 "registered")
+    __slots__ = (
+        "conn_id",
+        "sock",
+        "proto",
+        "state",
+        "out",
+        "inflight",
+        "setup_deadline",
+        "target",
+        "registered",
+    )
 
     def __init__(self, conn_id, sock, proto, target, setup_deadline):
         self.conn_id = conn_id
         self.sock = sock
         self.proto = proto
-        self.state = "connecting"          # connecting | handshake | ready
+        self.state = "connecting"  # connecting | handshake | ready
         self.out = bytearray()
-        self.inflight: dict[int, tuple] = {}   # corr -> (tag, deadline, api_key, version)
+        self.inflight: dict[int, tuple] = {}  # corr -> (tag, deadline, api_key, version)
         self.setup_deadline = setup_deadline
         self.target = target
         self.registered = 0
 
 
 class NetworkThread(threading.Thread):
-    def __init__(self, core: ConsumerCoordinator, events: queue.SimpleQueue, clock=time.monotonic,
-                 name: str = "herd-consumer-network"):
+    def __init__(
+        self,
+        core: ConsumerCoordinator,
+        events: queue.SimpleQueue,
+        clock=time.monotonic,
+        name: str = "herd-consumer-network",
+    ):
         super().__init__(name=name, daemon=True)
         self.core = core
         self.events = events
@@ -117,6 +144,7 @@ class NetworkThread(threading.Thread):
         self._submitted = 0
         self._ran = 0
         self.commands_done = 0
+        self.nudge_pending = False
         self._handoff = threading.Lock()
 
     # -- user-thread side (non-blocking) -------------------------------------------------------
@@ -228,7 +256,12 @@ class NetworkThread(threading.Thread):
             self.snapshot = snap
         if changed or self.commands_done != self._ran:
             self.commands_done = self._ran
-            self.events.put(Nudge())
+            # At most one Nudge waits in the queue (a consumer that never polls must not grow it):
+            # the user side clears the flag when it takes the Nudge, then reads the snapshot, which
+            # was published above, before the flag was tested -- so no change goes unnoticed.
+            if not self.nudge_pending:
+                self.nudge_pending = True
+                self.events.put(NUDGE)
 
     def _reply(self, a: Reply) -> None:
         h = a.handle
@@ -260,10 +293,14 @@ class NetworkThread(threading.Thread):
         err = sock.connect_ex(addr)
         if err not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EAGAIN):
             sock.close()
-            self.core.on_disconnected(a.conn, now, f"connect to {a.host}:{a.port} failed: {errno.errorcode.get(err, err)}")
+            self.core.on_disconnected(
+                a.conn, now, f"connect to {a.host}:{a.port} failed: {errno.errorcode.get(err, err)}"
+            )
             return
         proto = Connection(client_id=self.cfg.client_id, max_frame_size=self.cfg.max_frame_bytes)
-        s = _Sock(a.conn, sock, proto, (a.host, a.port), now + self.cfg.s("socket_connection_setup_timeout_ms"))
+        s = _Sock(
+            a.conn, sock, proto, (a.host, a.port), now + self.cfg.s("socket_connection_setup_timeout_ms")
+        )
         self._socks[a.conn] = s
         self._register(s, selectors.EVENT_WRITE)
 
@@ -299,10 +336,12 @@ class NetworkThread(threading.Thread):
             s.sock.close()
         except OSError:
             pass
-        error = cerr.KafkaConnectionError(f"{conn_id} connection to {s.target[0]}:{s.target[1]} closed: {reason}")
+        error = cerr.KafkaConnectionError(
+            f"{conn_id} connection to {s.target[0]}:{s.target[1]} closed: {reason}"
+        )
         if reason == HUNG_UP and s.state == "ready":
             self._lower_versions(s)
-        for corr, (tag, *_) in list(s.inflight.items()):
+        for tag, *_ in list(s.inflight.values()):
             self.core.on_response(conn_id, tag, error, now)
         s.inflight.clear()
         if notify:
@@ -344,7 +383,9 @@ class NetworkThread(threading.Thread):
             if mask & selectors.EVENT_WRITE:
                 err = s.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
                 if err:
-                    self._drop(s.conn_id, f"connect failed: {errno.errorcode.get(err, err)}", notify=True, now=now)
+                    self._drop(
+                        s.conn_id, f"connect failed: {errno.errorcode.get(err, err)}", notify=True, now=now
+                    )
                     return
                 s.state = "handshake"
                 s.proto.initiate()
@@ -399,14 +440,22 @@ class NetworkThread(threading.Thread):
         for _, _, api_key, version in s.inflight.values():
             if (api_key, version) in answered:
                 continue
-            lowest = max(CLIENT_VERSIONS.get(api_key, (0, 0))[0],
-                         (s.proto.broker_versions or {}).get(api_key, (0, 0))[0])
+            lowest = max(
+                CLIENT_VERSIONS.get(api_key, (0, 0))[0],
+                (s.proto.broker_versions or {}).get(api_key, (0, 0))[0],
+            )
             if version - 1 >= lowest:
                 caps = self._caps.setdefault(s.target, {})
                 if caps.get(api_key, version) >= version:
                     caps[api_key] = version - 1
-                    log.warning("broker %s:%s hung up on api key %d v%d without answering; using v%d from now on",
-                                s.target[0], s.target[1], api_key, version, version - 1)
+                    log.warning(
+                        "broker %s:%s hung up on api key %d v%d without answering; using v%d from now on",
+                        s.target[0],
+                        s.target[1],
+                        api_key,
+                        version,
+                        version - 1,
+                    )
 
     def _check_deadlines(self, now: float) -> None:
         for s in list(self._socks.values()):
@@ -427,8 +476,11 @@ class NetworkThread(threading.Thread):
     def _shutdown(self) -> None:
         with self._handoff:
             self._stopped = True
-        error = cerr.IllegalStateError("the consumer is closed") if self.crashed is None else \
-            cerr.KafkaError(f"the consumer's network thread crashed: {self.crashed!r}")
+        error = (
+            cerr.IllegalStateError("the consumer is closed")
+            if self.crashed is None
+            else cerr.KafkaError(f"the consumer's network thread crashed: {self.crashed!r}")
+        )
         # Commands that will never run: answer whatever they were waiting for.
         while True:
             try:
@@ -453,12 +505,13 @@ class NetworkThread(threading.Thread):
             snap = self.core.snapshot()
             if self.crashed is not None and snap.error is None:
                 from dataclasses import replace
+
                 snap = replace(snap, error=error)
             self.snapshot = snap
         except Exception:
             pass
         self.commands_done = self._submitted
-        self.events.put(Nudge())
+        self.events.put(NUDGE)
         try:
             self._sel.close()
         except Exception:

@@ -1,4 +1,5 @@
 """Small value types shared by the client modules."""
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -20,6 +21,7 @@ class TopicPartition(NamedTuple):
 
 class OffsetAndMetadata(NamedTuple):
     """A committed offset: the next offset to consume, its metadata string and leader epoch."""
+
     offset: int
     metadata: str = ""
     leader_epoch: int = -1

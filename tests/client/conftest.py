@@ -1,4 +1,5 @@
 """Client tests: make ``tests.client.harness`` importable under ``--import-mode=importlib``."""
+
 from __future__ import annotations
 
 import sys

@@ -1,4 +1,5 @@
 """A scripted broker for the pure ConsumerCoordinator: a manual clock, no sockets, no sleeps."""
+
 from __future__ import annotations
 
 import random
@@ -6,12 +7,25 @@ import random
 from client.config import parse_config
 from client.connection import CLIENT_VERSIONS
 from client.coordinator import (
-    BOOTSTRAP, COORDINATOR, Connect, ConsumerCoordinator, Disconnect, Emit, Reply, Send, Stop,
+    BOOTSTRAP,
+    COORDINATOR,
+    Connect,
+    ConsumerCoordinator,
+    Disconnect,
+    Emit,
+    Reply,
+    Send,
+    Stop,
 )
 from client.types import TopicPartition
 from protocol import messages as m
 from protocol.consumer import (
-    Assignment, TopicPartitions, decode_subscription, encode_assignment, encode_subscription, Subscription,
+    Assignment,
+    Subscription,
+    TopicPartitions,
+    decode_subscription,
+    encode_assignment,
+    encode_subscription,
 )
 
 ALL_VERSIONS = {k: hi for k, (lo, hi) in CLIENT_VERSIONS.items()}
@@ -29,9 +43,13 @@ def assignment_blob(parts, version=3, user_data=None):
     by = {}
     for t, p in sorted(parts):
         by.setdefault(t, []).append(p)
-    return encode_assignment(Assignment(assigned_partitions=[TopicPartitions(topic=t, partitions=ps)
-                                                             for t, ps in by.items()],
-                                        user_data=user_data), version)
+    return encode_assignment(
+        Assignment(
+            assigned_partitions=[TopicPartitions(topic=t, partitions=ps) for t, ps in by.items()],
+            user_data=user_data,
+        ),
+        version,
+    )
 
 
 def subscription_blob(topics, owned=(), generation=-1, version=3, user_data=None):
@@ -39,16 +57,28 @@ def subscription_blob(topics, owned=(), generation=-1, version=3, user_data=None
     for t, p in sorted(owned):
         by.setdefault(t, []).append(p)
     from protocol.consumer import SubscriptionTopicPartitions
-    return encode_subscription(Subscription(topics=list(topics), user_data=user_data,
-                                            owned_partitions=[SubscriptionTopicPartitions(topic=t, partitions=ps)
-                                                              for t, ps in by.items()],
-                                            generation_id=generation), version)
+
+    return encode_subscription(
+        Subscription(
+            topics=list(topics),
+            user_data=user_data,
+            owned_partitions=[SubscriptionTopicPartitions(topic=t, partitions=ps) for t, ps in by.items()],
+            generation_id=generation,
+        ),
+        version,
+    )
 
 
 class Harness:
     def __init__(self, versions=None, **config):
-        defaults = dict(session_timeout_ms=10000, heartbeat_interval_ms=3000, max_poll_interval_ms=300000,
-                        retry_backoff_ms=100, retry_backoff_max_ms=1000, request_timeout_ms=30000)
+        defaults = dict(
+            session_timeout_ms=10000,
+            heartbeat_interval_ms=3000,
+            max_poll_interval_ms=300000,
+            retry_backoff_ms=100,
+            retry_backoff_max_ms=1000,
+            request_timeout_ms=30000,
+        )
         defaults.update(config)
         self.cfg = parse_config("b1:9092,b2:9093", defaults.pop("group_id", "g"), **defaults)
         self.now = 100.0
@@ -121,7 +151,9 @@ class Harness:
             if isinstance(s.request, cls) and (conn is None or s.conn == conn):
                 self.sends.remove(s)
                 return s
-        raise AssertionError(f"no {cls.__name__} sent; pending: {[type(s.request).__name__ for s in self.sends]}")
+        raise AssertionError(
+            f"no {cls.__name__} sent; pending: {[type(s.request).__name__ for s in self.sends]}"
+        )
 
     def pending(self, cls) -> list:
         return [s for s in self.sends if isinstance(s.request, cls)]
@@ -144,11 +176,20 @@ class Harness:
         if any(c.conn == BOOTSTRAP for c in self.connects):
             self.connected(BOOTSTRAP)
         s = self.take(m.FindCoordinatorRequest, BOOTSTRAP)
-        self.respond(s, m.FindCoordinatorResponse(
-            node_id=node, host=host, port=port,
-            coordinators=[m.FindCoordinatorResponseCoordinator(key=self.cfg.group_id, node_id=node, host=host,
-                                                               port=port)]))
-        for _ in range(50):                      # the reconnect backoff may apply
+        self.respond(
+            s,
+            m.FindCoordinatorResponse(
+                node_id=node,
+                host=host,
+                port=port,
+                coordinators=[
+                    m.FindCoordinatorResponseCoordinator(
+                        key=self.cfg.group_id, node_id=node, host=host, port=port
+                    )
+                ],
+            ),
+        )
+        for _ in range(50):  # the reconnect backoff may apply
             if any(c.conn == COORDINATOR and (c.host, c.port) == (host, port) for c in self.connects):
                 break
             self.tick(0.05)
@@ -158,9 +199,15 @@ class Harness:
     def join_response(self, member="m1", generation=1, leader=None, members=None, protocol=None, error=0):
         protocol = protocol or self.core.assignors[0].name
         leader = member if leader is None else leader
-        return m.JoinGroupResponse(error_code=error, generation_id=generation, protocol_type="consumer",
-                                   protocol_name=protocol, leader=leader, member_id=member,
-                                   members=members or [])
+        return m.JoinGroupResponse(
+            error_code=error,
+            generation_id=generation,
+            protocol_type="consumer",
+            protocol_name=protocol,
+            leader=leader,
+            member_id=member,
+            members=members or [],
+        )
 
     def answer_join(self, **kw):
         s = self.take(m.JoinGroupRequest)
@@ -168,9 +215,15 @@ class Harness:
 
     def answer_sync(self, parts, error=0):
         s = self.take(m.SyncGroupRequest)
-        self.respond(s, m.SyncGroupResponse(error_code=error, protocol_type="consumer",
-                                            protocol_name=self.core.protocol_name,
-                                            assignment=assignment_blob(parts) if not error else b""))
+        self.respond(
+            s,
+            m.SyncGroupResponse(
+                error_code=error,
+                protocol_type="consumer",
+                protocol_name=self.core.protocol_name,
+                assignment=assignment_blob(parts) if not error else b"",
+            ),
+        )
         return s
 
     def join_as_follower(self, parts, member="m1", generation=1):
@@ -187,10 +240,14 @@ class Harness:
 
 
 def metadata_response(counts: dict):
-    return m.MetadataResponse(topics=[
-        m.MetadataResponseTopic(name=t, partitions=[m.MetadataResponsePartition(partition_index=i)
-                                                    for i in range(n)])
-        for t, n in counts.items()])
+    return m.MetadataResponse(
+        topics=[
+            m.MetadataResponseTopic(
+                name=t, partitions=[m.MetadataResponsePartition(partition_index=i) for i in range(n)]
+            )
+            for t, n in counts.items()
+        ]
+    )
 
 
 def member_meta(member_id, protocol_blob, instance=None):

@@ -1,4 +1,5 @@
 """Assignors: Kafka's documented examples, balance and stickiness properties, wire formats, registry."""
+
 from __future__ import annotations
 
 import struct
@@ -8,9 +9,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from client.assignors import (
-    Assignor, CooperativeStickyAssignor, MemberSubscription, RangeAssignor, RoundRobinAssignor, StickyAssignor,
-    create_assignor, decode_generation_user_data, decode_sticky_user_data, encode_generation_user_data,
-    encode_sticky_user_data, register_assignor, registered_assignors,
+    Assignor,
+    CooperativeStickyAssignor,
+    MemberSubscription,
+    RangeAssignor,
+    RoundRobinAssignor,
+    StickyAssignor,
+    create_assignor,
+    decode_generation_user_data,
+    decode_sticky_user_data,
+    encode_generation_user_data,
+    encode_sticky_user_data,
+    register_assignor,
+    registered_assignors,
 )
 from client.types import TopicPartition as TP
 
@@ -27,6 +38,7 @@ def parts(assignment, member):
 
 # -- the examples in Kafka's documentation -----------------------------------------------------------
 
+
 def test_range_docs_example():
     a = RangeAssignor().assign({"t": 10}, subs("c1", "c2", "c3"))
     assert [parts(a, c) for c in ("c1", "c2", "c3")] == [[0, 1, 2, 3], [4, 5, 6], [7, 8, 9]]
@@ -38,22 +50,31 @@ def test_roundrobin_docs_example():
 
 
 def _sticky_sub(member, owned, generation=1, topics=("t",)):
-    return MemberSubscription(member_id=member, topics=list(topics),
-                              user_data=encode_sticky_user_data(owned, generation))
+    return MemberSubscription(
+        member_id=member, topics=list(topics), user_data=encode_sticky_user_data(owned, generation)
+    )
 
 
 def test_sticky_docs_example_consumer_dies():
     # [0-3], [4-6], [7-9]; the third consumer dies: the others keep everything and share its partitions.
-    s = {"c1": _sticky_sub("c1", [TP("t", p) for p in range(0, 4)]),
-         "c2": _sticky_sub("c2", [TP("t", p) for p in range(4, 7)])}
+    s = {
+        "c1": _sticky_sub("c1", [TP("t", p) for p in range(0, 4)]),
+        "c2": _sticky_sub("c2", [TP("t", p) for p in range(4, 7)]),
+    }
     a = StickyAssignor().assign({"t": 10}, s)
     assert parts(a, "c1") == [0, 1, 2, 3, 7]
     assert parts(a, "c2") == [4, 5, 6, 8, 9]
 
 
 def test_cooperative_sticky_docs_example_consumer_dies():
-    s = {"c1": MemberSubscription("c1", ["t"], owned_partitions=[TP("t", p) for p in range(4)], generation_id=1),
-         "c2": MemberSubscription("c2", ["t"], owned_partitions=[TP("t", p) for p in range(4, 7)], generation_id=1)}
+    s = {
+        "c1": MemberSubscription(
+            "c1", ["t"], owned_partitions=[TP("t", p) for p in range(4)], generation_id=1
+        ),
+        "c2": MemberSubscription(
+            "c2", ["t"], owned_partitions=[TP("t", p) for p in range(4, 7)], generation_id=1
+        ),
+    }
     a = CooperativeStickyAssignor().assign({"t": 10}, s)
     assert parts(a, "c1") == [0, 1, 2, 3, 7] and parts(a, "c2") == [4, 5, 6, 8, 9]
 
@@ -73,23 +94,30 @@ def test_sticky_javadoc_example_1():
 
 def test_sticky_javadoc_example_2_unequal_subscriptions():
     counts = {"t0": 1, "t1": 2, "t2": 3}
-    s = {"C0": MemberSubscription("C0", ["t0"]), "C1": MemberSubscription("C1", ["t0", "t1"]),
-         "C2": MemberSubscription("C2", ["t0", "t1", "t2"])}
+    s = {
+        "C0": MemberSubscription("C0", ["t0"]),
+        "C1": MemberSubscription("C1", ["t0", "t1"]),
+        "C2": MemberSubscription("C2", ["t0", "t1", "t2"]),
+    }
     a = StickyAssignor().assign(counts, s)
     assert sorted(a["C0"]) == [TP("t0", 0)]
     assert sorted(a["C1"]) == [TP("t1", 0), TP("t1", 1)]
     assert sorted(a["C2"]) == [TP("t2", 0), TP("t2", 1), TP("t2", 2)]
     # C0 leaves: C1 gets t0p0, the rest stays put (5 assignments preserved).
-    s2 = {"C1": _sticky_sub("C1", a["C1"], topics=["t0", "t1"]),
-          "C2": _sticky_sub("C2", a["C2"], topics=["t0", "t1", "t2"])}
+    s2 = {
+        "C1": _sticky_sub("C1", a["C1"], topics=["t0", "t1"]),
+        "C2": _sticky_sub("C2", a["C2"], topics=["t0", "t1", "t2"]),
+    }
     b = StickyAssignor().assign(counts, s2)
     assert sorted(b["C1"]) == [TP("t0", 0), TP("t1", 0), TP("t1", 1)]
     assert sorted(b["C2"]) == [TP("t2", 0), TP("t2", 1), TP("t2", 2)]
 
 
 def test_range_sorts_static_members_by_instance_id():
-    s = {"m-b": MemberSubscription("m-b", ["t"], group_instance_id="i1"),
-         "m-a": MemberSubscription("m-a", ["t"], group_instance_id="i2")}
+    s = {
+        "m-b": MemberSubscription("m-b", ["t"], group_instance_id="i1"),
+        "m-a": MemberSubscription("m-a", ["t"], group_instance_id="i2"),
+    }
     a = RangeAssignor().assign({"t": 4}, s)
     assert parts(a, "m-b") == [0, 1] and parts(a, "m-a") == [2, 3]
 
@@ -107,13 +135,16 @@ def test_missing_topics_and_empty_groups():
 
 
 def test_sticky_highest_generation_wins_a_contested_partition():
-    s = {"a": _sticky_sub("a", [TP("t", 0), TP("t", 1)], generation=5),
-         "b": _sticky_sub("b", [TP("t", 0), TP("t", 2)], generation=4)}
+    s = {
+        "a": _sticky_sub("a", [TP("t", 0), TP("t", 1)], generation=5),
+        "b": _sticky_sub("b", [TP("t", 0), TP("t", 2)], generation=4),
+    }
     a = StickyAssignor().assign({"t": 4}, s)
     assert TP("t", 0) in a["a"] and TP("t", 1) in a["a"] and TP("t", 2) in a["b"]
 
 
 # -- properties ---------------------------------------------------------------------------------------
+
 
 @st.composite
 def groups(draw, same_topics=True):
@@ -146,8 +177,10 @@ def check_balanced(topics, result):
 
 
 @SETTINGS
-@given(groups(same_topics=False), st.sampled_from([RangeAssignor, RoundRobinAssignor, StickyAssignor,
-                                                   CooperativeStickyAssignor]))
+@given(
+    groups(same_topics=False),
+    st.sampled_from([RangeAssignor, RoundRobinAssignor, StickyAssignor, CooperativeStickyAssignor]),
+)
 def test_fresh_assignment_is_complete(group, cls):
     counts, topics = group
     result = cls().assign(counts, {m: MemberSubscription(m, topics[m]) for m in topics})
@@ -175,15 +208,21 @@ def test_sticky_reassignment_is_balanced_complete_and_sticky(group, data):
         joiners = ["n0"]
     common = next(iter(topics.values()))
     new_topics = {m: common for m in sorted(stay) + joiners}
-    s = {m: (_sticky_sub(m, first[m], generation=1, topics=common) if m in stay
-             else MemberSubscription(m, common)) for m in new_topics}
+    s = {
+        m: (
+            _sticky_sub(m, first[m], generation=1, topics=common)
+            if m in stay
+            else MemberSubscription(m, common)
+        )
+        for m in new_topics
+    }
     second = StickyAssignor().assign(counts, s)
     wanted, seen = check_valid(counts, new_topics, second)
     assert seen == wanted
     sizes = [len(v) for v in second.values()]
     assert max(sizes) - min(sizes) <= 1
     quota = len(wanted) // len(new_topics)
-    for m in stay:                                  # each survivor keeps min(what it had, the quota)
+    for m in stay:  # each survivor keeps min(what it had, the quota)
         kept = len(set(first[m]) & set(second[m]))
         assert kept >= min(len(first[m]), quota)
 
@@ -231,12 +270,21 @@ def test_cooperative_sticky_never_hands_over_an_owned_partition_directly(group, 
 
 # -- wire formats -------------------------------------------------------------------------------------
 
+
 def test_sticky_user_data_v1_bytes_as_java_writes_them():
     data = encode_sticky_user_data([TP("t", 2), TP("t", 0), TP("ab", 1)], 7)
-    expected = (struct.pack(">i", 2)
-                + struct.pack(">h", 2) + b"ab" + struct.pack(">i", 1) + struct.pack(">i", 1)
-                + struct.pack(">h", 1) + b"t" + struct.pack(">i", 2) + struct.pack(">ii", 0, 2)
-                + struct.pack(">i", 7))
+    expected = (
+        struct.pack(">i", 2)
+        + struct.pack(">h", 2)
+        + b"ab"
+        + struct.pack(">i", 1)
+        + struct.pack(">i", 1)
+        + struct.pack(">h", 1)
+        + b"t"
+        + struct.pack(">i", 2)
+        + struct.pack(">ii", 0, 2)
+        + struct.pack(">i", 7)
+    )
     assert data == expected
     assert decode_sticky_user_data(data) == ([TP("ab", 1), TP("t", 0), TP("t", 2)], 7)
 
@@ -266,8 +314,10 @@ def test_sticky_subscription_user_data_follows_assignment():
 
 
 @SETTINGS
-@given(st.lists(st.tuples(st.text(min_size=1, max_size=5), st.integers(0, 1000)), unique=True),
-       st.one_of(st.none(), st.integers(-1, 2**31 - 1)))
+@given(
+    st.lists(st.tuples(st.text(min_size=1, max_size=5), st.integers(0, 1000)), unique=True),
+    st.one_of(st.none(), st.integers(-1, 2**31 - 1)),
+)
 def test_sticky_user_data_roundtrip(pairs, generation):
     tps = [TP(t, p) for t, p in pairs]
     got, gen = decode_sticky_user_data(encode_sticky_user_data(tps, generation))
@@ -276,10 +326,11 @@ def test_sticky_user_data_roundtrip(pairs, generation):
 
 # -- registry -------------------------------------------------------------------------------------------
 
+
 def test_registry_has_kafka_names():
     assert {"range", "roundrobin", "sticky", "cooperative-sticky"} <= set(registered_assignors())
     assert isinstance(create_assignor("cooperative-sticky"), CooperativeStickyAssignor)
-    assert create_assignor("sticky") is not create_assignor("sticky")      # fresh state per consumer
+    assert create_assignor("sticky") is not create_assignor("sticky")  # fresh state per consumer
     with pytest.raises(ValueError):
         create_assignor("nope")
 
@@ -290,8 +341,14 @@ def test_custom_assignor_registers_and_runs():
 
         def assign(self, partitions_per_topic, subscriptions):
             first = sorted(subscriptions)[0]
-            return {m: ([TP(t, p) for t, n in partitions_per_topic.items() for p in range(n)] if m == first else [])
-                    for m in subscriptions}
+            return {
+                m: (
+                    [TP(t, p) for t, n in partitions_per_topic.items() for p in range(n)]
+                    if m == first
+                    else []
+                )
+                for m in subscriptions
+            }
 
     register_assignor(Everything)
     a = create_assignor("everything-to-first")

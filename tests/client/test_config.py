@@ -1,4 +1,5 @@
 """Configuration: Kafka names and Pythonic keywords."""
+
 from __future__ import annotations
 
 import pytest
@@ -20,13 +21,20 @@ def test_group_id_from_config_and_defaults():
 
 
 def test_strategy_as_string_list_or_instance():
-    assert parse_config("h:1", "g", partition_assignment_strategy="sticky, range").partition_assignment_strategy \
-        == ["sticky", "range"]
+    assert parse_config(
+        "h:1", "g", partition_assignment_strategy="sticky, range"
+    ).partition_assignment_strategy == ["sticky", "range"]
 
 
-@pytest.mark.parametrize("kw", [{"sesion_timeout_ms": 1}, {"session_timeout_ms": "x"},
-                                {"heartbeat_interval_ms": 10000, "session_timeout_ms": 10000},
-                                {"isolation_level": "dirty"}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"sesion_timeout_ms": 1},
+        {"session_timeout_ms": "x"},
+        {"heartbeat_interval_ms": 10000, "session_timeout_ms": 10000},
+        {"isolation_level": "dirty"},
+    ],
+)
 def test_bad_config_is_rejected(kw):
     with pytest.raises(ValueError):
         parse_config("h:1", "g", **kw)

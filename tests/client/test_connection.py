@@ -1,4 +1,5 @@
 """The sans-IO connection: framing, correlation, ApiVersions negotiation (KIP-511 and fallbacks)."""
+
 from __future__ import annotations
 
 import struct
@@ -22,12 +23,17 @@ def requests_in(data: bytes):
 
 def answer(header, response, version=None):
     version = header.api_version if version is None else version
-    return frame(encode_response_header(header.correlation_id, header.api_key, version) + response.encode(version))
+    return frame(
+        encode_response_header(header.correlation_id, header.api_key, version) + response.encode(version)
+    )
 
 
-BROKER = m.ApiVersionsResponse(api_keys=[
-    m.ApiVersionsResponseApiVersion(api_key=k, min_version=0, max_version=v)
-    for k, v in {18: 3, 10: 3, 11: 5, 12: 4, 14: 4, 13: 4, 8: 8, 9: 7, 3: 12}.items()])
+BROKER = m.ApiVersionsResponse(
+    api_keys=[
+        m.ApiVersionsResponseApiVersion(api_key=k, min_version=0, max_version=v)
+        for k, v in {18: 3, 10: 3, 11: 5, 12: 4, 14: 4, 13: 4, 8: 8, 9: 7, 3: 12}.items()
+    ]
+)
 
 
 def handshake(conn: Connection, broker=BROKER) -> Ready:
@@ -36,8 +42,11 @@ def handshake(conn: Connection, broker=BROKER) -> Ready:
     assert h.api_key == 18 and h.api_version == m.ApiVersionsRequest.MAX_VERSION
     assert req.client_software_name == "herd-python"
     # A broker that knows only v0-3 answers a v4 request with UNSUPPORTED_VERSION in a v0 body.
-    body = struct.pack(">ih", h.correlation_id, E.UNSUPPORTED_VERSION) + struct.pack(">i", 1) + \
-        struct.pack(">hhh", 18, 0, 3)
+    body = (
+        struct.pack(">ih", h.correlation_id, E.UNSUPPORTED_VERSION)
+        + struct.pack(">i", 1)
+        + struct.pack(">hhh", 18, 0, 3)
+    )
     assert conn.receive(frame(body)) == []
     [(h2, _)] = requests_in(conn.data_to_send())
     assert h2.api_version == 3
@@ -51,14 +60,14 @@ def test_kip511_negotiation_and_versions():
     ready = handshake(conn)
     assert conn.ready
     assert ready.versions[11] == 5 and ready.versions[10] == 3 and ready.versions[8] == 8
-    assert ready.versions[9] == 7            # OffsetFetch: broker max 7 < ours
+    assert ready.versions[9] == 7  # OffsetFetch: broker max 7 < ours
 
 
 def test_undecodable_handshake_falls_back_to_v0():
     conn = Connection()
     conn.initiate()
     [(h, _)] = requests_in(conn.data_to_send())
-    garbage = struct.pack(">ih", h.correlation_id, 0) + b"\x05\x00"      # truncated flexible body
+    garbage = struct.pack(">ih", h.correlation_id, 0) + b"\x05\x00"  # truncated flexible body
     assert conn.receive(frame(garbage)) == []
     [(h0, _)] = requests_in(conn.data_to_send())
     assert h0.api_version == 0
@@ -81,11 +90,12 @@ def test_requests_and_responses_by_correlation_id_in_pieces():
     c2 = conn.send(m.FindCoordinatorRequest(key="g"), 3)
     reqs = requests_in(conn.data_to_send())
     assert [h.correlation_id for h, _ in reqs] == [c1, c2] and reqs[0][0].client_id == "me"
-    data = answer(reqs[0][0], m.HeartbeatResponse(error_code=E.REBALANCE_IN_PROGRESS)) + \
-        answer(reqs[1][0], m.FindCoordinatorResponse(host="h", port=1))
+    data = answer(reqs[0][0], m.HeartbeatResponse(error_code=E.REBALANCE_IN_PROGRESS)) + answer(
+        reqs[1][0], m.FindCoordinatorResponse(host="h", port=1)
+    )
     events = []
-    for i in range(0, len(data), 3):                 # byte dribbles
-        events += conn.receive(data[i:i + 3])
+    for i in range(0, len(data), 3):  # byte dribbles
+        events += conn.receive(data[i : i + 3])
     assert [type(e) for e in events] == [Response, Response]
     assert events[0].correlation_id == c1 and events[0].message.error_code == E.REBALANCE_IN_PROGRESS
     assert events[1].message.host == "h"

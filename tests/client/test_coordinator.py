@@ -1,18 +1,31 @@
 """The group state machine with a manual clock and scripted broker responses (no sockets, no sleeps)."""
+
 from __future__ import annotations
 
 import pytest
 
 from client import errors as cerr
 from client.coordinator import (
-    BOOTSTRAP, COORDINATOR, GroupFailed, MemberState, PartitionsAssigned, PartitionsLost, PartitionsRevoked,
+    BOOTSTRAP,
+    COORDINATOR,
+    GroupFailed,
+    MemberState,
+    PartitionsAssigned,
+    PartitionsLost,
+    PartitionsRevoked,
 )
 from client.types import OffsetAndMetadata
 from protocol import errors as E
 from protocol import messages as m
 from protocol.consumer import decode_assignment
 from tests.client.harness import (
-    Harness, decode_join_subscription, member_meta, metadata_response, subscription_blob, tp, tps,
+    Harness,
+    decode_join_subscription,
+    member_meta,
+    metadata_response,
+    subscription_blob,
+    tp,
+    tps,
 )
 
 
@@ -28,6 +41,7 @@ class H:
 
 # -- discovery ---------------------------------------------------------------------------------------
 
+
 def test_nothing_happens_before_subscribe():
     h = Harness().tick(1)
     assert h.connects == [] and h.sends == []
@@ -41,8 +55,12 @@ def test_bootstrap_find_coordinator_and_connect():
     s = h.take(m.FindCoordinatorRequest)
     assert s.version == m.FindCoordinatorRequest.MAX_VERSION
     assert s.request.coordinator_keys == ["g"] and s.request.key_type == 0
-    h.respond(s, m.FindCoordinatorResponse(coordinators=[
-        m.FindCoordinatorResponseCoordinator(key="g", node_id=3, host="c3", port=9999)]))
+    h.respond(
+        s,
+        m.FindCoordinatorResponse(
+            coordinators=[m.FindCoordinatorResponseCoordinator(key="g", node_id=3, host="c3", port=9999)]
+        ),
+    )
     assert [(c.conn, c.host, c.port) for c in h.connects] == [(COORDINATOR, "c3", 9999)]
     assert h.core.coordinator == (3, "c3", 9999)
 
@@ -64,21 +82,27 @@ def test_bootstrap_rotates_on_connect_failure_with_backoff():
     assert h.connects[-1].host == "b1"
     h.connects.clear()
     h.disconnected(BOOTSTRAP, "refused")
-    assert h.connects == []                                  # reconnect backoff first
+    assert h.connects == []  # reconnect backoff first
     h.tick(2.0)
     assert [(c.host, c.port) for c in h.connects] == [("b2", 9093)]
 
 
-@pytest.mark.parametrize("code", [E.COORDINATOR_NOT_AVAILABLE, E.COORDINATOR_LOAD_IN_PROGRESS, E.NOT_COORDINATOR])
+@pytest.mark.parametrize(
+    "code", [E.COORDINATOR_NOT_AVAILABLE, E.COORDINATOR_LOAD_IN_PROGRESS, E.NOT_COORDINATOR]
+)
 def test_find_coordinator_retries_with_backoff(code):
     h = Harness()
     h.call("subscribe", ["t"]).connected(BOOTSTRAP)
     s = h.take(m.FindCoordinatorRequest)
-    h.respond(s, m.FindCoordinatorResponse(coordinators=[
-        m.FindCoordinatorResponseCoordinator(key="g", error_code=code)]))
+    h.respond(
+        s,
+        m.FindCoordinatorResponse(
+            coordinators=[m.FindCoordinatorResponseCoordinator(key="g", error_code=code)]
+        ),
+    )
     assert h.pending(m.FindCoordinatorRequest) == []
     h.tick(0.05)
-    assert h.pending(m.FindCoordinatorRequest) == []         # 100 ms backoff (+-20%)
+    assert h.pending(m.FindCoordinatorRequest) == []  # 100 ms backoff (+-20%)
     h.tick(0.1)
     assert len(h.pending(m.FindCoordinatorRequest)) == 1
 
@@ -89,13 +113,19 @@ def test_find_coordinator_backoff_grows_and_resets():
     delays = []
     for _ in range(6):
         s = h.take(m.FindCoordinatorRequest)
-        h.respond(s, m.FindCoordinatorResponse(coordinators=[
-            m.FindCoordinatorResponseCoordinator(key="g", error_code=E.COORDINATOR_NOT_AVAILABLE)]))
+        h.respond(
+            s,
+            m.FindCoordinatorResponse(
+                coordinators=[
+                    m.FindCoordinatorResponseCoordinator(key="g", error_code=E.COORDINATOR_NOT_AVAILABLE)
+                ]
+            ),
+        )
         start = h.now
         while not h.pending(m.FindCoordinatorRequest):
             h.tick(0.01)
         delays.append(h.now - start)
-    assert delays[0] < 0.15 and 0.7 < delays[-1] < 1.25      # 100 ms doubling, capped at 1 s (+-20%)
+    assert delays[0] < 0.15 and 0.7 < delays[-1] < 1.25  # 100 ms doubling, capped at 1 s (+-20%)
 
 
 @pytest.mark.parametrize("code", [E.NOT_COORDINATOR, E.COORDINATOR_NOT_AVAILABLE])
@@ -108,7 +138,7 @@ def test_heartbeat_not_coordinator_rediscovers(code):
     assert any(d.conn == COORDINATOR for d in h.disconnects)
     h.tick(0)
     h.find_coordinator(host="c2")
-    assert h.core.state is MemberState.STABLE and h.core.owned == tps("t", 0)   # membership kept
+    assert h.core.state is MemberState.STABLE and h.core.owned == tps("t", 0)  # membership kept
     h.tick(3.0)
     assert h.pending(m.HeartbeatRequest)
 
@@ -138,27 +168,37 @@ def test_connection_loss_during_join_rejoins():
 def test_session_timeout_without_heartbeat_response_marks_coordinator_dead():
     h = Harness().stable_member()
     h.tick(3.0)
-    h.take(m.HeartbeatRequest)          # never answered
+    h.take(m.HeartbeatRequest)  # never answered
     h.tick(7.5)
-    assert h.core.coordinator is None   # 10 s session without a response
+    assert h.core.coordinator is None  # 10 s session without a response
 
 
 # -- join / sync ---------------------------------------------------------------------------------------
 
+
 def test_join_request_fields_and_subscription_blob():
-    h = Harness(session_timeout_ms=6000, max_poll_interval_ms=60000, client_rack="r1",
-                partition_assignment_strategy="range,roundrobin")
+    h = Harness(
+        session_timeout_ms=6000,
+        max_poll_interval_ms=60000,
+        client_rack="r1",
+        partition_assignment_strategy="range,roundrobin",
+    )
     h.call("subscribe", ["b", "a"])
     h.find_coordinator()
     s = h.take(m.JoinGroupRequest)
     r = s.request
-    assert (r.group_id, r.session_timeout_ms, r.rebalance_timeout_ms, r.member_id, r.protocol_type) == \
-        ("g", 6000, 60000, "", "consumer")
+    assert (r.group_id, r.session_timeout_ms, r.rebalance_timeout_ms, r.member_id, r.protocol_type) == (
+        "g",
+        6000,
+        60000,
+        "",
+        "consumer",
+    )
     assert [p.name for p in r.protocols] == ["range", "roundrobin"]
     version, sub = decode_join_subscription(s)
     assert version == 3 and sub.topics == ["a", "b"] and sub.rack_id == "r1" and sub.generation_id == -1
     assert sub.owned_partitions == []
-    assert s.timeout >= 65.0            # rebalance timeout + 5 s
+    assert s.timeout >= 65.0  # rebalance timeout + 5 s
 
 
 def test_member_id_required_then_join():
@@ -167,7 +207,7 @@ def test_member_id_required_then_join():
     h.find_coordinator()
     s = h.take(m.JoinGroupRequest)
     h.respond(s, h.join_response(member="minted-1", error=E.MEMBER_ID_REQUIRED, generation=-1))
-    s2 = h.take(m.JoinGroupRequest)     # at once, no backoff
+    s2 = h.take(m.JoinGroupRequest)  # at once, no backoff
     assert s2.request.member_id == "minted-1"
 
 
@@ -177,10 +217,18 @@ def test_follower_join_sync_stable():
     h.find_coordinator()
     h.answer_join(member="m2", generation=4, leader="m1")
     sync = h.take(m.SyncGroupRequest)
-    assert sync.request.assignments == [] and sync.request.generation_id == 4 and sync.request.member_id == "m2"
+    assert (
+        sync.request.assignments == [] and sync.request.generation_id == 4 and sync.request.member_id == "m2"
+    )
     assert h.core.state is MemberState.COMPLETING_REBALANCE
-    h.respond(sync, m.SyncGroupResponse(assignment=__import__("tests.client.harness", fromlist=["x"])
-                                        .assignment_blob([tp("t", 1), tp("t", 3)])))
+    h.respond(
+        sync,
+        m.SyncGroupResponse(
+            assignment=__import__("tests.client.harness", fromlist=["x"]).assignment_blob(
+                [tp("t", 1), tp("t", 3)]
+            )
+        ),
+    )
     assert h.core.state is MemberState.STABLE and h.core.stable
     [ev] = h.take_events(PartitionsAssigned)
     assert ev.added == tps("t", 1, 3) and ev.assignment == tps("t", 1, 3) and ev.generation == 4
@@ -192,8 +240,11 @@ def test_leader_fetches_metadata_assigns_and_syncs():
     h = Harness(partition_assignment_strategy="range")
     h.call("subscribe", ["t"])
     h.find_coordinator()
-    members = [member_meta("m1", subscription_blob(["t"])), member_meta("m2", subscription_blob(["t", "u"])),
-               member_meta("m3", subscription_blob(["t"], version=0))]
+    members = [
+        member_meta("m1", subscription_blob(["t"])),
+        member_meta("m2", subscription_blob(["t", "u"])),
+        member_meta("m3", subscription_blob(["t"], version=0)),
+    ]
     h.answer_join(member="m1", generation=2, leader="m1", members=members)
     md = h.take(m.MetadataRequest)
     assert sorted(t.name for t in md.request.topics) == ["t", "u"]
@@ -202,7 +253,7 @@ def test_leader_fetches_metadata_assigns_and_syncs():
     got = {}
     for a in sync.request.assignments:
         version, asg = decode_assignment(a.assignment)
-        assert version == 0                      # the lowest subscription version in the group
+        assert version == 0  # the lowest subscription version in the group
         got[a.member_id] = sorted((x.topic, p) for x in asg.assigned_partitions for p in x.partitions)
     assert got["m1"] == [("t", p) for p in range(0, 4)]
     assert got["m2"] == [("t", p) for p in range(4, 7)] + [("u", 0), ("u", 1)]
@@ -215,9 +266,17 @@ def test_leader_ignores_missing_topics():
     h.find_coordinator()
     h.answer_join(member="m1", members=[member_meta("m1", subscription_blob(["t", "missing"]))])
     md = h.take(m.MetadataRequest)
-    h.respond(md, m.MetadataResponse(topics=[
-        m.MetadataResponseTopic(name="t", partitions=[m.MetadataResponsePartition(partition_index=0)]),
-        m.MetadataResponseTopic(name="missing", error_code=E.UNKNOWN_TOPIC_OR_PARTITION)]))
+    h.respond(
+        md,
+        m.MetadataResponse(
+            topics=[
+                m.MetadataResponseTopic(
+                    name="t", partitions=[m.MetadataResponsePartition(partition_index=0)]
+                ),
+                m.MetadataResponseTopic(name="missing", error_code=E.UNKNOWN_TOPIC_OR_PARTITION),
+            ]
+        ),
+    )
     sync = h.take(m.SyncGroupRequest)
     [a] = sync.request.assignments
     _, asg = decode_assignment(a.assignment)
@@ -249,7 +308,7 @@ def test_heartbeat_fenced_generation_loses_partitions_and_rejoins(code, reset_me
     [lost] = h.take_events(PartitionsLost)
     assert lost.partitions == tps("t", 0, 1)
     assert h.core.generation == -1 and h.core.owned == frozenset()
-    join = h.take(m.JoinGroupRequest)                 # rejoins at once; nothing to revoke
+    join = h.take(m.JoinGroupRequest)  # rejoins at once; nothing to revoke
     assert join.request.member_id == ("" if reset_member else "m7")
 
 
@@ -260,10 +319,10 @@ def test_heartbeat_rebalance_in_progress_eager_revokes_before_rejoin():
     h.respond(h.take(m.HeartbeatRequest), m.HeartbeatResponse(error_code=E.REBALANCE_IN_PROGRESS))
     [rev] = h.take_events(PartitionsRevoked)
     assert rev.partitions == tps("t", 0)
-    assert h.pending(m.JoinGroupRequest) == []       # waits for the user's callback
+    assert h.pending(m.JoinGroupRequest) == []  # waits for the user's callback
     assert not h.core.stable
     h.tick(3.0)
-    assert h.pending(m.HeartbeatRequest)              # still heartbeating meanwhile
+    assert h.pending(m.HeartbeatRequest)  # still heartbeating meanwhile
     h.call("ack", rev.seq)
     join = h.take(m.JoinGroupRequest)
     _, sub = decode_join_subscription(join)
@@ -343,14 +402,17 @@ def test_join_not_coordinator_rediscovers(code):
     assert h.take(m.JoinGroupRequest).conn == COORDINATOR
 
 
-@pytest.mark.parametrize("code,exc", [
-    (E.FENCED_INSTANCE_ID, cerr.FencedInstanceIdError),
-    (E.INCONSISTENT_GROUP_PROTOCOL, cerr.InconsistentGroupProtocolError),
-    (E.INVALID_SESSION_TIMEOUT, cerr.InvalidSessionTimeoutError),
-    (E.GROUP_AUTHORIZATION_FAILED, cerr.GroupAuthorizationError),
-    (E.GROUP_MAX_SIZE_REACHED, cerr.GroupMaxSizeReachedError),
-    (E.INVALID_GROUP_ID, cerr.InvalidGroupIdError),
-])
+@pytest.mark.parametrize(
+    "code,exc",
+    [
+        (E.FENCED_INSTANCE_ID, cerr.FencedInstanceIdError),
+        (E.INCONSISTENT_GROUP_PROTOCOL, cerr.InconsistentGroupProtocolError),
+        (E.INVALID_SESSION_TIMEOUT, cerr.InvalidSessionTimeoutError),
+        (E.GROUP_AUTHORIZATION_FAILED, cerr.GroupAuthorizationError),
+        (E.GROUP_MAX_SIZE_REACHED, cerr.GroupMaxSizeReachedError),
+        (E.INVALID_GROUP_ID, cerr.InvalidGroupIdError),
+    ],
+)
 def test_join_fatal_errors(code, exc):
     h = Harness()
     h.call("subscribe", ["t"])
@@ -397,6 +459,7 @@ def test_missing_api_is_fatal():
 
 # -- heartbeat timing ----------------------------------------------------------------------------------
 
+
 def test_heartbeats_every_interval_one_in_flight():
     h = Harness(heartbeat_interval_ms=1000, session_timeout_ms=10000).stable_member()
     assert h.pending(m.HeartbeatRequest) == []
@@ -406,9 +469,9 @@ def test_heartbeats_every_interval_one_in_flight():
     hb = h.take(m.HeartbeatRequest)
     assert (hb.request.generation_id, hb.request.member_id) == (1, "m1")
     h.tick(5.0)
-    assert h.pending(m.HeartbeatRequest) == []        # one in flight at a time
+    assert h.pending(m.HeartbeatRequest) == []  # one in flight at a time
     h.respond(hb, m.HeartbeatResponse())
-    hb2 = h.take(m.HeartbeatRequest)                  # an interval after the last send: long past
+    hb2 = h.take(m.HeartbeatRequest)  # an interval after the last send: long past
     h.respond(hb2, m.HeartbeatResponse())
     h.tick(0.99)
     assert h.pending(m.HeartbeatRequest) == []
@@ -434,11 +497,12 @@ def test_next_deadline_tracks_heartbeat():
 
 # -- max.poll.interval -----------------------------------------------------------------------------------
 
+
 def test_poll_timeout_leaves_group_and_next_poll_rejoins():
     h = Harness(max_poll_interval_ms=30000, heartbeat_interval_ms=3000, session_timeout_ms=10000)
     h.stable_member(parts=[tp("t", 0)], member="m1")
     h.take_events()
-    for _ in range(9):                                 # heartbeat fine for 27 s, but no poll
+    for _ in range(9):  # heartbeat fine for 27 s, but no poll
         h.tick(3.0)
         for hb in list(h.pending(m.HeartbeatRequest)):
             h.sends.remove(hb)
@@ -451,7 +515,7 @@ def test_poll_timeout_leaves_group_and_next_poll_rejoins():
     [lost] = h.take_events(PartitionsLost)
     assert lost.partitions == tps("t", 0)
     h.tick(10.0)
-    assert h.pending(m.JoinGroupRequest) == []         # waits for the next poll
+    assert h.pending(m.JoinGroupRequest) == []  # waits for the next poll
     h.call("poll")
     assert h.take(m.JoinGroupRequest)
 
@@ -469,8 +533,12 @@ def test_poll_resets_the_poll_timer():
 
 
 def test_static_member_poll_timeout_sends_no_leave():
-    h = Harness(max_poll_interval_ms=5000, heartbeat_interval_ms=1000, session_timeout_ms=6000,
-                group_instance_id="inst-1").stable_member(parts=[tp("t", 0)])
+    h = Harness(
+        max_poll_interval_ms=5000,
+        heartbeat_interval_ms=1000,
+        session_timeout_ms=6000,
+        group_instance_id="inst-1",
+    ).stable_member(parts=[tp("t", 0)])
     h.tick(5.5)
     assert h.pending(m.LeaveGroupRequest) == []
     assert h.core.state is MemberState.UNJOINED
@@ -478,18 +546,19 @@ def test_static_member_poll_timeout_sends_no_leave():
 
 # -- cooperative -----------------------------------------------------------------------------------------
 
+
 def test_cooperative_owned_partitions_travel_in_subscription():
     h = Harness(partition_assignment_strategy="cooperative-sticky")
     assert h.core.protocol == "cooperative"
     h.stable_member(parts=[tp("t", 0), tp("t", 1)], generation=3)
     h.tick(3.0)
     h.respond(h.take(m.HeartbeatRequest), m.HeartbeatResponse(error_code=E.REBALANCE_IN_PROGRESS))
-    assert h.take_events(PartitionsRevoked) == []      # nothing revoked up front
+    assert h.take_events(PartitionsRevoked) == []  # nothing revoked up front
     join = h.take(m.JoinGroupRequest)
     version, sub = decode_join_subscription(join)
     assert [(x.topic, x.partitions) for x in sub.owned_partitions] == [("t", [0, 1])]
     assert sub.generation_id == 3
-    assert sub.user_data == (3).to_bytes(4, "big")     # CooperativeStickyAssignor user data
+    assert sub.user_data == (3).to_bytes(4, "big")  # CooperativeStickyAssignor user data
 
 
 def test_cooperative_revokes_only_what_moved_then_rejoins():
@@ -506,7 +575,7 @@ def test_cooperative_revokes_only_what_moved_then_rejoins():
     assert asg.assignment == tps("t", 0, 1, 5) and h.core.owned == tps("t", 0, 1, 5)
     assert h.pending(m.JoinGroupRequest) == [] and not h.core.stable
     h.call("ack", rev.seq)
-    join = h.take(m.JoinGroupRequest)                  # the follow-up rebalance
+    join = h.take(m.JoinGroupRequest)  # the follow-up rebalance
     _, sub = decode_join_subscription(join)
     assert sorted(p for x in sub.owned_partitions for p in x.partitions) == [0, 1, 5]
 
@@ -529,8 +598,10 @@ def test_cooperative_leader_withholds_partitions_owned_by_others():
     h.call("subscribe", ["t"])
     h.find_coordinator()
     # m1 (leader) is new; m2 owns all 4 partitions at generation 1.
-    members = [member_meta("m1", subscription_blob(["t"])),
-               member_meta("m2", subscription_blob(["t"], owned=[("t", p) for p in range(4)], generation=1))]
+    members = [
+        member_meta("m1", subscription_blob(["t"])),
+        member_meta("m2", subscription_blob(["t"], owned=[("t", p) for p in range(4)], generation=1)),
+    ]
     h.answer_join(member="m1", generation=2, leader="m1", members=members, protocol="cooperative-sticky")
     h.respond(h.take(m.MetadataRequest), metadata_response({"t": 4}))
     sync = h.take(m.SyncGroupRequest)
@@ -538,10 +609,11 @@ def test_cooperative_leader_withholds_partitions_owned_by_others():
     for a in sync.request.assignments:
         _, asg = decode_assignment(a.assignment)
         got[a.member_id] = sorted(p for x in asg.assigned_partitions for p in x.partitions)
-    assert got == {"m1": [], "m2": [0, 1]}             # 2 and 3 move: revoked first, assigned next round
+    assert got == {"m1": [], "m2": [0, 1]}  # 2 and 3 move: revoked first, assigned next round
 
 
 # -- leave / close -----------------------------------------------------------------------------------------
+
 
 def test_close_dynamic_member_sends_leave_and_waits():
     h = Harness().stable_member(parts=[tp("t", 0)], member="m1")
@@ -603,17 +675,35 @@ def test_unsubscribe_leaves_without_lost_event():
 
 # -- offsets -----------------------------------------------------------------------------------------------
 
+
 def test_commit_as_member_carries_generation():
     h = Harness(group_instance_id="i1").stable_member(parts=[tp("t", 0)], member="m1", generation=7)
     handle = H()
     h.call("commit", {tp("t", 0): OffsetAndMetadata(42, "md")}, handle, h.now + 10)
     s = h.take(m.OffsetCommitRequest)
     r = s.request
-    assert (r.group_id, r.generation_id_or_member_epoch, r.member_id, r.group_instance_id) == ("g", 7, "m1", "i1")
+    assert (r.group_id, r.generation_id_or_member_epoch, r.member_id, r.group_instance_id) == (
+        "g",
+        7,
+        "m1",
+        "i1",
+    )
     [t] = r.topics
-    assert t.name == "t" and t.partitions[0].committed_offset == 42 and t.partitions[0].committed_metadata == "md"
-    h.respond(s, m.OffsetCommitResponse(topics=[m.OffsetCommitResponseTopic(
-        name="t", partitions=[m.OffsetCommitResponsePartition(partition_index=0)])]))
+    assert (
+        t.name == "t"
+        and t.partitions[0].committed_offset == 42
+        and t.partitions[0].committed_metadata == "md"
+    )
+    h.respond(
+        s,
+        m.OffsetCommitResponse(
+            topics=[
+                m.OffsetCommitResponseTopic(
+                    name="t", partitions=[m.OffsetCommitResponsePartition(partition_index=0)]
+                )
+            ]
+        ),
+    )
     [reply] = h.take_replies()
     assert reply.handle is handle and reply.error is None
 
@@ -627,19 +717,30 @@ def test_standalone_commit_without_subscription():
     assert s.request.generation_id_or_member_epoch == -1 and s.request.member_id == ""
 
 
-@pytest.mark.parametrize("code,exc,rejoin,reset", [
-    (E.REBALANCE_IN_PROGRESS, cerr.RebalanceInProgressError, True, False),
-    (E.UNKNOWN_MEMBER_ID, cerr.CommitFailedError, False, True),
-    (E.ILLEGAL_GENERATION, cerr.CommitFailedError, False, True),
-    (E.OFFSET_METADATA_TOO_LARGE, cerr.OffsetMetadataTooLargeError, False, False),
-    (E.GROUP_AUTHORIZATION_FAILED, cerr.GroupAuthorizationError, False, False),
-    (E.FENCED_INSTANCE_ID, cerr.FencedInstanceIdError, False, False),
-])
+@pytest.mark.parametrize(
+    "code,exc,rejoin,reset",
+    [
+        (E.REBALANCE_IN_PROGRESS, cerr.RebalanceInProgressError, True, False),
+        (E.UNKNOWN_MEMBER_ID, cerr.CommitFailedError, False, True),
+        (E.ILLEGAL_GENERATION, cerr.CommitFailedError, False, True),
+        (E.OFFSET_METADATA_TOO_LARGE, cerr.OffsetMetadataTooLargeError, False, False),
+        (E.GROUP_AUTHORIZATION_FAILED, cerr.GroupAuthorizationError, False, False),
+        (E.FENCED_INSTANCE_ID, cerr.FencedInstanceIdError, False, False),
+    ],
+)
 def test_commit_error_mapping(code, exc, rejoin, reset):
     h = Harness().stable_member(parts=[tp("t", 0)], generation=3)
     h.call("commit", {tp("t", 0): OffsetAndMetadata(1)}, H(), h.now + 10)
-    h.respond(h.take(m.OffsetCommitRequest), m.OffsetCommitResponse(topics=[m.OffsetCommitResponseTopic(
-        name="t", partitions=[m.OffsetCommitResponsePartition(partition_index=0, error_code=code)])]))
+    h.respond(
+        h.take(m.OffsetCommitRequest),
+        m.OffsetCommitResponse(
+            topics=[
+                m.OffsetCommitResponseTopic(
+                    name="t", partitions=[m.OffsetCommitResponsePartition(partition_index=0, error_code=code)]
+                )
+            ]
+        ),
+    )
     [reply] = h.take_replies()
     assert isinstance(reply.error, exc)
     assert h.core.rejoin_needed == rejoin
@@ -647,21 +748,39 @@ def test_commit_error_mapping(code, exc, rejoin, reset):
     assert (h.core.error is not None) == (code == E.FENCED_INSTANCE_ID)
 
 
-@pytest.mark.parametrize("code", [E.COORDINATOR_LOAD_IN_PROGRESS, E.NOT_COORDINATOR, E.UNKNOWN_TOPIC_OR_PARTITION])
+@pytest.mark.parametrize(
+    "code", [E.COORDINATOR_LOAD_IN_PROGRESS, E.NOT_COORDINATOR, E.UNKNOWN_TOPIC_OR_PARTITION]
+)
 def test_commit_retriable_errors_retry(code):
     h = Harness().stable_member(parts=[tp("t", 0)])
     handle = H()
     h.call("commit", {tp("t", 0): OffsetAndMetadata(1)}, handle, h.now + 10)
-    h.respond(h.take(m.OffsetCommitRequest), m.OffsetCommitResponse(topics=[m.OffsetCommitResponseTopic(
-        name="t", partitions=[m.OffsetCommitResponsePartition(partition_index=0, error_code=code)])]))
+    h.respond(
+        h.take(m.OffsetCommitRequest),
+        m.OffsetCommitResponse(
+            topics=[
+                m.OffsetCommitResponseTopic(
+                    name="t", partitions=[m.OffsetCommitResponsePartition(partition_index=0, error_code=code)]
+                )
+            ]
+        ),
+    )
     assert h.take_replies() == []
     if h.core.coordinator is None:
         h.tick(0.01)
         h.find_coordinator()
     h.tick(1.0)
     s = h.take(m.OffsetCommitRequest)
-    h.respond(s, m.OffsetCommitResponse(topics=[m.OffsetCommitResponseTopic(
-        name="t", partitions=[m.OffsetCommitResponsePartition(partition_index=0)])]))
+    h.respond(
+        s,
+        m.OffsetCommitResponse(
+            topics=[
+                m.OffsetCommitResponseTopic(
+                    name="t", partitions=[m.OffsetCommitResponsePartition(partition_index=0)]
+                )
+            ]
+        ),
+    )
     [reply] = h.take_replies()
     assert reply.handle is handle and reply.error is None
 
@@ -710,9 +829,16 @@ def test_fetch_committed(version):
     s = h.take(m.OffsetFetchRequest)
     parts = [m.OffsetFetchResponsePartitions if version >= 8 else m.OffsetFetchResponsePartition][0]
     topic_cls = m.OffsetFetchResponseTopics if version >= 8 else m.OffsetFetchResponseTopic
-    topics = [topic_cls(name="t", partitions=[parts(partition_index=0, committed_offset=10, metadata="x"),
-                                              parts(partition_index=1, committed_offset=-1)]),
-              topic_cls(name="u", partitions=[parts(partition_index=0, error_code=E.UNKNOWN_TOPIC_OR_PARTITION)])]
+    topics = [
+        topic_cls(
+            name="t",
+            partitions=[
+                parts(partition_index=0, committed_offset=10, metadata="x"),
+                parts(partition_index=1, committed_offset=-1),
+            ],
+        ),
+        topic_cls(name="u", partitions=[parts(partition_index=0, error_code=E.UNKNOWN_TOPIC_OR_PARTITION)]),
+    ]
     if version >= 8:
         assert s.request.groups[0].group_id == "g"
         resp = m.OffsetFetchResponse(groups=[m.OffsetFetchResponseGroup(group_id="g", topics=topics)])
@@ -728,8 +854,12 @@ def test_fetch_committed_load_in_progress_retries():
     h = Harness()
     h.call("fetch_committed", [tp("t", 0)], H(), h.now + 10)
     h.find_coordinator()
-    h.respond(h.take(m.OffsetFetchRequest), m.OffsetFetchResponse(groups=[
-        m.OffsetFetchResponseGroup(group_id="g", error_code=E.COORDINATOR_LOAD_IN_PROGRESS)]))
+    h.respond(
+        h.take(m.OffsetFetchRequest),
+        m.OffsetFetchResponse(
+            groups=[m.OffsetFetchResponseGroup(group_id="g", error_code=E.COORDINATOR_LOAD_IN_PROGRESS)]
+        ),
+    )
     assert h.take_replies() == []
     h.tick(1.0)
     assert h.take(m.OffsetFetchRequest)

@@ -6,6 +6,7 @@ The daemon is started by the ``herd_daemon`` fixture below through ``tests/suppo
 it for the project's shared daemon fixture once there is one. Everything is bounded: short
 sessions, explicit deadlines, every consumer closed in ``finally``.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -35,8 +36,15 @@ def herd_daemon(tmp_path_factory):
         from tests.support.daemon import Daemon
     except ImportError as exc:
         pytest.skip(f"no daemon fixture: {exc}")
-    d = Daemon(tmp_path_factory.mktemp("herd") / "data", "--topic", f"t:{PARTITIONS}",
-               "--min-session-timeout-ms", "1000", initial_rebalance_delay_ms=0, fsync="never")
+    d = Daemon(
+        tmp_path_factory.mktemp("herd") / "data",
+        "--topic",
+        f"t:{PARTITIONS}",
+        "--min-session-timeout-ms",
+        "1000",
+        initial_rebalance_delay_ms=0,
+        fsync="never",
+    )
     try:
         d.start()
     except Exception as exc:  # noqa: BLE001 - the daemon is someone else's work in progress
@@ -53,8 +61,13 @@ def group():
 
 
 def consumer(bootstrap, grp, **kw):
-    cfg = dict(session_timeout_ms=SESSION_MS, heartbeat_interval_ms=200, request_timeout_ms=10000,
-               default_api_timeout_ms=15000, retry_backoff_ms=50)
+    cfg = dict(
+        session_timeout_ms=SESSION_MS,
+        heartbeat_interval_ms=200,
+        request_timeout_ms=10000,
+        default_api_timeout_ms=15000,
+        retry_backoff_ms=50,
+    )
     cfg.update(kw)
     return GroupConsumer(bootstrap, grp, **cfg)
 
@@ -65,9 +78,12 @@ def converge(consumers, expected=ALL, timeout=30.0):
     while time.monotonic() < deadline:
         views = [c.poll(0.02) for c in consumers]
         flat = [tp for v in views for tp in v]
-        if (len(flat) == len(set(flat)) and set(flat) == expected
-                and len({c.generation() for c in consumers}) == 1
-                and all(c.group_state()["stable"] for c in consumers)):
+        if (
+            len(flat) == len(set(flat))
+            and set(flat) == expected
+            and len({c.generation() for c in consumers}) == 1
+            and all(c.group_state()["stable"] for c in consumers)
+        ):
             return views
     pytest.fail(f"no convergence in {timeout}s: {[sorted(v) for v in views]}")
 
@@ -100,7 +116,7 @@ def test_leave_hands_over_promptly(herd_daemon):
         t0 = time.monotonic()
         cs[2].close()
         converge(cs[:2], timeout=10)
-        assert time.monotonic() - t0 < 10          # LeaveGroup, not the 30 s session expiry
+        assert time.monotonic() - t0 < 10  # LeaveGroup, not the 30 s session expiry
     finally:
         for c in cs:
             c.close(timeout_s=5)
@@ -121,18 +137,22 @@ CHILD = textwrap.dedent("""
 
 def test_kill_9_member_expires_after_session(herd_daemon):
     from tests.support.daemon import REPO
+
     g = group()
     c = consumer(herd_daemon, g)
-    child = subprocess.Popen([sys.executable, "-c", CHILD.format(repo=str(REPO), boot=herd_daemon, group=g,
-                                                                  session=SESSION_MS)],
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD.format(repo=str(REPO), boot=herd_daemon, group=g, session=SESSION_MS)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     lines = []
     reader = threading.Thread(target=lambda: lines.extend(iter(child.stdout.readline, "")), daemon=True)
     reader.start()
     try:
         c.subscribe(["t"])
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:          # keep polling: the rebalance needs us too
+        while time.monotonic() < deadline:  # keep polling: the rebalance needs us too
             mine = c.poll(0.05)
             if lines and 0 < len(mine) < PARTITIONS and c.group_state()["stable"]:
                 break
@@ -141,7 +161,7 @@ def test_kill_9_member_expires_after_session(herd_daemon):
         child.wait(5)
         t0 = time.monotonic()
         converge([c], timeout=20)
-        assert time.monotonic() - t0 >= SESSION_MS / 1000 * 0.5   # only the session timeout removes it
+        assert time.monotonic() - t0 >= SESSION_MS / 1000 * 0.5  # only the session timeout removes it
     finally:
         if child.poll() is None:
             child.kill()
@@ -158,10 +178,10 @@ def test_poll_timeout_member_leaves_and_rejoins(herd_daemon):
             c.subscribe(["t"])
         converge([lazy, busy])
         t0 = time.monotonic()
-        while time.monotonic() - t0 < 3.0:       # only busy polls
+        while time.monotonic() - t0 < 3.0:  # only busy polls
             busy.poll(0.05)
         assert busy.assignment() == ALL and lazy.generation() == -1
-        converge([lazy, busy])                   # lazy polls again: it rejoins
+        converge([lazy, busy])  # lazy polls again: it rejoins
     finally:
         lazy.close(timeout_s=5)
         busy.close(timeout_s=5)
@@ -237,11 +257,21 @@ def test_static_member_restart_keeps_partitions_without_rebalance(herd_daemon):
 
 # -- interop with unmodified clients --------------------------------------------------------------
 
+
 def _confluent(bootstrap, g):
     ck = pytest.importorskip("confluent_kafka")
-    c = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": g, "partition.assignment.strategy": "range",
-                     "session.timeout.ms": 6000, "heartbeat.interval.ms": 300, "enable.auto.commit": False,
-                     "auto.offset.reset": "earliest", "log_level": 3})
+    c = ck.Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": g,
+            "partition.assignment.strategy": "range",
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 300,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "log_level": 3,
+        }
+    )
     c.subscribe(["t"])
     return c
 
@@ -249,16 +279,26 @@ def _confluent(bootstrap, g):
 def _kafka_python(bootstrap, g):
     kp = pytest.importorskip("kafka")
     from kafka.coordinator.assignors.range import RangePartitionAssignor
-    return kp.KafkaConsumer("t", bootstrap_servers=bootstrap, group_id=g, session_timeout_ms=6000,
-                            heartbeat_interval_ms=300, enable_auto_commit=False,
-                            partition_assignment_strategy=[RangePartitionAssignor])
+
+    return kp.KafkaConsumer(
+        "t",
+        bootstrap_servers=bootstrap,
+        group_id=g,
+        session_timeout_ms=6000,
+        heartbeat_interval_ms=300,
+        enable_auto_commit=False,
+        partition_assignment_strategy=[RangePartitionAssignor],
+    )
 
 
 @pytest.mark.parametrize("first", ["herd", "confluent", "kafka-python"])
 def test_mixed_group_converges_whoever_leads(herd_daemon, first):
     g = group()
-    makers = {"herd": lambda: _herd(herd_daemon, g), "confluent": lambda: _confluent(herd_daemon, g),
-              "kafka-python": lambda: _kafka_python(herd_daemon, g)}
+    makers = {
+        "herd": lambda: _herd(herd_daemon, g),
+        "confluent": lambda: _confluent(herd_daemon, g),
+        "kafka-python": lambda: _kafka_python(herd_daemon, g),
+    }
     order = [first] + [k for k in makers if k != first]
     members = {}
     try:
@@ -279,7 +319,7 @@ def test_mixed_group_converges_whoever_leads(herd_daemon, first):
         else:
             pytest.fail(f"mixed group did not converge: {views}")
     finally:
-        for name, c in members.items():
+        for c in members.values():
             try:
                 c.close()
             except Exception:  # noqa: BLE001
@@ -287,8 +327,13 @@ def test_mixed_group_converges_whoever_leads(herd_daemon, first):
 
 
 def _herd(bootstrap, g):
-    c = consumer(bootstrap, g, session_timeout_ms=6000, heartbeat_interval_ms=300,
-                 partition_assignment_strategy="range")
+    c = consumer(
+        bootstrap,
+        g,
+        session_timeout_ms=6000,
+        heartbeat_interval_ms=300,
+        partition_assignment_strategy="range",
+    )
     c.subscribe(["t"])
     return c
 

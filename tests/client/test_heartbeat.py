@@ -1,4 +1,5 @@
 """Heartbeat timers and backoff with a manual clock."""
+
 from __future__ import annotations
 
 import random
@@ -9,15 +10,20 @@ from client.heartbeat import Backoff, Heartbeat
 
 
 def hb(now=0.0):
-    return Heartbeat(session_timeout_s=10.0, heartbeat_interval_s=3.0, max_poll_interval_s=30.0,
-                     retry_backoff_s=0.1, now=now)
+    return Heartbeat(
+        session_timeout_s=10.0,
+        heartbeat_interval_s=3.0,
+        max_poll_interval_s=30.0,
+        retry_backoff_s=0.1,
+        now=now,
+    )
 
 
 def test_heartbeat_due_every_interval():
     h = hb()
     assert not h.should_heartbeat(2.9) and h.should_heartbeat(3.0)
     h.sent_heartbeat(3.0)
-    assert not h.should_heartbeat(100.0)            # one in flight
+    assert not h.should_heartbeat(100.0)  # one in flight
     h.received_heartbeat(3.2)
     assert not h.should_heartbeat(5.9) and h.should_heartbeat(6.0)
     assert h.time_to_next_heartbeat(5.0) == pytest.approx(1.0)
@@ -53,7 +59,7 @@ def test_reset_timeouts_restarts_session_and_heartbeat_not_poll():
     h.reset_timeouts(50.0)
     assert not h.in_flight and h.should_heartbeat(53.0) and not h.should_heartbeat(52.9)
     assert not h.session_timeout_expired(59.0)
-    assert h.poll_timeout_expired(50.0)             # the user still has to poll
+    assert h.poll_timeout_expired(50.0)  # the user still has to poll
 
 
 def test_interval_must_be_below_session():

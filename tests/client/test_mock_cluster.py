@@ -8,6 +8,7 @@ advertises JoinGroup v6 and SyncGroup v4 but cannot parse them (it hangs up); th
 API's version for a broker that hangs up on a request it never answered, and these tests also pin
 the versions up front (``api.versions.max``) so each test does not pay a rebalance to learn that.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -22,12 +23,17 @@ from pathlib import Path
 import pytest
 
 from client import (
-    CommitFailedError, GroupConsumer, IllegalStateError, KafkaTimeoutError, OffsetAndMetadata,
-    RebalanceInProgressError, TopicPartition,
+    CommitFailedError,
+    GroupConsumer,
+    IllegalStateError,
+    KafkaTimeoutError,
+    OffsetAndMetadata,
+    RebalanceInProgressError,
+    TopicPartition,
 )
 
 MOCK = Path(__file__).resolve().parents[3] / "shared" / "tools" / "mock_cluster.py"
-SESSION_MS = 2000   # the mock delays every rebalance after the first by session - 1 s
+SESSION_MS = 2000  # the mock delays every rebalance after the first by session - 1 s
 PARTITIONS = 6
 ALL = frozenset(TopicPartition("t", p) for p in range(PARTITIONS))
 _groups = itertools.count()
@@ -41,9 +47,21 @@ def mock_cluster():
         import confluent_kafka  # noqa: F401
     except ImportError:
         pytest.skip("confluent_kafka is not installed (needed by the mock cluster)")
-    proc = subprocess.Popen([sys.executable, str(MOCK), "--topic", f"t:{PARTITIONS}",
-                             "--initial-rebalance-delay-ms", "0", "--max-seconds", "300"],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(MOCK),
+            "--topic",
+            f"t:{PARTITIONS}",
+            "--initial-rebalance-delay-ms",
+            "0",
+            "--max-seconds",
+            "300",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         line = proc.stdout.readline().strip()
         if not line:
@@ -60,8 +78,14 @@ def mock_cluster():
 
 
 def consumer(bootstrap, group, **kw):
-    cfg = dict(session_timeout_ms=SESSION_MS, heartbeat_interval_ms=300, request_timeout_ms=10000,
-               default_api_timeout_ms=15000, retry_backoff_ms=50, api_versions_max={"JoinGroup": 5, "SyncGroup": 3})
+    cfg = dict(
+        session_timeout_ms=SESSION_MS,
+        heartbeat_interval_ms=300,
+        request_timeout_ms=10000,
+        default_api_timeout_ms=15000,
+        retry_backoff_ms=50,
+        api_versions_max={"JoinGroup": 5, "SyncGroup": 3},
+    )
     cfg.update(kw)
     return GroupConsumer(bootstrap, group, **cfg)
 
@@ -77,12 +101,16 @@ def converge(consumers, expected=ALL, timeout=30.0):
     while time.monotonic() < deadline:
         views = [c.poll(0.05) for c in consumers]
         flat = [tp for v in views for tp in v]
-        if (len(flat) == len(set(flat)) and set(flat) == expected
-                and len({c.generation() for c in consumers}) == 1
-                and all(c.group_state()["stable"] for c in consumers)):
+        if (
+            len(flat) == len(set(flat))
+            and set(flat) == expected
+            and len({c.generation() for c in consumers}) == 1
+            and all(c.group_state()["stable"] for c in consumers)
+        ):
             return views
-    pytest.fail(f"no convergence in {timeout}s: {[sorted(v) for v in views]} "
-                f"{[c.group_state() for c in consumers]}")
+    pytest.fail(
+        f"no convergence in {timeout}s: {[sorted(v) for v in views]} {[c.group_state() for c in consumers]}"
+    )
 
 
 class Recorder:
@@ -127,7 +155,7 @@ def test_one_member_group_assigns_everything_and_commits(mock_cluster):
         while not done and time.monotonic() < deadline:
             c.poll(0.1)
         assert done and done[0][1] is None and done[0][0] == {TopicPartition("t", 2): OffsetAndMetadata(77)}
-    assert rec.calls[-1] == ("revoked", ALL)            # close revokes
+    assert rec.calls[-1] == ("revoked", ALL)  # close revokes
 
 
 def test_three_member_group_disjoint_complete_and_commits(mock_cluster):
@@ -137,9 +165,9 @@ def test_three_member_group_disjoint_complete_and_commits(mock_cluster):
         for c in cs:
             c.subscribe(["t"])
         views = converge(cs, timeout=40)
-        assert all(len(v) == 2 for v in views)          # range: 6 partitions over 3 members
+        assert all(len(v) == 2 for v in views)  # range: 6 partitions over 3 members
         assert len({c.member_id() for c in cs}) == 3
-        for c, v in zip(cs, views):
+        for c, v in zip(cs, views, strict=True):
             c.commit({tp: 1000 + tp.partition for tp in v})
         got = cs[0].committed(sorted(ALL))
         assert {tp: om.offset for tp, om in got.items()} == {tp: 1000 + tp.partition for tp in ALL}
@@ -153,7 +181,7 @@ def test_member_leaving_hands_partitions_over_with_callbacks(mock_cluster):
     recs = [Recorder(), Recorder()]
     cs = [consumer(mock_cluster, group, partition_assignment_strategy="roundrobin") for _ in range(2)]
     try:
-        for c, r in zip(cs, recs):
+        for c, r in zip(cs, recs, strict=True):
             c.subscribe(["t"], listener=r)
         converge(cs, timeout=40)
         cs[1].close()
@@ -162,7 +190,7 @@ def test_member_leaving_hands_partitions_over_with_callbacks(mock_cluster):
         # Eager: every rebalance revokes everything first, then assigns.
         kinds = [k for k, _ in recs[0].calls]
         assert kinds[-2:] == ["revoked", "assigned"] and recs[0].calls[-1][1] == ALL
-        assert recs[1].calls[-1][0] == "revoked"          # close revoked the leaver's partitions
+        assert recs[1].calls[-1][0] == "revoked"  # close revoked the leaver's partitions
     finally:
         for c in cs:
             c.close()
@@ -219,7 +247,7 @@ def test_poll_timeout_leaves_and_next_poll_rejoins(mock_cluster):
         c.subscribe(["t"], listener=rec)
         converge([c], timeout=20)
         gen = c.generation()
-        time.sleep(2.2)                                   # no poll for longer than max.poll.interval.ms
+        time.sleep(2.2)  # no poll for longer than max.poll.interval.ms
         assert c.generation() == -1 and c.member_id() == ""
         [view] = converge([c], timeout=20)
         assert view == ALL and c.generation() > gen
@@ -253,11 +281,13 @@ def test_static_member_closes_without_leaving(mock_cluster):
 def test_public_api_from_many_threads_during_rebalances_never_hangs(mock_cluster):
     """Hammer poll/commit/assignment/committed/seek from several threads while members come and go."""
     group = new_group("hammer")
-    cs = [consumer(mock_cluster, group, enable_auto_commit=True, auto_commit_interval_ms=200) for _ in range(2)]
+    cs = [
+        consumer(mock_cluster, group, enable_auto_commit=True, auto_commit_interval_ms=200) for _ in range(2)
+    ]
     for c in cs:
         c.subscribe(["t"])
     allowed = (CommitFailedError, RebalanceInProgressError, IllegalStateError)
-    bound = 20.0                                          # every call returns well within this
+    bound = 20.0  # every call returns well within this
     failures, slow, counts = [], [], {"calls": 0}
     stop = threading.Event()
     lock = threading.Lock()
@@ -265,8 +295,19 @@ def test_public_api_from_many_threads_during_rebalances_never_hangs(mock_cluster
     def worker(c, seed):
         rnd = random.Random(seed)
         while not stop.is_set():
-            op = rnd.choice(["poll", "poll", "commit", "commit_async", "assignment", "committed", "seek",
-                             "position", "state"])
+            op = rnd.choice(
+                [
+                    "poll",
+                    "poll",
+                    "commit",
+                    "commit_async",
+                    "assignment",
+                    "committed",
+                    "seek",
+                    "position",
+                    "state",
+                ]
+            )
             t0 = time.monotonic()
             try:
                 if op == "poll":
@@ -300,8 +341,11 @@ def test_public_api_from_many_threads_during_rebalances_never_hangs(mock_cluster
                 if elapsed > bound:
                     slow.append((op, elapsed))
 
-    threads = [threading.Thread(target=worker, args=(c, 10 * i + j), daemon=True)
-               for i, c in enumerate(cs) for j in range(3)]
+    threads = [
+        threading.Thread(target=worker, args=(c, 10 * i + j), daemon=True)
+        for i, c in enumerate(cs)
+        for j in range(3)
+    ]
     for t in threads:
         t.start()
     survivors_converged = False
@@ -315,7 +359,7 @@ def test_public_api_from_many_threads_during_rebalances_never_hangs(mock_cluster
                 extra.poll(0.2)
             extra.close(timeout_s=5)
             time.sleep(1.5)
-        converge(cs, timeout=30)          # polled concurrently by the workers too
+        converge(cs, timeout=30)  # polled concurrently by the workers too
         survivors_converged = True
     finally:
         stop.set()

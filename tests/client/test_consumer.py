@@ -1,0 +1,355 @@
+"""The user side of GroupConsumer (callbacks, acks, commits, close) against a fake network thread,
+plus bounded-queue and no-hang checks against an unreachable broker."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import threading
+import time
+
+import pytest
+
+import client.consumer as consumer_mod
+from client import GroupConsumer, IllegalStateError, KafkaTimeoutError, OffsetAndMetadata, TopicPartition
+from client.coordinator import (
+    GroupFailed,
+    PartitionsAssigned,
+    PartitionsLost,
+    PartitionsRevoked,
+    Snapshot,
+)
+from client.errors import FencedInstanceIdError
+from client.network import NUDGE, CommitCallback
+
+T0, T1, T2 = (TopicPartition("t", p) for p in range(3))
+
+
+def snap(**kw):
+    base = dict(
+        state="stable",
+        generation=1,
+        member_id="m1",
+        leader=False,
+        assignment=frozenset(),
+        stable=True,
+        epoch=0,
+        events=0,
+        subscribed=True,
+        error=None,
+        closed=False,
+        coordinator=(1, "h", 1),
+        protocol="eager",
+    )
+    base.update(kw)
+    return Snapshot(**base)
+
+
+class StubCore:
+    def __init__(self, net):
+        self.net = net
+
+    def __getattr__(self, name):
+        def record(*args):
+            self.net.calls.append((name, args[:-1]))
+            if name == "commit":
+                data, handle = args[0], args[1]
+                self.net.reply(handle, data)
+            elif name == "fetch_committed":
+                self.net.reply(args[1], {tp: OffsetAndMetadata(1) for tp in args[0]})
+            elif name == "close":
+                self.net.reply(args[0], None)
+
+        return record
+
+
+class FakeNet:
+    instances: list = []
+
+    def __init__(self, core, events, name=""):
+        self.core = StubCore(self)
+        self.events = events
+        self.snapshot = snap(subscribed=False, stable=False, state="unjoined")
+        self.commands_done = 0
+        self.nudge_pending = False
+        self.calls = []
+        self.alive = False
+        self.commit_error = None
+        FakeNet.instances.append(self)
+
+    def start(self):
+        self.alive = True
+
+    def submit(self, cmd):
+        if not self.alive:
+            return 0
+        cmd(self.core, time.monotonic())
+        self.commands_done += 1
+        return self.commands_done
+
+    def reply(self, handle, value):
+        if handle.future is not None:
+            if self.commit_error is not None:
+                handle.future.set_exception(self.commit_error)
+            else:
+                handle.future.set_result(value)
+        if handle.callback is not None:
+            self.events.put(CommitCallback(handle.callback, handle.offsets, self.commit_error))
+
+    def join(self, timeout=None):
+        self.alive = False
+
+    def is_alive(self):
+        return self.alive
+
+    def stop(self):
+        self.alive = False
+
+    def publish(self, **kw):
+        self.snapshot = dataclasses.replace(self.snapshot, **kw)
+        self.events.put(NUDGE)
+
+    def names(self):
+        return [n for n, _ in self.calls]
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    FakeNet.instances.clear()
+    monkeypatch.setattr(consumer_mod, "NetworkThread", FakeNet)
+    c = GroupConsumer("127.0.0.1:9", "g", enable_auto_commit=True, auto_commit_interval_ms=60000)
+    net = FakeNet.instances[-1]
+    yield c, net
+    c.close(timeout_s=1)
+
+
+class Rec:
+    def __init__(self, fail_on=None, consumer=None):
+        self.calls = []
+        self.fail_on = fail_on
+        self.consumer = consumer
+
+    def on_partitions_assigned(self, ps):
+        self.calls.append(("assigned", ps))
+        if self.consumer is not None:
+            self.nested = self.consumer.poll(5)  # re-entrant poll: returns at once
+        if self.fail_on == "assigned":
+            raise RuntimeError("listener failed")
+
+    def on_partitions_revoked(self, ps):
+        self.calls.append(("revoked", ps))
+        if self.fail_on == "revoked":
+            raise RuntimeError("listener failed")
+
+    def on_partitions_lost(self, ps):
+        self.calls.append(("lost", ps))
+
+
+def assign(c, net, parts, seq=1, gen=1):
+    net.events.put(PartitionsAssigned(seq, frozenset(parts), frozenset(parts), gen))
+    net.publish(events=seq, assignment=frozenset(parts), stable=True, subscribed=True, state="stable")
+    return c.poll(1)
+
+
+def test_poll_runs_assigned_and_returns_assignment(fake):
+    c, net = fake
+    rec = Rec()
+    c.subscribe(["t"], listener=rec)
+    assert assign(c, net, [T0, T1]) == {T0, T1} == c.assignment()
+    assert rec.calls == [("assigned", {T0, T1})]
+
+
+def test_poll_waits_for_stable_until_timeout(fake):
+    c, net = fake
+    c.subscribe(["t"])
+    net.publish(stable=False, subscribed=True, state="preparing")
+    t0 = time.monotonic()
+    assert c.poll(0.3) == frozenset()
+    assert 0.25 <= time.monotonic() - t0 < 2.0
+
+
+def test_revoke_runs_callback_commits_positions_then_acks(fake):
+    c, net = fake
+    rec = Rec()
+    c.subscribe(["t"], listener=rec)
+    assign(c, net, [T0, T1])
+    c.seek(T0, 42)
+    net.calls.clear()
+    net.events.put(PartitionsRevoked(2, frozenset([T0, T1]), 0))
+    net.publish(events=2, stable=False)
+    c.poll(0)
+    assert rec.calls[-1] == ("revoked", {T0, T1})
+    names = net.names()
+    assert names.index("commit") < names.index("ack")
+    commit_args = net.calls[names.index("commit")][1]
+    assert commit_args[0] == {T0: OffsetAndMetadata(42)}
+    assert net.calls[names.index("ack")][1] == (2,)
+    assert c.assignment() == frozenset() and c.position(T0) is None
+
+
+def test_stale_revoke_is_reported_as_lost(fake):
+    c, net = fake
+    rec = Rec()
+    c.subscribe(["t"], listener=rec)
+    assign(c, net, [T0])
+    net.events.put(PartitionsRevoked(2, frozenset([T0]), 0))
+    net.events.put(PartitionsLost(3, frozenset([T0])))
+    net.publish(events=3, epoch=1, stable=False)
+    c.poll(0)
+    assert rec.calls[1:] == [("lost", {T0})]  # once, as lost
+    assert ("ack", (2,)) in net.calls
+
+
+def test_listener_exception_is_raised_after_the_ack(fake):
+    c, net = fake
+    c.subscribe(["t"], listener=Rec(fail_on="revoked"))
+    assign(c, net, [T0])
+    net.events.put(PartitionsRevoked(2, frozenset([T0]), 0))
+    net.publish(events=2)
+    with pytest.raises(RuntimeError, match="listener failed"):
+        c.poll(0)
+    assert ("ack", (2,)) in net.calls
+    assert c.poll(0) == frozenset()  # raised once
+
+
+def test_reentrant_poll_from_a_callback_returns_at_once(fake):
+    c, net = fake
+    rec = Rec(consumer=c)
+    c.subscribe(["t"], listener=rec)
+    t0 = time.monotonic()
+    assign(c, net, [T2])
+    assert time.monotonic() - t0 < 2 and rec.nested == {T2}  # the new assignment, as in Kafka
+
+
+def test_lost_and_fatal_events(fake):
+    c, net = fake
+    rec = Rec()
+    c.subscribe(["t"], listener=rec)
+    assign(c, net, [T0, T1])
+    net.events.put(PartitionsLost(2, frozenset([T1])))
+    net.publish(events=2)
+    assert c.poll(0) == {T0}
+    err = FencedInstanceIdError()
+    net.events.put(GroupFailed(3, err))
+    net.publish(events=3, error=err)
+    with pytest.raises(FencedInstanceIdError):
+        c.poll(0)
+    with pytest.raises(FencedInstanceIdError):
+        c.commit({T0: 1})
+    assert rec.calls[-2:] == [("lost", {T1}), ("lost", {T0})]
+
+
+def test_async_commit_callback_runs_on_the_polling_thread(fake):
+    c, net = fake
+    c.subscribe(["t"])
+    assign(c, net, [T0])
+    seen = []
+    c.commit(
+        {T0: (5, "m")},
+        sync=False,
+        callback=lambda offsets, err: seen.append((threading.current_thread(), offsets, err)),
+    )
+    assert seen == []
+    c.poll(0)
+    assert seen == [(threading.current_thread(), {T0: OffsetAndMetadata(5, "m")}, None)]
+
+
+def test_commit_defaults_to_positions_and_validates(fake):
+    c, net = fake
+    c.subscribe(["t"])
+    assign(c, net, [T0, T1])
+    c.seek(T1, 9, "md")
+    assert c.commit() == {T1: OffsetAndMetadata(9, "md")}
+    with pytest.raises(IllegalStateError):
+        c.seek(T2, 1)
+    for bad in ({T0: -1}, {T0: "x"}, {("t", -1): 1}):
+        with pytest.raises(ValueError):
+            c.commit(bad)
+
+
+def test_sync_commit_callback_gets_error_and_raises(fake):
+    c, net = fake
+    net.commit_error = KafkaTimeoutError("nope")
+    got = []
+    with pytest.raises(KafkaTimeoutError):
+        c.commit({T0: 1}, callback=lambda o, e: got.append(e))
+    assert isinstance(got[0], KafkaTimeoutError)
+
+
+def test_close_revokes_commits_and_is_idempotent(fake):
+    c, net = fake
+    rec = Rec()
+    c.subscribe(["t"], listener=rec)
+    assign(c, net, [T0])
+    c.seek(T0, 3)
+    c.close()
+    assert rec.calls[-1] == ("revoked", {T0})
+    names = net.names()
+    assert names.index("commit") < names.index("close")
+    c.close()
+    with pytest.raises(IllegalStateError):
+        c.poll(0)
+
+
+def test_committed_returns_offsets(fake):
+    c, net = fake
+    assert c.committed([T0, ("t", 1)]) == {T0: OffsetAndMetadata(1), T1: OffsetAndMetadata(1)}
+
+
+def test_config_dict_and_keywords(monkeypatch):
+    FakeNet.instances.clear()
+    monkeypatch.setattr(consumer_mod, "NetworkThread", FakeNet)
+    a = GroupConsumer("h:1", "g", {"session.timeout.ms": 7000})
+    b = GroupConsumer("h:1", "g", **{"session.timeout.ms": 7000})
+    c = GroupConsumer("h:1", "g", session_timeout_ms=7000)
+    assert a.config == b.config == c.config and a.config.session_timeout_ms == 7000
+    for x in (a, b, c):
+        x.close()
+
+
+# -- with the real network thread, against nothing -------------------------------------------------
+
+
+def _closed_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def test_unreachable_broker_calls_time_out_and_queue_stays_bounded():
+    port = _closed_port()
+    c = GroupConsumer(f"127.0.0.1:{port}", "g", reconnect_backoff_ms=20, reconnect_backoff_max_ms=50)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(KafkaTimeoutError):
+            c.commit({T0: 1}, timeout_s=0.3)
+        with pytest.raises(KafkaTimeoutError):
+            c.committed([T0], timeout_s=0.3)
+        assert time.monotonic() - t0 < 3
+        for _ in range(500):  # a caller that never polls
+            c.commit({T0: 1}, sync=False)
+        time.sleep(0.2)
+        assert c._events.qsize() <= 2
+        c.subscribe(["t"])
+        assert c.poll(0.2) == frozenset()
+    finally:
+        t0 = time.monotonic()
+        c.close(timeout_s=2)
+        assert time.monotonic() - t0 < 4
+    assert not c._net.is_alive()
+
+
+def test_close_from_another_thread_ends_a_long_poll(fake):
+    c, net = fake
+    c.subscribe(["t"])
+    net.publish(stable=False, subscribed=True, state="preparing")
+    done = []
+    t = threading.Thread(target=lambda: done.append(c.poll(30)))
+    t.start()
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    c.close(timeout_s=5)
+    t.join(5)
+    assert done == [frozenset()] and time.monotonic() - t0 < 3
