@@ -21,6 +21,7 @@ import time
 import pytest
 
 from client import GroupConsumer, TopicPartition
+from tests.support.daemon import Daemon
 
 pytestmark = pytest.mark.integration
 
@@ -32,10 +33,6 @@ _groups = itertools.count()
 
 @pytest.fixture(scope="module")
 def herd_daemon(tmp_path_factory):
-    try:
-        from tests.support.daemon import Daemon
-    except ImportError as exc:
-        pytest.skip(f"no daemon fixture: {exc}")
     d = Daemon(
         tmp_path_factory.mktemp("herd") / "data",
         "--topic",
@@ -45,10 +42,7 @@ def herd_daemon(tmp_path_factory):
         initial_rebalance_delay_ms=0,
         fsync="never",
     )
-    try:
-        d.start()
-    except Exception as exc:  # noqa: BLE001 - the daemon is someone else's work in progress
-        pytest.skip(f"the herd daemon does not start: {exc}")
+    d.start()
     try:
         yield d.bootstrap
     finally:
