@@ -244,7 +244,9 @@ class Catalog:
                 elif version == 0:
                     pr.old_style_offsets = [0]
                 else:
-                    pr.timestamp, pr.offset, pr.leader_epoch = -1, 0, 0
+                    pr.timestamp, pr.offset = -1, 0
+                    if version >= 4:
+                        pr.leader_epoch = 0
                 out.partitions.append(pr)
         return resp
 

@@ -17,6 +17,7 @@ from coordinator import logs
 from coordinator.versions import API_NAMES, API_VERSIONS, SUPPORTED, api_versions_response
 from protocol import errors as E
 from protocol import messages as m
+from protocol import produce
 from protocol.framing import FrameDecoder
 from protocol.headers import decode_request_header, response_header_version
 from protocol.wire import EncodeError, ProtocolError
@@ -149,6 +150,9 @@ class Connection(asyncio.Protocol):
                         api=API_NAMES.get(api_key))
             self.close()
             return
+        if api_key == produce.API_KEY:
+            self.produce(header, frame, pos)
+            return
         cls = _REQUESTS[api_key]
         try:
             request = cls.decode_from(frame, pos, version)[0]
@@ -163,6 +167,20 @@ class Connection(asyncio.Protocol):
             log.exception("error handling request", peer=self.peer, client_id=header.client_id,
                           api=cls.NAME, api_version=version)
             self.close()
+
+    def produce(self, header, frame: bytes, pos: int) -> None:
+        """herd stores no records: every partition gets INVALID_REQUEST (acks=0: no answer)."""
+        try:
+            request = produce.decode_request(frame, pos, header.api_version)
+        except ProtocolError as exc:
+            self.fail("malformed Produce", exc, client_id=header.client_id)
+            return
+        if request.acks == 0:
+            return
+        token = Reply(self, header.correlation_id, produce.API_KEY, header.api_version, request)
+        self.inflight = token
+        self.send_response(token, produce.ProduceResponse(
+            request, E.INVALID_REQUEST, "herd is a consumer-group coordinator and stores no records"))
 
     def api_versions(self, header, frame: bytes, pos: int) -> None:
         lo, hi = SUPPORTED[API_VERSIONS]

@@ -454,6 +454,7 @@ class Shard:
             if group.protocol_name == group.select_protocol():
                 # nothing the assignment depends on changed: persist the new id, no rebalance
                 parked = group.take_join(new)
+                group.subscribed_topics = group.compute_subscribed_topics()  # its subscription may differ
                 self._write_group(out, group)
                 self._count("static_member_rejoins_without_rebalance")
                 v = parked.version
@@ -553,7 +554,10 @@ class Shard:
                 out.reply(parked.token, join_response(
                     parked.version, _NONE, m.member_id, group.generation, group.protocol_type,
                     group.protocol_name, group.leader_id, members))
-            self.timers.schedule(m.hb_key, now + m.session_timeout_ms)
+                # its session restarts now. herd: only for members that rejoined; Kafka also
+                # restarts the session of a static member that did not rejoin, which lets it stay
+                # silent for longer than its session timeout
+                self.timers.schedule(m.hb_key, now + m.session_timeout_ms)
             m.is_new = False
             group.pending_sync.add(m.member_id)
         group.sync_generation = group.generation

@@ -6,6 +6,7 @@ Only what is implemented is advertised. KIP-848's ConsumerGroupHeartbeat/Describ
 from __future__ import annotations
 
 from protocol import messages as m
+from protocol import produce
 
 API_VERSIONS = 18
 
@@ -21,6 +22,10 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     )
 }
 
+# Produce is advertised but refused (see protocol/produce.py): librdkafka uses message format
+# v2, and a consistent Fetch encoding, only with a broker that advertises Produce v3+.
+SUPPORTED[produce.API_KEY] = (produce.MIN_VERSION, produce.MAX_VERSION)
+
 # The group APIs handled by the group coordinator (coordinator/groups.py).
 GROUP_APIS = frozenset({
     m.JoinGroupRequest.API_KEY, m.SyncGroupRequest.API_KEY, m.HeartbeatRequest.API_KEY,
@@ -30,6 +35,7 @@ GROUP_APIS = frozenset({
 })
 
 API_NAMES = {key: cls.NAME[: -len("Request")] for key, cls in m.REQUESTS.items()}
+API_NAMES[produce.API_KEY] = "Produce"
 
 
 def is_supported(api_key: int, version: int) -> bool:

@@ -99,6 +99,8 @@ def run_kafka_python(cfg: dict) -> None:
     reporter = StateReporter()
     try:
         while not STOP.is_set():
+            # Back-to-back polls: kafka-python 3.0.12 strands a leader whose metadata-triggered
+            # rejoin completes between two poll() calls (see test_offsets.py).
             consumer.poll(timeout_ms=100)
             gen = consumer._coordinator._generation  # client internals: the only place it lives
             reporter.report(consumer.assignment(), gen.generation_id, gen.member_id)
@@ -180,6 +182,8 @@ def run_confluent(cfg: dict) -> None:
         conf["partition.assignment.strategy"] = cfg["assignor"]
     if cfg.get("instance_id"):
         conf["group.instance.id"] = cfg["instance_id"]
+    if os.environ.get("HERD_TEST_RDKAFKA_DEBUG"):  # e.g. "cgrp,protocol" when investigating
+        conf.update({"debug": os.environ["HERD_TEST_RDKAFKA_DEBUG"], "log_level": 7})
     consumer = Consumer(conf)
 
     def on_assign(c, partitions):

@@ -65,8 +65,12 @@ def test_five_members_converge_survive_leave_and_sigkill(herd, members, client):
     kill_s = time.monotonic() - t0
     assert gen3 > gen2
     assert kill_s > SESSION_MS / 1000 * 0.5, f"group rebalanced {kill_s:.1f}s after the kill"
-    # Each survivor got a fair share.
+    # Each survivor got a fair share, and herd's view agrees: exactly the survivors are members.
     assert sorted(len(m.partitions()) for m in ms) == [3, 3, 4]
+    described = describe_group(herd.bootstrap, group)
+    assert described["group_state"] == "Stable"
+    assert sorted(mm["member_id"] for mm in described["members"]) == sorted(
+        m.state()["member_id"] for m in ms)
 
 
 def test_mixed_kafka_python_and_confluent_range_group(herd, members):
@@ -83,6 +87,9 @@ def test_mixed_kafka_python_and_confluent_range_group(herd, members):
     for m in ms:
         ps = sorted(p for _, p in m.partitions())
         assert len(ps) == 2 and ps[1] == ps[0] + 1, m.describe()
+    described = describe_group(herd.bootstrap, group)
+    assert (described["protocol_type"], described["protocol_data"]) == ("consumer", "range")
+    assert sorted(mm["client_id"] for mm in described["members"]) == sorted(m.name for m in ms)
 
     # And the mixed group still rebalances when a member of either kind leaves.
     ms[0].stop()
@@ -120,7 +127,7 @@ def _assert_never_owned_twice(ms, end_times):
             per_partition.setdefault(tp, []).extend((s, e, m.name) for s, e in spans)
     for tp, spans in per_partition.items():
         spans.sort()
-        for (s1, e1, n1), (s2, e2, n2) in zip(spans, spans[1:]):
+        for (s1, e1, n1), (s2, _e2, n2) in zip(spans, spans[1:], strict=False):
             assert s2 >= e1, f"{tp} owned by {n1} [{s1:.3f}, {e1:.3f}] and {n2} from {s2:.3f}"
 
 
@@ -142,6 +149,7 @@ def test_confluent_cooperative_sticky_rebalances_incrementally(herd, members):
 
     a, b = start(0), start(1)
     wait_converged([a, b], expected, JOIN_TIMEOUT)
+    assert describe_group(herd.bootstrap, group)["protocol_data"] == "cooperative-sticky"
     before = {m.name: m.partitions() for m in (a, b)}
 
     # A third member joins: a and b each give up some partitions, keep the rest, and never have
@@ -211,3 +219,21 @@ def test_static_member_restarts_within_session_and_keeps_partitions(herd, member
         changes = [ev for ev in m.snapshot() if ev["t"] >= t_restart
                    and ev["ev"] in ("assigned", "revoked", "lost")]
         assert not changes, f"{m.name} saw a rebalance: {changes}"
+    # herd's own view (DescribeGroups): still 3 members, the instance id now maps to the new
+    # member id, and the old member id is gone.
+    described = describe_group(herd.bootstrap, group)
+    assert described["group_state"] == "Stable"
+    by_instance = {mm["group_instance_id"]: mm["member_id"] for mm in described["members"]}
+    assert by_instance == {f"instance-{i}": m.state()["member_id"]
+                           for i, m in enumerate([ms[0], new, ms[2]])}
+    assert old.state()["member_id"] not in by_instance.values()
+
+
+def describe_group(bootstrap, group) -> dict:
+    from kafka.admin import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10000)
+    try:
+        return admin.describe_groups([group])[group]
+    finally:
+        admin.close()

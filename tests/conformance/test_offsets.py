@@ -17,6 +17,7 @@ pytestmark = pytest.mark.conformance
 
 TOPIC_PARTITIONS = 3
 ASSIGN_TIMEOUT = 30.0
+T = 10000  # ms, kafka-python call timeouts
 
 
 def kafka_python_poll_until_assigned(consumer, n, timeout=ASSIGN_TIMEOUT):
@@ -49,22 +50,24 @@ def kafka_python_roundtrip(bootstrap, group, topic):
         # whose metadata-triggered rejoin completes while no poll() is running (see
         # kafka_python_poll_until_assigned).
         kafka_python_poll_until_assigned(c, 3)
-        assert c.committed(tp[0]) is None
-        c.commit({tp[0]: OffsetAndMetadata(5, "kp-meta", -1), tp[1]: OffsetAndMetadata(7, "", -1)})
-        assert c.committed(tp[0]) == 5
-        assert c.committed(tp[0], metadata=True).metadata == "kp-meta"
-        assert c.committed(tp[1]) == 7
-        assert c.committed(tp[2]) is None
+        assert c.committed(tp[0], timeout_ms=T) is None
+        c.commit({tp[0]: OffsetAndMetadata(5, "kp-meta", -1), tp[1]: OffsetAndMetadata(7, "", -1)},
+                 timeout_ms=T)
+        assert c.committed(tp[0], timeout_ms=T) == 5
+        assert c.committed(tp[0], metadata=True, timeout_ms=T).metadata == "kp-meta"
+        assert c.committed(tp[1], timeout_ms=T) == 7
+        assert c.committed(tp[2], timeout_ms=T) is None
     finally:
         c.close()
 
     standalone = KafkaConsumer(**common)
     try:
         standalone.assign(tp)
-        assert standalone.committed(tp[0]) == 5
-        standalone.commit({tp[2]: OffsetAndMetadata(11, "standalone", -1)})
-        assert standalone.committed(tp[2], metadata=True) == OffsetAndMetadata(11, "standalone", -1)
-        assert standalone.committed(tp[1]) == 7
+        assert standalone.committed(tp[0], timeout_ms=T) == 5
+        standalone.commit({tp[2]: OffsetAndMetadata(11, "standalone", -1)}, timeout_ms=T)
+        assert standalone.committed(tp[2], metadata=True, timeout_ms=T) == OffsetAndMetadata(
+            11, "standalone", -1)
+        assert standalone.committed(tp[1], timeout_ms=T) == 7
     finally:
         standalone.close()
 
@@ -159,7 +162,7 @@ def read_committed(client, bootstrap, group, topic) -> dict[int, int | None]:
 
         c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
         try:
-            return {p: c.committed(TopicPartition(topic, p)) for p in range(TOPIC_PARTITIONS)}
+            return {p: c.committed(TopicPartition(topic, p), timeout_ms=T) for p in range(TOPIC_PARTITIONS)}
         finally:
             c.close()
     if client == "aiokafka":

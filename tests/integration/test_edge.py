@@ -142,3 +142,49 @@ def test_port_in_use_is_one_line(tmp_path):
         port = s.getsockname()[1]
         p = run_cli("serve", "--port", str(port), "--data-dir", str(tmp_path / "d"))
     assert p.returncode == 2 and "cannot listen" in p.stderr.strip().splitlines()[-1]
+
+
+def test_produce_is_refused_per_partition_and_acks0_gets_no_answer(herd):
+    from protocol.headers import encode_request_header as hdr
+
+    def produce(acks):
+        out = bytearray()
+        hdr(out, 0, 7, 5, "producer")
+        out += struct.pack(">hhi", -1, acks, 1000)  # null transactional id, acks, timeout
+        out += struct.pack(">i", 1) + struct.pack(">h", 1) + b"t" + struct.pack(">i", 1)
+        out += struct.pack(">ii", 0, 3) + b"xyz"  # partition 0, 3 bytes of records
+        return bytes(out)
+
+    with RawClient(herd.address) as c:
+        c.send_raw(produce(0))  # acks=0: Kafka sends no response
+        c.send_raw(produce(1))
+        data = c.recv_frame()
+        assert struct.unpack_from(">i", data)[0] == 5
+        n_topics, = struct.unpack_from(">i", data, 4)
+        (name_len,) = struct.unpack_from(">h", data, 8)
+        index, error = struct.unpack_from(">ih", data, 10 + name_len + 4)
+        assert (n_topics, data[10:10 + name_len], index, error) == (1, b"t", 0, E.INVALID_REQUEST)
+        # the connection is still good
+        assert c.call(m.ApiVersionsRequest(), 2).error_code == 0
+
+
+def test_confluent_producer_gets_a_clear_error(herd):
+    confluent_kafka = pytest.importorskip("confluent_kafka")
+    errors = []
+    p = confluent_kafka.Producer({"bootstrap.servers": herd.bootstrap, "message.timeout.ms": 5000,
+                                  "retries": 0})
+    p.produce("t", b"v", on_delivery=lambda err, msg: errors.append(err))
+    p.flush(10)
+    assert len(errors) == 1 and errors[0] is not None
+    assert errors[0].code() == confluent_kafka.KafkaError.INVALID_REQUEST
+    assert herd.proc.poll() is None
+
+
+def test_list_offsets_every_version_encodes(herd):
+    with RawClient(herd.address) as c:
+        c.call(m.MetadataRequest(topics=[m.MetadataRequestTopic(name="lo")]), 9)
+        for version in range(0, 11):
+            r = c.call(m.ListOffsetsRequest(replica_id=-1, topics=[m.ListOffsetsRequestListOffsetsTopic(
+                name="lo", partitions=[m.ListOffsetsRequestListOffsetsPartition(partition_index=0,
+                                                                                timestamp=-1)])]), version)
+            assert r.topics[0].partitions[0].error_code == 0, version
