@@ -14,6 +14,7 @@ import argparse
 import datetime as _dt
 import gc
 import json
+import os
 import platform
 import sys
 import time
@@ -115,6 +116,7 @@ def measure(name: str, v: int, obj, iterations: int, repeat: int) -> dict:
 
 
 def run(repeat: int = 9, scale: float = 1.0) -> dict:
+    load_before = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
     it = {"heartbeat": 20000, "offset_commit_v8_10_partitions": 4000,
           "join_group_response_v7_50_members": 400}
     it = {k: max(1, int(n * scale)) for k, n in it.items()}
@@ -145,6 +147,8 @@ def run(repeat: int = 9, scale: float = 1.0) -> dict:
             "python": sys.version.split()[0],
             "implementation": platform.python_implementation(),
             "machine": platform.platform(),
+            "cpus": os.cpu_count(),
+            "loadavg_1m_before": load_before,
             "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
             "construct": construct.__version__ if hasattr(construct, "__version__") else "unknown",
             "timer": "time.perf_counter_ns; mean of a loop, best of repeat loops; gc disabled in loops",

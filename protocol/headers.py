@@ -11,7 +11,7 @@ import struct
 from typing import NamedTuple
 
 from protocol import messages
-from protocol.wire import ProtocolError, read_tagged_fields, write_tagged_fields
+from protocol.wire import EncodeError, ProtocolError, read_tagged_fields, write_tagged_fields
 
 API_VERSIONS_KEY = 18
 _FIXED = struct.Struct(">hhi")
@@ -83,11 +83,17 @@ def decode_request_header(buf: bytes) -> tuple[RequestHeader, int]:
 
 def encode_request_header(out: bytearray, api_key: int, api_version: int, correlation_id: int,
                           client_id: str | None) -> None:
-    out += _FIXED.pack(api_key, api_version, correlation_id)
+    try:
+        fixed = _FIXED.pack(api_key, api_version, correlation_id)
+    except struct.error as exc:
+        raise EncodeError(f"request header: {exc}") from None
+    out += fixed
     if client_id is None:
         out += b"\xff\xff"
     else:
         cid = client_id.encode()
+        if len(cid) > 0x7FFF:
+            raise EncodeError("request header: client id longer than 32767 bytes")
         out += _I16.pack(len(cid))
         out += cid
     if request_header_version(api_key, api_version) >= 2:
@@ -95,9 +101,13 @@ def encode_request_header(out: bytearray, api_key: int, api_version: int, correl
 
 
 def encode_response_header(correlation_id: int, api_key: int, api_version: int) -> bytes:
+    try:
+        cid = _I32.pack(correlation_id)
+    except struct.error as exc:
+        raise EncodeError(f"response header: {exc}") from None
     if response_header_version(api_key, api_version) >= 1:
-        return _I32.pack(correlation_id) + b"\x00"
-    return _I32.pack(correlation_id)
+        return cid + b"\x00"
+    return cid
 
 
 def decode_response_header(buf: bytes, api_key: int, api_version: int) -> tuple[int, int]:

@@ -1741,7 +1741,7 @@ class ConsumerGroupMemberMetadataValue(_Message):
     MIN_VERSION = 0
     MAX_VERSION = 0
     FLEXIBLE_VERSION = 0
-    def __init__(self, instance_id='', rack_id='', client_id='', client_host='', subscribed_topic_names=_UNSET, subscribed_topic_regex='', rebalance_timeout_ms=-1, server_assignor='', classic_member_metadata=None, unknown_tagged_fields=None):
+    def __init__(self, instance_id='', rack_id='', client_id='', client_host='', subscribed_topic_names=_UNSET, subscribed_topic_regex='', rebalance_timeout_ms=-1, server_assignor='', classic_member_metadata=_UNSET, unknown_tagged_fields=None):
         self.instance_id = instance_id
         self.rack_id = rack_id
         self.client_id = client_id
@@ -1750,7 +1750,7 @@ class ConsumerGroupMemberMetadataValue(_Message):
         self.subscribed_topic_regex = subscribed_topic_regex
         self.rebalance_timeout_ms = rebalance_timeout_ms
         self.server_assignor = server_assignor
-        self.classic_member_metadata = classic_member_metadata
+        self.classic_member_metadata = ConsumerGroupMemberMetadataValueClassicMemberMetadata() if classic_member_metadata is _UNSET else classic_member_metadata
         self.unknown_tagged_fields = unknown_tagged_fields
 
 
@@ -3554,9 +3554,9 @@ def _d_ConsumerGroupHeartbeatResponse_0(buf, pos):
         pos = end
     f_member_epoch, f_heartbeat_interval_ms = _S_6.unpack_from(buf, pos)
     pos += 8
-    m = buf[pos]
+    m, = _I8.unpack_from(buf, pos)
     pos += 1
-    if m == 0:
+    if m < 0:
         f_assignment = None
     else:
         f_assignment, pos = _d_ConsumerGroupHeartbeatResponseAssignment_0(buf, pos)
@@ -3606,7 +3606,7 @@ def _e_ConsumerGroupHeartbeatResponse_0(o, out):
         out += b
     out += _S_6.pack(o.member_epoch, o.heartbeat_interval_ms)
     if o.assignment is None:
-        out += b'\x00'
+        out += b'\xff'
     else:
         out += b'\x01'
         _e_ConsumerGroupHeartbeatResponseAssignment_0(o.assignment, out)
@@ -22730,7 +22730,7 @@ def _d_ConsumerGroupMemberMetadataValue_0(buf, pos):
             raise ProtocolError('field server_assignor runs past the end of the buffer')
         f_server_assignor = buf[pos:end].decode()
         pos = end
-    f_classic_member_metadata = None
+    f_classic_member_metadata = ConsumerGroupMemberMetadataValueClassicMemberMetadata()
     u = None
     if buf[pos] == 0:
         pos += 1
@@ -22849,7 +22849,7 @@ def _e_ConsumerGroupMemberMetadataValue_0(o, out):
         out += _UV[n] if n < 128 else _uvb(n)
         out += b
     tg = []
-    if o.classic_member_metadata is not None:
+    if o.classic_member_metadata != ConsumerGroupMemberMetadataValueClassicMemberMetadata():
         t = bytearray()
         if o.classic_member_metadata is None:
             t += b'\x00'

@@ -171,7 +171,8 @@ def load_message(path: Path) -> Message:
             name=fj["name"], py=snake(fj["name"]), type=ftype, versions=versions,
             nullable=Versions.parse(fj.get("nullableVersions")),
             tag=fj.get("tag"), tagged=Versions.parse(fj.get("taggedVersions")),
-            default=fj.get("default", "__none__"), ignorable=bool(fj.get("ignorable", False)),
+            # Kafka's FieldSpec reads a JSON null default as "no default" (not as "null").
+            default="__none__" if fj.get("default") is None else fj["default"], ignorable=bool(fj.get("ignorable", False)),
             flexible=flex if flex == "inherit" else Versions.parse(flex),
         )
         elem = ftype[2:] if ftype.startswith("[]") else ftype
@@ -306,7 +307,7 @@ class Generator:
         return [f"{ind}n, = {s}.unpack_from(buf, pos)", f"{ind}pos += {w}"]
 
     def read_value(self, f: Field, elem: str, var: str, v: int, flexible: bool, nullable: bool,
-                   ind: str) -> list[str]:
+                   ind: str, tagged: bool = False) -> list[str]:
         """Read one value of primitive/struct type ``elem`` into ``var``."""
         compact = is_compact(f, flexible)
         L: list[str] = []
@@ -335,13 +336,15 @@ class Generator:
         # struct
         st = f.struct
         fn = self.decoder(st, v, flexible)
+        # A nullable struct's marker: int8 (-1 null, 1 present), except inside a tagged field,
+        # where it is an unsigned varint (0 null, 1 present).
         if nullable:
-            if compact:
+            if tagged:
                 L.append(f"{ind}m = buf[pos]")
             else:
                 L.append(f"{ind}m, = _I8.unpack_from(buf, pos)")
             L.append(f"{ind}pos += 1")
-            L.append(f"{ind}if {'m == 0' if compact else 'm < 0'}:")
+            L.append(f"{ind}if {'m == 0' if tagged else 'm < 0'}:")
             L.append(f"{ind}    {var} = None")
             L.append(f"{ind}else:")
             L.append(f"{ind}    {var}, pos = {fn}(buf, pos)")
@@ -354,7 +357,7 @@ class Generator:
         nullable = contains(f.nullable, v)
         compact = is_compact(f, flexible)
         if not f.is_array:
-            return self.read_value(f, f.elem, var, v, flexible, nullable, ind)
+            return self.read_value(f, f.elem, var, v, flexible, nullable, ind, tagged)
         L = self.read_len(compact, True, ind)
         L.append(f"{ind}if n < 0:")
         L.append(f"{ind}    {var} = None" if nullable else f"{ind}    {null_error(f)}")
@@ -466,7 +469,7 @@ class Generator:
         return [f"{ind}out += {ff}"]
 
     def write_value(self, f: Field, elem: str, x: str, v: int, flexible: bool, nullable: bool,
-                    ind: str) -> list[str]:
+                    ind: str, tagged: bool = False) -> list[str]:
         compact = is_compact(f, flexible)
         L: list[str] = []
         if elem in FIXED:
@@ -492,7 +495,7 @@ class Generator:
         fn = self.encoder(f.struct, v, flexible)
         if nullable:
             L.append(f"{ind}if {x} is None:")
-            null_marker = repr(b"\x00" if compact else b"\xff")
+            null_marker = repr(b"\x00" if tagged else b"\xff")
             L.append(f"{ind}    out += {null_marker}")
             L.append(f"{ind}else:")
             L.append(f"{ind}    out += b'\\x01'")
@@ -503,12 +506,12 @@ class Generator:
             L.append(f"{ind}{fn}({x}, out)")
         return L
 
-    def write_field(self, f: Field, v: int, flexible: bool, ind: str) -> list[str]:
+    def write_field(self, f: Field, v: int, flexible: bool, ind: str, tagged: bool = False) -> list[str]:
         x = f"o.{f.py}"
         nullable = contains(f.nullable, v)
         compact = is_compact(f, flexible)
         if not f.is_array:
-            return self.write_value(f, f.elem, x, v, flexible, nullable, ind)
+            return self.write_value(f, f.elem, x, v, flexible, nullable, ind, tagged)
         L = [f"{ind}x = {x}", f"{ind}if x is None:"]
         if nullable:
             L += self.write_null(compact, True, ind + "    ")
@@ -572,7 +575,7 @@ class Generator:
                 for f in sorted(tagged, key=lambda f: f.tag):
                     L.append(f"{ind}if {nondefault_expr(f, 'o.' + f.py)}:")
                     L.append(f"{ind}    t = bytearray()")
-                    body = self.write_field(f, v, flexible, ind + "    ")
+                    body = self.write_field(f, v, flexible, ind + "    ", tagged=True)
                     L += [ln.replace("out +=", "t +=").replace(", out)", ", t)") for ln in body]
                     L.append(f"{ind}    tg.append(({f.tag}, t))")
                 L.append(f"{ind}u = o.unknown_tagged_fields")

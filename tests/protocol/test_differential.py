@@ -6,29 +6,10 @@
 * bytes built by the construct codec are identical to the generated encoder's, decode with the
   generated decoder to the same values, and re-encode to identical bytes.
 """
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tools import construct_codec as cc
-
-_NULL_MARKER = (
-    "codec bug: a nullable struct field outside a tagged section is written with null = 0x00 and "
-    "read with 0x00 = null; Kafka uses an int8 marker (-1 = null, 1 = present) in every version, "
-    "flexible or not (tools/genproto.py read_value/write_value use the compact marker when the "
-    "version is flexible)"
-)
-_NULL_DEFAULT = (
-    "codec bug: ConsumerGroupMemberMetadataValue.ClassicMemberMetadata has a JSON null default, "
-    "which Kafka's generator treats as no default (an empty struct): a null value must be written "
-    "as tag 0 with marker 0 and an absent tag decodes to an empty struct; genproto treats JSON "
-    "null like \"null\" (tools/genproto.py load_message build_field)"
-)
-KNOWN_CODEC_BUGS = {
-    ("ConsumerGroupHeartbeatResponse", 0): _NULL_MARKER,
-    ("ConsumerGroupHeartbeatResponse", 1): _NULL_MARKER,
-    ("ConsumerGroupMemberMetadataValue", 0): _NULL_DEFAULT,
-}
 
 
 def check_both_ways(kit, name, v, value):
@@ -48,15 +29,11 @@ def test_differential_rich(kit, msg_version):
     check_both_ways(kit, name, v, kit.rich(name, v))
 
 
-@pytest.mark.codec_bugs(KNOWN_CODEC_BUGS)
 def test_differential_sparse(kit, msg_version):
     name, v = msg_version
     check_both_ways(kit, name, v, kit.sparse(name, v))
 
 
-# run=False: a failing hypothesis test spends a long time shrinking; the strict xfails of
-# test_differential_sparse pin these bugs.
-@pytest.mark.codec_bugs(KNOWN_CODEC_BUGS, run=False, strict=False)
 @settings(settings.get_profile("herd-protocol-light"))
 @given(data=st.data())
 def test_differential_generated(kit, msg_version, data):
@@ -87,7 +64,6 @@ def test_oracle_writes_kafkas_null_struct_marker():
     assert cc.parse("ConsumerGroupHeartbeatResponse", 0, java)["assignment"] is None
 
 
-@pytest.mark.xfail(strict=True, reason=_NULL_MARKER)
 def test_null_struct_marker_is_int8_minus_one():
     from protocol.messages import ConsumerGroupHeartbeatResponse as R
     java = bytes(6) + b"\x00\x00" + bytes(8) + b"\xff" + b"\x00"
@@ -95,7 +71,6 @@ def test_null_struct_marker_is_int8_minus_one():
     assert R.decode(java, 0).assignment is None
 
 
-@pytest.mark.xfail(strict=True, reason=_NULL_DEFAULT)
 def test_json_null_default_of_a_struct_is_an_empty_struct():
     from protocol.messages import ConsumerGroupMemberMetadataValue as V
     from protocol.messages import ConsumerGroupMemberMetadataValueClassicMemberMetadata as Classic

@@ -20,7 +20,7 @@ def matches(expect, value) -> bool:
         return all(k in value and matches(v, value[k]) for k, v in expect.items())
     if isinstance(expect, list):
         return isinstance(value, list) and len(value) == len(expect) and all(
-            matches(e, v) for e, v in zip(expect, value))
+            matches(e, v) for e, v in zip(expect, value, strict=True))
     if isinstance(value, bytes):
         return expect == value.hex() or expect == value.decode("latin-1")
     return expect == value
