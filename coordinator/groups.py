@@ -27,6 +27,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 
+from coordinator import records
 from coordinator.clock import Clock, SystemClock
 from coordinator.config import Config
 from coordinator.group import STATES, Group
@@ -168,8 +169,6 @@ class GroupCoordinator:
         ``skipped_records``; undecodable bytes raise :class:`coordinator.records.RecordError`."""
         if not 0 <= shard_id < self._n:
             raise ValueError(f"shard {shard_id} out of range (offsets_partitions={self._n})")
-        from coordinator import records
-
         rtype, key_obj = records.decode_key(key)
         if key_obj is None:
             self.skipped_records += 1

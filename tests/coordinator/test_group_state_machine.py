@@ -47,7 +47,8 @@ class GroupMachine(RuleBasedStateMachine):
                          offsets_retention_check_interval_ms=10**9)
         self.clients = [Client(i, s, r, f"i{i}" if i < statics else None)
                         for i, (s, r) in enumerate(zip(sessions, rebalances, strict=True))]
-        self.instance_ids: dict[str, str] = {}  # instance -> the member id it last got
+        self.instance_ids: dict[str, str] = {}  # instance -> its member id after the last step
+        self.member_instance: dict[str, str] = {}  # every static member id seen -> its instance
         self.activity: dict[str, int] = {}  # member id -> last request from / reply to it
         self.leaders: dict[int, str] = {}  # generation -> leader (from join responses)
         self.assigned: dict[int, dict[str, bytes]] = {}  # generation -> the leader's assignment
@@ -95,7 +96,13 @@ class GroupMachine(RuleBasedStateMachine):
             c.phase = "joined"
             c.member_id, c.generation, c.leader = r.member_id, r.generation_id, r.leader
             prev = self.leaders.setdefault(r.generation_id, r.leader)
-            assert prev == r.leader, f"two leaders for generation {r.generation_id}: {prev} and {r.leader}"
+            if prev != r.leader:  # only a restarted static leader may change its id mid-generation
+                g = self.h.group(GROUP)
+                live = {mid: inst for inst, mid in g.static_members.items()} if g else {}
+                inst = self.member_instance.get(prev) or live.get(prev)
+                now_inst = self.member_instance.get(r.leader) or live.get(r.leader)
+                assert inst is not None and inst == now_inst, \
+                    f"two leaders for generation {r.generation_id}: {prev} and {r.leader}"
             if r.leader == r.member_id and r.members:
                 c.members = [m.member_id for m in r.members]
                 assert c.member_id in c.members
@@ -103,7 +110,6 @@ class GroupMachine(RuleBasedStateMachine):
                 c.members = []
             if c.instance is not None:
                 old = self.instance_ids.get(c.instance)
-                self.instance_ids[c.instance] = r.member_id
                 done = self.assigned.get(r.generation_id)
                 if old and old != r.member_id and done is not None and r.member_id not in done:
                     # restarted static member, no rebalance: it inherits its old assignment
@@ -232,6 +238,14 @@ class GroupMachine(RuleBasedStateMachine):
     # ---- invariants -------------------------------------------------------------------------
 
     @invariant()
+    def remember_static_members(self):
+        g = self.h.group(GROUP)
+        if g is not None:
+            self.instance_ids = dict(g.static_members)
+            for inst, mid in g.static_members.items():
+                self.member_instance[mid] = inst
+
+    @invariant()
     def one_leader_and_monotonic_generation(self):
         g = self.h.group(GROUP)
         if g is None:
@@ -289,6 +303,6 @@ class GroupMachine(RuleBasedStateMachine):
             assert durable_view(replayed(h)) == durable_view(h.gc)
 
 
-GroupMachine.TestCase.settings = settings(max_examples=80, stateful_step_count=40, deadline=None,
+GroupMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=50, deadline=None,
                                           suppress_health_check=[HealthCheck.too_slow])
 TestGroupMachine = GroupMachine.TestCase
