@@ -150,7 +150,7 @@ class BrokerConnection:
             req = (m.ApiVersionsRequest(client_software_name=CLIENT_ID, client_software_version="1")
                    if version >= 3 else m.ApiVersionsRequest())
             data = self._roundtrip(req, version, "ApiVersions")
-            _, pos = decode_response_header(data, m.ApiVersionsRequest.API_KEY, version)
+            pos = self._body_pos(data, m.ApiVersionsRequest.API_KEY, version, "ApiVersions")
             code = _I16.unpack_from(data, pos)[0] if len(data) >= pos + 2 else None
             body_version = 0 if code == E.UNSUPPORTED_VERSION else version
             resp = self._decode(m.ApiVersionsResponse, data, body_version, pos, "ApiVersions")
@@ -183,8 +183,14 @@ class BrokerConnection:
         req = build(version)
         name = type(req).NAME.removesuffix("Request")
         data = self._roundtrip(req, version, name)
-        _, pos = decode_response_header(data, req.API_KEY, version)
+        pos = self._body_pos(data, req.API_KEY, version, name)
         return self._decode(m.RESPONSES[req.API_KEY], data, version, pos, name), version
+
+    def _body_pos(self, data: bytes, api_key: int, version: int, name: str) -> int:
+        try:
+            return decode_response_header(data, api_key, version)[1]
+        except ProtocolError as exc:
+            raise CliError(f"malformed {name} v{version} response from {self.address}: {exc}") from None
 
     def _decode(self, cls, data, version, pos, name):
         try:
@@ -206,7 +212,8 @@ class BrokerConnection:
             self.sock.sendall(frame(bytes(out)))
             size, = _I32.unpack(self._read(4, what, name))
             if not 0 <= size <= _MAX_RESPONSE:
-                raise CliError(f"{self.address} sent a {name} response of {size} bytes")
+                raise CliError(f"{self.address} sent a {name} response of {size} bytes: "
+                               "is it a Kafka server?")
             data = self._read(size, what, name)
         except TimeoutError:
             raise CliError(f"timed out after {self.deadline.seconds:g}s {what}") from None
@@ -568,10 +575,17 @@ def _offset_arg(text: str) -> int:
 
 
 class _Parser(argparse.ArgumentParser):
-    """Argument errors as one line and exit 2 (argparse prints the usage first by default)."""
+    """Argument errors as one line and exit 2 (argparse prints the usage first by default), also
+    for unrecognized arguments (which argparse would hand up to the top-level parser)."""
 
     def error(self, message):
-        self.exit(2, f"herd: error: {self.prog}: {message}\n")
+        self.exit(2, f"herd: error: {self.prog}: {message} (see --help)\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        ns, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return ns, extras
 
 
 def add_parser(sub) -> None:
@@ -579,6 +593,7 @@ def add_parser(sub) -> None:
         "groups", help="list, describe, reset and delete consumer groups (any Kafka-compatible server)",
         description="Operate on the consumer groups of herd or of any Kafka cluster, like "
                     "kafka-consumer-groups.sh. See the 'Operating herd' section of README.md.")
+    groups.error = lambda message: _Parser.error(groups, message)  # one line here too
     gsub = groups.add_subparsers(dest="groups_command", required=True, metavar="COMMAND",
                                  parser_class=_Parser)
 
@@ -661,7 +676,7 @@ def add_parser(sub) -> None:
 
 
 def _group_args(p) -> None:
-    p.add_argument("groups", nargs="*", metavar="GROUP")
+    p.add_argument("groups", nargs="*", metavar="GROUP", help="group ids (several allowed)")
     p.add_argument("--group", dest="more_groups", action="append", default=[], metavar="GROUP",
                    help="another group (repeatable; as kafka-consumer-groups.sh)")
     p.add_argument("--all-groups", action="store_true", help="every group")
@@ -725,7 +740,14 @@ def _resolve_topics(specs: list[str], data: Cluster) -> list[tuple[str, int]]:
 # ---- output ----------------------------------------------------------------------------------------
 
 def _cell(v) -> str:
-    return "-" if v is None or v == "" else str(v)
+    if v is None or v == "":
+        return "-"
+    s = str(v)
+    if s.isprintable():
+        return s
+    # client-supplied text (metadata, client ids) must not drive the terminal
+    return "".join(c if c.isprintable() else ("\\x%02x" % ord(c) if ord(c) < 256 else "\\u%04x" % ord(c))
+                   for c in s)
 
 
 def print_table(headers: list[str], rows: list[list], file=None) -> None:
@@ -1016,6 +1038,8 @@ def cmd_reset(args) -> int:
                     r["error"] = None if code == E.NONE else E.error_name(code)
                     if code != E.NONE:
                         failures.append(f"{group} {r['topic']}-{r['partition']}: {_error_text(code)}")
+            if not plan:
+                _note(f"Group '{group}' has no committed offsets to reset.")
             results.append({"group": group, "state": d.group_state, "partitions": plan})
     finally:
         _close(cluster, data)
@@ -1203,8 +1227,17 @@ def render_history(group: str, hist: list[dict]) -> list[str]:
     if not hist:
         return [f"Group '{group}': no rebalances recorded."]
     reasons: dict[str, int] = {}
+    people: dict[str, dict] = {}  # member id -> who (client id, host), from every entry
     for e in hist:
         reasons[e.get("reason")] = reasons.get(e.get("reason"), 0) + 1
+        trigger = e.get("trigger") or {}
+        for x in [trigger, *(trigger.get("members") or []), *(e.get("awaited") or []),
+                  *(e.get("joined") or [])]:
+            if x.get("member_id") and "client_id" in x:
+                people.setdefault(x["member_id"], x)
+
+    def who(mid):
+        return _who(people.get(mid, {"member_id": mid}))
     slow = [(e["slowest_member"]["rejoined_after_ms"], e) for e in hist if e.get("slowest_member")]
     out = [f"Group '{group}': {len(hist)} rebalance{'s' if len(hist) != 1 else ''} recorded, oldest first "
            f"(times UTC).",
@@ -1213,8 +1246,7 @@ def render_history(group: str, hist: list[dict]) -> list[str]:
     if slow:
         ms, e = max(slow, key=lambda x: x[0])
         mid = e["slowest_member"]["member_id"]
-        who = next((a for a in e.get("awaited", []) if a.get("member_id") == mid), {"member_id": mid})
-        out.append(f"  slowest to rejoin: {_who(who)} after {ms} ms (generation {e.get('generation')})")
+        out.append(f"  slowest to rejoin: {who(mid)} after {ms} ms (generation {e.get('generation')})")
     for e in hist:
         out.append("")
         gen = e.get("generation")
@@ -1228,13 +1260,12 @@ def render_history(group: str, hist: list[dict]) -> list[str]:
         if e.get("client_reason"):
             out.append(f"  client     {e['client_reason']}")
         awaited = e.get("awaited") or []
-        known = {x.get("member_id"): x for x in [*awaited, *(e.get("joined") or [])] if x.get("member_id")}
         trig = e.get("trigger")
         if trig:
             if trig.get("member_id"):
-                out.append(f"  trigger    {_who(trig)}")
+                out.append(f"  trigger    {who(trig['member_id'])}")
             for mid in trig.get("member_ids") or []:  # several members at once (LeaveGroup)
-                out.append(f"  trigger    {_who(known.get(mid, {'member_id': mid}))}")
+                out.append(f"  trigger    {who(mid)}")
         if awaited:
             first = True
             for a in sorted(awaited, key=lambda a: (a.get("rejoined_after_ms") is None,
@@ -1254,15 +1285,15 @@ def render_history(group: str, hist: list[dict]) -> list[str]:
         for j in e.get("joined") or []:
             out.append(f"  joined     {_who(j)} after {_ms(j.get('joined_after_ms'))}")
         for r in e.get("removed") or []:
-            who = _who(known.get(r.get("member_id"), {"member_id": r.get("member_id")}))
-            out.append(f"  removed    {who}: {r.get('why')} after {_ms(r.get('after_ms'))}")
+            gone = who(r.get("member_id"))
+            out.append(f"  removed    {gone}: {r.get('why')} after {_ms(r.get('after_ms'))}")
         ph = e.get("phases") or {}
         line = (f"  phases     preparing {_ms(ph.get('preparing_ms'))}, "
                 f"completing {_ms(ph.get('completing_ms'))}")
         syncs = [s for s in e.get("sync") or [] if s.get("synced_after_ms") is not None]
         if syncs:
             worst = max(syncs, key=lambda s: s["synced_after_ms"])
-            line += f" (slowest SyncGroup [{worst['member_id']}] {worst['synced_after_ms']} ms)"
+            line += f"; slowest SyncGroup {worst['synced_after_ms']} ms from {who(worst['member_id'])}"
         out.append(line)
         result = f"  result     protocol {e.get('protocol') or '-'}, {_cell(e.get('members'))} member"
         out.append(result + ("" if e.get("members") == 1 else "s"))

@@ -242,7 +242,10 @@ class Catalog:
                 if topic is None or not 0 <= rp.partition_index < topic.partitions:
                     pr.error_code = E.UNKNOWN_TOPIC_OR_PARTITION
                 elif version == 0:
-                    pr.old_style_offsets = [0]
+                    pr.old_style_offsets = [0] if rp.timestamp < 0 else []
+                elif rp.timestamp >= 0:
+                    # a timestamp lookup in an empty log finds no record: Kafka answers -1
+                    pr.timestamp, pr.offset = -1, -1
                 else:
                     pr.timestamp, pr.offset = -1, 0
                     if version >= 4:

@@ -130,7 +130,9 @@ class GroupCoordinator:
         self._new_uuid = new_uuid or (lambda: str(uuid.uuid4()))
         self.stats: dict[str, int] = {}
         self._n = config.offsets_partitions
-        self.shards = [Shard(i, config, self._new_uuid, self.stats) for i in range(self._n)]
+        self.rebalance_listeners: list = []  # called with each completed rebalance's history entry
+        self.shards = [Shard(i, config, self._new_uuid, self.stats, self.rebalance_listeners)
+                       for i in range(self._n)]
         self._closed = False
         self.skipped_records = 0
         self.misplaced_records = 0

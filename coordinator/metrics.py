@@ -275,3 +275,9 @@ def install_collectors(metrics: Metrics, groups, store, server) -> None:
         return _family("herd_connections", "gauge", "Open client connections.", [("", len(server.connections))])
 
     metrics.collectors += [group_lines, log_lines, server_lines]
+
+    def rebalance_done(entry: dict) -> None:
+        if entry.get("duration_ms") is not None:
+            metrics.rebalance_seconds.observe(entry["duration_ms"] / 1000)
+
+    groups.rebalance_listeners.append(rebalance_done)

@@ -120,8 +120,10 @@ def _member_ident(member: Member) -> dict:
 
 
 class Shard:
-    def __init__(self, shard_id: int, config: Config, new_uuid=None, stats=None):
+    def __init__(self, shard_id: int, config: Config, new_uuid=None, stats=None, listeners=None):
         self.shard_id = shard_id
+        # callables given each completed rebalance's flight-recorder entry (metrics)
+        self.listeners = listeners if listeners is not None else []
         self.config = config
         self.groups: dict[str, Group] = {}
         # group id -> topic -> partition -> OffsetCommitValue
@@ -613,6 +615,8 @@ class Shard:
         self._count(f"rebalances_{outcome}")
         if outcome in ("stable", "empty"):
             self._count(f"rebalances_completed_reason_{rec.reason}")
+            for listener in self.listeners:
+                listener(entry)
             log.info("rebalance_completed", group_id=group.group_id, generation=entry["generation"],
                      members=entry["members"], reason=rec.reason, duration_ms=entry["duration_ms"],
                      outcome=outcome, protocol=entry["protocol"], detail=rec.detail,
@@ -724,6 +728,7 @@ class Shard:
         group = self.groups.get(gid)
         results: list[tuple[object, int]] = []
         left = []
+        left_members: list[dict] = []
         pending_left = False
         if group is None:
             results = [(ident, errors.UNKNOWN_MEMBER_ID) for ident in identities]
@@ -752,11 +757,13 @@ class Shard:
                 self._drop_member(group, member, "left", now, out)
                 results.append((ident, _NONE))
                 left.append(member.member_id)
+                left_members.append(_member_ident(member))
             state = group.state
             if left and state in (STABLE, COMPLETING_REBALANCE):
                 reasons = [ident.reason for ident, e in results if e == _NONE and ident.reason]
                 self._maybe_prepare_rebalance_or_complete_join(
-                    group, "member_left", f"LeaveGroup for {', '.join(left)}", {"member_ids": left},
+                    group, "member_left", f"LeaveGroup for {', '.join(left)}",
+                    {"member_ids": left, "members": left_members},
                     "; ".join(reasons) or None, now, wall, out)
             elif (left or pending_left) and state == PREPARING_REBALANCE:
                 # a pending member that leaves only matters to a join phase waiting for it (as the
@@ -1035,14 +1042,17 @@ class Shard:
         if group.state not in (COMPLETING_REBALANCE, STABLE) or not group.pending_sync:
             return
         missing = list(group.pending_sync)
+        missing_members = []
         for mid in missing:
             member = group.members.get(mid)
             if member is not None:
+                missing_members.append(_member_ident(member))
                 self._drop_member(group, member, "sync_expired", now, out)
             else:
                 group.pending_sync.discard(mid)
         self._prepare_rebalance(group, "sync_expired", f"no SyncGroup from {', '.join(missing)} within the "
-                                f"rebalance timeout", {"member_ids": missing}, None, now, wall, out)
+                                f"rebalance timeout", {"member_ids": missing, "members": missing_members},
+                                None, now, wall, out)
 
     # ==== retention (KIP-211) ====================================================================
 
