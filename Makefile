@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: run test bench lint clean java
+.PHONY: run test bench lint clean java demo-spark conformance-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,8 +30,13 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 run: $(VENV)/.installed-run
 	$(BIN)/herd serve --host $(HOST) --port $(PORT) --data-dir $(DATA_DIR)
 
-test: $(VENV)/.installed-test java
+test: $(VENV)/.installed-test java conformance-deps
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# Spark tasks as herd group members; one is SIGKILLed mid-way (about a minute; needs Java 17).
+#   make demo-spark [DEMO_ARGS='--static --partitions 16']
+demo-spark: $(VENV)/.installed-test java
+	$(BIN)/python -m tools.spark_demo $(DEMO_ARGS)
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python -m bench
@@ -52,6 +57,35 @@ java:
 		apt-get install -y -qq --no-install-recommends --no-upgrade openjdk-17-jre-headless >/dev/null; \
 	else \
 		echo "warning: no Java 17+ runtime on PATH; install openjdk-17-jre-headless for the spark tests" >&2; \
+	fi
+
+# KafkaJS (npm) and kcat (apt) for tests/conformance/test_kafkajs.py and test_kcat.py.
+# npm ci only when node_modules is missing or older than package-lock.json; kcat only when it is
+# missing and we are root with apt-get (apt-get update only if the first install fails).
+# Otherwise warn and go on: those tests then fail saying how to install (no node at all: skip).
+JS_DIR := tests/conformance/js
+
+conformance-deps:
+	@if command -v npm >/dev/null 2>&1; then \
+		if [ ! -f $(JS_DIR)/node_modules/.package-lock.json ] || \
+		   [ $(JS_DIR)/package-lock.json -nt $(JS_DIR)/node_modules/.package-lock.json ]; then \
+			(cd $(JS_DIR) && npm ci --silent --no-audit --no-fund) || \
+			echo "warning: npm ci failed in $(JS_DIR); the KafkaJS conformance tests will fail" >&2; \
+		fi; \
+	else \
+		echo "warning: npm not found; install Node.js 18+ with npm for the KafkaJS conformance tests" >&2; \
+	fi
+	@if ! command -v kcat >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing kcat (needed by the kcat conformance tests)"; \
+			export DEBIAN_FRONTEND=noninteractive; \
+			apt-get install -y -qq --no-install-recommends kcat >/dev/null 2>&1 || \
+			{ apt-get update -qq >/dev/null && \
+			  apt-get install -y -qq --no-install-recommends kcat >/dev/null; } || \
+			echo "warning: could not install kcat; the kcat conformance tests will fail" >&2; \
+		else \
+			echo "warning: kcat not found; install it (apt-get install kcat) for the kcat conformance tests" >&2; \
+		fi; \
 	fi
 
 clean:

@@ -1,0 +1,785 @@
+"""PySpark helpers: Spark tasks as herd group members, and Spark progress as group offsets.
+
+Batch jobs -- each Spark task is one member of a consumer group that shares a fixed set of work::
+
+    from client import TopicPartition
+    from client.spark import GroupJob
+
+    job = GroupJob("herd:9092", "etl", {TopicPartition("events", p): n for p, n in enumerate(sizes)},
+                   static_membership=True, config={"session.timeout.ms": 10000})
+    stats = job.run(spark, process, num_tasks=4)   # process(tp, start, end) handles [start, end)
+    job.wait(timeout_s=60)                         # committed offsets == end offsets, or TimeoutError
+
+The work is ``end_offsets``: per topic partition, the offset where it ends (a shard of N records is
+offsets 0..N-1 and ends at N). Every task joins the group for those topics and loops: ``poll`` for
+its assignment, take the next ``chunk_size`` records of an assigned partition from the committed
+offset, call ``process(tp, start, end)`` (which must make its output durable before it returns),
+commit ``end`` with the member's generation, repeat. A task whose partitions are all done keeps its
+membership and waits (polling OffsetFetch) until the *whole group's* work is committed, so that the
+partitions of a member that dies are reassigned to a live one; then it leaves. It returns one stats
+dict (records, chunks, commit failures, generations seen, ...). Delivery is at least once: a chunk
+processed but not committed when its member died (or lost its partitions in a rebalance, which
+makes the commit fail with CommitFailedError) is processed again by the next owner.
+
+The member is closed in ``finally`` even when Spark reuses the Python worker for the next task
+(``spark.python.worker.reuse``, the default), so an idle worker never holds a member; an ``atexit``
+guard closes members a worker still holds when it exits normally. A worker that Spark SIGKILLs
+(task kill, executor loss) cannot run either: its member stays in the group until
+``session.timeout.ms`` expires, and the group waits for it before it rebalances.
+
+Static membership (``static_membership=True``): ``group.instance.id`` is ``instance_id_for(group,
+spark partition id)``, so the retry of a failed task (or the same task of the next run) takes over
+its predecessor's member and partitions at once, without a rebalance and without waiting for the
+session timeout. The price: a task that is *not* retried (executor gone, job cancelled) leaves its
+partitions unowned until the session timeout; and two live attempts of one task (speculation)
+fence each other (FencedInstanceIdError) -- keep ``spark.speculation`` off. Static members do not
+send LeaveGroup when closed (KIP-345); after the work is done, the task removes its instance id
+from the group (``leave_on_finish``, an administrative LeaveGroup) so the group ends Empty.
+
+Streaming -- a foreachBatch that commits a query's progress into a member-less group::
+
+    committer = BatchProgressCommitter("herd:9092", "spark-ticks", process=write_batch)
+    query = df.writeStream.foreachBatch(committer).option("checkpointLocation", ...).start()
+
+After ``process(batch_df, batch_id)`` returns, the committer commits, per topic partition seen in
+the batch, ``max(offset) + 1`` (Kafka's convention: the next offset to read) with generation -1, so
+``kafka-consumer-groups``, kafka-python's ``KafkaAdminClient.list_group_offsets``, confluent's
+``AdminClient.list_consumer_group_offsets`` and ``herd groups offsets`` show the query's progress.
+Rows need ``topic`` / ``partition`` / ``offset`` columns: Spark's Kafka source has them. For other
+sources, "progress" is the batch's end offset per source partition mapped to a topic partition:
+``with_source_position`` maps a rate source's ``value`` v to partition ``v % P``, offset ``v // P``
+(contiguous per partition), or pass ``offsets_fn(batch_df, batch_id) -> {tp: next_offset}``. A
+partition absent from a batch keeps its previous offset, and offsets never move backwards unless
+``allow_rewind=True``.
+
+Resuming: ``starting_offsets_json`` turns the group's offsets into the ``startingOffsets`` option of
+Spark's Kafka source (``{"topic": {"0": 42, "1": -2}}``, -2 = earliest); for a replayable source
+without positions (rate, files), ``skip_committed(df, group_offsets(...))`` drops the rows before
+the committed offsets, so a query restarted without its checkpoint resumes right after them.
+
+Driver-side inspection: ``describe_group``, ``group_offsets``, ``wait_for_offsets``, and
+``offsets_dataframe`` / ``members_dataframe`` / ``history_dataframe`` (the last reads the flight
+recorder at ``/groups/<group>/history`` of ``herd serve --metrics-port``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import re
+import socket
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import weakref
+from dataclasses import dataclass, field
+
+from client import errors as cerr
+from client.config import parse_bootstrap
+from client.connection import Connection, ConnectionBroken, Ready, Response
+from client.consumer import GroupConsumer
+from client.types import TopicPartition
+from protocol import errors as codes
+from protocol import messages as m
+from protocol.consumer import decode_assignment, decode_subscription
+
+__all__ = [
+    "GroupJob",
+    "TaskInfo",
+    "run_member",
+    "instance_id_for",
+    "wait_for_offsets",
+    "group_offsets",
+    "describe_group",
+    "ensure_topic",
+    "partitions_for",
+    "remove_static_members",
+    "fetch_history",
+    "offsets_dataframe",
+    "members_dataframe",
+    "history_dataframe",
+    "BatchProgressCommitter",
+    "with_source_position",
+    "skip_committed",
+    "starting_offsets_json",
+]
+
+# ---- members a worker still holds: closed at exit ------------------------------------------------
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+_LIVE_LOCK = threading.Lock()
+
+
+def _track(consumer: GroupConsumer) -> GroupConsumer:
+    with _LIVE_LOCK:
+        _LIVE.add(consumer)
+    return consumer
+
+
+def _close_live(timeout_s: float = 5.0) -> None:
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+        _LIVE.clear()
+    for c in live:
+        try:
+            c.close(timeout_s)
+        except Exception:
+            pass
+
+
+atexit.register(_close_live)
+
+
+def _tp(value) -> TopicPartition:
+    return value if isinstance(value, TopicPartition) else TopicPartition(*value)
+
+
+def instance_id_for(group_id: str, spark_partition: int) -> str:
+    """The ``group.instance.id`` of the member run by Spark partition ``spark_partition``."""
+    return f"{group_id}-spark-{int(spark_partition)}"
+
+
+# ---- a small blocking Kafka connection for the admin requests the consumer does not send ----------
+
+
+class _Broker:
+    """One blocking connection (ApiVersions handshake, then request/response)."""
+
+    def __init__(self, host: str, port: int, timeout_s: float, client_id: str = "herd-spark"):
+        self.timeout_s = timeout_s
+        self.sock = socket.create_connection((host, port), timeout=timeout_s)
+        self.conn = Connection(client_id=client_id)
+        self.conn.initiate()
+        try:
+            self._exchange(lambda ev: isinstance(ev, Ready))
+        except BaseException:
+            self.close()
+            raise
+
+    def _exchange(self, done):
+        self.sock.sendall(self.conn.data_to_send())
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            if time.monotonic() > deadline:
+                raise cerr.KafkaTimeoutError("no response from the broker")
+            data = self.sock.recv(1 << 16)
+            if not data:
+                raise cerr.KafkaConnectionError("the broker closed the connection")
+            try:
+                events = self.conn.receive(data)
+            except ConnectionBroken as exc:
+                raise cerr.KafkaConnectionError(str(exc)) from None
+            out = self.conn.data_to_send()  # an ApiVersions retry at a lower version
+            if out:
+                self.sock.sendall(out)
+            for ev in events:
+                if done(ev):
+                    return ev
+
+    def version(self, cls) -> int:
+        lo, hi = self.conn.broker_versions.get(cls.API_KEY, (None, None))
+        if hi is None:
+            raise cerr.UnsupportedVersionError(f"the broker does not serve {cls.NAME}")
+        return min(hi, cls.MAX_VERSION)
+
+    def request(self, req, version: int | None = None):
+        v = self.version(type(req)) if version is None else version
+        corr = self.conn.send(req, v)
+        ev = self._exchange(lambda e: isinstance(e, Response) and e.correlation_id == corr)
+        if ev.error is not None:
+            raise cerr.ProtocolMismatchError(f"undecodable {type(req).NAME} response: {ev.error}")
+        return ev.message, v
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _bootstrap_broker(bootstrap, timeout_s: float) -> _Broker:
+    last = None
+    for host, port in parse_bootstrap(bootstrap):
+        try:
+            return _Broker(host, port, timeout_s)
+        except (OSError, cerr.KafkaError) as exc:
+            last = exc
+    raise cerr.KafkaConnectionError(f"cannot reach any bootstrap server {bootstrap!r}: {last}")
+
+
+def _coordinator(bootstrap, group_id: str, timeout_s: float) -> _Broker:
+    """A connection to ``group_id``'s coordinator (FindCoordinator, retried until ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with _bootstrap_broker(bootstrap, timeout_s) as b:
+            v = b.version(m.FindCoordinatorRequest)
+            if v >= 4:
+                resp, _ = b.request(m.FindCoordinatorRequest(key_type=0, coordinator_keys=[group_id]), v)
+                c = resp.coordinators[0]
+                err, host, port = c.error_code, c.host, c.port
+            else:
+                resp, _ = b.request(m.FindCoordinatorRequest(key=group_id, key_type=0), v)
+                err, host, port = resp.error_code, resp.host, resp.port
+        if err == codes.NONE:
+            return _Broker(host, port, timeout_s)
+        if time.monotonic() > deadline or not codes.is_retriable(err):
+            raise cerr.KafkaError(f"FindCoordinator({group_id}): {codes.error_name(err)}", code=err)
+        time.sleep(0.1)
+
+
+def describe_group(bootstrap, group_id: str, timeout_s: float = 10.0) -> dict:
+    """DescribeGroups: ``{"group_id", "state", "protocol_type", "protocol", "members": [{"member_id",
+    "group_instance_id", "client_id", "client_host", "topics", "assignment": [TopicPartition]}]}``.
+    An unknown group is state "Dead" with no members (as Kafka answers)."""
+    with _coordinator(bootstrap, group_id, timeout_s) as b:
+        resp, _ = b.request(m.DescribeGroupsRequest(groups=[group_id]))
+    g = resp.groups[0]
+    if g.error_code != codes.NONE:
+        raise cerr.KafkaError(f"DescribeGroups({group_id}): {codes.error_name(g.error_code)}",
+                              code=g.error_code)
+    members = []
+    for mm in g.members:
+        topics, assignment = [], []
+        try:
+            if mm.member_metadata:
+                topics = list(decode_subscription(mm.member_metadata)[1].topics)
+            for t in decode_assignment(mm.member_assignment)[1].assigned_partitions:
+                assignment += [TopicPartition(t.topic, p) for p in t.partitions]
+        except Exception:  # not the consumer protocol: leave them empty
+            pass
+        members.append({"member_id": mm.member_id, "group_instance_id": mm.group_instance_id,
+                        "client_id": mm.client_id, "client_host": mm.client_host, "topics": topics,
+                        "assignment": sorted(assignment)})
+    return {"group_id": g.group_id, "state": g.group_state, "protocol_type": g.protocol_type,
+            "protocol": g.protocol_data, "members": members}
+
+
+def remove_static_members(bootstrap, group_id: str, instance_ids, timeout_s: float = 10.0) -> dict:
+    """Remove static members by ``group.instance.id`` (LeaveGroup v3+, as Kafka's
+    ``removeMembersFromConsumerGroup``): instance id -> error name ("NONE" when removed)."""
+    ids = list(instance_ids)
+    with _coordinator(bootstrap, group_id, timeout_s) as b:
+        if b.version(m.LeaveGroupRequest) < 3:
+            raise cerr.UnsupportedVersionError("removing static members needs LeaveGroup v3+")
+        resp, _ = b.request(m.LeaveGroupRequest(group_id=group_id, members=[
+            m.LeaveGroupRequestMemberIdentity(member_id="", group_instance_id=i,
+                                              reason="the Spark task finished the group's work")
+            for i in ids]))
+    if resp.error_code != codes.NONE:
+        raise cerr.KafkaError(f"LeaveGroup({group_id}): {codes.error_name(resp.error_code)}",
+                              code=resp.error_code)
+    return {r.group_instance_id: codes.error_name(r.error_code) for r in resp.members}
+
+
+def partitions_for(bootstrap, topic: str, timeout_s: float = 10.0) -> list[TopicPartition]:
+    """The partitions of ``topic`` (Metadata; the topic is not auto-created)."""
+    with _bootstrap_broker(bootstrap, timeout_s) as b:
+        resp, _ = b.request(m.MetadataRequest(topics=[m.MetadataRequestTopic(name=topic)],
+                                              allow_auto_topic_creation=False))
+    for t in resp.topics:
+        if t.name == topic:
+            if t.error_code != codes.NONE:
+                raise cerr.KafkaError(f"Metadata({topic}): {codes.error_name(t.error_code)}",
+                                      code=t.error_code)
+            return sorted(TopicPartition(topic, p.partition_index) for p in t.partitions)
+    raise cerr.UnknownTopicOrPartitionError(f"no topic {topic!r}")
+
+
+def ensure_topic(bootstrap, topic: str, partitions: int, timeout_s: float = 10.0) -> list[TopicPartition]:
+    """Create ``topic`` with ``partitions`` partitions unless it exists (CreateTopics); returns its
+    partitions. An existing topic with another partition count raises ValueError."""
+    with _bootstrap_broker(bootstrap, timeout_s) as b:
+        resp, _ = b.request(m.CreateTopicsRequest(
+            topics=[m.CreateTopicsRequestCreatableTopic(name=topic, num_partitions=partitions,
+                                                        replication_factor=1)],
+            timeout_ms=int(timeout_s * 1000)))
+    err = resp.topics[0].error_code
+    if err not in (codes.NONE, codes.TOPIC_ALREADY_EXISTS):
+        raise cerr.KafkaError(f"CreateTopics({topic}): {codes.error_name(err)}", code=err)
+    parts = partitions_for(bootstrap, topic, timeout_s)
+    if len(parts) != partitions:
+        raise ValueError(f"topic {topic!r} exists with {len(parts)} partitions, not {partitions}")
+    return parts
+
+
+# ---- offsets ---------------------------------------------------------------------------------------
+
+
+def _offsets_reader(bootstrap, group_id: str, config: dict | None) -> GroupConsumer:
+    cfg = {"enable.auto.commit": False, "client.id": "herd-spark-driver", **(config or {})}
+    return _track(GroupConsumer(bootstrap, group_id, cfg))  # never subscribes: never joins
+
+
+def group_offsets(bootstrap, group_id: str, partitions, timeout_s: float = 30.0,
+                  config: dict | None = None) -> dict:
+    """The committed offsets of ``partitions`` (an iterable of TopicPartition, or a topic name for
+    all its partitions): ``{tp: offset}`` for those with a commit."""
+    if isinstance(partitions, str):
+        partitions = partitions_for(bootstrap, partitions, timeout_s)
+    parts = [_tp(p) for p in partitions]
+    with _offsets_reader(bootstrap, group_id, config) as c:
+        got = c.committed(parts, timeout_s=timeout_s)
+    return {tp: om.offset for tp, om in got.items() if om is not None and om.offset >= 0}
+
+
+def wait_for_offsets(bootstrap, group_id: str, targets: dict, timeout_s: float = 300.0,
+                     interval_s: float = 0.2, config: dict | None = None, on_progress=None) -> dict:
+    """Poll OffsetFetch until every ``targets`` partition's committed offset reaches its target
+    (``{tp: end_offset}``); returns the committed offsets. ``on_progress(committed)`` is called after
+    each fetch. Raises TimeoutError naming the partitions still short after ``timeout_s``."""
+    targets = {_tp(tp): int(off) for tp, off in targets.items()}
+    deadline = time.monotonic() + timeout_s
+    committed: dict = {}
+    with _offsets_reader(bootstrap, group_id, config) as c:
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                got = c.committed(list(targets), timeout_s=max(0.5, min(10.0, remaining)))
+                committed = {tp: (om.offset if om is not None else None) for tp, om in got.items()}
+            except cerr.KafkaTimeoutError:
+                pass
+            if on_progress is not None:
+                on_progress(dict(committed))
+            short = {tp: (committed.get(tp), end) for tp, end in targets.items()
+                     if (committed.get(tp) or 0) < end}
+            if not short:
+                return committed
+            if time.monotonic() >= deadline:
+                shown = ", ".join(f"{tp} at {have} of {end}" for tp, (have, end) in sorted(short.items())[:8])
+                raise TimeoutError(f"group {group_id}: {len(short)} partition(s) not done after "
+                                   f"{timeout_s:.0f}s: {shown}")
+            time.sleep(interval_s)
+
+
+# ---- batch jobs: Spark tasks as group members ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """Who is running: given to ``on_start``."""
+
+    group_id: str
+    spark_partition: int
+    attempt: int
+    pid: int
+    client_id: str
+    instance_id: str | None
+
+
+_REJOIN_ERRORS = (cerr.CommitFailedError, cerr.RebalanceInProgressError, cerr.IllegalGenerationError,
+                  cerr.UnknownMemberIdError, cerr.KafkaTimeoutError, cerr.RetriableCommitFailedError)
+
+
+@dataclass
+class GroupJob:
+    """A fixed set of work shared by a group: ``end_offsets`` maps each TopicPartition to the offset
+    where its work ends. Picklable: ship it to executors (``task_fn``) or call ``run``."""
+
+    bootstrap: str
+    group_id: str
+    end_offsets: dict
+    static_membership: bool = False
+    config: dict = field(default_factory=dict)  # consumer config for the members (Kafka names)
+    chunk_size: int = 500  # records per process() call and per commit
+    task_timeout_s: float = 600.0  # a task that has not seen the group's work done by then fails
+    poll_timeout_s: float = 1.0  # how long an idle member waits in poll between checks
+    leave_on_finish: bool = True  # static members remove themselves once the group's work is done
+
+    def __post_init__(self):
+        self.end_offsets = {_tp(tp): int(n) for tp, n in dict(self.end_offsets).items()}
+        if not self.end_offsets:
+            raise ValueError("a GroupJob needs at least one partition of work")
+        if self.chunk_size <= 0:
+            raise ValueError("chunk_size must be positive")
+
+    @property
+    def topics(self) -> list[str]:
+        return sorted({tp.topic for tp in self.end_offsets})
+
+    @property
+    def total_records(self) -> int:
+        return sum(self.end_offsets.values())
+
+    def task_fn(self, process, on_start=None):
+        """A function for ``rdd.mapPartitionsWithIndex``: each Spark partition runs one member and
+        yields its stats dict."""
+        job = self
+
+        def run_task(index, _iterator):
+            spark_partition, attempt = index, 0
+            try:
+                from pyspark import TaskContext
+
+                ctx = TaskContext.get()
+                if ctx is not None:
+                    spark_partition, attempt = ctx.partitionId(), ctx.attemptNumber()
+            except ImportError:
+                pass
+            yield run_member(job, process, spark_partition, attempt, on_start)
+
+        return run_task
+
+    def run(self, spark, process, num_tasks: int, on_start=None) -> list[dict]:
+        """Run ``num_tasks`` Spark tasks as members until the work is done; their stats dicts."""
+        sc = getattr(spark, "sparkContext", spark)
+        sc.setJobDescription(f"herd group {self.group_id}: {num_tasks} members, "
+                             f"{self.total_records} records")
+        rdd = sc.parallelize(range(num_tasks), num_tasks)
+        return rdd.mapPartitionsWithIndex(self.task_fn(process, on_start)).collect()
+
+    def wait(self, timeout_s: float = 300.0, **kwargs) -> dict:
+        """Block until the group has committed every end offset (see ``wait_for_offsets``)."""
+        return wait_for_offsets(self.bootstrap, self.group_id, self.end_offsets, timeout_s, **kwargs)
+
+
+def run_member(job: GroupJob, process, spark_partition: int = 0, attempt: int = 0, on_start=None) -> dict:
+    """Be one member of ``job``'s group until the group's work is done: the body of a Spark task
+    (usable without Spark too). ``process(tp, start, end)`` handles records [start, end) of ``tp``
+    and must make its output durable before returning; ``end`` is committed after it."""
+    started = time.monotonic()
+    cfg = {"enable.auto.commit": False, **job.config}
+    cfg["client.id"] = f"herd-spark-p{spark_partition}-a{attempt}"
+    instance_id = instance_id_for(job.group_id, spark_partition) if job.static_membership else None
+    if instance_id is not None:
+        cfg["group.instance.id"] = instance_id
+    targets = job.end_offsets
+    stats = {"spark_partition": spark_partition, "attempt": attempt, "pid": os.getpid(),
+             "instance_id": instance_id, "member_ids": [], "generations": [], "records": 0,
+             "chunks": 0, "commit_failures": 0, "partitions": [], "seconds": 0.0, "left": False}
+    finished = False
+    consumer = _track(GroupConsumer(job.bootstrap, job.group_id, cfg))
+    try:
+        consumer.subscribe(job.topics)
+        if on_start is not None:
+            on_start(TaskInfo(job.group_id, spark_partition, attempt, os.getpid(), cfg["client.id"],
+                              instance_id))
+        deadline = started + job.task_timeout_s
+        positions: dict = {}
+        seen_key = None
+        worked: set = set()
+        while True:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"group {job.group_id}: work not finished after {job.task_timeout_s}s")
+            assigned = consumer.poll(0.0)
+            generation = consumer.generation()
+            key = (generation, assigned)
+            if key != seen_key:  # a new assignment: (re)read where each partition stands
+                seen_key = key
+                if generation >= 0 and generation not in stats["generations"]:
+                    stats["generations"].append(generation)
+                    mid = consumer.member_id()
+                    if mid and mid not in stats["member_ids"]:
+                        stats["member_ids"].append(mid)
+                mine = [tp for tp in assigned if tp in targets]
+                try:
+                    got = consumer.committed(mine, timeout_s=30.0) if mine else {}
+                except cerr.KafkaTimeoutError:
+                    seen_key = None
+                    continue
+                positions = {tp: (om.offset if om is not None and om.offset >= 0 else 0)
+                             for tp, om in got.items()}
+            todo = sorted(tp for tp, pos in positions.items() if pos < targets[tp] and tp in assigned)
+            if todo:
+                tp = todo[stats["chunks"] % len(todo)]  # round robin over the partitions left
+                start = positions[tp]
+                end = min(start + job.chunk_size, targets[tp])
+                process(tp, start, end)
+                stats["records"] += end - start
+                stats["chunks"] += 1
+                worked.add(tp)
+                try:
+                    consumer.commit({tp: (end, f"spark p{spark_partition} a{attempt}")}, timeout_s=30.0)
+                    positions[tp] = end
+                except _REJOIN_ERRORS:
+                    # the partition may have moved: the next owner redoes this chunk (at least once)
+                    stats["commit_failures"] += 1
+                    seen_key = None
+                    consumer.poll(job.poll_timeout_s)
+                continue
+            # Nothing left here: done when the whole group's work is committed.
+            try:
+                got = consumer.committed(list(targets), timeout_s=30.0)
+            except cerr.KafkaTimeoutError:
+                continue
+            done = {tp: (max(got[tp].offset, 0) if got.get(tp) is not None else 0) for tp in targets}
+            if all(done[tp] >= end for tp, end in targets.items()):
+                finished = True
+                break
+            consumer.poll(job.poll_timeout_s)
+        stats["partitions"] = sorted(str(tp) for tp in worked)
+        return stats
+    finally:
+        try:
+            consumer.close(10.0)
+        finally:
+            with _LIVE_LOCK:
+                _LIVE.discard(consumer)
+        if finished and instance_id is not None and job.leave_on_finish:
+            try:
+                res = remove_static_members(job.bootstrap, job.group_id, [instance_id])
+                stats["left"] = res.get(instance_id) == "NONE"
+            except (OSError, cerr.KafkaError):
+                pass
+        elif finished:
+            stats["left"] = True
+        stats["seconds"] = round(time.monotonic() - started, 3)
+
+
+# ---- DataFrames of herd's view of a group ----------------------------------------------------------
+
+
+def fetch_history(metrics_url: str, group_id: str, timeout_s: float = 10.0) -> list[dict]:
+    """herd's rebalance flight recorder for ``group_id`` (``GET /groups/<g>/history`` on the
+    ``--metrics-port`` endpoint), oldest first; [] for an unknown group."""
+    base = metrics_url if "://" in metrics_url else f"http://{metrics_url}"
+    url = f"{base.rstrip('/')}/groups/{urllib.parse.quote(group_id, safe='')}/history"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as r:
+            data = json.loads(r.read().decode())
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return []
+        raise
+    return data if isinstance(data, list) else data.get("history", [])
+
+
+def offsets_dataframe(spark, bootstrap, group_id: str, end_offsets: dict | None = None,
+                      partitions=None, timeout_s: float = 30.0):
+    """A DataFrame (topic, partition, committed, end_offset, lag, metadata) of the group's offsets
+    for ``end_offsets``' partitions (or ``partitions``); lag = end_offset - committed."""
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    ends = {_tp(tp): int(v) for tp, v in (end_offsets or {}).items()}
+    parts = sorted(set(ends) | {_tp(p) for p in (partitions or [])})
+    with _offsets_reader(bootstrap, group_id, None) as c:
+        got = c.committed(parts, timeout_s=timeout_s) if parts else {}
+    rows = []
+    for tp in parts:
+        om = got.get(tp)
+        committed = om.offset if om is not None and om.offset >= 0 else None
+        end = ends.get(tp)
+        lag = None if end is None else end - (committed or 0)
+        rows.append((tp.topic, tp.partition, committed, end, lag, om.metadata if om is not None else None))
+    schema = StructType([StructField("topic", StringType()), StructField("partition", LongType()),
+                         StructField("committed", LongType()), StructField("end_offset", LongType()),
+                         StructField("lag", LongType()), StructField("metadata", StringType())])
+    return spark.createDataFrame(rows, schema)
+
+
+def members_dataframe(spark, bootstrap, group_id: str, timeout_s: float = 10.0):
+    """A DataFrame (state, member_id, group_instance_id, client_id, client_host, assignment) from
+    DescribeGroups; one row with null member columns when the group has no members."""
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    d = describe_group(bootstrap, group_id, timeout_s)
+    rows = [(d["state"], mm["member_id"], mm["group_instance_id"], mm["client_id"], mm["client_host"],
+             ",".join(str(tp) for tp in mm["assignment"])) for mm in d["members"]]
+    if not rows:
+        rows = [(d["state"], None, None, None, None, None)]
+    cols = ["state", "member_id", "group_instance_id", "client_id", "client_host", "assignment"]
+    return spark.createDataFrame(rows, StructType([StructField(c, StringType()) for c in cols]))
+
+
+_UUID_TAIL = re.compile(r"-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+def _history_rows(hist: list[dict]) -> list[tuple]:
+    rows = []
+    for e in hist:
+        known = {x.get("member_id"): x for x in [*(e.get("awaited") or []), *(e.get("joined") or [])]}
+
+        def who(mid, known=known):
+            x = known.get(mid) or {}
+            return x.get("group_instance_id") or x.get("client_id") or _UUID_TAIL.sub("", mid or "")
+
+        trig = e.get("trigger") or {}
+        trigger = (trig.get("group_instance_id") or trig.get("client_id")
+                   or ", ".join(who(mid) for mid in trig.get("member_ids") or []) or None)
+        removed = "; ".join(f"{who(r.get('member_id'))} {r.get('why')} after {r.get('after_ms')} ms"
+                            for r in e.get("removed") or [])
+        missing = ", ".join(f"{who(a.get('member_id'))}: {a.get('outcome') or 'did not rejoin'}"
+                            for a in e.get("awaited") or [] if a.get("rejoined_after_ms") is None)
+        joined = ", ".join(who(j.get("member_id")) for j in e.get("joined") or [])
+        rows.append((e.get("previous_generation"), e.get("generation"), e.get("reason"), trigger,
+                     e.get("outcome"), e.get("duration_ms"), e.get("members"), e.get("started_wall_ms"),
+                     joined or None, missing or None, removed or None, e.get("detail")))
+    return rows
+
+
+def history_dataframe(spark, metrics_url: str, group_id: str, timeout_s: float = 10.0):
+    """A DataFrame of the group's rebalances from herd's flight recorder, oldest first:
+    from_generation, generation, reason, trigger (the instance id or client id of the member that
+    caused it), outcome,
+    duration_ms, members, started (timestamp), joined, not_rejoined (members waited for that did
+    not rejoin, and why: session_expired, left, ...), removed (who, why, when), detail."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    schema = StructType([StructField("from_generation", LongType()), StructField("generation", LongType()),
+                         StructField("reason", StringType()), StructField("trigger", StringType()),
+                         StructField("outcome", StringType()), StructField("duration_ms", LongType()),
+                         StructField("members", LongType()), StructField("started_ms", LongType()),
+                         StructField("joined", StringType()), StructField("not_rejoined", StringType()),
+                         StructField("removed", StringType()), StructField("detail", StringType())])
+    df = spark.createDataFrame(_history_rows(fetch_history(metrics_url, group_id, timeout_s)), schema)
+    return df.withColumn("started", F.timestamp_millis("started_ms")).drop("started_ms")
+
+
+# ---- streaming: a query's progress as a member-less group's offsets ---------------------------------
+
+
+def with_source_position(df, topic: str, partitions: int, value_col: str = "value"):
+    """Give a source without Kafka positions (e.g. ``rate``/``rate-micro-batch``, whose ``value`` is
+    0, 1, 2, ...) ``topic``/``partition``/``offset`` columns: value v is offset ``v // partitions``
+    of partition ``v % partitions`` (so each partition's offsets are contiguous from 0)."""
+    from pyspark.sql import functions as F
+
+    v = F.col(value_col).cast("long")
+    return (df.withColumn("topic", F.lit(topic))
+              .withColumn("partition", F.pmod(v, F.lit(partitions)).cast("int"))
+              .withColumn("offset", F.floor(v / F.lit(partitions)).cast("long")))
+
+
+def skip_committed(df, committed: dict, topic_col: str = "topic", partition_col: str = "partition",
+                   offset_col: str = "offset"):
+    """Drop rows before the committed offsets (``{tp: next_offset}``): a replayable source restarted
+    without its checkpoint resumes right after the group's progress."""
+    from pyspark.sql import functions as F
+
+    if not committed:
+        return df
+    start = F.lit(0).cast("long")
+    for tp, off in sorted((_tp(k), int(v)) for k, v in committed.items()):
+        cond = (F.col(topic_col) == F.lit(tp.topic)) & (F.col(partition_col) == F.lit(tp.partition))
+        start = F.when(cond, F.lit(off).cast("long")).otherwise(start)
+    return df.where(F.col(offset_col) >= start)
+
+
+def starting_offsets_json(bootstrap, group_id: str, topics, default: str | int = "earliest",
+                          timeout_s: float = 30.0) -> str:
+    """The ``startingOffsets`` option of Spark's Kafka source from the group's committed offsets:
+    ``{"topic": {"0": 42, "1": -2}}``; partitions without a commit get ``default`` ("earliest" = -2,
+    "latest" = -1, or an offset)."""
+    if isinstance(topics, str):
+        topics = [topics]
+    fallback = {"earliest": -2, "latest": -1}.get(default, default)
+    if not isinstance(fallback, int):
+        raise ValueError(f"default must be 'earliest', 'latest' or an offset, not {default!r}")
+    parts = [tp for t in topics for tp in partitions_for(bootstrap, t, timeout_s)]
+    committed = group_offsets(bootstrap, group_id, parts, timeout_s)
+    out: dict = {}
+    for tp in parts:
+        out.setdefault(tp.topic, {})[str(tp.partition)] = committed.get(tp, fallback)
+    return json.dumps(out, sort_keys=True)
+
+
+class BatchProgressCommitter:
+    """A ``foreachBatch`` function that commits each micro-batch's progress into a herd group (no
+    members; generation -1 commits), after running ``process(batch_df, batch_id)``.
+
+    Progress is, per topic partition present in the batch, ``max(offset) + 1`` from the batch's
+    ``topic_col``/``partition_col``/``offset_col`` columns (``topic`` fixes the topic when the rows
+    have none), or whatever ``offsets_fn(batch_df, batch_id)`` returns. Commits never move an offset
+    backwards unless ``allow_rewind``. The commit metadata is ``metadata.format(batch_id=...)``.
+    The offsets are computed with one aggregation over the batch after ``process``: Spark's
+    micro-batch sources replay a batch identically, so it sees the rows ``process`` saw; pass
+    ``persist=True`` to cache the batch instead of reading it twice.
+    ``committed`` holds the offsets known to be committed; ``batches`` the batches committed.
+    Call ``close()`` (or use it as a context manager) when the query is stopped."""
+
+    def __init__(self, bootstrap, group_id: str, process=None, *, topic: str | None = None,
+                 topic_col: str = "topic", partition_col: str = "partition", offset_col: str = "offset",
+                 offsets_fn=None, allow_rewind: bool = False, persist: bool = False,
+                 metadata: str = "spark batch {batch_id}", config: dict | None = None,
+                 timeout_s: float = 60.0):
+        self.bootstrap, self.group_id, self.process = bootstrap, group_id, process
+        self.topic, self.topic_col, self.partition_col, self.offset_col = (
+            topic, topic_col, partition_col, offset_col)
+        self.offsets_fn, self.allow_rewind, self.persist = offsets_fn, allow_rewind, persist
+        self.metadata, self.config, self.timeout_s = metadata, dict(config or {}), timeout_s
+        self.committed: dict = {}
+        self.batches: list[int] = []
+        self._consumer: GroupConsumer | None = None
+        self._lock = threading.Lock()
+
+    def _client(self) -> GroupConsumer:
+        if self._consumer is None:
+            self._consumer = _offsets_reader(self.bootstrap, self.group_id,
+                                             {"client.id": "herd-spark-streaming", **self.config})
+        return self._consumer
+
+    def batch_offsets(self, batch_df, batch_id: int) -> dict:
+        """``{tp: next_offset}`` for one batch (see the class docstring)."""
+        if self.offsets_fn is not None:
+            return {_tp(tp): int(v) for tp, v in self.offsets_fn(batch_df, batch_id).items()}
+        from pyspark.sql import functions as F
+
+        keys = [self.partition_col] if self.topic is not None else [self.topic_col, self.partition_col]
+        rows = batch_df.groupBy(*keys).agg(F.max(self.offset_col).alias("_max")).collect()
+        out = {}
+        for r in rows:
+            if r["_max"] is None:
+                continue
+            t = self.topic if self.topic is not None else r[self.topic_col]
+            out[TopicPartition(t, int(r[self.partition_col]))] = int(r["_max"]) + 1
+        return out
+
+    def __call__(self, batch_df, batch_id: int) -> None:
+        with self._lock:
+            cached = False
+            if self.persist:
+                batch_df = batch_df.persist()
+                cached = True
+            try:
+                if self.process is not None:
+                    self.process(batch_df, batch_id)
+                offsets = self.batch_offsets(batch_df, batch_id)
+            finally:
+                if cached:
+                    batch_df.unpersist()
+            self.commit(offsets, batch_id)
+
+    def commit(self, offsets: dict, batch_id: int | None = None) -> dict:
+        """Commit ``{tp: next_offset}`` (skipping rewinds unless allowed); returns what was sent."""
+        c = self._client()
+        offsets = {_tp(tp): int(v) for tp, v in offsets.items()}
+        if not self.allow_rewind:
+            unknown = [tp for tp in offsets if tp not in self.committed]
+            if unknown:
+                got = c.committed(unknown, timeout_s=self.timeout_s)
+                for tp, om in got.items():
+                    if om is not None and om.offset >= 0:
+                        self.committed[tp] = om.offset
+            offsets = {tp: v for tp, v in offsets.items() if v > self.committed.get(tp, -1)}
+        if offsets:
+            meta = self.metadata.format(batch_id=batch_id)
+            c.commit({tp: (v, meta) for tp, v in offsets.items()}, timeout_s=self.timeout_s)
+            self.committed.update(offsets)
+        if batch_id is not None:
+            self.batches.append(batch_id)
+        return offsets
+
+    def close(self) -> None:
+        """Close the connection to herd. ``StreamingQuery.stop()`` can return while the Python side
+        of a foreachBatch call is still running: this waits for that batch's commit first."""
+        with self._lock:
+            c, self._consumer = self._consumer, None
+        if c is not None:
+            c.close(10.0)
+            with _LIVE_LOCK:
+                _LIVE.discard(c)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
