@@ -60,7 +60,7 @@ class Config:
     metrics_host: str = "127.0.0.1"
     rebalance_history_size: int = 20  # generations kept per group by the flight recorder
 
-    def validate(self) -> "Config":
+    def validate(self) -> Config:
         def positive(name):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
@@ -96,7 +96,7 @@ class Config:
     def offsets_retention_ms(self) -> int:
         return self.offsets_retention_minutes * 60_000
 
-    def replace(self, **changes) -> "Config":
+    def replace(self, **changes) -> Config:
         return dataclasses.replace(self, **changes).validate()
 
 

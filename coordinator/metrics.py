@@ -38,7 +38,7 @@ def _fmt(v: float) -> str:
 
 
 def _labels(names: tuple, values: tuple, extra: str = "") -> str:
-    parts = [f'{n}="{_escape(str(v))}"' for n, v in zip(names, values)]
+    parts = [f'{n}="{_escape(str(v))}"' for n, v in zip(names, values, strict=True)]
     if extra:
         parts.append(extra)
     return "{" + ",".join(parts) + "}" if parts else ""
@@ -83,7 +83,7 @@ class Histogram:
         out = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
         for labels, s in sorted(self.series.items()):
             acc = 0
-            for b, c in zip(self.buckets, s):
+            for b, c in zip(self.buckets, s, strict=False):  # s ends with sum, count
                 acc += c
                 le = 'le="%s"' % _fmt(b)
                 out.append(f"{self.name}_bucket{_labels(self.label_names, labels, le)} {acc}")
@@ -187,8 +187,8 @@ class HttpEndpoint:
             if parts and parts[0] != "HEAD":
                 writer.write(body)
             await writer.drain()
-        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
-                ConnectionError, UnicodeDecodeError):
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError,
+                UnicodeDecodeError):
             pass
         except Exception:
             log.exception("metrics endpoint error")

@@ -54,7 +54,7 @@ class Reply:
 
 
 class Connection(asyncio.Protocol):
-    def __init__(self, server: "Server"):
+    def __init__(self, server: Server):
         self.server = server
         self.runtime = server.runtime
         self.decoder = FrameDecoder(server.config.max_frame_size)
@@ -111,7 +111,8 @@ class Connection(asyncio.Protocol):
             self.queue.extend(frames)
             if self.inflight is None and not self.processing:
                 self.process()
-        if not self.paused and self.queued_bytes + self.decoder.buffered > self.server.config.max_pending_bytes_per_connection:
+        limit = self.server.config.max_pending_bytes_per_connection
+        if not self.paused and self.queued_bytes + self.decoder.buffered > limit:
             self.paused = True
             self.transport.pause_reading()
 

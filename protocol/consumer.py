@@ -8,8 +8,10 @@ from __future__ import annotations
 import struct
 
 from protocol.messages import (
-    ConsumerProtocolAssignment, ConsumerProtocolAssignmentTopicPartition,
-    ConsumerProtocolSubscription, ConsumerProtocolSubscriptionTopicPartition,
+    ConsumerProtocolAssignment,
+    ConsumerProtocolAssignmentTopicPartition,
+    ConsumerProtocolSubscription,
+    ConsumerProtocolSubscriptionTopicPartition,
 )
 from protocol.wire import ProtocolError
 

@@ -298,7 +298,7 @@ class CaptureProxy:
         conn = next(self._conn_ids)
         try:
             u_reader, u_writer = await asyncio.wait_for(asyncio.open_connection(*self.upstream), 5)
-        except (OSError, asyncio.TimeoutError):
+        except (TimeoutError, OSError):
             c_writer.close()
             return
         self._writers.update((c_writer, u_writer))
@@ -766,7 +766,7 @@ async def run_scenario(name, mock_mod, seconds):
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         try:
             out, err = await asyncio.wait_for(proc.communicate(), timeout=seconds + 30)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             proc.kill()
             out, err = await proc.communicate()
             out = out + b'\n{"ok": false, "error": "driver timed out"}'

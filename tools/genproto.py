@@ -50,7 +50,7 @@ class Versions:
     hi: int | None  # None: open-ended
 
     @staticmethod
-    def parse(text: str | None) -> "Versions | None":
+    def parse(text: str | None) -> Versions | None:
         if text is None:
             return None
         text = text.strip()
@@ -94,7 +94,7 @@ class Field:
     default: object  # the raw JSON value (string, number or None)
     ignorable: bool
     flexible: Versions | None | str  # "inherit" or an override range
-    struct: "Struct | None" = None
+    struct: Struct | None = None
 
     @property
     def is_array(self) -> bool:
@@ -172,7 +172,8 @@ def load_message(path: Path) -> Message:
             nullable=Versions.parse(fj.get("nullableVersions")),
             tag=fj.get("tag"), tagged=Versions.parse(fj.get("taggedVersions")),
             # Kafka's FieldSpec reads a JSON null default as "no default" (not as "null").
-            default="__none__" if fj.get("default") is None else fj["default"], ignorable=bool(fj.get("ignorable", False)),
+            default="__none__" if fj.get("default") is None else fj["default"],
+            ignorable=bool(fj.get("ignorable", False)),
             flexible=flex if flex == "inherit" else Versions.parse(flex),
         )
         elem = ftype[2:] if ftype.startswith("[]") else ftype
