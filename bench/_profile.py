@@ -3,6 +3,7 @@
 ``python -m bench._profile FILE [--top 25]`` prints the top functions by self and by inclusive
 samples. :func:`summarize` returns the same as a dict for the JSON results.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,7 +18,7 @@ def _short(path: str) -> str:
     for marker in ("/work/main/", "site-packages/", "lib/python3."):
         i = path.find(marker)
         if i >= 0:
-            path = path[i + len(marker):]
+            path = path[i + len(marker) :]
             if marker == "lib/python3.":
                 path = "stdlib/" + path.split("/", 1)[-1]
             break
@@ -50,8 +51,36 @@ def load(path) -> list[tuple[list[str], int]]:
     return stacks
 
 
-def summarize(path, top: int = 25, lines_top: int = 15) -> dict:
+# Native (--native) samples include threads parked in a wait: drop them, like py-spy's default.
+_IDLE_MARKERS = (
+    "PyThread_acquire_lock_timed",
+    "epoll_pwait",
+    "epoll_wait",
+    "pthread_cond_wait",
+    "pthread_cond_timedwait",
+    "sem_wait",
+    "sem_timedwait",
+    "select (",
+    "poll (libc",
+)
+
+
+def _idle(frames: list[str]) -> bool:
+    leafish = ";".join(frames[-12:])
+    return any(m in leafish for m in _IDLE_MARKERS) and "fsync" not in leafish
+
+
+def summarize(path, top: int = 25, lines_top: int = 15, drop_idle: bool = True) -> dict:
     stacks = load(path)
+    idle = 0
+    if drop_idle:
+        kept = []
+        for frames, n in stacks:
+            if _idle(frames):
+                idle += n
+            else:
+                kept.append((frames, n))
+        stacks = kept
     total = sum(n for _, n in stacks)
     self_c: Counter = Counter()
     self_lines: Counter = Counter()
@@ -67,8 +96,13 @@ def summarize(path, top: int = 25, lines_top: int = 15) -> dict:
     def pct(c: Counter, k: int):
         return [[name, round(100.0 * v / total, 1)] for name, v in c.most_common(k)] if total else []
 
-    return {"samples": total, "self_pct": pct(self_c, top), "inclusive_pct": pct(incl, top),
-            "self_lines_pct": pct(self_lines, lines_top)}
+    return {
+        "samples": total,
+        "idle_samples_dropped": idle,
+        "self_pct": pct(self_c, top),
+        "inclusive_pct": pct(incl, top),
+        "self_lines_pct": pct(self_lines, lines_top),
+    }
 
 
 def render(summary: dict, title: str = "") -> str:

@@ -7,6 +7,7 @@
 * ``/proc`` readers: process CPU (per thread, ns resolution from ``schedstat``), RSS.
 * :func:`percentiles`, :func:`emit` (one JSON object on stdout, a short table on stderr).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -31,6 +32,7 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 # ---- environment -------------------------------------------------------------------------------
 
+
 def _cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -53,10 +55,16 @@ def _mem_total_gb() -> float | None:
 
 def _git_revision() -> str | None:
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                             text=True, timeout=5).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, timeout=5).stdout.strip()
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=5
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
         return rev + ("-dirty" if dirty else "") if rev else None
     except (OSError, subprocess.SubprocessError):
         return None
@@ -64,7 +72,7 @@ def _git_revision() -> str | None:
 
 def environment() -> dict:
     return {
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "machine": {
             "platform": platform.platform(),
             "cpu": _cpu_model(),
@@ -82,6 +90,7 @@ def client_versions() -> dict:
     out = {}
     try:
         import confluent_kafka
+
         out["confluent_kafka"] = confluent_kafka.version()[0]
         out["librdkafka"] = confluent_kafka.libversion()[0]
     except ImportError:
@@ -91,11 +100,19 @@ def client_versions() -> dict:
 
 # ---- /proc -----------------------------------------------------------------------------------
 
+
 def proc_cpu_seconds(pid: int) -> float:
     """utime + stime of a whole process (all threads), 1/CLK_TCK resolution."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def proc_user_sys_seconds(pid: int) -> tuple[float, float]:
+    """(utime, stime) of a whole process in seconds: user space (Python) vs kernel (syscalls)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
 
 
 def proc_threads_cpu_ns(pid: int) -> dict[str, int]:
@@ -112,7 +129,9 @@ def proc_threads_cpu_ns(pid: int) -> dict[str, int]:
         except (OSError, ValueError, IndexError):
             continue
         if tid == str(pid):
-            name = "main"
+            name = "main"  # the event loop
+        elif name == "python":
+            name = "other"  # threads that did not set an OS name (herd's log writer, compactor, executor)
         out[name] = out.get(name, 0) + ns
     return out
 
@@ -137,12 +156,111 @@ def proc_hwm_bytes(pid: int) -> int:
     return 0
 
 
+def machine_cpu_times() -> tuple[float, float, float]:
+    """(busy, total, steal) jiffies summed over all CPUs, from /proc/stat."""
+    with open("/proc/stat") as f:
+        parts = [int(x) for x in f.readline().split()[1:]]
+    user, nice, system, idle, iowait, irq, softirq, steal = (parts + [0] * 8)[:8]
+    busy = user + nice + system + irq + softirq + steal
+    return busy, busy + idle + iowait, steal
+
+
+def ctx_switches(pid: int) -> tuple[int, int]:
+    """(voluntary, nonvoluntary) context switches of a process's main thread. Many nonvoluntary
+    switches = the process wanted the CPU and was preempted (CPU contention)."""
+    vol = nonvol = 0
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("voluntary_ctxt_switches:"):
+                vol = int(line.split()[1])
+            elif line.startswith("nonvoluntary_ctxt_switches:"):
+                nonvol = int(line.split()[1])
+    return vol, nonvol
+
+
+class MachineLoad:
+    """``with MachineLoad(pid) as m: ...; m.result()`` — whole-machine CPU busy/steal share and the
+    process's involuntary context switches over the block: how contended the CPUs were."""
+
+    def __init__(self, pid: int | None = None):
+        self.pid = pid
+        self.out: dict = {}
+
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+        self.m0 = machine_cpu_times()
+        self.c0 = ctx_switches(self.pid) if self.pid else None
+        return self
+
+    def __exit__(self, *exc):
+        b1, t1, s1 = machine_cpu_times()
+        b0, t0, s0 = self.m0
+        wall = time.perf_counter() - self.t0
+        self.out = {
+            "machine_cpu_busy": (b1 - b0) / (t1 - t0) if t1 > t0 else None,
+            "machine_cpu_steal": (s1 - s0) / (t1 - t0) if t1 > t0 else None,
+        }
+        if self.pid:
+            try:
+                v1, n1 = ctx_switches(self.pid)
+                self.out["daemon_involuntary_switches_per_s"] = (n1 - self.c0[1]) / wall if wall else None
+            except OSError:
+                pass
+
+    def result(self) -> dict:
+        return self.out
+
+
+class StallProbe:
+    """A thread in this (mostly idle) process that sleeps ``period`` s in a loop and records every
+    wake-up later than ``threshold`` s: the machine (not the daemon) stalling — CPU contention
+    from other work. ``summary(start)`` buckets the stalls like the load tool's slow heartbeats,
+    so the two can be compared."""
+
+    def __init__(self, period: float = 0.005, threshold: float = 0.03):
+        import threading
+
+        self.period = period
+        self.threshold = threshold
+        self.stalls: list[tuple[float, float]] = []  # (when it should have woken, overshoot s)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            t0 = time.perf_counter()
+            time.sleep(self.period)
+            over = time.perf_counter() - t0 - self.period
+            if over > self.threshold and len(self.stalls) < 100_000:
+                self.stalls.append((t0 + self.period, over))
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(5)
+
+    def summary(self, start: float, end: float, bucket: float = 0.25) -> dict:
+        mine = [(t, o) for t, o in self.stalls if start <= t < end]
+        buckets = sorted({int((t - start) / bucket) for t, _ in mine})
+        return {
+            "threshold_ms": self.threshold * 1000,
+            "count": len(mine),
+            "max_ms": max((o for _, o in mine), default=0.0) * 1000,
+            "total_ms": sum(o for _, o in mine) * 1000,
+            "buckets_250ms": [round(b * bucket, 2) for b in buckets[:40]],
+        }
+
+
 def self_cpu_seconds() -> float:
     t = os.times()
     return t.user + t.system
 
 
 # ---- subprocess handling ----------------------------------------------------------------------
+
 
 def _die_with_parent():
     """preexec_fn: SIGTERM this child when the benchmark process dies (Linux prctl)."""
@@ -192,9 +310,20 @@ class Herd:
     ``wrap``: a command prefix, e.g. ``["py-spy", "record", ..., "--"]``; ``pid`` is then the
     daemon's own pid (the wrapper's child), so CPU readings stay the daemon's."""
 
-    def __init__(self, *, fsync: str = "always", topics=("bench:100",), data_dir=None, tmp_root=None,
-                 initial_rebalance_delay_ms: int = 0, extra_args=(), log_level: str = "info",
-                 wrap=None, start_timeout: float = 120.0, keep_data: bool = False):
+    def __init__(
+        self,
+        *,
+        fsync: str = "always",
+        topics=("bench:100",),
+        data_dir=None,
+        tmp_root=None,
+        initial_rebalance_delay_ms: int = 0,
+        extra_args=(),
+        log_level: str = "info",
+        wrap=None,
+        start_timeout: float = 120.0,
+        keep_data: bool = False,
+    ):
         self.fsync = fsync
         self.topics = list(topics)
         self.initial_rebalance_delay_ms = initial_rebalance_delay_ms
@@ -221,15 +350,33 @@ class Herd:
         return f"127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "coordinator", "serve", "--host", "127.0.0.1", "--port", "0",
-               "--data-dir", str(self.data_dir), "--port-file", str(self.port_file),
-               "--initial-rebalance-delay-ms", str(self.initial_rebalance_delay_ms),
-               "--fsync", self.fsync, "--log-format", "json", "--log-level", self.log_level]
+        cmd = [
+            sys.executable,
+            "-m",
+            "coordinator",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--data-dir",
+            str(self.data_dir),
+            "--port-file",
+            str(self.port_file),
+            "--initial-rebalance-delay-ms",
+            str(self.initial_rebalance_delay_ms),
+            "--fsync",
+            self.fsync,
+            "--log-format",
+            "json",
+            "--log-level",
+            self.log_level,
+        ]
         for t in self.topics:
             cmd += ["--topic", t]
         return self.wrap + cmd + self.extra_args
 
-    def start(self) -> "Herd":
+    def start(self) -> Herd:
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         if self.port_file.exists():
             self.port_file.unlink()
@@ -240,8 +387,15 @@ class Herd:
         env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
         self._log = open(self.log_path, "ab")
         started = time.perf_counter()
-        self.proc = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT, cwd=str(REPO),
-                                     env=env, start_new_session=True, preexec_fn=_die_with_parent)
+        self.proc = subprocess.Popen(
+            self.command(),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=str(REPO),
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -308,6 +462,7 @@ class Herd:
         keep = os.environ.get("HERD_BENCH_LOGS")  # a directory to copy daemon logs into
         if keep and self.log_path.exists():
             import shutil
+
             Path(keep).mkdir(parents=True, exist_ok=True)
             shutil.copy(self.log_path, Path(keep) / f"herd-{self.pid}.log")
         if self._tmp is not None and not self.keep_data:
@@ -332,8 +487,13 @@ class Herd:
 class Mock:
     """``with Mock(topics=["bench:100"]) as m: m.bootstrap, m.pid`` — librdkafka's mock cluster."""
 
-    def __init__(self, topics=("bench:100",), initial_rebalance_delay_ms: int = 0, max_seconds: int = 3600,
-                 start_timeout: float = 30.0):
+    def __init__(
+        self,
+        topics=("bench:100",),
+        initial_rebalance_delay_ms: int = 0,
+        max_seconds: int = 3600,
+        start_timeout: float = 30.0,
+    ):
         self.topics = list(topics)
         self.initial_rebalance_delay_ms = initial_rebalance_delay_ms
         self.max_seconds = max_seconds
@@ -342,17 +502,28 @@ class Mock:
         self.pid = None
         self.bootstrap = None
 
-    def start(self) -> "Mock":
+    def start(self) -> Mock:
         if not MOCK_TOOL.exists():
             raise RuntimeError(f"mock cluster tool not found at {MOCK_TOOL}")
-        cmd = [sys.executable, str(MOCK_TOOL), "--initial-rebalance-delay-ms", str(self.initial_rebalance_delay_ms)]
+        cmd = [
+            sys.executable,
+            str(MOCK_TOOL),
+            "--initial-rebalance-delay-ms",
+            str(self.initial_rebalance_delay_ms),
+        ]
         for t in self.topics:
             cmd += ["--topic", t]
         help_text = _mock_help()
         if "--max-seconds" in help_text:
             cmd += ["--max-seconds", str(self.max_seconds)]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                     start_new_session=True, preexec_fn=_die_with_parent)
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
         self.pid = self.proc.pid
         ready, _, _ = select.select([self.proc.stdout], [], [], self.start_timeout)
         line = self.proc.stdout.readline().strip() if ready else ""
@@ -415,6 +586,7 @@ def filesystem_of(path) -> str:
 
 # ---- py-spy --------------------------------------------------------------------------------------
 
+
 class PySpy:
     """Attach py-spy to ``pid`` for the duration of a ``with`` block; writes raw collapsed stacks."""
 
@@ -429,13 +601,30 @@ class PySpy:
     def __enter__(self):
         if not PY_SPY.exists():
             raise RuntimeError(f"py-spy not found at {PY_SPY} (pip install py-spy into the venv)")
-        cmd = [str(PY_SPY), "record", "--pid", str(self.pid), "--format", "raw", "-o", self.out_path,
-               "--rate", str(self.rate), "--duration", "600"]
+        cmd = [
+            str(PY_SPY),
+            "record",
+            "--pid",
+            str(self.pid),
+            "--format",
+            "raw",
+            "-o",
+            self.out_path,
+            "--rate",
+            str(self.rate),
+            "--duration",
+            "600",
+        ]
         cmd.append("--native" if self.native else "--nonblocking")
         if self.threads:
             cmd.append("--threads")
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     start_new_session=True, preexec_fn=_die_with_parent)
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
         time.sleep(0.5)  # let it attach
         return self
 
@@ -455,6 +644,7 @@ class Sampler:
 
     def __init__(self, pid: int, interval: float = 0.5):
         import threading
+
         self.pid = pid
         self.interval = interval
         self.samples: list[tuple[float, int, float]] = []  # (t, rss bytes, cpu s)
@@ -503,6 +693,7 @@ class Sampler:
 
 # ---- statistics and output ----------------------------------------------------------------------
 
+
 def percentiles(values, ps=(50, 99)) -> dict:
     """Nearest-rank percentiles of ``values`` (any iterable of numbers) plus max, count, mean."""
     data = sorted(values)
@@ -535,7 +726,10 @@ def rounded(obj, digits: int = 3):
 def table(rows: list[list], header: list[str]) -> str:
     cells = [[str(c) for c in header]] + [[("" if c is None else str(c)) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in cells]
+    lines = []
+    for r in cells:
+        padded = [c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))]
+        lines.append("  ".join(padded))
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
@@ -544,6 +738,9 @@ def emit(result: dict, text: str | None = None) -> dict:
     """Print the result as ONE JSON line on stdout and an optional human table on stderr."""
     if text:
         print(text, file=sys.stderr, flush=True)
+    if isinstance(result.get("machine"), dict):
+        # other work on a shared machine shows here; compare with loadavg_at_start
+        result["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(rounded(result), sort_keys=False), flush=True)
     return result
 

@@ -8,11 +8,13 @@ asynchronous=False)`` — one OffsetCommit request of 10 partitions, waited for 
 for ``--duration`` seconds, after a warm-up. Offsets grow by one per commit. Each process uses its
 own group (a standalone consumer: generation -1 into an Empty group, as Spark executors do).
 
-herd and the mock both run for the whole benchmark; each (target, process count) cell is measured
-alone, herd and mock back to back, alternating which goes first per round. Reported per cell:
+herd (fsync=always: durable; and, for comparison, a second daemon with fsync=never, "herd-nofsync")
+and the mock all run for the whole benchmark; each (target, process count) cell is measured alone,
+back to back, reversing the order every round. Reported per cell:
 commits/s (all processes), latency p50/p99/max in ms, errors, and the server's CPU µs per commit
 (``/proc``); then the herd/mock ratio of commits/s. Target: ratio >= 1.0 with herd fsync=always.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,22 +29,40 @@ from bench import _util as U
 TARGET_RATIO = 1.0
 
 
-def _worker(bootstrap: str, group: str, topic: str, partitions: list[int], duration: float, warmup: int,
-            max_commits: int, barrier, results) -> None:
+def _worker(
+    bootstrap: str,
+    group: str,
+    topic: str,
+    partitions: list[int],
+    duration: float,
+    warmup: int,
+    max_commits: int,
+    barrier,
+    results,
+) -> None:
     from confluent_kafka import Consumer, KafkaException, TopicPartition
+
     out = {"group": group, "commits": 0, "errors": 0, "error_samples": []}
     consumer = None
     try:
-        consumer = Consumer({
-            "bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
-            "enable.auto.offset.store": False, "client.id": f"bench-commits-{group}",
-            "socket.nagle.disable": True, "log_level": 3,
-        })
+        consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": group,
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "client.id": f"bench-commits-{group}",
+                "socket.nagle.disable": True,
+                "log_level": 3,
+            }
+        )
         consumer.assign([TopicPartition(topic, p) for p in partitions])
         offset = 0
         for _ in range(warmup):  # FindCoordinator, connections, first commits
             offset += 1
-            consumer.commit(offsets=[TopicPartition(topic, p, offset) for p in partitions], asynchronous=False)
+            consumer.commit(
+                offsets=[TopicPartition(topic, p, offset) for p in partitions], asynchronous=False
+            )
         barrier.wait(60)
         lat = array("d")
         errors = 0
@@ -67,8 +87,13 @@ def _worker(bootstrap: str, group: str, topic: str, partitions: list[int], durat
                     out["error_samples"].append(str(exc))
             now = time.perf_counter()
             lat.append(now - t0)
-        out.update(commits=len(lat), errors=errors, seconds=now - started, latencies=lat.tobytes(),
-                   client_cpu_s=U.self_cpu_seconds() - cpu0)
+        out.update(
+            commits=len(lat),
+            errors=errors,
+            seconds=now - started,
+            latencies=lat.tobytes(),
+            client_cpu_s=U.self_cpu_seconds() - cpu0,
+        )
     except Exception as exc:  # reported, never hangs the parent
         out["failure"] = f"{type(exc).__name__}: {exc}"
         try:
@@ -94,9 +119,21 @@ def run_cell(target: str, bootstrap: str, server_pid: int, procs: int, args, rou
         for i in range(procs):
             first = (i * args.partitions) % args.topic_partitions
             parts = [(first + k) % args.topic_partitions for k in range(args.partitions)]
-            w = ctx.Process(target=_worker, daemon=True,
-                            args=(bootstrap, f"bench-commits-{stamp}-{i}", args.topic, parts, args.duration,
-                                  args.warmup, args.max_commits, barrier, results))
+            w = ctx.Process(
+                target=_worker,
+                daemon=True,
+                args=(
+                    bootstrap,
+                    f"bench-commits-{stamp}-{i}",
+                    args.topic,
+                    parts,
+                    args.duration,
+                    args.warmup,
+                    args.max_commits,
+                    barrier,
+                    results,
+                ),
+            )
             w.start()
             workers.append(w)
         barrier.wait(120)  # every client warmed up
@@ -123,15 +160,20 @@ def run_cell(target: str, bootstrap: str, server_pid: int, procs: int, args, rou
     seconds = max(o["seconds"] for o in outs)
     pct = U.percentiles(lat, (50, 99))
     return {
-        "target": target, "procs": procs, "round": round_no, "commits": commits,
+        "target": target,
+        "procs": procs,
+        "round": round_no,
+        "commits": commits,
         "errors": sum(o["errors"] for o in outs),
         "error_samples": [s for o in outs for s in o["error_samples"]][:3],
-        "seconds": seconds, "commits_per_s": commits / seconds if seconds else 0.0,
+        "seconds": seconds,
+        "commits_per_s": commits / seconds if seconds else 0.0,
         "latency_ms": {k: (v * 1000 if k not in ("count",) and v is not None else v) for k, v in pct.items()},
         "server_cpu_us_per_commit": server_cpu_s * 1e6 / commits if commits else None,
         "server_cpu_util": server_cpu_s / wall if wall else None,
         "server_cpu_us_per_commit_by_thread": {k: v * 1e6 / commits for k, v in by_thread.items() if v > 0}
-        if commits else {},
+        if commits
+        else {},
         "client_cpu_us_per_commit": sum(o["client_cpu_s"] for o in outs) * 1e6 / commits if commits else None,
     }
 
@@ -147,9 +189,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--partitions", type=int, default=10, help="partitions per commit request")
     ap.add_argument("--topic", default="bench")
     ap.add_argument("--topic-partitions", type=int, default=100)
-    ap.add_argument("--fsync", default="always", choices=("always", "never"), help="herd's fsync mode")
+    ap.add_argument(
+        "--fsync",
+        default="always,never",
+        help="herd fsync modes, comma separated (default always,never). 'always' is target 'herd' "
+        "(durable, the one the target is about); 'never' is 'herd-nofsync' (shows the CPU ceiling)",
+    )
     ap.add_argument("--herd-log-level", default="info")
-    ap.add_argument("--targets", default="herd,mock", help="which servers (default herd,mock)")
+    ap.add_argument("--targets", default="herd,mock", help="herd and/or mock (default herd,mock)")
     return ap
 
 
@@ -160,13 +207,35 @@ def main(argv=None):
     if args.rounds is None:
         args.rounds = 1 if args.quick else 2
     procs_list = [int(x) for x in args.procs.split(",") if x]
-    targets = [t for t in args.targets.split(",") if t]
+    fsyncs = [f for f in args.fsync.split(",") if f]
+    wanted = [t for t in args.targets.split(",") if t]
+    targets = []
+    if "herd" in wanted:
+        targets += ["herd" if f == "always" else "herd-nofsync" for f in fsyncs]
+    if "mock" in wanted:
+        targets.append("mock")
     env = U.environment()
     topic = f"{args.topic}:{args.topic_partitions}"
     cells = []
-    with U.Herd(fsync=args.fsync, topics=[topic], log_level=args.herd_log_level) as herd, \
-            U.Mock(topics=[topic]) as mock:
-        servers = {"herd": (herd.bootstrap, herd.pid), "mock": (mock.bootstrap, mock.pid)}
+    import contextlib
+
+    with contextlib.ExitStack() as stack:
+        servers = {}
+        herds = {}
+        for t in targets:
+            if t.startswith("herd"):
+                h = stack.enter_context(
+                    U.Herd(
+                        fsync="always" if t == "herd" else "never",
+                        topics=[topic],
+                        log_level=args.herd_log_level,
+                    )
+                )
+                herds[t] = h
+                servers[t] = (h.bootstrap, h.pid)
+            else:
+                m = stack.enter_context(U.Mock(topics=[topic]))
+                servers[t] = (m.bootstrap, m.pid)
         for r in range(args.rounds):
             for procs in procs_list:
                 order = targets if r % 2 == 0 else list(reversed(targets))
@@ -174,11 +243,14 @@ def main(argv=None):
                     bootstrap, pid = servers[target]
                     cell = run_cell(target, bootstrap, pid, procs, args, r)
                     cells.append(cell)
-                    print(f"  {target:4} {procs}p round {r}: {cell['commits_per_s']:8.0f} commits/s "
-                          f"p50 {cell['latency_ms']['p50']:.2f} ms p99 {cell['latency_ms']['p99']:.2f} ms",
-                          file=sys.stderr, flush=True)
-        herd_rss = U.proc_rss_bytes(herd.pid)
-        data_fs = U.filesystem_of(herd.data_dir)
+                    print(
+                        f"  {target:4} {procs}p round {r}: {cell['commits_per_s']:8.0f} commits/s "
+                        f"p50 {cell['latency_ms']['p50']:.2f} ms p99 {cell['latency_ms']['p99']:.2f} ms",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+        herd_rss = {t: U.proc_rss_bytes(h.pid) / 2**20 for t, h in herds.items()}
+        data_fs = {t: U.filesystem_of(h.data_dir) for t, h in herds.items()}
     summary = []
     for procs in procs_list:
         row = {"procs": procs}
@@ -195,25 +267,59 @@ def main(argv=None):
             row["ratio_herd_over_mock"] = row["herd"]["commits_per_s"] / row["mock"]["commits_per_s"]
             row["target_ratio"] = TARGET_RATIO
             row["meets_target"] = row["ratio_herd_over_mock"] >= TARGET_RATIO and row["herd"]["errors"] == 0
+        if "herd-nofsync" in row and "mock" in row and row["mock"]["commits_per_s"]:
+            row["ratio_herd_nofsync_over_mock"] = (
+                row["herd-nofsync"]["commits_per_s"] / row["mock"]["commits_per_s"]
+            )
         summary.append(row)
     result = {
-        "benchmark": "commits", **env, "clients": U.client_versions(),
-        "params": {"procs": procs_list, "duration_s": args.duration, "rounds": args.rounds, "warmup": args.warmup,
-                   "partitions_per_commit": args.partitions, "topic": topic, "herd_fsync": args.fsync,
-                   "herd_data_fs": data_fs, "herd_log_level": args.herd_log_level, "quick": args.quick,
-                   "commit_call": "Consumer.commit(offsets=[...], asynchronous=False) after assign()",
-                   "groups": "one per client process (standalone, generation -1)"},
-        "summary": summary, "cells": cells, "herd_rss_mb": herd_rss / 2**20,
+        "benchmark": "commits",
+        **env,
+        "clients": U.client_versions(),
+        "params": {
+            "procs": procs_list,
+            "duration_s": args.duration,
+            "rounds": args.rounds,
+            "warmup": args.warmup,
+            "partitions_per_commit": args.partitions,
+            "topic": topic,
+            "herd_fsync": fsyncs,
+            "targets": targets,
+            "herd_data_fs": data_fs,
+            "herd_log_level": args.herd_log_level,
+            "quick": args.quick,
+            "commit_call": "Consumer.commit(offsets=[...], asynchronous=False) after assign()",
+            "groups": "one per client process (standalone, generation -1)",
+        },
+        "summary": summary,
+        "cells": cells,
+        "herd_rss_mb": herd_rss,
     }
     rows = []
     for s in summary:
-        rows.append([f"{s['procs']}p",
-                     *(f"{s[t]['commits_per_s']:.0f}" for t in targets),
-                     *(f"{s[t]['p50_ms']:.2f}/{s[t]['p99_ms']:.2f}" for t in targets),
-                     f"{s.get('ratio_herd_over_mock', float('nan')):.2f}", ">= 1.0",
-                     "yes" if s.get("meets_target") else "NO"])
-    text = U.table(rows, ["procs", *(f"{t} commits/s" for t in targets),
-                          *(f"{t} p50/p99 ms" for t in targets), "herd/mock", "target", "holds"])
+        rows.append(
+            [
+                f"{s['procs']}p",
+                *(f"{s[t]['commits_per_s']:.0f}" for t in targets),
+                *(f"{s[t]['p50_ms']:.2f}/{s[t]['p99_ms']:.2f}" for t in targets),
+                f"{s.get('ratio_herd_over_mock', float('nan')):.2f}",
+                ">= 1.0",
+                "yes" if s.get("meets_target") else "NO",
+                f"{s.get('ratio_herd_nofsync_over_mock', float('nan')):.2f}",
+            ]
+        )
+    text = U.table(
+        rows,
+        [
+            "procs",
+            *(f"{t} commits/s" for t in targets),
+            *(f"{t} p50/p99 ms" for t in targets),
+            "herd/mock",
+            "target",
+            "holds",
+            "nofsync/mock",
+        ],
+    )
     U.emit(result, "commits (10 partitions per synchronous commit)\n" + text)
 
 

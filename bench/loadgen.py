@@ -32,6 +32,7 @@ Per process:
 
 No FindCoordinator/ApiVersions: the load tool talks to the one node it is given.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,12 +49,19 @@ from array import array
 
 from protocol import errors as E
 from protocol import messages as m
-from protocol.consumer import Assignment, Subscription, TopicPartitions, encode_assignment, encode_subscription
+from protocol.consumer import (
+    Assignment,
+    Subscription,
+    TopicPartitions,
+    encode_assignment,
+    encode_subscription,
+)
 from protocol.framing import FrameDecoder
 from protocol.headers import decode_response_header, encode_request_header
 
 _SIZE = struct.Struct(">i")
 _now = time.perf_counter  # CLOCK_MONOTONIC on Linux: comparable across processes
+SLOW_US = 50_000  # heartbeats slower than this are also recorded by send time
 
 DEFAULTS = {
     "members": 10,
@@ -68,6 +76,7 @@ DEFAULTS = {
     "versions": {"join": 9, "sync": 5, "heartbeat": 4, "commit": 9},
     "hb_schedule": True,  # scale mode: heartbeat every member from its join until the window ends
     "max_latency_samples": 5_000_000,
+    "window_grace": 15.0,  # seconds after the window end to finish heartbeats that were due in it
 }
 
 
@@ -137,7 +146,9 @@ class Conn(asyncio.Protocol):
 
     async def call(self, request, version: int):
         cid = self.next_cid()
-        resp, sent, arrived = await self.send_frame(bytes(encode_frame(request, version, cid, self.client_id)))
+        resp, sent, arrived = await self.send_frame(
+            bytes(encode_frame(request, version, cid, self.client_id))
+        )
         got, pos = decode_response_header(resp, request.API_KEY, version)
         if got != cid:
             raise ConnectionLost(f"correlation id {got} != {cid}")
@@ -168,6 +179,7 @@ async def open_conns(host: str, port: int, n: int, client_id: str, parallel: int
 
 # ---- the worker process ----------------------------------------------------------------------------
 
+
 class Member:
     __slots__ = ("group", "index", "member_id", "generation", "hb_frame", "failed", "commit_offset")
 
@@ -182,8 +194,17 @@ class Member:
 
 
 class Group:
-    __slots__ = ("group_id", "slot", "members", "done", "generation", "synced", "gen_size", "joined_at",
-                 "rebalances")
+    __slots__ = (
+        "group_id",
+        "slot",
+        "members",
+        "done",
+        "generation",
+        "synced",
+        "gen_size",
+        "joined_at",
+        "rebalances",
+    )
 
     def __init__(self, group_id: str, size: int, slot: int):
         self.group_id = group_id
@@ -208,11 +229,14 @@ class Stats:
         self.join_latency_us = array("f")
         self.hb_latency_us = array("f")  # in the window
         self.hb_lateness_us = array("f")
+        self.slow_sent = array("d")  # send times of slow heartbeats in the window (stall analysis)
         self.hb_sent = 0
         self.hb_in_window = 0
         self.hb_before_window = 0
         self.hb_max_latency_before_window_us = 0.0
         self.members_failed = 0
+        self.hb_unanswered = 0
+        self.hb_not_sent = 0
         self.groups_joined = 0
         self.groups_failed = 0
         self.join_done_at = None
@@ -263,7 +287,18 @@ class Worker:
                     self.window = (cmd[1], cmd[2])
                     for s in self.schedules:
                         s.poke()
-                    await asyncio.gather(*(s.task for s in self.schedules if s.task is not None))
+                    tasks = [s.task for s in self.schedules if s.task is not None]
+                    if tasks:
+                        # a heartbeat due before the end may still be sent until end + grace; an
+                        # answer still missing then is counted as unanswered
+                        _, late = await asyncio.wait(
+                            tasks, timeout=max(0.0, cmd[2] - _now()) + cfg["window_grace"]
+                        )
+                        for s in self.schedules:
+                            if s.task in late:
+                                self.stats.hb_unanswered += 1 if s.inflight else 0
+                                self.stats.hb_not_sent += s.due_before(cmd[2])
+                                s.task.cancel()
                     self.send("window_done", self._hb_report())
                 elif kind == "burst":
                     self.send("burst_done", await self.burst(cmd[1], cmd[2]))
@@ -271,6 +306,7 @@ class Worker:
                     break
         except Exception as exc:  # report instead of hanging the parent
             import traceback
+
             self.send("failed", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
         finally:
             for c in self.hb_conns + getattr(self, "join_conns", []):
@@ -282,7 +318,7 @@ class Worker:
         cfg = self.cfg
         queue = list(reversed(self.groups))
         size = cfg["members"]
-        lanes = [self.join_conns[i * size:(i + 1) * size] for i in range(cfg["join_concurrency"])]
+        lanes = [self.join_conns[i * size : (i + 1) * size] for i in range(cfg["join_concurrency"])]
         deadline = _now() + cfg["join_timeout"]
         started = _now()
 
@@ -291,7 +327,7 @@ class Worker:
                 g = queue.pop()
                 try:
                     await asyncio.wait_for(self.join_group(g, conns), max(0.1, deadline - _now()))
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     self.stats.groups_failed += 1
                     continue
                 self.stats.groups_joined += 1
@@ -313,9 +349,15 @@ class Worker:
         size = len(g.members)
         protocols = [m.JoinGroupRequestProtocol(name="range", metadata=self.subscription)]
         while not g.done.is_set():
-            req = m.JoinGroupRequest(group_id=g.group_id, session_timeout_ms=cfg["session_timeout_ms"],
-                                     rebalance_timeout_ms=cfg["rebalance_timeout_ms"], member_id=mem.member_id,
-                                     group_instance_id=None, protocol_type="consumer", protocols=protocols)
+            req = m.JoinGroupRequest(
+                group_id=g.group_id,
+                session_timeout_ms=cfg["session_timeout_ms"],
+                rebalance_timeout_ms=cfg["rebalance_timeout_ms"],
+                member_id=mem.member_id,
+                group_instance_id=None,
+                protocol_type="consumer",
+                protocols=protocols,
+            )
             r, lat = await conn.call(req, v["join"])
             st.join_requests += 1
             if len(st.join_latency_us) < st.max_samples:
@@ -337,13 +379,25 @@ class Worker:
                 g.rebalances += 1
                 k = cfg["partitions_per_member"]
                 for i, jm in enumerate(r.members):
-                    asg = Assignment(assigned_partitions=[TopicPartitions(
-                        topic=cfg["topic"], partitions=list(range(i * k, i * k + k)))])
-                    assignments.append(m.SyncGroupRequestAssignment(member_id=jm.member_id,
-                                                                     assignment=encode_assignment(asg, 1)))
-            sreq = m.SyncGroupRequest(group_id=g.group_id, generation_id=gen, member_id=mem.member_id,
-                                      group_instance_id=None, protocol_type="consumer", protocol_name="range",
-                                      assignments=assignments)
+                    asg = Assignment(
+                        assigned_partitions=[
+                            TopicPartitions(topic=cfg["topic"], partitions=list(range(i * k, i * k + k)))
+                        ]
+                    )
+                    assignments.append(
+                        m.SyncGroupRequestAssignment(
+                            member_id=jm.member_id, assignment=encode_assignment(asg, 1)
+                        )
+                    )
+            sreq = m.SyncGroupRequest(
+                group_id=g.group_id,
+                generation_id=gen,
+                member_id=mem.member_id,
+                group_instance_id=None,
+                protocol_type="consumer",
+                protocol_name="range",
+                assignments=assignments,
+            )
             s, lat = await conn.call(sreq, v["sync"])
             st.sync_requests += 1
             if len(st.join_latency_us) < st.max_samples:
@@ -364,12 +418,14 @@ class Worker:
             while not g.done.is_set():
                 try:
                     await asyncio.wait_for(g.done.wait(), 0.3)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
                 if g.done.is_set():
                     break
-                h, _ = await conn.call(m.HeartbeatRequest(group_id=g.group_id, generation_id=gen,
-                                                          member_id=mem.member_id), v["heartbeat"])
+                h, _ = await conn.call(
+                    m.HeartbeatRequest(group_id=g.group_id, generation_id=gen, member_id=mem.member_id),
+                    v["heartbeat"],
+                )
                 st.join_hb_requests += 1
                 if h.error_code:
                     if h.error_code == E.UNKNOWN_MEMBER_ID:
@@ -380,18 +436,26 @@ class Worker:
 
     def _join_report(self) -> dict:
         st = self.stats
-        return {"groups_joined": st.groups_joined, "groups_failed": st.groups_failed,
-                "members_joined": sum(len(g.members) for g in self.groups if g.joined_at is not None),
-                "join_requests": st.join_requests, "sync_requests": st.sync_requests,
-                "join_heartbeats": st.join_hb_requests, "join_errors": st.join_errors,
-                "rebalances": sum(g.rebalances for g in self.groups),
-                "join_done_at": st.join_done_at, "join_seconds": self.join_seconds,
-                "join_latency_us": st.join_latency_us.tobytes(), "cpu_s": _cpu()}
+        return {
+            "groups_joined": st.groups_joined,
+            "groups_failed": st.groups_failed,
+            "members_joined": sum(len(g.members) for g in self.groups if g.joined_at is not None),
+            "join_requests": st.join_requests,
+            "sync_requests": st.sync_requests,
+            "join_heartbeats": st.join_hb_requests,
+            "join_errors": st.join_errors,
+            "rebalances": sum(g.rebalances for g in self.groups),
+            "join_done_at": st.join_done_at,
+            "join_seconds": self.join_seconds,
+            "join_latency_us": st.join_latency_us.tobytes(),
+            "cpu_s": _cpu(),
+        }
 
     # -- heartbeats ----------------------------------------------------------------------------
     def hb_frame(self, g: Group, mem: Member) -> bytearray:
-        req = m.HeartbeatRequest(group_id=g.group_id, generation_id=g.generation, member_id=mem.member_id,
-                                 group_instance_id=None)
+        req = m.HeartbeatRequest(
+            group_id=g.group_id, generation_id=g.generation, member_id=mem.member_id, group_instance_id=None
+        )
         return encode_frame(req, self.v["heartbeat"], 0, self.client_id)
 
     def schedule_group(self, g: Group):
@@ -406,11 +470,20 @@ class Worker:
 
     def _hb_report(self) -> dict:
         st = self.stats
-        return {"hb_sent": st.hb_sent, "hb_in_window": st.hb_in_window, "hb_before_window": st.hb_before_window,
-                "hb_max_latency_before_window_us": st.hb_max_latency_before_window_us,
-                "errors": st.errors, "members_failed": st.members_failed,
-                "hb_latency_us": st.hb_latency_us.tobytes(), "hb_lateness_us": st.hb_lateness_us.tobytes(),
-                "cpu_s": _cpu()}
+        return {
+            "hb_sent": st.hb_sent,
+            "hb_in_window": st.hb_in_window,
+            "hb_before_window": st.hb_before_window,
+            "hb_max_latency_before_window_us": st.hb_max_latency_before_window_us,
+            "errors": st.errors,
+            "members_failed": st.members_failed,
+            "hb_unanswered": st.hb_unanswered,
+            "hb_not_sent": st.hb_not_sent,
+            "hb_latency_us": st.hb_latency_us.tobytes(),
+            "slow_sent": st.slow_sent.tobytes(),
+            "hb_lateness_us": st.hb_lateness_us.tobytes(),
+            "cpu_s": _cpu(),
+        }
 
     # -- bursts --------------------------------------------------------------------------------
     async def burst(self, kind: str, total: int) -> dict:
@@ -424,7 +497,7 @@ class Worker:
                 if mem.hb_frame is None:
                     mem.hb_frame = self.hb_frame(g, mem)
                 members_by_conn[idx].append(mem)
-        live = [(c, ms) for c, ms in zip(self.hb_conns, members_by_conn) if ms]
+        live = [(c, ms) for c, ms in zip(self.hb_conns, members_by_conn, strict=True) if ms]
         per_conn = [total // len(live) + (1 if i < total % len(live) else 0) for i in range(len(live))]
         lat = array("f")
         errors: dict[str, int] = {}
@@ -446,16 +519,26 @@ class Worker:
                 else:
                     mem.commit_offset += 1
                     first = (mem.index * nparts) % 100
-                    parts = [m.OffsetCommitRequestPartition(partition_index=(first + p) % 100,
-                                                            committed_offset=mem.commit_offset,
-                                                            committed_leader_epoch=-1, committed_metadata="")
-                             for p in range(nparts)]
-                    req = m.OffsetCommitRequest(group_id=g.group_id, generation_id_or_member_epoch=g.generation,
-                                                member_id=mem.member_id, group_instance_id=None,
-                                                topics=[m.OffsetCommitRequestTopic(name=topic, partitions=parts)])
+                    parts = [
+                        m.OffsetCommitRequestPartition(
+                            partition_index=(first + p) % 100,
+                            committed_offset=mem.commit_offset,
+                            committed_leader_epoch=-1,
+                            committed_metadata="",
+                        )
+                        for p in range(nparts)
+                    ]
+                    req = m.OffsetCommitRequest(
+                        group_id=g.group_id,
+                        generation_id_or_member_epoch=g.generation,
+                        member_id=mem.member_id,
+                        group_instance_id=None,
+                        topics=[m.OffsetCommitRequestTopic(name=topic, partitions=parts)],
+                    )
                     cid = conn.next_cid()
-                    resp, sent, arrived = await conn.send_frame(bytes(encode_frame(req, v["commit"], cid,
-                                                                                   self.client_id)))
+                    resp, sent, arrived = await conn.send_frame(
+                        bytes(encode_frame(req, v["commit"], cid, self.client_id))
+                    )
                     _, pos = decode_response_header(resp, 8, v["commit"])
                     r = m.OffsetCommitResponse.decode(resp, v["commit"], pos)
                     code = next((p.error_code for t in r.topics for p in t.partitions if p.error_code), 0)
@@ -466,10 +549,19 @@ class Worker:
 
         cpu0 = _cpu()
         t0 = _now()
-        await asyncio.gather(*(run(c, ms, n) for (c, ms), n in zip(live, per_conn)))
+        await asyncio.gather(*(run(c, ms, n) for (c, ms), n in zip(live, per_conn, strict=True)))
         t1 = _now()
-        return {"kind": kind, "requests": len(lat), "seconds": t1 - t0, "started": t0, "ended": t1,
-                "errors": errors, "latency_us": lat.tobytes(), "cpu_s": _cpu() - cpu0, "connections": len(live)}
+        return {
+            "kind": kind,
+            "requests": len(lat),
+            "seconds": t1 - t0,
+            "started": t0,
+            "ended": t1,
+            "errors": errors,
+            "latency_us": lat.tobytes(),
+            "cpu_s": _cpu() - cpu0,
+            "connections": len(live),
+        }
 
 
 class _Schedule:
@@ -484,6 +576,10 @@ class _Schedule:
         self._fut = None
         self._handle = None
         self._due = None
+        self.inflight = False
+
+    def due_before(self, t: float) -> int:
+        return sum(1 for e in self.heap if e[0] < t)
 
     def add(self, due: float, mem: Member):
         self.seq += 1
@@ -536,6 +632,7 @@ class _Schedule:
             frame = mem.hb_frame
             cid = conn.next_cid()
             pack_into(">i", frame, 8, cid)
+            self.inflight = True
             try:
                 resp, sent, arrived = await conn.send_frame(bytes(frame))
             except ConnectionLost:
@@ -543,6 +640,7 @@ class _Schedule:
                 st.members_failed += 1 + len(heap)
                 heap.clear()
                 return
+            self.inflight = False
             _, pos = decode_response_header(resp, 12, version)
             code = decode(resp, version, pos).error_code
             st.hb_sent += 1
@@ -552,6 +650,8 @@ class _Schedule:
                 if len(st.hb_latency_us) < st.max_samples:
                     st.hb_latency_us.append(latency)
                     st.hb_lateness_us.append((sent - due) * 1e6)
+                if latency > SLOW_US and len(st.slow_sent) < 100_000:
+                    st.slow_sent.append(sent)
             else:
                 st.hb_before_window += 1
                 if latency > st.hb_max_latency_before_window_us:
@@ -561,7 +661,9 @@ class _Schedule:
                 mem.failed = True
                 st.members_failed += 1
                 continue
-            heapq.heappush(heap, (due + interval, seq, mem))
+            # like a real client: the next heartbeat is due one interval after this one was sent
+            # (on time: due + interval; late: the schedule slips, missed beats are not made up)
+            heapq.heappush(heap, (max(due, sent) + interval, seq, mem))
 
 
 def _wake(fut):
@@ -577,6 +679,7 @@ def _cpu() -> float:
 def _worker_main(cfg: dict, pipe) -> None:
     try:
         import uvloop
+
         runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
     except ImportError:
         runner = asyncio.Runner()
@@ -587,12 +690,32 @@ def _worker_main(cfg: dict, pipe) -> None:
 
 # ---- the parent side --------------------------------------------------------------------------------
 
+
 def _merge_counts(dicts) -> dict:
     out: dict[str, int] = {}
     for d in dicts:
         for k, v in d.items():
             out[k] = out.get(k, 0) + v
     return out
+
+
+def _stalls(reps, start: float, bucket: float = 0.25) -> dict:
+    """Slow (> SLOW_US) heartbeats grouped by when they were sent: many in few 250 ms buckets
+    point to the server stalling (every connection waits at once); spread thin, to CPU contention."""
+    sent = array("d")
+    for r in reps:
+        sent.frombytes(r["slow_sent"])
+    buckets: dict[int, int] = {}
+    for t in sent:
+        k = int((t - start) / bucket)
+        buckets[k] = buckets.get(k, 0) + 1
+    top = sorted(buckets.items(), key=lambda kv: -kv[1])[:10]
+    return {
+        "threshold_ms": SLOW_US / 1000,
+        "count": len(sent),
+        "buckets_250ms": len(buckets),
+        "top_buckets": [[round(k * bucket, 2), n] for k, n in top],  # [seconds into the window, count]
+    }
 
 
 def _floats(blobs) -> array:
@@ -607,8 +730,16 @@ class LoadGen:
 
     ``with LoadGen(bootstrap, groups=500, members=10) as lg: lg.join(); lg.window(60)``"""
 
-    def __init__(self, bootstrap: str, groups: int, members: int | None = None, procs: int = 2,
-                 hb_conns: int | None = None, group_prefix: str = "load", **options):
+    def __init__(
+        self,
+        bootstrap: str,
+        groups: int,
+        members: int | None = None,
+        procs: int = 2,
+        hb_conns: int | None = None,
+        group_prefix: str = "load",
+        **options,
+    ):
         self.bootstrap = bootstrap
         self.n_groups = groups
         self.procs = max(1, min(procs, groups))
@@ -631,8 +762,12 @@ class LoadGen:
 
     def params(self) -> dict:
         p = {k: v for k, v in self.cfg.items() if k not in ("max_latency_samples",)}
-        p.update(groups=self.n_groups, procs=self.procs, hb_conns=self.hb_conns_total,
-                 join_conns=self.cfg["join_concurrency"] * self.cfg["members"] * self.procs)
+        p.update(
+            groups=self.n_groups,
+            procs=self.procs,
+            hb_conns=self.hb_conns_total,
+            join_conns=self.cfg["join_concurrency"] * self.cfg["members"] * self.procs,
+        )
         return p
 
     def connections_needed(self) -> int:
@@ -643,11 +778,19 @@ class LoadGen:
         ids = [f"{self.group_prefix}-{i:07d}" for i in range(self.n_groups)]
         try:
             for p in range(self.procs):
-                mine = ids[p::self.procs]
-                cfg = dict(self.cfg, proc=p, bootstrap=self.bootstrap, group_ids=mine,
-                           hb_conns=max(1, self.hb_conns_total // self.procs
-                                        + (1 if p < self.hb_conns_total % self.procs else 0)),
-                           join_concurrency=max(1, min(self.cfg["join_concurrency"], len(mine))))
+                mine = ids[p :: self.procs]
+                cfg = dict(
+                    self.cfg,
+                    proc=p,
+                    bootstrap=self.bootstrap,
+                    group_ids=mine,
+                    hb_conns=max(
+                        1,
+                        self.hb_conns_total // self.procs
+                        + (1 if p < self.hb_conns_total % self.procs else 0),
+                    ),
+                    join_concurrency=max(1, min(self.cfg["join_concurrency"], len(mine))),
+                )
                 parent, child = ctx.Pipe()
                 proc = ctx.Process(target=_worker_main, args=(cfg, child), daemon=True)
                 proc.start()
@@ -713,6 +856,7 @@ class LoadGen:
         reps = self._collect("joined", (timeout or self.cfg["join_timeout"]) + 60)
         lat = _floats(r["join_latency_us"] for r in reps)
         from bench._util import percentiles
+
         return {
             "seconds": max(r["join_done_at"] for r in reps) - t0,
             "groups_joined": sum(r["groups_joined"] for r in reps),
@@ -723,8 +867,9 @@ class LoadGen:
             "heartbeats_while_joining": sum(r["join_heartbeats"] for r in reps),
             "generations": sum(r["rebalances"] for r in reps),
             "errors": _merge_counts(r["join_errors"] for r in reps),
-            "request_latency_ms": {k: (v / 1000 if isinstance(v, float) else v)
-                                   for k, v in percentiles(lat, (50, 99)).items()},
+            "request_latency_ms": {
+                k: (v / 1000 if isinstance(v, float) else v) for k, v in percentiles(lat, (50, 99)).items()
+            },
             "load_cpu_s": sum(r["cpu_s"] for r in reps) - sum(self.cpu_at_ready),
         }
 
@@ -734,47 +879,61 @@ class LoadGen:
         end = start + duration
         cpu0 = self._children_cpu()
         self._broadcast("window", start, end)
-        reps = self._collect("window_done", duration + 120)
+        reps = self._collect("window_done", duration + self.cfg["window_grace"] + 60)
         cpu1 = self._children_cpu()
         lat = _floats(r["hb_latency_us"] for r in reps)
         late = _floats(r["hb_lateness_us"] for r in reps)
         from bench._util import percentiles
-        lat_ms = {k: (v / 1000 if isinstance(v, float) else v)
-                  for k, v in percentiles(lat, (50, 99, 99.9)).items()}
-        late_ms = {k: (v / 1000 if isinstance(v, float) else v)
-                   for k, v in percentiles(late, (50, 99)).items()}
+
+        lat_ms = {
+            k: (v / 1000 if isinstance(v, float) else v) for k, v in percentiles(lat, (50, 99, 99.9)).items()
+        }
+        late_ms = {
+            k: (v / 1000 if isinstance(v, float) else v) for k, v in percentiles(late, (50, 99)).items()
+        }
         return {
             "window_s": duration,
             "heartbeats": sum(r["hb_in_window"] for r in reps),
             "heartbeats_per_s": sum(r["hb_in_window"] for r in reps) / duration,
             "heartbeats_before_window": sum(r["hb_before_window"] for r in reps),
             "max_latency_before_window_ms": max(r["hb_max_latency_before_window_us"] for r in reps) / 1000,
-            "latency_ms": lat_ms, "lateness_ms": late_ms,
+            "latency_ms": lat_ms,
+            "lateness_ms": late_ms,
             "errors": _merge_counts(r["errors"] for r in reps),
             "members_failed": sum(r["members_failed"] for r in reps),
+            "unanswered": sum(r["hb_unanswered"] for r in reps),
+            "due_but_not_sent": sum(r["hb_not_sent"] for r in reps),
             "load_cpu_util": (cpu1 - cpu0) / max(1e-9, _now() - start),
+            "slow": _stalls(reps, start),
         }
 
     def burst(self, kind: str, total: int) -> dict:
         per = [total // self.procs + (1 if i < total % self.procs else 0) for i in range(self.procs)]
-        for pipe, n in zip(self.pipes, per):
+        for pipe, n in zip(self.pipes, per, strict=True):
             pipe.send(("burst", kind, n))
         reps = self._collect("burst_done", 600)
         lat = _floats(r["latency_us"] for r in reps)
         from bench._util import percentiles
+
         started = min(r["started"] for r in reps)
         ended = max(r["ended"] for r in reps)
         n = sum(r["requests"] for r in reps)
-        return {"kind": kind, "requests": n, "seconds": ended - started,
-                "requests_per_s": n / (ended - started) if ended > started else None,
-                "errors": _merge_counts(r["errors"] for r in reps),
-                "latency_ms": {k: (v / 1000 if isinstance(v, float) else v)
-                               for k, v in percentiles(lat, (50, 99)).items()},
-                "connections": sum(r["connections"] for r in reps),
-                "load_cpu_us_per_request": sum(r["cpu_s"] for r in reps) * 1e6 / n if n else None}
+        return {
+            "kind": kind,
+            "requests": n,
+            "seconds": ended - started,
+            "requests_per_s": n / (ended - started) if ended > started else None,
+            "errors": _merge_counts(r["errors"] for r in reps),
+            "latency_ms": {
+                k: (v / 1000 if isinstance(v, float) else v) for k, v in percentiles(lat, (50, 99)).items()
+            },
+            "connections": sum(r["connections"] for r in reps),
+            "load_cpu_us_per_request": sum(r["cpu_s"] for r in reps) * 1e6 / n if n else None,
+        }
 
     def _children_cpu(self) -> float:
         from bench._util import proc_cpu_seconds
+
         total = 0.0
         for pid in self.pids():
             try:
@@ -786,15 +945,22 @@ class LoadGen:
 
 # ---- standalone use ------------------------------------------------------------------------------------
 
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m bench.loadgen", description=__doc__.split("\n\n")[0])
     ap.add_argument("--bootstrap", required=True, help="HOST:PORT of the coordinator")
     ap.add_argument("--groups", type=int, default=500)
     ap.add_argument("--members", type=int, default=10)
     ap.add_argument("--procs", type=int, default=2)
-    ap.add_argument("--hb-conns", type=int, default=None, help="heartbeat connections in all (default: groups)")
-    ap.add_argument("--join-concurrency", type=int, default=DEFAULTS["join_concurrency"],
-                    help="groups joining at once per process")
+    ap.add_argument(
+        "--hb-conns", type=int, default=None, help="heartbeat connections in all (default: groups)"
+    )
+    ap.add_argument(
+        "--join-concurrency",
+        type=int,
+        default=DEFAULTS["join_concurrency"],
+        help="groups joining at once per process",
+    )
     ap.add_argument("--session-timeout-ms", type=int, default=DEFAULTS["session_timeout_ms"])
     ap.add_argument("--hb-interval", type=float, default=DEFAULTS["hb_interval"])
     ap.add_argument("--duration", type=float, default=30.0, help="heartbeat window, seconds")
@@ -804,9 +970,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cli(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    with LoadGen(args.bootstrap, args.groups, args.members, procs=args.procs, hb_conns=args.hb_conns,
-                 group_prefix=args.group_prefix, join_concurrency=args.join_concurrency,
-                 session_timeout_ms=args.session_timeout_ms, hb_interval=args.hb_interval) as lg:
+    with LoadGen(
+        args.bootstrap,
+        args.groups,
+        args.members,
+        procs=args.procs,
+        hb_conns=args.hb_conns,
+        group_prefix=args.group_prefix,
+        join_concurrency=args.join_concurrency,
+        session_timeout_ms=args.session_timeout_ms,
+        hb_interval=args.hb_interval,
+    ) as lg:
         joined = lg.join()
         hb = lg.window(args.duration)
     print(json.dumps({"params": lg.params(), "join": joined, "heartbeat": hb}))

@@ -19,6 +19,7 @@ herd and the mock run in the same invocation, one after the other. Target (herd)
 <= heartbeat interval + 200 ms (the mock waits session timeout − 1 s for any rebalance after the
 first).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,6 +69,7 @@ class Member(threading.Thread):
 
     def run(self):
         from confluent_kafka import Consumer
+
         consumer = None
         try:
             consumer = Consumer(self.conf)
@@ -137,13 +139,21 @@ def _spread(xs):
 def run_target(target: str, bootstrap: str, args) -> dict:
     group = f"bench-rebalance-{target}-{int(time.time() * 1000) % 10**8}"
     conf = {
-        "bootstrap.servers": bootstrap, "group.id": group,
-        "session.timeout.ms": args.session_timeout_ms, "heartbeat.interval.ms": args.heartbeat_interval_ms,
-        "partition.assignment.strategy": args.assignor, "enable.auto.commit": False,
-        "auto.offset.reset": "latest", "socket.nagle.disable": True, "log_level": 3,
+        "bootstrap.servers": bootstrap,
+        "group.id": group,
+        "session.timeout.ms": args.session_timeout_ms,
+        "heartbeat.interval.ms": args.heartbeat_interval_ms,
+        "partition.assignment.strategy": args.assignor,
+        "enable.auto.commit": False,
+        "auto.offset.reset": "latest",
+        "socket.nagle.disable": True,
+        "log_level": 3,
         "max.poll.interval.ms": 300000,
     }
-    members = [Member(i, dict(conf, **{"client.id": f"bench-rebalance-{i}"}), args.topic) for i in range(args.members)]
+    members = [
+        Member(i, dict(conf, **{"client.id": f"bench-rebalance-{i}"}), args.topic)
+        for i in range(args.members)
+    ]
     out = {"target": target, "members": args.members}
     try:
         t0 = _now()
@@ -170,11 +180,16 @@ def run_target(target: str, bootstrap: str, args) -> dict:
             victim.join(30)
             revoked = sorted(mb.revoked_at - t_leave for mb in live if mb.revoked_at >= t_leave)
             assigned = sorted(mb.assigned_at - t_leave for mb in live if mb.assigned_at >= t_leave)
-            leaves.append({"members_after": len(live),
-                           "leave_to_complete_s": None if done is None else done - t_leave,
-                           "close_s": None if victim.closed_at is None else victim.closed_at - t_leave,
-                           # when survivors learned of the rebalance (on_revoke) and got their part
-                           "revoked_s": _spread(revoked), "assigned_s": _spread(assigned)})
+            leaves.append(
+                {
+                    "members_after": len(live),
+                    "leave_to_complete_s": None if done is None else done - t_leave,
+                    "close_s": None if victim.closed_at is None else victim.closed_at - t_leave,
+                    # when survivors learned of the rebalance (on_revoke) and got their part
+                    "revoked_s": _spread(revoked),
+                    "assigned_s": _spread(assigned),
+                }
+            )
             if done is None:
                 break
         out["leaves"] = leaves
@@ -194,7 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m bench.rebalance", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="one leave (< 60 s in all)")
     ap.add_argument("--members", type=int, default=50)
-    ap.add_argument("--leaves", type=int, default=None, help="members closed one after another (default 3, quick 1)")
+    ap.add_argument(
+        "--leaves", type=int, default=None, help="members closed one after another (default 3, quick 1)"
+    )
     ap.add_argument("--session-timeout-ms", type=int, default=10_000)
     ap.add_argument("--heartbeat-interval-ms", type=int, default=1_000)
     ap.add_argument("--initial-rebalance-delay-ms", type=int, default=0, help="for herd and the mock")
@@ -202,7 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--topic", default="bench")
     ap.add_argument("--topic-partitions", type=int, default=100)
     ap.add_argument("--settle", type=float, default=1.0, help="a complete assignment must hold this long")
-    ap.add_argument("--timeout", type=float, default=60.0, help="give up waiting for an assignment after this")
+    ap.add_argument(
+        "--timeout", type=float, default=60.0, help="give up waiting for an assignment after this"
+    )
     ap.add_argument("--targets", default="herd,mock")
     ap.add_argument("--fsync", default="always", choices=("always", "never"))
     ap.add_argument("--herd-log-level", default="info")
@@ -219,42 +238,90 @@ def main(argv=None):
     runs = {}
     for target in [t for t in args.targets.split(",") if t]:
         if target == "herd":
-            with U.Herd(fsync=args.fsync, topics=[topic], initial_rebalance_delay_ms=args.initial_rebalance_delay_ms,
-                        log_level=args.herd_log_level) as herd:
+            with U.Herd(
+                fsync=args.fsync,
+                topics=[topic],
+                initial_rebalance_delay_ms=args.initial_rebalance_delay_ms,
+                log_level=args.herd_log_level,
+            ) as herd:
                 runs[target] = run_target(target, herd.bootstrap, args)
                 runs[target]["herd_rebalances"] = [
-                    {k: e.get(k) for k in ("generation", "members", "reason", "duration_ms", "preparing_ms",
-                                           "completing_ms")}
-                    for e in herd.log_events("rebalance_completed")]
+                    {
+                        k: e.get(k)
+                        for k in (
+                            "generation",
+                            "members",
+                            "reason",
+                            "duration_ms",
+                            "preparing_ms",
+                            "completing_ms",
+                        )
+                    }
+                    for e in herd.log_events("rebalance_completed")
+                ]
                 runs[target]["herd_malformed_fetch_closes"] = sum(
-                    1 for line in herd.logs().splitlines() if "malformed FetchRequest" in line)
+                    1 for line in herd.logs().splitlines() if "malformed FetchRequest" in line
+                )
         elif target == "mock":
             with U.Mock(topics=[topic], initial_rebalance_delay_ms=args.initial_rebalance_delay_ms) as mock:
                 runs[target] = run_target(target, mock.bootstrap, args)
         else:
             raise SystemExit(f"unknown target {target}")
         r = runs[target]
-        print(f"  {target}: start→stable {r['start_to_stable_s']}, leaves {[x['leave_to_complete_s'] for x in r['leaves']]}",
-              file=sys.stderr, flush=True)
+        print(
+            f"  {target}: start→stable {r['start_to_stable_s']}, "
+            f"leaves {[x['leave_to_complete_s'] for x in r['leaves']]}",
+            file=sys.stderr,
+            flush=True,
+        )
     herd = runs.get("herd")
     result = {
-        "benchmark": "rebalance", **env, "clients": U.client_versions(),
-        "params": {k: v for k, v in vars(args).items()}, "target_leave_s": target_s, "runs": runs,
+        "benchmark": "rebalance",
+        **env,
+        "clients": U.client_versions(),
+        "params": {k: v for k, v in vars(args).items()},
+        "target_leave_s": target_s,
+        "runs": runs,
     }
     if herd:
-        result["meets_target"] = (not herd["incomplete"] and herd["leave_to_complete_max_s"] is not None
-                                  and herd["leave_to_complete_max_s"] <= target_s)
-    if herd and runs.get("mock") and runs["mock"]["leave_to_complete_median_s"] and herd["leave_to_complete_median_s"]:
-        result["speedup_leave_mock_over_herd"] = runs["mock"]["leave_to_complete_median_s"] / herd["leave_to_complete_median_s"]
+        result["meets_target"] = (
+            not herd["incomplete"]
+            and herd["leave_to_complete_max_s"] is not None
+            and herd["leave_to_complete_max_s"] <= target_s
+        )
+    if (
+        herd
+        and runs.get("mock")
+        and runs["mock"]["leave_to_complete_median_s"]
+        and herd["leave_to_complete_median_s"]
+    ):
+        result["speedup_leave_mock_over_herd"] = (
+            runs["mock"]["leave_to_complete_median_s"] / herd["leave_to_complete_median_s"]
+        )
 
     def fmt(x):
         return "-" if x is None else f"{x:.3f}"
 
-    rows = [[t, fmt(r["start_to_stable_s"]), fmt(r["leave_to_complete_median_s"]), fmt(r["leave_to_complete_max_s"]),
-             len(r["leaves"]), f"<= {target_s:.1f}" if t == "herd" else "",
-             ("yes" if result.get("meets_target") else "NO") if t == "herd" else ""] for t, r in runs.items()]
-    U.emit(result, f"rebalance ({args.members} confluent-kafka members)\n" + U.table(
-        rows, ["server", "start→stable s", "leave→complete median s", "max s", "leaves", "target", "holds"]))
+    rows = [
+        [
+            t,
+            fmt(r["start_to_stable_s"]),
+            fmt(r["leave_to_complete_median_s"]),
+            fmt(r["leave_to_complete_max_s"]),
+            len(r["leaves"]),
+            f"<= {target_s:.1f}" if t == "herd" else "",
+            ("yes" if result.get("meets_target") else "NO") if t == "herd" else "",
+        ]
+        for t, r in runs.items()
+    ]
+    U.emit(
+        result,
+        f"rebalance ({args.members} confluent-kafka members)\n"
+        + U.table(
+            rows,
+            ["server", "start→stable s", "leave→complete median s", "max s", "leaves", "target", "holds"],
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ Once every group is complete, a ``--duration`` s measurement window starts. Hear
 Reported: join completion time (command to last group complete), heartbeat latency p50/p99/p99.9/
 max in the window, how late heartbeats were sent (load tool saturation), error codes, members
 that failed (any non-zero heartbeat error — UNKNOWN_MEMBER_ID / REBALANCE_IN_PROGRESS mean a member
-expired), the daemon's RSS (max of 0.5 s samples) and CPU, the load processes' CPU. Error codes
+expired; heartbeats unanswered or not sent by the end of the window + 15 s count as errors too),
+the daemon's RSS (max of 0.5 s samples) and CPU, the load processes' CPU. Error codes
 answered DURING the joins (REBALANCE_IN_PROGRESS when members arrive at different times) are the
 protocol working and are reported separately. Targets: 0 errors, no member expired, p99 < 20 ms,
 RSS < 1.5 GB.
@@ -21,6 +22,7 @@ RSS < 1.5 GB.
 members / M) with a fresh daemon each, stop at the first step that misses a target, and report
 the largest count that met them all.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,11 +47,22 @@ def run_once(groups: int, args, label: str = "") -> dict:
         out["daemon_start_s"] = herd.start_seconds
         out["data_fs"] = U.filesystem_of(herd.data_dir)
         out["rss_idle_mb"] = U.proc_rss_bytes(herd.pid) / 2**20
-        with U.Sampler(herd.pid) as sampler, \
-                LoadGen(herd.bootstrap, groups=groups, members=args.members, procs=args.procs, hb_conns=hb_conns,
-                        group_prefix=f"scale{label}", session_timeout_ms=args.session_timeout_ms,
-                        rebalance_timeout_ms=args.rebalance_timeout_ms, hb_interval=args.hb_interval,
-                        join_concurrency=args.join_concurrency, join_timeout=args.join_timeout) as lg:
+        with (
+            U.Sampler(herd.pid) as sampler,
+            LoadGen(
+                herd.bootstrap,
+                groups=groups,
+                members=args.members,
+                procs=args.procs,
+                hb_conns=hb_conns,
+                group_prefix=f"scale{label}",
+                session_timeout_ms=args.session_timeout_ms,
+                rebalance_timeout_ms=args.rebalance_timeout_ms,
+                hb_interval=args.hb_interval,
+                join_concurrency=args.join_concurrency,
+                join_timeout=args.join_timeout,
+            ) as lg,
+        ):
             out["load_params"] = lg.params()
             cpu0 = U.proc_cpu_seconds(herd.pid)
             t0 = time.perf_counter()
@@ -59,14 +72,23 @@ def run_once(groups: int, args, label: str = "") -> dict:
             n_join_samples = len(sampler.samples)
             cpu1 = U.proc_cpu_seconds(herd.pid)
             w0 = time.perf_counter()
+            load = U.MachineLoad(herd.pid)
+            load.__enter__()
+            probe = U.StallProbe().__enter__()
             if args.profile:
                 profile_path = f"{args.profile}/scale-{groups * args.members}.txt"
                 import pathlib
+
                 pathlib.Path(args.profile).mkdir(parents=True, exist_ok=True)
                 with U.PySpy(herd.pid, profile_path, rate=args.profile_rate, native=args.profile_native):
-                    out["heartbeat"] = lg.window(args.duration)
+                    out["heartbeat"] = lg.window(args.duration, start=w0)
             else:
-                out["heartbeat"] = lg.window(args.duration)
+                out["heartbeat"] = lg.window(args.duration, start=w0)
+            load.__exit__(None, None, None)
+            probe.__exit__(None, None, None)
+            out["heartbeat"].update(load.result())
+            # stalls seen by an idle probe thread in this process: the whole machine stalling
+            out["heartbeat"]["machine_stalls"] = probe.summary(w0, w0 + args.duration)
             out["heartbeat"]["daemon_cpu_util"] = (U.proc_cpu_seconds(herd.pid) - cpu1) / (time.perf_counter() - w0)
             out["heartbeat"]["daemon_cpu_util_max_5s"] = sampler.max_cpu_util(5.0, first=n_join_samples)
             out["rss_end_mb"] = U.proc_rss_bytes(herd.pid) / 2**20
@@ -76,11 +98,14 @@ def run_once(groups: int, args, label: str = "") -> dict:
         out["join_to_window_end_s"] = time.perf_counter() - t0
     hb = out["heartbeat"]
     p99 = hb["latency_ms"]["p99"]
-    errors = sum(hb["errors"].values())
+    errors = sum(hb["errors"].values()) + hb["unanswered"] + hb["due_but_not_sent"]
     failed = hb["members_failed"] + out["join"]["groups_failed"] * args.members
     rss = max(out["rss_hwm_mb"], out["rss_max_sampled_mb"])
     out["checks"] = {
-        "errors": errors, "members_failed": failed, "p99_ms": p99, "rss_mb": rss,
+        "errors": errors,
+        "members_failed": failed,
+        "p99_ms": p99,
+        "rss_mb": rss,
         "errors_ok": errors == 0 and failed == 0,
         "p99_ok": p99 is not None and p99 < TARGETS["p99_ms"],
         "rss_ok": rss < TARGETS["rss_mb"],
@@ -88,6 +113,7 @@ def run_once(groups: int, args, label: str = "") -> dict:
     out["meets_targets"] = all(out["checks"][k] for k in ("errors_ok", "p99_ok", "rss_ok"))
     if profile_path:
         from bench import _profile
+
         summary = _profile.summarize(profile_path, top=args.profile_top)
         summary["file"] = profile_path
         out["profile"] = summary
@@ -98,15 +124,38 @@ def run_once(groups: int, args, label: str = "") -> dict:
 def _row(r: dict) -> list:
     hb = r["heartbeat"]
     lat = hb["latency_ms"]
-    return [r["members"], r["groups"], f"{r['join']['seconds']:.1f}", f"{lat['p50']:.2f}" if lat["p50"] is not None else "-",
-            f"{lat['p99']:.2f}" if lat["p99"] is not None else "-", f"{lat['max']:.1f}" if lat["max"] is not None else "-",
-            r["checks"]["errors"], r["checks"]["members_failed"], f"{r['checks']['rss_mb']:.0f}",
-            f"{hb['daemon_cpu_util']:.2f}", f"{hb['load_cpu_util']:.2f}", f"{hb['lateness_ms']['p99'] or 0:.1f}",
-            "yes" if r["meets_targets"] else "NO"]
+    return [
+        r["members"],
+        r["groups"],
+        f"{r['join']['seconds']:.1f}",
+        f"{lat['p50']:.2f}" if lat["p50"] is not None else "-",
+        f"{lat['p99']:.2f}" if lat["p99"] is not None else "-",
+        f"{lat['max']:.1f}" if lat["max"] is not None else "-",
+        r["checks"]["errors"],
+        r["checks"]["members_failed"],
+        f"{r['checks']['rss_mb']:.0f}",
+        f"{hb['daemon_cpu_util']:.2f}",
+        f"{hb['load_cpu_util']:.2f}",
+        f"{hb['lateness_ms']['p99'] or 0:.1f}",
+        "yes" if r["meets_targets"] else "NO",
+    ]
 
 
-HEADER = ["members", "groups", "join s", "hb p50 ms", "p99 ms", "max ms", "errors", "failed", "RSS MB",
-          "daemon cpu", "load cpu", "late p99 ms", "targets"]
+HEADER = [
+    "members",
+    "groups",
+    "join s",
+    "hb p50 ms",
+    "p99 ms",
+    "max ms",
+    "errors",
+    "failed",
+    "RSS MB",
+    "daemon cpu",
+    "load cpu",
+    "late p99 ms",
+    "targets",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -114,9 +163,19 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--quick", action="store_true", help="500 groups × 10, 20 s window (< 60 s)")
     ap.add_argument("--groups", type=int, default=None, help="default 10000 (quick 500)")
     ap.add_argument("--members", type=int, default=10, help="members per group")
-    ap.add_argument("--duration", type=float, default=None, help="measurement window, s (default 60, quick 20)")
+    ap.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help="measurement window, s (default 60; quick 20; --find-max steps 30)",
+    )
     ap.add_argument("--procs", type=int, default=2, help="load processes (keep <= 2-3 on 2 cores)")
-    ap.add_argument("--hb-conns", type=int, default=None, help=f"heartbeat connections (default min(groups, {MAX_HB_CONNS}))")
+    ap.add_argument(
+        "--hb-conns",
+        type=int,
+        default=None,
+        help=f"heartbeat connections (default min(groups, {MAX_HB_CONNS}))",
+    )
     ap.add_argument("--join-concurrency", type=int, default=50, help="groups joining at once per process")
     ap.add_argument("--join-timeout", type=float, default=600.0)
     ap.add_argument("--session-timeout-ms", type=int, default=30_000)
@@ -125,9 +184,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--fsync", default="always", choices=("always", "never"))
     ap.add_argument("--herd-log-level", default="info")
     ap.add_argument("--find-max", action="store_true", help="step the member count up; report the largest passing")
-    ap.add_argument("--steps", default=None,
-                    help="members per step for --find-max (default 20000,50000,100000,150000,200000,300000; "
-                         "quick 2000,5000,10000)")
+    ap.add_argument(
+        "--steps",
+        default=None,
+        help="members per step for --find-max (default 10000,20000,30000,50000,75000,100000; quick 2000,5000,10000)",
+    )
     ap.add_argument("--profile", metavar="DIR", default=None, help="profile the daemon with py-spy in the window")
     ap.add_argument("--profile-rate", type=int, default=100)
     ap.add_argument("--profile-native", action="store_true")
@@ -140,13 +201,17 @@ def main(argv=None):
     if args.groups is None:
         args.groups = 500 if args.quick else 10_000
     if args.duration is None:
-        args.duration = 20.0 if args.quick else 60.0
+        args.duration = 20.0 if args.quick else (30.0 if args.find_max else 60.0)
     env = U.environment()
     params = {k: v for k, v in vars(args).items() if k not in ("profile_top",)}
     result = {"benchmark": "scale", **env, "params": params, "targets": TARGETS}
     if args.find_max:
-        steps = [int(x) for x in (args.steps or ("2000,5000,10000" if args.quick else
-                                                  "20000,50000,100000,150000,200000,300000")).split(",")]
+        steps = [
+            int(x)
+            for x in (
+                args.steps or ("2000,5000,10000" if args.quick else "10000,20000,30000,50000,75000,100000")
+            ).split(",")
+        ]
         runs = []
         best = None
         for i, members in enumerate(steps):
@@ -156,8 +221,12 @@ def main(argv=None):
             if not r["meets_targets"]:
                 break
             best = r["members"]
-        result.update(mode="find-max", runs=runs, max_members_meeting_targets=best,
-                      first_failing=None if runs[-1]["meets_targets"] else runs[-1]["members"])
+        result.update(
+            mode="find-max",
+            runs=runs,
+            max_members_meeting_targets=best,
+            first_failing=None if runs[-1]["meets_targets"] else runs[-1]["members"],
+        )
         text = U.table([_row(r) for r in runs], HEADER) + f"\nlargest member count meeting the targets: {best}"
     else:
         r = run_once(args.groups, args)

@@ -23,6 +23,7 @@ per request is reported so a saturated client is visible. Targets: <= 10 µs per
 stacks in DIR/<fsync>-<kind>.txt) and add the top functions to the JSON. The measured numbers never
 come from a profiled run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,38 +38,61 @@ TARGET_US = {"heartbeat": 10.0, "commit": 25.0}
 
 
 def measure(pid: int, lg: LoadGen, kind: str, count: int, idle_rate: float) -> dict:
+    us0 = U.proc_user_sys_seconds(pid)
     t0 = U.proc_threads_cpu_ns(pid)
     res = lg.burst(kind, count)
     t1 = U.proc_threads_cpu_ns(pid)
+    us1 = U.proc_user_sys_seconds(pid)
     by_thread = {k: (v - t0.get(k, 0)) / 1e9 for k, v in t1.items()}
     cpu = sum(by_thread.values())
     n = res["requests"]
     wall = res["seconds"]
     net = cpu - idle_rate * wall
     res.update(
-        daemon_cpu_s=cpu, idle_cpu_s=idle_rate * wall,
+        daemon_cpu_s=cpu,
+        idle_cpu_s=idle_rate * wall,
         daemon_cpu_us_per_request=net * 1e6 / n if n else None,
         daemon_cpu_us_per_request_by_thread={k: v * 1e6 / n for k, v in by_thread.items() if v > 0},
         daemon_cpu_util=cpu / wall if wall else None,
+        # user = the Python process itself, sys = the kernel on its behalf (socket read/write, pwrite,
+        # fsync); from /proc/<pid>/stat ticks (10 ms), idle not subtracted
+        daemon_user_us_per_request=(us1[0] - us0[0]) * 1e6 / n if n else None,
+        daemon_sys_us_per_request=(us1[1] - us0[1]) * 1e6 / n if n else None,
         target_us=TARGET_US[kind],
     )
-    res["meets_target"] = (res["daemon_cpu_us_per_request"] is not None
-                           and res["daemon_cpu_us_per_request"] <= TARGET_US[kind] and not res["errors"])
+    res["meets_target"] = (
+        res["daemon_cpu_us_per_request"] is not None
+        and res["daemon_cpu_us_per_request"] <= TARGET_US[kind]
+        and not res["errors"]
+    )
     return res
 
 
 def run_mode(fsync: str, args) -> dict:
     out = {"fsync": fsync}
-    with U.Herd(fsync=fsync, log_level=args.herd_log_level,
-                extra_args=["--max-connections", str(args.conns + 4 * args.members * args.join_concurrency + 100)]) as herd:
+    with U.Herd(
+        fsync=fsync,
+        log_level=args.herd_log_level,
+        extra_args=["--max-connections", str(args.conns + 4 * args.members * args.join_concurrency + 100)],
+    ) as herd:
         out["data_fs"] = U.filesystem_of(herd.data_dir)
-        with LoadGen(herd.bootstrap, groups=args.groups, members=args.members, procs=args.procs,
-                     hb_conns=args.conns, group_prefix=f"cost-{fsync}", hb_schedule=False,
-                     session_timeout_ms=300_000, rebalance_timeout_ms=60_000,
-                     join_concurrency=args.join_concurrency) as lg:
+        with LoadGen(
+            herd.bootstrap,
+            groups=args.groups,
+            members=args.members,
+            procs=args.procs,
+            hb_conns=args.conns,
+            group_prefix=f"cost-{fsync}",
+            hb_schedule=False,
+            session_timeout_ms=300_000,
+            rebalance_timeout_ms=60_000,
+            join_concurrency=args.join_concurrency,
+        ) as lg:
             out["load_params"] = lg.params()
             joined = lg.join()
-            out["join"] = {k: joined[k] for k in ("seconds", "groups_joined", "groups_failed", "members_joined")}
+            out["join"] = {
+                k: joined[k] for k in ("seconds", "groups_joined", "groups_failed", "members_joined")
+            }
             if joined["groups_failed"]:
                 raise RuntimeError(f"{joined['groups_failed']} groups did not complete their join")
             lg.burst("heartbeat", args.warmup)  # warm up both paths
@@ -83,12 +107,13 @@ def run_mode(fsync: str, args) -> dict:
             out["rss_mb"] = U.proc_rss_bytes(herd.pid) / 2**20
             if args.profile:
                 from bench import _profile
+
                 pdir = Path(args.profile)
                 pdir.mkdir(parents=True, exist_ok=True)
                 out["profile"] = {}
                 for kind, count in (("heartbeat", args.heartbeats), ("commit", args.commits)):
                     path = pdir / f"server_cost-{fsync}-{kind}.txt"
-                    with U.PySpy(herd.pid, path, rate=args.profile_rate):
+                    with U.PySpy(herd.pid, path, rate=args.profile_rate, native=args.profile_native):
                         lg.burst(kind, count)
                     summary = _profile.summarize(path, top=args.profile_top)
                     summary["file"] = str(path)
@@ -106,13 +131,18 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--warmup", type=int, default=2000, help="requests of each kind before measuring")
     ap.add_argument("--groups", type=int, default=200)
     ap.add_argument("--members", type=int, default=10)
-    ap.add_argument("--conns", type=int, default=200, help="load connections in all (one request in flight each)")
+    ap.add_argument(
+        "--conns", type=int, default=200, help="load connections in all (one request in flight each)"
+    )
     ap.add_argument("--procs", type=int, default=2, help="load processes")
     ap.add_argument("--join-concurrency", type=int, default=20)
     ap.add_argument("--idle-seconds", type=float, default=None, help="idle CPU window (default 3, quick 1)")
     ap.add_argument("--herd-log-level", default="info")
     ap.add_argument("--profile", metavar="DIR", default=None, help="also profile each burst with py-spy")
     ap.add_argument("--profile-rate", type=int, default=250)
+    ap.add_argument(
+        "--profile-native", action="store_true", help="py-spy --native (C frames; pauses the daemon)"
+    )
     ap.add_argument("--profile-top", type=int, default=25)
     return ap
 
@@ -128,12 +158,24 @@ def main(argv=None):
     env = U.environment()
     modes = [run_mode(f, args) for f in args.fsync.split(",") if f]
     result = {
-        "benchmark": "server_cost", **env,
-        "params": {"heartbeats": args.heartbeats, "commits": args.commits, "warmup": args.warmup,
-                   "groups": args.groups, "members": args.members, "conns": args.conns, "procs": args.procs,
-                   "idle_seconds": args.idle_seconds, "herd_log_level": args.herd_log_level,
-                   "heartbeat_version": 4, "commit_version": 9, "commit_partitions": 10,
-                   "quick": args.quick, "profiled": bool(args.profile)},
+        "benchmark": "server_cost",
+        **env,
+        "params": {
+            "heartbeats": args.heartbeats,
+            "commits": args.commits,
+            "warmup": args.warmup,
+            "groups": args.groups,
+            "members": args.members,
+            "conns": args.conns,
+            "procs": args.procs,
+            "idle_seconds": args.idle_seconds,
+            "herd_log_level": args.herd_log_level,
+            "heartbeat_version": 4,
+            "commit_version": 9,
+            "commit_partitions": 10,
+            "quick": args.quick,
+            "profiled": bool(args.profile),
+        },
         "targets_us": TARGET_US,
         "modes": modes,
     }
@@ -141,13 +183,37 @@ def main(argv=None):
     for mo in modes:
         for kind in ("heartbeat", "commit"):
             r = mo[kind]
-            threads = ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["daemon_cpu_us_per_request_by_thread"].items(),
-                                                                   key=lambda kv: -kv[1]))
-            rows.append([mo["fsync"], kind, f"{r['daemon_cpu_us_per_request']:.1f}", f"<= {TARGET_US[kind]:.0f}",
-                         "yes" if r["meets_target"] else "NO", f"{r['requests_per_s']:.0f}",
-                         f"{r['load_cpu_us_per_request']:.1f}", threads])
-    text = U.table(rows, ["fsync", "request", "daemon µs/req", "target", "holds", "req/s", "load µs/req",
-                          "by thread µs"])
+            threads = ", ".join(
+                f"{k} {v:.1f}"
+                for k, v in sorted(r["daemon_cpu_us_per_request_by_thread"].items(), key=lambda kv: -kv[1])
+            )
+            rows.append(
+                [
+                    mo["fsync"],
+                    kind,
+                    f"{r['daemon_cpu_us_per_request']:.1f}",
+                    f"<= {TARGET_US[kind]:.0f}",
+                    "yes" if r["meets_target"] else "NO",
+                    f"{r['requests_per_s']:.0f}",
+                    f"{r['load_cpu_us_per_request']:.1f}",
+                    threads,
+                    f"{r['daemon_user_us_per_request']:.0f}/{r['daemon_sys_us_per_request']:.0f}",
+                ]
+            )
+    text = U.table(
+        rows,
+        [
+            "fsync",
+            "request",
+            "daemon µs/req",
+            "target",
+            "holds",
+            "req/s",
+            "load µs/req",
+            "by thread µs",
+            "user/sys µs",
+        ],
+    )
     U.emit(result, "server cost per request (daemon CPU, idle subtracted)\n" + text)
 
 
