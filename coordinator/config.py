@@ -47,7 +47,7 @@ class Config:
     topics: tuple[tuple[str, int], ...] = ()  # --topic name:partitions
 
     # network and disk
-    max_frame_size: int = 104857600  # socket.request.max.bytes
+    max_frame_size: int = 8 * 1024 * 1024  # Kafka: socket.request.max.bytes (100 MiB); see README
     connections_max_idle_ms: int = 600000  # connections.max.idle.ms
     max_connections: int = 10000
     max_pending_bytes_per_connection: int = 16 * 1024 * 1024

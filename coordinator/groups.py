@@ -133,6 +133,11 @@ class GroupCoordinator:
         self.rebalance_listeners: list = []  # called with each completed rebalance's history entry
         self.shards = [Shard(i, config, self._new_uuid, self.stats, self.rebalance_listeners)
                        for i in range(self._n)]
+        # True when some shard's earliest deadline may have moved earlier since next_deadline()
+        # last looked (see Timers.on_push): the runtime re-arms its timer only then.
+        self.timers_changed = True
+        for shard in self.shards:
+            shard.timers.on_push = self._timers_pushed
         self._closed = False
         self.skipped_records = 0
         self.misplaced_records = 0
@@ -366,8 +371,13 @@ class GroupCoordinator:
                 shard.on_timers(now_ms, wall, out)
         return Result(out.writes, out.replies, frozenset(touched))
 
+    def _timers_pushed(self) -> None:
+        self.timers_changed = True
+
     def next_deadline(self) -> int | None:
-        """The earliest monotonic time at which :meth:`on_timers` has work, or None."""
+        """The earliest monotonic time at which :meth:`on_timers` has work, or None. Clears
+        :attr:`timers_changed`."""
+        self.timers_changed = False
         if self._closed:
             return None
         best = None

@@ -725,8 +725,8 @@ class LogStore:
     def _prepare_shard(self, st: _Shard, sc: _Scan | None) -> list[Entry]:
         path = str(st.path)
         hd = sc.header_damage if sc is not None else None
-        if sc is None or (hd is not None and hd.kind == "torn"):
-            if hd is not None:
+        if sc is None or sc.size < HEADER_SIZE or (hd is not None and hd.kind == "torn"):
+            if sc is not None:  # an empty file or a header cut short: give it its header back
                 log.warning("log.header_rewritten", shard=st.id, path=path, size=sc.size,
                             reason="file header cut short (crash while the file was created)")
             _write_file_atomic(st.path, encode_header(st.id))

@@ -197,8 +197,13 @@ class Runtime:
 
     # ---- timers ------------------------------------------------------------------------------
 
-    def arm(self) -> None:
-        deadline = self.groups.next_deadline()
+    def arm(self, force: bool = False) -> None:
+        """Re-arm the loop timer at the coordinator's next deadline. Skipped unless a deadline may
+        have moved earlier (a heartbeat only extends one: nothing to do) or ``force``."""
+        groups = self.groups
+        if not (force or groups.timers_changed):
+            return
+        deadline = groups.next_deadline()
         if deadline == self._timer_at:
             return
         if self._timer is not None:
@@ -213,7 +218,7 @@ class Runtime:
         self._timer = None
         self._timer_at = None
         self.apply(self.groups.on_timers(self.now_ms()))
-        self.arm()
+        self.arm(force=True)
 
     # ---- shutdown ----------------------------------------------------------------------------
 

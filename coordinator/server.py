@@ -67,6 +67,8 @@ class Connection(asyncio.Protocol):
         self.processing = False
         self.closed = False
         self.paused = False
+        self.write_paused = False  # the transport's write buffer is over its high-water mark
+        self.resume_scheduled = False
         self.last_active = 0.0
 
     # ---- asyncio callbacks ---------------------------------------------------------------------
@@ -111,24 +113,61 @@ class Connection(asyncio.Protocol):
             self.queue.extend(frames)
             if self.inflight is None and not self.processing:
                 self.process()
-        limit = self.server.config.max_pending_bytes_per_connection
-        if not self.paused and self.queued_bytes + self.decoder.buffered > limit:
+        self._maybe_pause()
+
+    def _pending(self) -> int:
+        return self.queued_bytes + self.decoder.buffered + self.transport.get_write_buffer_size()
+
+    def _maybe_pause(self) -> None:
+        if not self.paused and not self.closed and (
+                self.write_paused or self._pending() > self.server.config.max_pending_bytes_per_connection):
             self.paused = True
             self.transport.pause_reading()
 
+    # asyncio flow control: the peer does not read our answers fast enough
+    def pause_writing(self):
+        self.write_paused = True
+        self._maybe_pause()
+
+    def resume_writing(self):
+        self.write_paused = False
+        if self.queue and self.inflight is None and not self.processing and not self.closed:
+            self.process()
+        else:
+            self._maybe_resume()
+
+    def _continue(self) -> None:
+        self.resume_scheduled = False
+        if self.queue and self.inflight is None and not self.processing and not self.closed:
+            self.process()
+
     # ---- requests ----------------------------------------------------------------------------
 
+    FRAMES_PER_TURN = 32
+
     def process(self) -> None:
+        """Handle queued frames: at most FRAMES_PER_TURN per event-loop turn (fairness between
+        connections), none while the peer is not reading our answers (write backpressure)."""
         self.processing = True
+        budget = self.FRAMES_PER_TURN
         try:
-            while self.queue and self.inflight is None and not self.closed:
+            while self.queue and self.inflight is None and not self.closed and not self.write_paused:
+                if budget == 0:
+                    if not self.resume_scheduled:
+                        self.resume_scheduled = True
+                        self.server.loop.call_soon(self._continue)
+                    break
+                budget -= 1
                 frame = self.queue.popleft()
                 self.queued_bytes -= len(frame)
                 self.handle(frame)
         finally:
             self.processing = False
-        if self.paused and not self.closed and self.queued_bytes + self.decoder.buffered <= \
-                self.server.config.max_pending_bytes_per_connection // 2:
+        self._maybe_resume()
+
+    def _maybe_resume(self) -> None:
+        if self.paused and not self.closed and not self.write_paused and \
+                self._pending() <= self.server.config.max_pending_bytes_per_connection // 2:
             self.paused = False
             self.transport.resume_reading()
 

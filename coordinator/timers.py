@@ -22,9 +22,13 @@ __all__ = ["Timers"]
 
 
 class Timers:
-    __slots__ = ("_deadline", "_armed", "_heap", "_seq")
+    __slots__ = ("_deadline", "_armed", "_heap", "_seq", "on_push")
 
     def __init__(self) -> None:
+        # Called whenever a heap entry is pushed, i.e. the earliest deadline may have moved
+        # earlier (a new key, or a deadline brought forward). A lazy extension (the heartbeat
+        # case) never calls it, so a caller caching next_deadline() knows when to look again.
+        self.on_push = None
         self._deadline: dict[Hashable, int] = {}  # key -> true deadline
         self._armed: dict[Hashable, int] = {}  # key -> deadline of its live heap entry (<= true)
         self._heap: list[tuple[int, int, Hashable]] = []  # (deadline, seq, key)
@@ -48,6 +52,8 @@ class Timers:
             self._armed[key] = deadline
             self._seq += 1
             heapq.heappush(self._heap, (deadline, self._seq, key))
+            if self.on_push is not None:
+                self.on_push()
 
     def cancel(self, key: Hashable) -> bool:
         """Forget ``key``; True if it was scheduled. Its heap entry goes stale and is dropped later."""

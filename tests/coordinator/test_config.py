@@ -8,7 +8,7 @@ def test_defaults_match_kafka():
     assert (c.offsets_partitions, c.initial_rebalance_delay_ms, c.min_session_timeout_ms,
             c.max_session_timeout_ms, c.offsets_retention_minutes, c.offset_metadata_max_bytes,
             c.max_frame_size, c.connections_max_idle_ms, c.fsync) == (
-        50, 3000, 6000, 1800000, 10080, 4096, 104857600, 600000, "always")
+        50, 3000, 6000, 1800000, 10080, 4096, 8 * 1024 * 1024, 600000, "always")
 
 
 def test_precedence_toml_env_flags(tmp_path):

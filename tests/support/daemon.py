@@ -47,6 +47,8 @@ class Daemon:
                "--data-dir", str(self.data_dir), "--port-file", str(port_file),
                "--initial-rebalance-delay-ms", str(self.initial_rebalance_delay_ms),
                "--fsync", self.fsync, "--log-format", "json", *self.extra_args]
+        if getattr(self, "_log", None) is not None:
+            self._log.close()
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=str(REPO))
         deadline = time.monotonic() + self.start_timeout
