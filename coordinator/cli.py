@@ -154,6 +154,9 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     finally:
         gc.enable()
     gc.freeze()  # and keep them out of every later collection
+    # Requests allocate many short-lived objects and almost no cycles: collect the young
+    # generation every 50,000 allocations instead of 700 (measured: GC was ~20% of commit CPU).
+    gc.set_threshold(50_000, 20, 20)
     metrics.replay_seconds, metrics.replay_records = stats["seconds"], stats["records"]
     log.info("replayed", records=stats["records"], seconds=stats["seconds"], groups=len(groups.list_groups()))
     runtime.start(loop)

@@ -208,13 +208,16 @@ class GroupCoordinator:
             raise ValueError(f"{API_NAMES[api_key]} v{api_version} is not supported ({lo}-{hi})")
         return fn(api_version, request, now_ms, token, client_id, client_host, wall_ms)
 
-    def _heartbeat(self, version, req, now, token, client_id, client_host, wall_ms) -> Result:
+    def heartbeat(self, version: int, req, now_ms: int) -> HeartbeatResponse:
+        """The hot path: a heartbeat writes nothing and depends on nothing durable, so the
+        runtime answers it directly (no Result)."""
         shard = self.shards[_shard_for(req.group_id, self._n)]
         if shard.failed or self._closed:
-            resp = HeartbeatResponse(error_code=self._unavailable(shard))
-        else:
-            resp = shard.heartbeat(req, version, now)
-        return Result([], [(token, resp)], _NO_SHARDS)
+            return HeartbeatResponse(error_code=self._unavailable(shard))
+        return shard.heartbeat(req, version, now_ms)
+
+    def _heartbeat(self, version, req, now, token, client_id, client_host, wall_ms) -> Result:
+        return Result([], [(token, self.heartbeat(version, req, now))], _NO_SHARDS)
 
     def _join_group(self, version, req, now, token, client_id, client_host, wall_ms) -> Result:
         shard = self._shard(req.group_id)

@@ -18,6 +18,7 @@ One ``loop.call_later`` tracks the coordinator's next deadline.
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 
 from coordinator import logs
@@ -81,6 +82,8 @@ class Runtime:
         self._timer_at: int | None = None
         self._closing = False
         self._failed: set[int] = set()
+        self._completed: collections.deque = collections.deque()  # (waiter, shard, exc) from the writer
+        self._drain_scheduled = False
 
     def now_ms(self) -> int:
         return self.clock.monotonic_ms() if self.clock is not None else monotonic_ms()
@@ -115,6 +118,10 @@ class Runtime:
     def dispatch(self, token, api_key: int, version: int, request, client_id: str, client_host: str) -> None:
         if self._closing:
             token.reply(error_response(api_key, version, request, E.NOT_COORDINATOR))
+            return
+        if api_key == 12:  # Heartbeat: writes nothing, waits for nothing
+            token.reply(self.groups.heartbeat(version, request, self.now_ms()))
+            self.arm()
             return
         if api_key in GROUP_APIS:
             self.apply(self.groups.handle(api_key, version, request, self.now_ms(), token, client_id, client_host))
@@ -174,14 +181,27 @@ class Runtime:
             self._watch(fut, shard_id, waiter)
 
     def _watch(self, fut, shard_id: int, waiter: _Waiter) -> None:
-        loop = self.loop
+        """Tell ``waiter`` when ``fut`` (resolved in the log writer thread) is done. Completions
+        are queued and drained by one loop callback per batch: one wake-up of the event loop per
+        fsync batch, not one per write."""
+        completed = self._completed
 
         def finished(f, shard_id=shard_id):
-            exc = f.exception()
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(waiter.done, shard_id, exc)
+            completed.append((waiter, shard_id, f.exception()))
+            if not self._drain_scheduled:
+                self._drain_scheduled = True
+                loop = self.loop
+                if not loop.is_closed():
+                    loop.call_soon_threadsafe(self._drain)
 
         fut.add_done_callback(finished)
+
+    def _drain(self) -> None:
+        self._drain_scheduled = False
+        completed = self._completed
+        while completed:
+            waiter, shard_id, exc = completed.popleft()
+            waiter.done(shard_id, exc)
 
     def release(self, replies) -> None:
         for token, resp in replies:

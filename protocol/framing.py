@@ -35,6 +35,11 @@ class FrameDecoder:
         return len(self._buf)
 
     def feed(self, data) -> list[bytes]:
+        if not self._buf and self._need < 0 and len(data) >= 4:
+            # the common case: the read holds exactly one whole frame and nothing is buffered
+            need, = _SIZE.unpack_from(data, 0)
+            if 0 <= need <= self.max_frame_size and len(data) == need + 4:
+                return [bytes(data[4:])]
         buf = self._buf
         buf += data
         frames = []
