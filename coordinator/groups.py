@@ -176,6 +176,14 @@ class GroupCoordinator:
         ``skipped_records``; undecodable bytes raise :class:`coordinator.records.RecordError`."""
         if not 0 <= shard_id < self._n:
             raise ValueError(f"shard {shard_id} out of range (offsets_partitions={self._n})")
+        fast = records.decode_offset_commit_fast(key, value)
+        if fast is not None:  # the record herd writes for nearly every commit: no generic decode
+            gid, topic, partition, val = fast
+            owner = _shard_for(gid, self._n)
+            if owner != shard_id:
+                self.misplaced_records += 1
+            self.shards[owner]._apply_offset(gid, topic, partition, val)
+            return
         rtype, key_obj = records.decode_key(key)
         if key_obj is None:
             self.skipped_records += 1

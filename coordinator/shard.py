@@ -155,7 +155,9 @@ class Shard:
             else:
                 self._load_group(key.group, value)
             return
-        gid, topic, partition = key.group, key.topic, key.partition
+        self._apply_offset(key.group, key.topic, key.partition, value)
+
+    def _apply_offset(self, gid: str, topic: str, partition: int, value) -> None:
         if value is None:
             topics = self.offsets.get(gid)
             if topics is not None:

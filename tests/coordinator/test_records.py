@@ -111,3 +111,22 @@ def test_replay_skips_unknown_types_cleanly():
     assert gc.list_groups() == []
     with pytest.raises(records.RecordError):
         gc.replay(0, b"\x00\x01\x00", None)
+
+
+@given(group=st.text(max_size=40), topic=st.text(min_size=1, max_size=40), partition=st.integers(0, 2**31 - 1),
+       offset=st.integers(-1, 2**63 - 1), epoch=st.integers(-1, 2**31 - 1), meta=st.text(max_size=60),
+       ts=st.integers(0, 2**62), expire=st.sampled_from([-1, 1_800_000_000_000]))
+def test_fast_offset_decode_agrees_with_the_generic_decoder(group, topic, partition, offset, epoch, meta, ts, expire):
+    from coordinator import records as r
+    key = r.offset_commit_key(group, topic, partition)
+    value = r.offset_commit_value(offset, epoch if expire == -1 else -1, meta, ts, expire)
+    fast = r.decode_offset_commit_fast(key, value)
+    rtype, k = r.decode_key(key)
+    v = r.decode_value(rtype, value)
+    if expire != -1:
+        assert fast is None  # a v1 value takes the generic path
+        return
+    assert fast == (k.group, k.topic, k.partition, v)
+    assert r.decode_offset_commit_fast(key, None) is None
+    assert r.decode_offset_commit_fast(key + b"x", value) is None
+    assert r.decode_offset_commit_fast(key, value[:-1]) is None
