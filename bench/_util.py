@@ -91,8 +91,9 @@ def client_versions() -> dict:
     try:
         import confluent_kafka
 
-        out["confluent_kafka"] = confluent_kafka.version()[0]
-        out["librdkafka"] = confluent_kafka.libversion()[0]
+        v, lib = confluent_kafka.version(), confluent_kafka.libversion()
+        out["confluent_kafka"] = v[0] if isinstance(v, tuple) else v
+        out["librdkafka"] = lib[0] if isinstance(lib, tuple) else lib
     except ImportError:
         pass
     return out
