@@ -497,7 +497,7 @@ class Schema:
                 try:
                     return raw.decode("utf-8")
                 except UnicodeDecodeError as e:
-                    raise DecodeError(str(e))
+                    raise DecodeError(str(e)) from None
             return raw.hex()
         raise DecodeError("unknown type %s" % t)
 
@@ -510,7 +510,7 @@ class Spec:
             rows = [line.rstrip("\n").split("\t") for line in f]
         hdr = rows[0]
         for row in rows[1:]:
-            d = dict(zip(hdr, row))
+            d = dict(zip(hdr, row, strict=False))
             ff = d["first_flexible_version"]
             self.flexible_from[int(d["api_key"])] = None if ff == "none" else int(ff)
             self.max_version[int(d["api_key"])] = int(d["max_version"])
@@ -580,7 +580,7 @@ def matches(expect, actual):
                                                  for k, v in expect.items())
     if isinstance(expect, list):
         return (isinstance(actual, list) and len(expect) == len(actual)
-                and all(matches(e, a) for e, a in zip(expect, actual)))
+                and all(matches(e, a) for e, a in zip(expect, actual, strict=True)))
     return expect == actual
 
 
@@ -875,7 +875,7 @@ def write_scenario(spec, name, report, frames, port, out_dir, problems):
                     problems.append("%s/%s: mock response does not decode (%s), not saved: %s"
                                     % (name, fn, e, raw.hex()[:120]))
                     continue
-                raise RuntimeError("%s/%s: client request does not decode: %s" % (name, fn, e))
+                raise RuntimeError("%s/%s: client request does not decode: %s" % (name, fn, e)) from None
             if direction == "request":
                 rq_body = body
                 expect = request_expect(api_key, ver, body, ctx)

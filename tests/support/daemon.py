@@ -35,7 +35,7 @@ class Daemon:
     def address(self) -> tuple[str, int]:
         return ("127.0.0.1", self.port)
 
-    def start(self) -> "Daemon":
+    def start(self) -> Daemon:
         port_file = self.data_dir.parent / f"{self.data_dir.name}.port"
         if port_file.exists():
             port_file.unlink()
@@ -86,7 +86,7 @@ class Daemon:
             self.proc.kill()
             self.proc.wait(10)
 
-    def restart(self) -> "Daemon":
+    def restart(self) -> Daemon:
         self.stop()
         return self.start()
 

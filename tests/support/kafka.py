@@ -56,7 +56,7 @@ class RawClient:
             return self.sock.recv(1) == b""
         except (ConnectionResetError, BrokenPipeError):
             return True
-        except socket.timeout:
+        except TimeoutError:
             return False
 
     def close(self):
