@@ -1,0 +1,220 @@
+"""In-process cost of the TCP edge per Heartbeat (no sockets, no second process).
+
+``python -m bench.edge_micro [--quick] [--groups N] [--heartbeats N] [--batches 1,8,32]``
+
+Wires a real ``Runtime`` / ``GroupCoordinator`` / ``Server`` / ``Metrics`` as ``herd serve`` does
+(a ``LogStore`` in a temp dir, ``fsync=never``), joins ``--groups`` one-member groups through a
+``Connection`` on a fake transport, then calls ``Connection.data_received`` with prebuilt Heartbeat
+(v4) frames: one frame per call, and ``batch`` frames per call (a client pipelining several
+members' heartbeats on one connection). Reports wall µs per heartbeat (the loop is single-threaded
+and never waits, so this is user-space CPU; the kernel's share of a real socket is not included:
+``bench.server_cost`` measures the whole). The fake transport's ``write`` only counts calls and bytes.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import uvloop
+
+from bench import _util as U
+from bench.loadgen import encode_frame
+from coordinator import logs
+from coordinator.catalog import Catalog
+from coordinator.config import Config
+from coordinator.groups import GroupCoordinator
+from coordinator.log import LogStore
+from coordinator.metrics import Metrics
+from coordinator.runtime import Runtime
+from coordinator.server import Connection, Server
+from protocol import errors as E
+from protocol import messages as m
+from protocol.headers import decode_response_header
+
+HEARTBEAT_VERSION = 4
+CLIENT_ID = "edge-micro"
+
+
+class FakeTransport:
+    def __init__(self):
+        self.writes = 0
+        self.bytes = 0
+        self.frames: list[bytes] = []
+        self.keep = True  # keep written data (joining) or only count it (measuring)
+        self.closed = False
+
+    def write(self, data) -> None:
+        self.writes += 1
+        self.bytes += len(data)
+        if self.keep:
+            self.frames.append(bytes(data))
+
+    def get_extra_info(self, name, default=None):
+        return default
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        self.closed = True
+
+    close = abort
+
+
+def _responses(data: bytes) -> list[bytes]:
+    out, pos = [], 0
+    while pos < len(data):
+        n = int.from_bytes(data[pos:pos + 4], "big", signed=True)
+        out.append(data[pos + 4:pos + 4 + n])
+        pos += 4 + n
+    return out
+
+
+async def _call(conn: Connection, tr: FakeTransport, request, version: int):
+    tr.frames.clear()
+    conn.data_received(bytes(encode_frame(request, version, 1, CLIENT_ID)))
+    for _ in range(5000):
+        if tr.frames:
+            break
+        await asyncio.sleep(0.001)
+    else:
+        raise RuntimeError(f"no answer to {request.NAME}")
+    (body,) = _responses(b"".join(tr.frames))
+    _, pos = decode_response_header(body, request.API_KEY, version)
+    return m.RESPONSES[request.API_KEY].decode(body, version, pos)
+
+
+async def _join(conn, tr, group_id: str) -> tuple[str, int]:
+    join = m.JoinGroupRequest(group_id=group_id, session_timeout_ms=300_000, rebalance_timeout_ms=60_000,
+                              member_id="", protocol_type="consumer",
+                              protocols=[m.JoinGroupRequestProtocol(name="range", metadata=b"")])
+    r = await _call(conn, tr, join, 3)  # v3: no KIP-394 round trip
+    if r.error_code:
+        raise RuntimeError(f"join {group_id}: error {r.error_code}")
+    sync = m.SyncGroupRequest(group_id=group_id, generation_id=r.generation_id, member_id=r.member_id,
+                              assignments=[m.SyncGroupRequestAssignment(member_id=r.member_id, assignment=b"")])
+    s = await _call(conn, tr, sync, 3)
+    if s.error_code:
+        raise RuntimeError(f"sync {group_id}: error {s.error_code}")
+    return r.member_id, r.generation_id
+
+
+def _time(conn: Connection, reads: list[bytes], frames_per_read: int, rounds: int) -> float:
+    """Best µs per heartbeat over ``rounds`` passes over ``reads``."""
+    best = float("inf")
+    feed = conn.data_received
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for data in reads:
+            feed(data)
+        dt = time.perf_counter() - t0
+        best = min(best, dt * 1e6 / (len(reads) * frames_per_read))
+    return best
+
+
+async def run(args) -> dict:
+    loop = asyncio.get_running_loop()
+    logs.configure("warning", "console")
+    with tempfile.TemporaryDirectory(prefix="herd-edge-micro-") as tmp:
+        config = Config(data_dir=tmp, fsync="never", offsets_partitions=50, initial_rebalance_delay_ms=0,
+                        log_level="warning")
+        store = LogStore(Path(tmp), config.offsets_partitions, fsync="never")
+        store.open(latest_only=True)
+        groups = GroupCoordinator(config, node_id=0)
+        catalog = Catalog(config, node_id=0)
+        runtime = Runtime(config, groups, catalog, store)
+        metrics = Metrics() if args.metrics else None
+        server = Server(config, runtime, metrics)
+        server.loop = loop
+        runtime.replay({})
+        runtime.start(loop)
+        tr = FakeTransport()
+        conn = Connection(server)
+        conn.connection_made(tr)
+        members = [(f"edge-{i}", *await _join(conn, tr, f"edge-{i}")) for i in range(args.groups)]
+        frames = [bytes(encode_frame(m.HeartbeatRequest(group_id=g, generation_id=gen, member_id=mid),
+                                     HEARTBEAT_VERSION, i, CLIENT_ID))
+                  for i, (g, mid, gen) in enumerate(members)]
+        # check that they are answered without error before measuring
+        tr.frames.clear()
+        conn.data_received(b"".join(frames))
+        for _ in range(len(frames) // Connection.FRAMES_PER_TURN + 1):
+            await asyncio.sleep(0)  # the rest of a burst longer than FRAMES_PER_TURN
+        answers = _responses(b"".join(tr.frames))
+        if len(answers) != len(frames):
+            raise RuntimeError(f"{len(answers)} answers to {len(frames)} pipelined heartbeats")
+        for body in answers:
+            _, pos = decode_response_header(body, 12, HEARTBEAT_VERSION)
+            code = m.HeartbeatResponse.decode(body, HEARTBEAT_VERSION, pos).error_code
+            if code != E.NONE:
+                raise RuntimeError(f"heartbeat error {code}")
+        tr.keep = False
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(50_000, 20, 20)  # as herd serve does
+        out = {}
+        for batch in args.batches:
+            reps = max(1, args.heartbeats // (len(frames) * 1))
+            reads = [b"".join(frames[i:i + batch]) for i in range(0, len(frames) - batch + 1, batch)] * reps
+            n_reads = len(reads)
+            w0 = tr.writes
+            us = _time(conn, reads, batch, args.rounds)
+            out[str(batch)] = {
+                "us_per_heartbeat": us,
+                "writes_per_read": (tr.writes - w0) / (n_reads * args.rounds),
+                "heartbeats": n_reads * batch,
+            }
+        runtime.shutdown()
+        store.close()
+        if tr.closed or conn.closed:
+            raise RuntimeError("the connection was closed during the run")
+        return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m bench.edge_micro", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer heartbeats")
+    ap.add_argument("--groups", type=int, default=64, help="one-member groups joined (default 64)")
+    ap.add_argument("--heartbeats", type=int, default=None, help="per pass and batch size (default 200000, "
+                    "quick 50000)")
+    ap.add_argument("--rounds", type=int, default=5, help="passes; the best is reported")
+    ap.add_argument("--batches", default="1,8,32", help="frames per data_received call")
+    ap.add_argument("--no-metrics", dest="metrics", action="store_false", help="Server without Metrics")
+    return ap
+
+
+def main(argv=None):
+    args = U.parse(build_parser(), argv)
+    if args.heartbeats is None:
+        args.heartbeats = 50_000 if args.quick else 200_000
+    args.batches = [int(b) for b in args.batches.split(",") if b]
+    if any(b > min(args.groups, Connection.FRAMES_PER_TURN) for b in args.batches):
+        raise SystemExit(f"every batch must be <= --groups and <= {Connection.FRAMES_PER_TURN} (one loop turn)")
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        res = runner.run(run(args))
+    result = {
+        "benchmark": "edge_micro",
+        **U.environment(),
+        "params": {"groups": args.groups, "heartbeats": args.heartbeats, "rounds": args.rounds,
+                   "batches": args.batches, "metrics": args.metrics, "heartbeat_version": HEARTBEAT_VERSION,
+                   "quick": args.quick},
+        "by_frames_per_read": res,
+    }
+    rows = [[b, f"{r['us_per_heartbeat']:.2f}", f"{r['writes_per_read']:.2f}"] for b, r in res.items()]
+    U.emit(result, "edge cost per heartbeat (in process, fake transport)\n"
+           + U.table(rows, ["frames/read", "µs/heartbeat", "writes/read"]))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
