@@ -122,7 +122,7 @@ import struct
 import threading
 import time
 from collections.abc import Iterable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -198,6 +198,10 @@ LOG_NAME = "current.log"
 COMPACT_TMP = "compacting.tmp"
 META_NAME = "herd-log.json"
 MiB = 1024 * 1024
+PREALLOC_MIN = 64 * 1024  # zeros written ahead of a shard's end: a quarter of its size, within these
+PREALLOC_MAX = 1 * MiB
+SYNC_THREADS = 8
+_fdatasync = getattr(os, "fdatasync", os.fsync)  # the size is covered: fdatasync flushes it when it changed
 
 
 def shard_dir_name(shard_id: int) -> str:
@@ -411,6 +415,7 @@ class _Scan:
     entries: list
     damage: Damage | None  # of the entries (torn or corrupt)
     header_damage: Damage | None  # a short header is "torn", a bad one "corrupt"
+    zero_tail: bool = False  # zeros from ``end`` to ``size``: preallocated, not damage
 
 
 def _scan(buf: bytes, shard_id: int | None, path: str, positions: bool, sizes: dict | None = None) -> _Scan:
@@ -429,6 +434,8 @@ def _scan(buf: bytes, shard_id: int | None, path: str, positions: bool, sizes: d
     else:
         stop = _parse(buf, HEADER_SIZE, size, entries, sizes if sizes is not None else {})
     damage = None
+    if stop < size and stop >= durable_end and buf.count(0, stop) == size - stop:
+        return _Scan(shard, size, stop, durable_end, entries, None, header_damage, zero_tail=True)
     if stop < size:
         reason = _frame_problem(buf, stop, size) or "invalid entry"
         evidence = ""
@@ -458,6 +465,7 @@ class LogFile:
     entries: list[tuple[int, bytes, bytes | None]]
     damage: Damage | None  # where the entries stop checking out; a "torn" one open() would cut
     header_damage: Damage | None = None
+    end: int = 0  # end of the last good entry (before a preallocated zero tail, or the damage)
 
 
 def read_log_file(path, shard_id: int | None = None) -> LogFile:
@@ -467,7 +475,7 @@ def read_log_file(path, shard_id: int | None = None) -> LogFile:
         buf = f.read()
     sc = _scan(buf, shard_id, path, positions=True)
     entries = [(p, k, v) for p, _n, _a, k, v in sc.entries]
-    return LogFile(path, sc.shard, sc.size, sc.durable_end, entries, sc.damage, sc.header_damage)
+    return LogFile(path, sc.shard, sc.size, sc.durable_end, entries, sc.damage, sc.header_damage, sc.end)
 
 
 def latest(entries: list[Entry]) -> list[Entry]:
@@ -544,7 +552,8 @@ class ShardStats:
 class _Shard:
     """Writer-owned state of one shard (the compactor only reads ``path``)."""
 
-    __slots__ = ("id", "dir", "path", "fd", "size", "entries", "synced", "sizes", "live_bytes", "failed",
+    __slots__ = ("id", "dir", "path", "fd", "size", "allocated", "entries", "synced", "sizes", "live_bytes",
+                 "failed",
                  "batches", "fsyncs", "fsync_seconds", "compactions", "compaction_seconds", "compacting",
                  "waiters", "next_waiters", "snapshot", "no_auto_below")
 
@@ -553,7 +562,8 @@ class _Shard:
         self.dir = directory
         self.path = directory / LOG_NAME
         self.fd = -1
-        self.size = 0
+        self.size = 0  # end of the last entry: where the next batch goes
+        self.allocated = 0  # file size: zeros from ``size`` to here (preallocated, fsync="always")
         self.entries = 0
         self.synced = False  # every byte in the file is known durable
         self.sizes: dict[int, int] = {}
@@ -592,6 +602,10 @@ class LogStore:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
+        self._staged: list = []  # (shard, entries, seq, future | None) not yet handed to the writer
+        self._seqs = [0] * num_shards  # last sequence number given out per shard
+        self._listener = None
+        self._sync_pool: ThreadPoolExecutor | None = None  # parallel fsyncs of several shards
         self._state = "new"  # new -> open -> closing -> closed
         self._writer: threading.Thread | None = None
         self._compactor: threading.Thread | None = None
@@ -731,7 +745,7 @@ class LogStore:
                             reason="file header cut short (crash while the file was created)")
             _write_file_atomic(st.path, encode_header(st.id))
             st.fd = os.open(st.path, os.O_RDWR | os.O_CLOEXEC)
-            st.size = HEADER_SIZE
+            st.size = st.allocated = HEADER_SIZE
             st.synced = True
             return []
         st.fd = os.open(st.path, os.O_RDWR | os.O_CLOEXEC)
@@ -753,8 +767,13 @@ class LogStore:
             log.warning("log.tail_truncated", shard=st.id, path=path, offset=sc.end,
                         cut_bytes=sc.size - sc.end, reason=dmg.reason, kept_entries=len(sc.entries))
             changed = True
-        if sc.end < sc.size:
+        if sc.zero_tail and not changed:
+            st.allocated = sc.size  # preallocated zeros: keep them
+        elif sc.end < sc.size:
             os.ftruncate(st.fd, sc.end)
+            st.allocated = sc.end
+        else:
+            st.allocated = sc.size
         st.size = sc.end
         st.entries = len(sc.entries)
         st.live_bytes = sum(st.sizes.values())
@@ -779,16 +798,59 @@ class LogStore:
         fut: Future = Future()
         fut.set_running_or_notify_cancel()
         with self._lock:
-            if self._state != "open":
-                raise LogClosedError(f"log store is {self._state}")
-            if not 0 <= shard_id < self.num_shards:
-                raise ValueError(f"shard {shard_id} out of range 0..{self.num_shards - 1}")
+            self._check_writable(shard_id)
             st = self._shards[shard_id]
             if st.failed is not None:
                 fut.set_exception(ShardFailedError(shard_id, st.failed))
                 return fut
-            self._queue.put((_APPEND, shard_id, entries, fut))
+            seq = self._seqs[shard_id] = self._seqs[shard_id] + 1
+            staged, self._staged = self._staged, []  # keep each shard's writes in submission order
+            staged.append((shard_id, entries, seq, fut))
+            self._queue.put((_APPEND, staged))
         return fut
+
+    def submit(self, shard_id: int, entries: list[Entry]) -> int:
+        """The event loop's fast path: stage ``entries`` (a list of (bytes, bytes | None) built by
+        herd itself, not checked) for ``shard_id`` and return the shard's sequence number of this
+        write. Nothing reaches the writer until :meth:`flush`, so one loop iteration's writes wake
+        the writer once. The listener (:meth:`set_listener`) learns when each shard's writes up to a
+        sequence number are durable, or failed."""
+        with self._lock:
+            self._check_writable(shard_id)
+            seq = self._seqs[shard_id] = self._seqs[shard_id] + 1
+            self._staged.append((shard_id, entries, seq, None))
+        return seq
+
+    def flush(self) -> None:
+        """Hand everything :meth:`submit` staged to the writer."""
+        with self._lock:
+            if not self._staged:
+                return
+            staged, self._staged = self._staged, []
+            if self._state in ("open", "closing"):
+                self._queue.put((_APPEND, staged))
+                return
+        self._report([(shard_id, seq, LogClosedError("log store closed")) for shard_id, _e, seq, _f in staged])
+
+    def set_listener(self, listener) -> None:
+        """``listener(results)`` is called in the writer thread once per batch with a list of
+        ``(shard_id, seq, exc)``: every write of that shard up to ``seq`` is durable (``exc`` None)
+        or failed with ``exc``. It must be quick and thread-safe (e.g. hand over to the loop)."""
+        self._listener = listener
+
+    def _check_writable(self, shard_id: int) -> None:
+        if self._state != "open":
+            raise LogClosedError(f"log store is {self._state}")
+        if not 0 <= shard_id < self.num_shards:
+            raise ValueError(f"shard {shard_id} out of range 0..{self.num_shards - 1}")
+
+    def _report(self, results: list) -> None:
+        listener = self._listener
+        if listener is not None and results:
+            try:
+                listener(results)
+            except Exception:  # the listener's bug must not kill the writer
+                log.exception("log.listener_error")
 
     def compact(self, shard_id: int) -> Future:
         """Compact ``shard_id`` now (in the background); the Future resolves to a dict of figures."""
@@ -813,10 +875,15 @@ class LogStore:
                 self._state = "closed"
                 return
             self._state = "closing"
+            if self._staged:  # submitted but not flushed: written like everything else queued
+                staged, self._staged = self._staged, []
+                self._queue.put((_APPEND, staged))
         self._jobs.put(None)
         self._compactor.join()
         self._queue.put((_STOP,))
         self._writer.join()
+        if self._sync_pool is not None:
+            self._sync_pool.shutdown()
         # The writer may have asked for a compaction after the compactor had stopped.
         while True:
             try:
@@ -868,14 +935,21 @@ class LogStore:
                     break
             try:
                 stop = self._process(batch)
-            except BaseException as exc:  # our bug: never leave a future hanging
+            except BaseException as exc:  # our bug: never leave a write unanswered
                 log.exception("log.writer_error")
                 for item in batch:
                     if item[0] == _APPEND:
-                        self._fail_shard(self._shards[item[1]], exc)
+                        for shard_id, _e, _s, _f in item[1]:
+                            self._fail_shard(self._shards[shard_id], exc)
                     self._discard(item, exc)
         for st in self._shards:
             if st.fd >= 0:
+                if st.allocated > st.size and st.failed is None:
+                    try:  # a clean stop leaves no preallocated zeros behind
+                        os.ftruncate(st.fd, st.size)
+                        os.fsync(st.fd)
+                    except OSError as exc:
+                        log.warning("log.trim_failed", shard=st.id, error=str(exc))
                 try:
                     os.close(st.fd)
                 except OSError:
@@ -885,7 +959,10 @@ class LogStore:
     def _discard(self, item, exc: BaseException) -> None:
         kind = item[0]
         if kind == _APPEND:
-            _fail(item[3], exc)
+            for _shard, _e, _seq, fut in item[1]:
+                if fut is not None:
+                    _fail(fut, exc)
+            self._report([(shard_id, seq, exc) for shard_id, _e, seq, _f in item[1]])
         elif kind == _COMPACT:
             _fail(item[2], exc)
         elif kind == _SWAP:
@@ -897,58 +974,66 @@ class LogStore:
             self._compaction_over(self._shards[item[1]], exc)
 
     def _process(self, batch) -> bool:
-        pending: dict[int, tuple[list, list]] = {}
+        # shard -> [entries, last seq, futures]; one pwrite and one fsync per shard per batch
+        pending: dict[int, list] = {}
         controls = []
         for item in batch:
             if item[0] == _APPEND:
-                slot = pending.get(item[1])
-                if slot is None:
-                    pending[item[1]] = slot = ([], [])
-                slot[0].extend(item[2])
-                slot[1].append(item[3])
+                for shard_id, entries, seq, fut in item[1]:
+                    slot = pending.get(shard_id)
+                    if slot is None:
+                        pending[shard_id] = slot = [[], seq, []]
+                    slot[0] += entries
+                    slot[1] = seq
+                    if fut is not None:
+                        slot[2].append(fut)
             else:
                 controls.append(item)
-        done: list[tuple[_Shard, list]] = []
-        for shard_id, (entries, futures) in pending.items():
+        results = []  # (shard, seq, exc) for the listener
+        failed = []  # (futures, exc)
+        written: list[tuple[_Shard, list]] = []  # (shard, slot)
+        for shard_id, slot in pending.items():
             st = self._shards[shard_id]
             if st.failed is not None:
-                err = ShardFailedError(shard_id, st.failed)
-                for f in futures:
-                    _fail(f, err)
+                exc = ShardFailedError(shard_id, st.failed)
+                results.append((shard_id, slot[1], exc))
+                failed.append((slot[2], exc))
                 continue
+            entries = slot[0]
             data = encode_entries(entries, PREFIX_DURABLE if st.synced else 0)
             try:
-                _pwrite_all(st.fd, data, st.size)
+                self._write(st, data)
             except OSError as exc:
                 self._fail_shard(st, exc, "write")
-                for f in futures:
-                    _fail(f, exc)
+                results.append((shard_id, slot[1], exc))
+                failed.append((slot[2], exc))
                 continue
             st.size += len(data)
             st.entries += len(entries)
             st.synced = False
             st.batches += 1
             self._account(st, entries)
-            done.append((st, futures))
-        if self.fsync == "always":
+            written.append((st, slot))
+        if self.fsync == "always" and written:
+            errors = self._sync([st for st, _slot in written])
             synced = []
-            for st, futures in done:
-                t0 = time.perf_counter()
-                try:
-                    os.fsync(st.fd)
-                except OSError as exc:
+            for (st, slot), exc in zip(written, errors, strict=True):
+                if exc is not None:
                     self._fail_shard(st, exc, "fsync")
-                    for f in futures:
-                        _fail(f, exc)
-                    continue
-                st.fsync_seconds += time.perf_counter() - t0
-                st.fsyncs += 1
-                st.synced = True
-                synced.append((st, futures))
-            done = synced
-        for _st, futures in done:
-            for f in futures:
+                    results.append((st.id, slot[1], exc))
+                    failed.append((slot[2], exc))
+                else:
+                    synced.append((st, slot))
+            written = synced
+        for st, slot in written:
+            results.append((st.id, slot[1], None))
+        self._report(results)
+        for _st, slot in written:
+            for f in slot[2]:
                 f.set_result(None)
+        for futures, exc in failed:
+            for f in futures:
+                _fail(f, exc)
         stop = False
         for item in controls:
             kind = item[0]
@@ -964,9 +1049,47 @@ class LogStore:
             elif kind == _STOP:
                 stop = True
         if self.auto_compact and not stop:
-            for st, _f in done:
+            for st, _slot in written:
                 self._maybe_compact(st)
         return stop
+
+    def _write(self, st: _Shard, data: bytes) -> None:
+        """Write ``data`` at the shard's end. Under fsync="always" the file is kept preallocated
+        (zeros written and fsynced ahead of the end), so the fsync of a batch flushes data only, no
+        size change: ~110 µs instead of ~190 µs per fsync on the VM disk measured. The zeros are not
+        entries: open() reads a zero tail as the end of the log."""
+        end = st.size + len(data)
+        _pwrite_all(st.fd, data, st.size)
+        if end > st.allocated:
+            st.allocated = end
+            if self.fsync == "always":
+                grow = min(max(st.size // 4, PREALLOC_MIN), PREALLOC_MAX)
+                try:
+                    _pwrite_all(st.fd, bytes(grow), end)
+                    st.allocated = end + grow
+                except OSError:  # a full disk: the data is in, only the zeros ahead of it are not
+                    st.allocated = max(end, os.fstat(st.fd).st_size)
+
+    def _sync(self, shards: list[_Shard]) -> list[BaseException | None]:
+        """fdatasync each shard's file; several at once on a small thread pool (the disk takes
+        concurrent flushes: ~5,000 fsyncs/s from one thread, ~13,000/s from four, measured)."""
+        if len(shards) == 1:
+            return [self._sync_one(shards[0])]
+        if self._sync_pool is None:
+            self._sync_pool = ThreadPoolExecutor(max_workers=SYNC_THREADS, thread_name_prefix="herd-log-sync")
+        return list(self._sync_pool.map(self._sync_one, shards))
+
+    @staticmethod
+    def _sync_one(st: _Shard) -> BaseException | None:
+        t0 = time.perf_counter()
+        try:
+            _fdatasync(st.fd)
+        except OSError as exc:
+            return exc
+        st.fsync_seconds += time.perf_counter() - t0
+        st.fsyncs += 1
+        st.synced = True
+        return None
 
     @staticmethod
     def _account(st: _Shard, entries: list) -> None:
@@ -1049,7 +1172,7 @@ class LogStore:
             return
         os.close(st.fd)
         st.fd = tmp_fd
-        st.size = new_size
+        st.size = st.allocated = new_size
         st.entries = kept + (st.entries - snap_entries)
         st.synced = True
         st.compactions += 1

@@ -38,7 +38,7 @@ def monotonic_ms() -> int:
 
 
 class _Waiter:
-    """Replies held until ``count`` writes (or earlier writes they must not overtake) complete."""
+    """Replies held until ``count`` shards have made the writes they wait for durable."""
 
     __slots__ = ("runtime", "count", "result", "on_failure", "failed")
 
@@ -77,13 +77,20 @@ class Runtime:
         self.clock = clock
         self.metrics = metrics
         self.loop: asyncio.AbstractEventLoop | None = None
-        self._last_write: dict[int, object] = {}  # shard -> latest write future
+        # Per shard: the last write sequence number handed to the store, the last one known
+        # durable, and the waiters (seq, _Waiter) in seq order. See apply() and _durable().
+        n = config.offsets_partitions
+        self._submitted = [0] * n
+        self._durable_seq = [0] * n
+        self._waiting: list[collections.deque] = [collections.deque() for _ in range(n)]
+        self._flush_scheduled = False
         self._timer = None
         self._timer_at: int | None = None
         self._closing = False
         self._failed: set[int] = set()
-        self._completed: collections.deque = collections.deque()  # (waiter, shard, exc) from the writer
+        self._completed: collections.deque = collections.deque()  # (shard, seq, exc) from the writer
         self._drain_scheduled = False
+        store.set_listener(self._on_durable)
 
     def now_ms(self) -> int:
         return self.clock.monotonic_ms() if self.clock is not None else monotonic_ms()
@@ -153,55 +160,69 @@ class Runtime:
     # ---- writes and replies --------------------------------------------------------------------
 
     def apply(self, result, on_failure=_group_failure) -> None:
-        """Append the result's writes; send its replies once they (and any earlier pending writes
-        of ``result.shards``) are durable."""
-        pending = []
+        """Stage the result's writes; send its replies once they (and any earlier pending writes
+        of ``result.shards``) are durable.
+
+        Each shard's writes carry increasing sequence numbers and the store makes them durable in
+        that order, so "every write of shard S up to n is durable" is one number per shard: a reply
+        waits for the last sequence number of each shard it depends on. The writes of one loop
+        iteration reach the writer thread together (one hand-over, see _flush)."""
+        waits = None
         if result.writes:
+            store = self.store
             by_shard: dict[int, list] = {}
             for shard_id, key, value in result.writes:
-                by_shard.setdefault(shard_id, []).append((key, value))
+                entries = by_shard.get(shard_id)
+                if entries is None:
+                    by_shard[shard_id] = [(key, value)]
+                else:
+                    entries.append((key, value))
+            waits = {}
             for shard_id, entries in by_shard.items():
-                fut = self.store.append(shard_id, entries)
-                self._last_write[shard_id] = fut
-                pending.append((shard_id, fut))
+                waits[shard_id] = self._submitted[shard_id] = store.submit(shard_id, entries)
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                self.loop.call_soon(self._flush)
+        submitted, durable = self._submitted, self._durable_seq
         for shard_id in result.shards:
-            fut = self._last_write.get(shard_id)
-            if fut is None:
-                continue
-            if fut.done():
-                del self._last_write[shard_id]
-            elif not any(f is fut for _, f in pending):
-                pending.append((shard_id, fut))
-        if not pending:
+            seq = submitted[shard_id]
+            if seq > durable[shard_id]:
+                if waits is None:
+                    waits = {}
+                waits.setdefault(shard_id, seq)
+        if not waits:
             if result.replies:
                 self.release(result.replies)
             return
-        waiter = _Waiter(self, len(pending), result, on_failure)
-        for shard_id, fut in pending:
-            self._watch(fut, shard_id, waiter)
+        waiter = _Waiter(self, len(waits), result, on_failure)
+        for shard_id, seq in waits.items():
+            self._waiting[shard_id].append((seq, waiter))
 
-    def _watch(self, fut, shard_id: int, waiter: _Waiter) -> None:
-        """Tell ``waiter`` when ``fut`` (resolved in the log writer thread) is done. Completions
-        are queued and drained by one loop callback per batch: one wake-up of the event loop per
-        fsync batch, not one per write."""
-        completed = self._completed
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        self.store.flush()
 
-        def finished(f, shard_id=shard_id):
-            completed.append((waiter, shard_id, f.exception()))
-            if not self._drain_scheduled:
-                self._drain_scheduled = True
-                loop = self.loop
-                if not loop.is_closed():
-                    loop.call_soon_threadsafe(self._drain)
-
-        fut.add_done_callback(finished)
+    def _on_durable(self, results) -> None:
+        """The store's listener, called in the writer thread once per batch: queue the results and
+        wake the loop once (not once per write)."""
+        self._completed.extend(results)
+        if not self._drain_scheduled:
+            self._drain_scheduled = True
+            loop = self.loop
+            if loop is not None and not loop.is_closed():
+                loop.call_soon_threadsafe(self._drain)
 
     def _drain(self) -> None:
         self._drain_scheduled = False
         completed = self._completed
+        durable, waiting = self._durable_seq, self._waiting
         while completed:
-            waiter, shard_id, exc = completed.popleft()
-            waiter.done(shard_id, exc)
+            shard_id, seq, exc = completed.popleft()
+            if seq > durable[shard_id]:
+                durable[shard_id] = seq  # settled: durable, or failed (then the shard refuses work)
+            queue = waiting[shard_id]
+            while queue and queue[0][0] <= seq:
+                queue.popleft()[1].done(shard_id, exc)
 
     def release(self, replies) -> None:
         for token, resp in replies:
@@ -245,6 +266,7 @@ class Runtime:
     def shutdown(self) -> None:
         """Answer every parked request with NOT_COORDINATOR and stop the timer."""
         self._closing = True
+        self._flush()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

@@ -139,7 +139,9 @@ def test_append_and_replay_round_trip(tmp_path):
         assert f.result(WAIT) is None
     st = s.stats()
     assert [x.entries for x in st] == [len(sent[0]), len(sent[1]), len(sent[2])]
-    assert all(x.bytes == os.path.getsize(log_path(tmp_path, x.shard)) for x in st)
+    for x in st:  # the file may run on past the last entry with preallocated zeros
+        raw = log_path(tmp_path, x.shard).read_bytes()
+        assert len(raw) >= x.bytes and raw[x.bytes:] == bytes(len(raw) - x.bytes)
     s.close()
     assert reopen(tmp_path, 3) == sent
     assert (tmp_path / "shard-00" / "current.log").exists()
@@ -199,7 +201,7 @@ def test_group_commit_one_fsync_per_touched_file_per_batch(tmp_path, monkeypatch
             assert release.wait(WAIT)
         real_fsync(fd)
 
-    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(L, "_fdatasync", fsync)
     first = s.append(0, [kv(-1)])
     assert entered.wait(WAIT)  # the writer is inside the first batch's fsync
     futures = []
@@ -237,6 +239,7 @@ def test_fsync_never_never_calls_fsync(tmp_path, monkeypatch):
         raise AssertionError("fsync called under fsync='never'")
 
     monkeypatch.setattr(os, "fsync", no_fsync)
+    monkeypatch.setattr(L, "_fdatasync", no_fsync)
     futures = [s.append(i % 2, [kv(i)]) for i in range(100)]
     for f in futures:
         assert f.result(WAIT) is None
@@ -262,7 +265,7 @@ def test_fsync_failure_fails_the_batch_and_the_shard_refuses_further_appends(tmp
             raise OSError(errno.EIO, "Input/output error")
         real_fsync(fd)
 
-    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(L, "_fdatasync", fsync)
     f = s.append(0, [kv(1)])
     with pytest.raises(OSError) as info:
         f.result(WAIT)
@@ -352,7 +355,6 @@ def _garbage_with_a_stale_frame(p: Path, offsets):
     (_length_past_eof, 5),
     (_cut_in_frame_header, 5),
     (_garbage, 6),
-    (_zeros, 6),
     (_garbage_with_a_stale_frame, 6),
 ])
 def test_torn_tail_is_cut_back_to_the_last_good_entry(tmp_path, events, damage, kept):
@@ -689,3 +691,139 @@ def test_sigkill_during_frequent_compactions_loses_no_acknowledged_entry(tmp_pat
             pytest.fail(f"shard {shard}: replayed state is no prefix of the appends")
     # compactions did happen in the child (a compacted file records its durable end)
     assert any(L.read_log_file(log_path(tmp_path, shard)).durable_end > HEADER_SIZE for shard in range(4))
+
+
+# ---- preallocation, the zero tail, and the loop's submit/flush/listener path ------------------------
+
+
+def snapshot(src: Path, dst: Path) -> Path:
+    """Copy a data dir as it is on disk right now (the store still open: what a crash leaves)."""
+    dst.mkdir()
+    for item in src.iterdir():
+        if item.is_dir():
+            (dst / item.name).mkdir()
+            for f in item.iterdir():
+                (dst / item.name / f.name).write_bytes(f.read_bytes())
+        elif item.name != ".lock":
+            (dst / item.name).write_bytes(item.read_bytes())
+    return dst
+
+
+def test_fsync_always_preallocates_and_a_crash_leaves_a_zero_tail_that_is_not_damage(tmp_path, events):
+    s, _ = opened(tmp_path / "d", 1)
+    for i in range(20):
+        s.append(0, [kv(i)]).result(WAIT)
+    logical = s.stats()[0].bytes
+    raw = log_path(tmp_path / "d").read_bytes()
+    assert len(raw) > L.PREALLOC_MIN > logical and raw[logical:] == bytes(len(raw) - logical)
+    crashed = snapshot(tmp_path / "d", tmp_path / "crashed")
+    s.close()
+    assert log_path(tmp_path / "d").stat().st_size == logical  # a clean stop trims the zeros
+    s2, data = opened(crashed, 1)
+    assert data[0] == [kv(i) for i in range(20)]
+    assert not events.named("log.tail_truncated")
+    assert s2.stats()[0].bytes == logical
+    s2.append(0, [kv(20)]).result(WAIT)  # lands right after the last entry, over the zeros
+    s2.close()
+    assert reopen(crashed, 1)[0] == [kv(i) for i in range(21)]
+    assert not events.named("log.tail_truncated")
+
+
+def test_zeros_after_the_last_entry_end_the_log_and_the_next_append_overwrites_them(tmp_path, events):
+    write_batches(tmp_path, [(0, [e]) for e in GOOD])
+    p = log_path(tmp_path)
+    end = p.stat().st_size
+    with open(p, "ab") as f:
+        f.write(bytes(5000))
+    s, data = opened(tmp_path)
+    assert data[0] == GOOD and not events.named("log.tail_truncated")
+    assert L.read_log_file(p).damage is None and L.read_log_file(p).end == end
+    s.append(0, [kv(77)]).result(WAIT)
+    s.close()
+    assert reopen(tmp_path)[0] == GOOD + [kv(77)]
+
+
+def test_garbage_after_a_zero_tail_is_a_torn_tail(tmp_path, events):
+    write_batches(tmp_path, [(0, [e]) for e in GOOD])
+    p = log_path(tmp_path)
+    end = p.stat().st_size
+    with open(p, "ab") as f:
+        f.write(bytes(3000) + b"\x00\x00\x00\x30junk")
+    assert reopen(tmp_path)[0] == GOOD
+    assert events.named("log.tail_truncated")[0]["offset"] == end
+    assert p.stat().st_size == end
+
+
+def test_zeros_inside_a_compacted_region_are_corruption(tmp_path):
+    s, _ = opened(tmp_path, 1)
+    for i in range(10):
+        s.append(0, [kv(i % 3)]).result(WAIT)
+    s.compact(0).result(WAIT)
+    s.close()
+    p = log_path(tmp_path)
+    buf = bytearray(p.read_bytes())
+    buf[HEADER_SIZE + 4:] = bytes(len(buf) - HEADER_SIZE - 4)  # everything after the first entry's length
+    p.write_bytes(bytes(buf))
+    with pytest.raises(LogCorruptError, match="durable by a compaction"):
+        reopen(tmp_path, 1)
+
+
+def test_submit_stages_until_flush_and_the_listener_learns_each_shards_durable_sequence(tmp_path):
+    s, _ = opened(tmp_path, 2)
+    got = []
+    done = threading.Event()
+
+    def listener(results):
+        got.extend(results)
+        if any(seq == 3 and shard == 0 for shard, seq, _e in got):
+            done.set()
+
+    s.set_listener(listener)
+    assert [s.submit(0, [kv(1)]), s.submit(1, [kv(2)]), s.submit(0, [kv(3)])] == [1, 1, 2]
+    assert not done.wait(0.05) and got == []  # nothing reaches the writer before flush
+    s.flush()
+    f = s.append(0, [kv(4)])  # append() goes behind everything submitted before it
+    assert f.result(WAIT) is None and done.wait(WAIT)
+    last = {}
+    for shard, seq, exc in got:
+        assert exc is None and seq > last.get(shard, 0)
+        last[shard] = seq
+    assert last == {0: 3, 1: 1}
+    s.close()
+    assert reopen(tmp_path) == {0: [kv(1), kv(3), kv(4)], 1: [kv(2)]}
+
+
+def test_close_writes_what_was_submitted_but_not_flushed(tmp_path):
+    s, _ = opened(tmp_path, 1)
+    got = []
+    s.set_listener(got.extend)
+    s.submit(0, [kv(1)])
+    s.close()
+    assert got == [(0, 1, None)]
+    assert reopen(tmp_path, 1)[0] == [kv(1)]
+
+
+def test_listener_learns_of_a_failed_fsync_and_of_writes_to_the_failed_shard(tmp_path, monkeypatch):
+    s, _ = opened(tmp_path, 2)
+    got = []
+    s.set_listener(got.extend)
+    bad_fd = s._shards[0].fd
+
+    def fsync(fd):
+        if fd == bad_fd:
+            raise OSError(errno.EIO, "Input/output error")
+        os.fsync(fd)
+
+    monkeypatch.setattr(L, "_fdatasync", fsync)
+    s.submit(0, [kv(1)])
+    s.submit(1, [kv(2)])
+    s.flush()
+    assert s.append(0, [kv(3)]).exception(WAIT) is not None
+    s.append(1, [kv(4)]).result(WAIT)
+    by = {}
+    for shard, seq, exc in got:
+        by.setdefault(shard, []).append((seq, type(exc).__name__ if exc else None))
+    assert by[1][-1] == (2, None)
+    assert by[0][0][1] == "OSError" and by[0][-1][0] == 2  # the failed batch, then (if apart) the refusal
+    assert all(name in ("OSError", "ShardFailedError") for _seq, name in by[0])
+    s.close()
