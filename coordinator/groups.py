@@ -82,6 +82,7 @@ API_NAMES = {OFFSET_COMMIT: "OffsetCommit", OFFSET_FETCH: "OffsetFetch", JOIN_GR
 
 _NONE = errors.NONE
 _NO_SHARDS: frozenset = frozenset()
+_REPLAY_PREFIXES_MAX = 100_000  # bounds the replay cache when there are very many (group, topic) pairs
 
 
 @dataclass(slots=True)
@@ -141,6 +142,8 @@ class GroupCoordinator:
         self._closed = False
         self.skipped_records = 0
         self.misplaced_records = 0
+        # replay: offset-key prefix (group + topic) -> (group, topic, owning shard); emptied by loaded()
+        self._replay_prefixes: dict[bytes, tuple[str, str, int]] = {}
         self._dispatch = {
             JOIN_GROUP: self._join_group, SYNC_GROUP: self._sync_group, HEARTBEAT: self._heartbeat,
             LEAVE_GROUP: self._leave_group, OFFSET_COMMIT: self._offset_commit,
@@ -176,14 +179,20 @@ class GroupCoordinator:
         ``skipped_records``; undecodable bytes raise :class:`coordinator.records.RecordError`."""
         if not 0 <= shard_id < self._n:
             raise ValueError(f"shard {shard_id} out of range (offsets_partitions={self._n})")
-        fast = records.decode_offset_commit_fast(key, value)
-        if fast is not None:  # the record herd writes for nearly every commit: no generic decode
-            gid, topic, partition, val = fast
-            owner = _shard_for(gid, self._n)
-            if owner != shard_id:
-                self.misplaced_records += 1
-            self.shards[owner]._apply_offset(gid, topic, partition, val)
-            return
+        split = records.split_offset_commit_key(key)
+        if split is not None and records.is_plain_offset_value(value):
+            # the record herd writes for nearly every commit: the value is kept as it is, and the
+            # group and topic are decoded once per (group, topic), not once per partition
+            prefix, partition = split
+            known = self._replay_prefixes.get(prefix)
+            if known is None:
+                known = self._replay_prefix(prefix)
+            if known is not None:
+                gid, topic, owner = known
+                if owner != shard_id:
+                    self.misplaced_records += 1
+                self.shards[owner]._apply_offset(gid, topic, partition, value)
+                return
         rtype, key_obj = records.decode_key(key)
         if key_obj is None:
             self.skipped_records += 1
@@ -194,8 +203,19 @@ class GroupCoordinator:
             self.misplaced_records += 1
         self.shards[owner]._apply(rtype, key_obj, records.decode_value(rtype, value))
 
+    def _replay_prefix(self, prefix: bytes) -> tuple[str, str, int] | None:
+        """``(group, topic, owning shard)`` of an offset-key prefix, remembered while replaying."""
+        names = records.decode_offset_key_prefix(prefix)
+        if names is None:
+            return None  # damaged: the generic decoder reports it
+        if len(self._replay_prefixes) >= _REPLAY_PREFIXES_MAX:
+            self._replay_prefixes.clear()
+        known = self._replay_prefixes[prefix] = (*names, _shard_for(names[0], self._n))
+        return known
+
     def loaded(self, now_ms: int, wall_ms: int | None = None) -> None:
         """Call once after replay (also with nothing replayed)."""
+        self._replay_prefixes = {}
         wall = self._wall(wall_ms)
         for shard in self.shards:
             out = shard.on_loaded(now_ms, wall)
@@ -470,9 +490,8 @@ class GroupCoordinator:
 
     def group_offsets(self, group_id: str) -> dict[str, dict[int, dict]]:
         stored = self._shard(group_id).offsets.get(group_id, {})
-        return {topic: {p: {"offset": v.offset, "leader_epoch": v.leader_epoch, "metadata": v.metadata,
-                            "commit_timestamp": v.commit_timestamp, "expire_timestamp": v.expire_timestamp}
-                        for p, v in parts.items()}
+        names = ("offset", "leader_epoch", "metadata", "commit_timestamp", "expire_timestamp")
+        return {topic: {p: dict(zip(names, records.offset_value_fields(v), strict=True)) for p, v in parts.items()}
                 for topic, parts in stored.items()}
 
     def snapshot_stats(self) -> dict:

@@ -17,6 +17,11 @@ skip them. Anything that cannot be decoded raises :class:`RecordError` (one erro
 
 The offset-commit key and value are on the commit hot path, so they are packed with precompiled
 ``struct`` code; a test checks the bytes are identical to the generated codec's.
+
+Committed offsets in memory are their value bytes (v3, or v1 with an explicit expiry), the same
+bytes as in the log: a commit stores what it writes, replay keeps what it reads, and a value costs
+one bytes object (no GC tracking, ~60 bytes). :func:`offset_value_fields` and
+:func:`offset_value_times` read them back.
 """
 from __future__ import annotations
 
@@ -34,9 +39,10 @@ from protocol.wire import EncodeError, ProtocolError
 
 __all__ = [
     "OFFSET_COMMIT", "GROUP_METADATA", "RecordError", "offset_commit_key", "offset_commit_value",
-    "group_metadata_key", "group_metadata_value", "decode_key", "decode_value", "encode_key",
-    "encode_value", "GroupMetadataValue", "GroupMetadataValueMemberMetadata", "OffsetCommitKey",
-    "OffsetCommitValue", "GroupMetadataKey",
+    "offset_key_prefix", "offset_value", "offset_value_tail", "offset_value_fields", "offset_value_times",
+    "split_offset_commit_key", "decode_offset_key_prefix", "is_plain_offset_value", "group_metadata_key",
+    "group_metadata_value", "decode_key", "decode_value", "encode_key", "encode_value", "GroupMetadataValue",
+    "GroupMetadataValueMemberMetadata", "OffsetCommitKey", "OffsetCommitValue", "GroupMetadataKey",
 ]
 
 OFFSET_COMMIT_V0 = 0
@@ -54,6 +60,8 @@ _V3_HEAD = struct.Struct(">hqi")  # version, offset, leader_epoch
 _V1_HEAD = struct.Struct(">hq")  # version, offset
 _I64 = struct.Struct(">q")
 _I64_I64 = struct.Struct(">qq")
+_V3_FIXED = struct.Struct(">hqih")  # version, offset, leader_epoch, metadata length
+_V1_FIXED = struct.Struct(">hqh")  # version, offset, metadata length
 
 
 class RecordError(ValueError):
@@ -80,19 +88,49 @@ def offset_key_prefix(group: str, topic: str) -> bytes:
 
 
 pack_partition = _I32.pack
-encode_str16 = _str16
 
 
 def offset_commit_value(offset: int, leader_epoch: int, metadata: str, commit_timestamp: int,
-                        expire_timestamp: int = -1, metadata_str16: bytes | None = None) -> bytes:
+                        expire_timestamp: int = -1) -> bytes:
     """Value bytes: v3 normally, v1 when an explicit expire timestamp exists (v1 has no leader
-    epoch, as in Kafka). ``metadata_str16`` is ``metadata`` already encoded (length-prefixed)."""
-    meta = metadata_str16 if metadata_str16 is not None else _str16(metadata)
+    epoch, as in Kafka)."""
+    return offset_value(offset, leader_epoch, offset_value_tail(metadata, commit_timestamp, expire_timestamp),
+                        expire_timestamp)
+
+
+def offset_value_tail(metadata: str, commit_timestamp: int, expire_timestamp: int = -1) -> bytes:
+    """The bytes of an offset-commit value after its offset and leader epoch (metadata and
+    timestamps): shared by every partition of a commit, so built once per commit."""
     if expire_timestamp == -1:
-        return b"".join((_V3_HEAD.pack(OFFSET_COMMIT_VALUE_VERSION, offset, leader_epoch), meta,
-                         _I64.pack(commit_timestamp)))
-    return b"".join((_V1_HEAD.pack(OFFSET_COMMIT_VALUE_EXPIRE_VERSION, offset), meta,
-                     _I64_I64.pack(commit_timestamp, expire_timestamp)))
+        return _str16(metadata) + _I64.pack(commit_timestamp)
+    return _str16(metadata) + _I64_I64.pack(commit_timestamp, expire_timestamp)
+
+
+def offset_value(offset: int, leader_epoch: int, tail: bytes, expire_timestamp: int = -1) -> bytes:
+    """Value bytes from the offset, the leader epoch and an :func:`offset_value_tail` built with
+    the same ``expire_timestamp``."""
+    if expire_timestamp == -1:
+        return _V3_HEAD.pack(OFFSET_COMMIT_VALUE_VERSION, offset, leader_epoch) + tail
+    return _V1_HEAD.pack(OFFSET_COMMIT_VALUE_EXPIRE_VERSION, offset) + tail
+
+
+def offset_value_fields(value: bytes) -> tuple[int, int, str, int, int]:
+    """``(offset, leader_epoch, metadata, commit_timestamp, expire_timestamp)`` of a value as kept
+    in memory (v3, or v1: leader epoch -1)."""
+    if value[1] == OFFSET_COMMIT_VALUE_VERSION:
+        _, offset, epoch, n = _V3_FIXED.unpack_from(value)
+        (ts,) = _I64.unpack_from(value, 16 + n)
+        return offset, epoch, value[16:16 + n].decode(), ts, -1
+    _, offset, n = _V1_FIXED.unpack_from(value)
+    ts, expire = _I64_I64.unpack_from(value, 12 + n)
+    return offset, -1, value[12:12 + n].decode(), ts, expire
+
+
+def offset_value_times(value: bytes) -> tuple[int, int]:
+    """``(commit_timestamp, expire_timestamp)`` of a value as kept in memory."""
+    if value[1] == OFFSET_COMMIT_VALUE_VERSION:
+        return _I64.unpack_from(value, len(value) - 8)[0], -1
+    return _I64_I64.unpack_from(value, len(value) - 16)
 
 
 def group_metadata_key(group: str) -> bytes:
@@ -172,33 +210,44 @@ def decode_value(rtype: int, data: bytes | None):
 
 _FAST_KEY_PREFIX = b"\x00\x01"  # OffsetCommitKey, record type 1
 _FAST_VALUE_PREFIX = b"\x00\x03"  # OffsetCommitValue v3
-_H = struct.Struct(">h")
-_QIH = struct.Struct(">qih")
-_Q = struct.Struct(">q")
-_I = struct.Struct(">i")
+_EMPTY_METADATA = b"\x00\x00"
 
 
-def decode_offset_commit_fast(key: bytes, value: bytes | None):
-    """``(group, topic, partition, OffsetCommitValue)`` for the record herd writes for almost
-    every commit (key type 1, value v3), decoded with fixed ``struct`` code; None for anything
-    else (the caller then takes the generic path, which also reports damage)."""
-    if value is None or key[:2] != _FAST_KEY_PREFIX or value[:2] != _FAST_VALUE_PREFIX:
+def split_offset_commit_key(key: bytes) -> tuple[bytes, int] | None:
+    """``(prefix, partition)`` of a type-1 offset-commit key, where ``prefix`` is the key without
+    its partition (one per group and topic: decode it with :func:`decode_offset_key_prefix`);
+    None for any other key."""
+    if key[:2] != _FAST_KEY_PREFIX or len(key) < 10:
         return None
+    return key[:-4], _I32.unpack_from(key, len(key) - 4)[0]
+
+
+def decode_offset_key_prefix(prefix: bytes) -> tuple[str, str] | None:
+    """``(group, topic)`` of a prefix from :func:`split_offset_commit_key`; None when it is not
+    exactly two strings (the generic decoder then reports the damage)."""
     try:
-        n, = _H.unpack_from(key, 2)
+        (n,) = _I16.unpack_from(prefix, 2)
         p = 4 + n
-        m, = _H.unpack_from(key, p)
-        q = p + 2 + m
-        if n < 0 or m < 0 or q + 4 != len(key):
+        (m,) = _I16.unpack_from(prefix, p)
+        if n < 0 or m < 0 or p + 2 + m != len(prefix):
             return None
-        partition, = _I.unpack_from(key, q)
-        offset, epoch, k = _QIH.unpack_from(value, 2)
-        if k < 0 or 16 + k + 8 != len(value):
-            return None
-        ts, = _Q.unpack_from(value, 16 + k)
-        gid = sys.intern(key[4:p].decode())
-        topic = sys.intern(key[p + 2:q].decode())
-        meta = value[16:16 + k].decode()
+        return sys.intern(prefix[4:p].decode()), sys.intern(prefix[p + 2:].decode())
     except (struct.error, UnicodeDecodeError):
         return None
-    return gid, topic, partition, OffsetCommitValue(offset, epoch, meta, ts, -1)
+
+
+def is_plain_offset_value(value: bytes | None) -> bool:
+    """True for a v3 value laid out exactly as herd writes it (kept in memory as it is); False
+    for anything else (a tombstone, another version, damage: the generic decoder's job)."""
+    if value is None or value[:2] != _FAST_VALUE_PREFIX or len(value) < 24:
+        return False
+    if value[14:16] == _EMPTY_METADATA:
+        return len(value) == 24
+    (n,) = _I16.unpack_from(value, 14)
+    if n < 0 or len(value) != 24 + n:
+        return False
+    try:
+        value[16:16 + n].decode()
+    except UnicodeDecodeError:
+        return False
+    return True

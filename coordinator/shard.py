@@ -8,7 +8,8 @@ to parked JoinGroup/SyncGroup requests come out of later calls (another member's
 Durable state changes through records:
 
 * offset commits and offset tombstones are applied through the same code :meth:`Shard.replay` runs
-  at start-up (:meth:`_apply`), so memory always equals "log replayed";
+  at start-up (:meth:`_apply_offset`), so memory always equals "log replayed". A committed offset
+  is kept as its record value bytes, as written (see :mod:`coordinator.records`);
 * a GroupMetadata record snapshots a group (written when the leader's SyncGroup stores the
   assignment, when a group falls Empty, and when a static member is replaced without a rebalance).
   The live group object is authoritative while the process runs (it also holds parked requests and
@@ -54,7 +55,6 @@ from protocol.messages import (
     OffsetCommitResponse,
     OffsetCommitResponsePartition,
     OffsetCommitResponseTopic,
-    OffsetCommitValue,
     OffsetDeleteResponse,
     OffsetDeleteResponsePartition,
     OffsetDeleteResponseTopic,
@@ -126,8 +126,9 @@ class Shard:
         self.listeners = listeners if listeners is not None else []
         self.config = config
         self.groups: dict[str, Group] = {}
-        # group id -> topic -> partition -> OffsetCommitValue
-        self.offsets: dict[str, dict[str, dict[int, OffsetCommitValue]]] = {}
+        # group id -> topic -> partition -> the offset's record value bytes (v3, or v1 with an
+        # explicit expiry); read with records.offset_value_fields / offset_value_times
+        self.offsets: dict[str, dict[str, dict[int, bytes]]] = {}
         self.timers = Timers()
         self.failed = False
         self._new_uuid = new_uuid or (lambda: str(uuid.uuid4()))
@@ -149,15 +150,18 @@ class Shard:
         return True
 
     def _apply(self, rtype: int, key, value) -> None:
+        """Apply a decoded record (key object, value object or None)."""
         if rtype == records.GROUP_METADATA:
             if value is None:
                 self._remove_group(key.group)
             else:
                 self._load_group(key.group, value)
             return
-        self._apply_offset(key.group, key.topic, key.partition, value)
+        self._apply_offset(key.group, key.topic, key.partition, records.encode_value(value))
 
-    def _apply_offset(self, gid: str, topic: str, partition: int, value) -> None:
+    def _apply_offset(self, gid: str, topic: str, partition: int, value: bytes | None) -> None:
+        """Store (or with None delete) one offset: ``value`` is its record value bytes, v3 or v1
+        (any other version is re-encoded by :meth:`_apply` first)."""
         if value is None:
             topics = self.offsets.get(gid)
             if topics is not None:
@@ -171,9 +175,9 @@ class Shard:
             return
         if gid not in self.groups:
             # offsets committed by a standalone consumer: a "simple" group with no protocol type
-            self.groups[gid] = Group(gid, state_wall_ms=value.commit_timestamp,
+            self.groups[gid] = Group(gid, state_wall_ms=records.offset_value_times(value)[0],
                                      history_size=self.config.rebalance_history_size)
-        self.offsets.setdefault(gid, {}).setdefault(topic, {})[partition] = value
+        self._offsets_of(gid, topic)[partition] = value
 
     def _load_group(self, gid: str, value: GroupMetadataValue) -> None:
         old = self.groups.get(gid)
@@ -212,19 +216,9 @@ class Shard:
         for mid in group.pending_members:
             t.cancel(("pending", gid, mid))
 
-    def _write_offset(self, out: Out, gid: str, topic: str, partition: int,
-                      value: OffsetCommitValue | None) -> None:
-        key = records.offset_commit_key(gid, topic, partition)
-        if value is None:
-            out.writes.append((self.shard_id, key, None))
-            self._apply(records.OFFSET_COMMIT, records.OffsetCommitKey(gid, topic, partition), None)
-            return
-        raw = records.offset_commit_value(value.offset, value.leader_epoch, value.metadata,
-                                          value.commit_timestamp, value.expire_timestamp)
-        out.writes.append((self.shard_id, key, raw))
-        if value.expire_timestamp != -1:
-            value.leader_epoch = -1  # a v1 record has no leader epoch: keep memory equal to replay
-        self._apply(records.OFFSET_COMMIT, records.OffsetCommitKey(gid, topic, partition), value)
+    def _delete_offset(self, out: Out, gid: str, topic: str, partition: int) -> None:
+        out.writes.append((self.shard_id, records.offset_commit_key(gid, topic, partition), None))
+        self._apply_offset(gid, topic, partition, None)
 
     def _write_group(self, out: Out, group: Group, assignment: dict[str, bytes] | None = None) -> None:
         members = []
@@ -811,12 +805,12 @@ class Shard:
         writes = out.writes
         sid = self.shard_id
         pack_partition = records.pack_partition
-        value_bytes = records.offset_commit_value
+        value_bytes = records.offset_value
+        tail = last_meta = last_ts = None
         for t in req.topics:
             parts_out = []
             prefix = None
             stored = None
-            last_meta = last_meta16 = None
             for p in t.partitions:
                 meta = p.committed_metadata
                 if meta is None:
@@ -827,23 +821,33 @@ class Shard:
                     continue
                 if prefix is None:
                     prefix = records.offset_key_prefix(gid, t.name)
-                    stored = self.offsets.setdefault(gid, {}).setdefault(t.name, {})
-                if meta is not last_meta:
-                    last_meta, last_meta16 = meta, records.encode_str16(meta)
+                    stored = self._offsets_of(gid, t.name)
                 ts = p.commit_timestamp if (version == 1 and p.commit_timestamp != -1) else wall
-                # a v1 record (explicit expiry) has no leader epoch: memory stays equal to replay
-                epoch = p.committed_leader_epoch if version >= 6 and expire == -1 else -1
-                offset = p.committed_offset
+                if meta is not last_meta or ts != last_ts:  # usually once per commit
+                    last_meta, last_ts = meta, ts
+                    tail = records.offset_value_tail(meta, ts, expire)
                 idx = p.partition_index
-                writes.append((sid, prefix + pack_partition(idx),
-                               value_bytes(offset, epoch, meta, ts, expire, last_meta16)))
-                stored[idx] = OffsetCommitValue(offset, epoch, meta, ts, expire)
+                # a v1 record (explicit expiry) has no leader epoch
+                raw = value_bytes(p.committed_offset, p.committed_leader_epoch if version >= 6 else -1, tail,
+                                  expire)
+                writes.append((sid, prefix + pack_partition(idx), raw))
+                stored[idx] = raw
                 parts_out.append(OffsetCommitResponsePartition(idx, _NONE))
                 written += 1
             topics_out.append(OffsetCommitResponseTopic(t.name, parts_out))
         if written:
             self._count("offset_commits", written)
         return OffsetCommitResponse(topics=topics_out), out
+
+    def _offsets_of(self, gid: str, topic: str) -> dict[int, bytes]:
+        """The stored offsets of one topic of a group (created empty if missing)."""
+        topics = self.offsets.get(gid)
+        if topics is None:
+            topics = self.offsets[gid] = {}
+        parts = topics.get(topic)
+        if parts is None:
+            parts = topics[topic] = {}
+        return parts
 
     @staticmethod
     def _validate_offset_commit(group: Group, member_id: str, instance_id: str | None,
@@ -870,11 +874,11 @@ class Shard:
         ``(name, [partitions])`` or None for everything committed. Unknown → offset -1."""
         group = self.groups.get(group_id)
         stored = self.offsets.get(group_id) if group is not None and group.state != DEAD else None
+        fields = records.offset_value_fields
         if topics is None:
             if not stored:
                 return []
-            return [(topic, [(p, v.offset, v.leader_epoch, v.metadata) for p, v in parts.items()])
-                    for topic, parts in stored.items()]
+            return [(topic, [(p, *fields(v)[:3]) for p, v in parts.items()]) for topic, parts in stored.items()]
         res = []
         for name, partitions in topics:
             parts = stored.get(name) if stored else None
@@ -884,7 +888,7 @@ class Shard:
                 if v is None:
                     row.append((p, -1, -1, ""))
                 else:
-                    row.append((p, v.offset, v.leader_epoch, v.metadata))
+                    row.append((p, *fields(v)[:3]))
             res.append((name, row))
         return res
 
@@ -911,7 +915,7 @@ class Shard:
                     parts.append(OffsetDeleteResponsePartition(p.partition_index, _NONE))
                     tparts = stored.get(t.name) if stored else None
                     if tparts is not None and p.partition_index in tparts:
-                        self._write_offset(out, gid, t.name, p.partition_index, None)
+                        self._delete_offset(out, gid, t.name, p.partition_index)
                         deleted += 1
                         stored = self.offsets.get(gid)
             topics_out.append(OffsetDeleteResponseTopic(t.name, parts))
@@ -953,7 +957,7 @@ class Shard:
         if stored:
             for topic, parts in list(stored.items()):
                 for p in list(parts):
-                    self._write_offset(out, group_id, topic, p, None)
+                    self._delete_offset(out, group_id, topic, p)
         self._write_group_tombstone(out, group_id)
         self._count("groups_deleted")
         return _NONE
@@ -1077,13 +1081,14 @@ class Shard:
                             all_gone = False
                             continue
                         for p, v in list(parts.items()):
-                            if v.expire_timestamp != -1:
-                                gone = wall >= v.expire_timestamp
+                            commit_ts, expire_ts = records.offset_value_times(v)
+                            if expire_ts != -1:
+                                gone = wall >= expire_ts
                             else:
-                                since = state_ts if state_ts is not None else v.commit_timestamp
+                                since = state_ts if state_ts is not None else commit_ts
                                 gone = wall - since >= retention
                             if gone:
-                                self._write_offset(out, gid, topic, p, None)
+                                self._delete_offset(out, gid, topic, p)
                                 expired += 1
                             else:
                                 all_gone = False

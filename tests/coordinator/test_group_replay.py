@@ -1,4 +1,5 @@
 """Replay round trip: a Result's writes fed into a fresh coordinator rebuild the same groups/offsets."""
+from coordinator import records
 from coordinator.clock import ManualClock
 from coordinator.groups import GroupCoordinator
 from protocol import errors as E
@@ -15,7 +16,7 @@ def durable_view(gc: GroupCoordinator) -> dict:
                 (m.member_id, m.group_instance_id, m.client_id, m.client_host, m.rebalance_timeout_ms,
                  m.session_timeout_ms, m.metadata(g.protocol_name), m.assignment)
                 for m in g.members.values())
-            offsets = {(t, p): (v.offset, v.leader_epoch, v.metadata, v.commit_timestamp, v.expire_timestamp)
+            offsets = {(t, p): records.offset_value_fields(v)
                        for t, parts in shard.offsets.get(gid, {}).items() for p, v in parts.items()}
             if g.generation == 0 and not offsets:
                 continue  # never written: e.g. a group that only handed out a KIP-394 member id

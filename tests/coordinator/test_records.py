@@ -119,14 +119,54 @@ def test_replay_skips_unknown_types_cleanly():
 def test_fast_offset_decode_agrees_with_the_generic_decoder(group, topic, partition, offset, epoch, meta, ts, expire):
     from coordinator import records as r
     key = r.offset_commit_key(group, topic, partition)
-    value = r.offset_commit_value(offset, epoch if expire == -1 else -1, meta, ts, expire)
-    fast = r.decode_offset_commit_fast(key, value)
+    value = r.offset_commit_value(offset, epoch, meta, ts, expire)
     rtype, k = r.decode_key(key)
     v = r.decode_value(rtype, value)
-    if expire != -1:
-        assert fast is None  # a v1 value takes the generic path
-        return
-    assert fast == (k.group, k.topic, k.partition, v)
-    assert r.decode_offset_commit_fast(key, None) is None
-    assert r.decode_offset_commit_fast(key + b"x", value) is None
-    assert r.decode_offset_commit_fast(key, value[:-1]) is None
+    prefix, part = r.split_offset_commit_key(key)
+    assert (r.decode_offset_key_prefix(prefix), part) == ((k.group, k.topic), k.partition)
+    assert prefix == r.offset_key_prefix(group, topic)
+    # the in-memory readers agree with the generic decoder (v1 has no leader epoch)
+    fields = (v.offset, v.leader_epoch, v.metadata, v.commit_timestamp, v.expire_timestamp)
+    assert r.offset_value_fields(value) == fields == (offset, epoch if expire == -1 else -1, meta, ts, expire)
+    assert r.offset_value_times(value) == (ts, expire)
+    assert r.is_plain_offset_value(value) == (expire == -1)  # a v1 value takes the generic path
+    assert not r.is_plain_offset_value(None)
+    assert not r.is_plain_offset_value(value + b"x")
+    assert not r.is_plain_offset_value(value[:-1])
+    assert r.decode_offset_key_prefix(prefix + b"x") is None
+    assert r.decode_offset_key_prefix(prefix[:-1]) is None
+
+
+def test_fast_offset_decode_refuses_what_it_does_not_know():
+    from coordinator import records as r
+    key = r.offset_commit_key("g", "t", 1)
+    assert r.split_offset_commit_key(r.group_metadata_key("g")) is None
+    assert r.split_offset_commit_key(b"\x00\x00" + key[2:]) is None  # type 0: generic path
+    assert r.split_offset_commit_key(b"\x00\x01\x00") is None
+    assert r.decode_offset_key_prefix(b"\x00\x01\x00\x01\xff\x00\x01t") is None  # not UTF-8
+    assert r.decode_offset_key_prefix(b"\x00\x01\xff\xff\x00\x00") is None  # negative length
+    value = r.offset_commit_value(5, 1, "ab", 10)
+    assert r.is_plain_offset_value(value)
+    assert not r.is_plain_offset_value(value[:16] + b"\xff\xfe" + value[18:])  # metadata not UTF-8
+    assert not r.is_plain_offset_value(value[:14] + b"\xff\xff" + value[16:])  # negative length
+    assert not r.is_plain_offset_value(generated_value(4, OffsetCommitValue(5, 1, "ab", 10)))
+
+
+def test_every_value_version_replays_to_the_same_memory():
+    """Replay keeps a v3 value as it is and re-encodes any other version (v0-v2, v4) to the bytes
+    herd would write, so the in-memory form is the same whatever wrote the log."""
+    key = records.offset_commit_key("g", "t", 0)
+    cases = [
+        (generated_value(0, OffsetCommitValue(7, -1, "m", 11)), (7, -1, "m", 11, -1)),
+        (generated_value(1, OffsetCommitValue(7, -1, "m", 11, 99)), (7, -1, "m", 11, 99)),
+        (generated_value(2, OffsetCommitValue(7, -1, "m", 11)), (7, -1, "m", 11, -1)),
+        (generated_value(3, OffsetCommitValue(7, 4, "m", 11)), (7, 4, "m", 11, -1)),
+        (generated_value(4, OffsetCommitValue(7, 4, "m", 11)), (7, 4, "m", 11, -1)),
+    ]
+    for raw, fields in cases:
+        gc = GroupCoordinator(Config(offsets_partitions=1))
+        gc.replay(0, key, raw)
+        stored = gc.shards[0].offsets["g"]["t"][0]
+        assert records.offset_value_fields(stored) == fields
+        assert stored == records.offset_commit_value(*fields)
+        assert gc.group_offsets("g")["t"][0]["offset"] == 7
