@@ -2,8 +2,8 @@
 
 Counters and histograms are plain Python objects updated on the event loop thread (no locks);
 everything that can be computed from state (groups by state, members, log bytes) is computed
-when scraped, so the request path only pays for one counter increment and one histogram
-observation per request.
+when scraped, so the request path only pays for one ``RequestStats.observe`` per request (a few
+list updates, indexed by api key).
 
 HTTP (``--metrics-port``; off by default):
   GET /metrics                      Prometheus text format 0.0.4
@@ -21,6 +21,7 @@ import time
 from urllib.parse import unquote
 
 from coordinator import logs
+from coordinator.versions import API_NAMES
 
 log = logs.get("herd.metrics")
 
@@ -94,6 +95,46 @@ class Histogram:
         return out
 
 
+class RequestStats:
+    """``herd_requests_total`` and ``herd_request_duration_seconds``, by API, for the request path:
+    per api key one list of latency bucket counts, then the sum and the count (which is also the
+    requests counter). Rendered exactly as a ``Counter`` and a ``Histogram`` labelled by API name."""
+
+    def __init__(self, api_names: dict[int, str], buckets=LATENCY_BUCKETS):
+        self.api_names = api_names
+        self.buckets = tuple(buckets)
+        self.first_bucket = self.buckets[0]
+        self.series: list[list | None] = [None] * (max(api_names) + 1)  # api key -> [buckets..., sum, count]
+
+    def observe(self, api_key: int, seconds: float) -> None:
+        s = self.series[api_key]
+        if s is None:
+            s = self.series[api_key] = [0] * (len(self.buckets) + 2)
+        if seconds <= self.first_bucket:  # most requests: skip the search
+            s[0] += 1
+        else:
+            i = bisect.bisect_left(self.buckets, seconds)
+            if i < len(self.buckets):
+                s[i] += 1
+        s[-2] += seconds
+        s[-1] += 1
+
+    def _by_name(self) -> list[tuple[tuple, list]]:
+        return sorted(((self.api_names.get(key, "?"),), s) for key, s in enumerate(self.series) if s is not None)
+
+    def counter(self) -> Counter:
+        c = Counter("herd_requests_total", "Requests answered, by API.", ("api",))
+        for labels, s in self._by_name():
+            c.inc(*labels, by=s[-1])
+        return c
+
+    def histogram(self) -> Histogram:
+        h = Histogram("herd_request_duration_seconds", "Time from a request's arrival to its answer, by API.",
+                      ("api",), self.buckets)
+        h.series = {labels: list(s) for labels, s in self._by_name()}
+        return h
+
+
 class Gauge:
     """A gauge computed at scrape time: ``fn()`` returns {label tuple: value}."""
 
@@ -115,9 +156,7 @@ class Gauge:
 class Metrics:
     def __init__(self):
         self.started = time.time()
-        self.requests = Counter("herd_requests_total", "Requests answered, by API.", ("api",))
-        self.request_seconds = Histogram("herd_request_duration_seconds",
-                                         "Time from a request's arrival to its answer, by API.", ("api",))
+        self.request_stats = RequestStats(API_NAMES)
         self.rebalance_seconds = Histogram("herd_rebalance_duration_seconds",
                                            "Duration of completed rebalances (start to stable).",
                                            buckets=REBALANCE_BUCKETS)
@@ -132,7 +171,8 @@ class Metrics:
 
     def render(self) -> str:
         lines: list[str] = []
-        for metric in (self.requests, self.request_seconds, self.rebalance_seconds, self.connections_total):
+        requests = self.request_stats
+        for metric in (requests.counter(), requests.histogram(), self.rebalance_seconds, self.connections_total):
             lines += metric.render()
         lines += [
             "# HELP herd_shard_replay_seconds Time spent replaying the logs at start-up.",

@@ -19,14 +19,36 @@ from protocol import errors as E
 from protocol import messages as m
 from protocol import produce
 from protocol.framing import FrameDecoder
-from protocol.headers import decode_request_header, response_header_version
+from protocol.headers import read_request_header, response_header_version
 from protocol.wire import EncodeError, ProtocolError
 
 log = logs.get("herd.server")
 _SIZE = struct.Struct(">i")
-_CID = struct.Struct(">i")
+_FRAME_HEAD = struct.Struct(">ii")  # frame size (filled in last), correlation id
 _REQUESTS = m.REQUESTS
 _now = time.perf_counter
+
+# api key -> by version, what follows the correlation id in our response header: the empty tagged
+# fields of header v1 (flexible versions), or nothing (v0; always for ApiVersions).
+_HEADER_TAIL = {key: tuple(b"\x00" if response_header_version(key, v) else b"" for v in range(hi + 1))
+                for key, (_, hi) in SUPPORTED.items()}
+
+_HeartbeatResponse = m.HeartbeatResponse
+_heartbeat_bodies: dict[tuple[int, int], bytes] = {}  # (version, error code) -> encoded body
+
+
+def _encode_body(out: bytearray, response, version: int) -> None:
+    """Append the encoded response. A plain HeartbeatResponse (no throttle, no unknown tagged
+    fields: all herd sends) is the same few bytes for a given version and error code: cached."""
+    if type(response) is _HeartbeatResponse and not response.throttle_time_ms \
+            and not response.unknown_tagged_fields:
+        key = (version, response.error_code)
+        body = _heartbeat_bodies.get(key)
+        if body is None:
+            body = _heartbeat_bodies[key] = response.encode(version)
+        out += body
+    else:
+        response.encode_into(out, version)
 
 
 class Reply:
@@ -61,10 +83,14 @@ class Connection(asyncio.Protocol):
         self.transport = None
         self.peer = "?"
         self.client_host = ""
+        self.max_pending = server.config.max_pending_bytes_per_connection
         self.queue: deque[bytes] = deque()
         self.queued_bytes = 0
         self.inflight: Reply | None = None
+        # While ``processing`` the answers produced collect in ``out`` and leave in one
+        # transport.write at the end (a client that pipelines N requests costs one send, not N).
         self.processing = False
+        self.out = bytearray()
         self.closed = False
         self.paused = False
         self.write_paused = False  # the transport's write buffer is over its high-water mark
@@ -97,6 +123,7 @@ class Connection(asyncio.Protocol):
         if self.inflight is not None and self.inflight.timer is not None:
             self.inflight.timer.cancel()
         self.queue.clear()
+        self.out = bytearray()
 
     def data_received(self, data):
         if self.closed:
@@ -108,19 +135,22 @@ class Connection(asyncio.Protocol):
             self.fail("malformed frame", exc)
             return
         if frames:
-            for f in frames:
-                self.queued_bytes += len(f)
-            self.queue.extend(frames)
-            if self.inflight is None and not self.processing:
-                self.process()
+            if len(frames) == 1 and not self.queue and self.inflight is None and not self.processing \
+                    and not self.write_paused:
+                self.handle_one(frames[0])  # the common case: no queue round trip
+            else:
+                for f in frames:
+                    self.queued_bytes += len(f)
+                self.queue.extend(frames)
+                if self.inflight is None and not self.processing:
+                    self.process()
         self._maybe_pause()
 
     def _pending(self) -> int:
         return self.queued_bytes + self.decoder.buffered + self.transport.get_write_buffer_size()
 
     def _maybe_pause(self) -> None:
-        if not self.paused and not self.closed and (
-                self.write_paused or self._pending() > self.server.config.max_pending_bytes_per_connection):
+        if not self.paused and not self.closed and (self.write_paused or self._pending() > self.max_pending):
             self.paused = True
             self.transport.pause_reading()
 
@@ -147,7 +177,8 @@ class Connection(asyncio.Protocol):
 
     def process(self) -> None:
         """Handle queued frames: at most FRAMES_PER_TURN per event-loop turn (fairness between
-        connections), none while the peer is not reading our answers (write backpressure)."""
+        connections), none while the peer is not reading our answers (write backpressure). The
+        answers given meanwhile leave together at the end."""
         self.processing = True
         budget = self.FRAMES_PER_TURN
         try:
@@ -163,70 +194,74 @@ class Connection(asyncio.Protocol):
                 self.handle(frame)
         finally:
             self.processing = False
+        self.flush()
+        self._maybe_resume()
+
+    def handle_one(self, frame: bytes) -> None:
+        """``process`` for a single frame that arrived on an idle connection."""
+        self.processing = True
+        try:
+            self.handle(frame)
+        finally:
+            self.processing = False
+        self.flush()
         self._maybe_resume()
 
     def _maybe_resume(self) -> None:
-        if self.paused and not self.closed and not self.write_paused and \
-                self._pending() <= self.server.config.max_pending_bytes_per_connection // 2:
+        if self.paused and not self.closed and not self.write_paused and self._pending() <= self.max_pending // 2:
             self.paused = False
             self.transport.resume_reading()
 
     def handle(self, frame: bytes) -> None:
         try:
-            header, pos = decode_request_header(frame)
+            api_key, version, correlation_id, client_id, _, pos = read_request_header(frame)
         except ProtocolError as exc:
             self.fail("malformed request header", exc)
             return
-        api_key = header.api_key
-        version = header.api_version
         if api_key == API_VERSIONS:
-            self.api_versions(header, frame, pos)
+            self.api_versions(version, correlation_id, frame, pos)
             return
         rng = SUPPORTED.get(api_key)
         if rng is None or not rng[0] <= version <= rng[1]:
             # Kafka closes the connection for an API or version it does not serve.
             log.warning("unsupported api or version; closing connection", peer=self.peer,
-                        client_id=header.client_id, api_key=api_key, api_version=version,
+                        client_id=client_id, api_key=api_key, api_version=version,
                         api=API_NAMES.get(api_key))
             self.close()
             return
         if api_key == produce.API_KEY:
-            self.produce(header, frame, pos)
+            self.produce(version, correlation_id, client_id, frame, pos)
             return
         cls = _REQUESTS[api_key]
         try:
             request = cls.decode_from(frame, pos, version)[0]
         except ProtocolError as exc:
-            self.fail(f"malformed {cls.NAME} v{version}", exc, client_id=header.client_id)
+            self.fail(f"malformed {cls.NAME} v{version}", exc, client_id=client_id)
             return
-        token = Reply(self, header.correlation_id, api_key, version, request)
-        self.inflight = token
+        token = self.inflight = Reply(self, correlation_id, api_key, version, request)
         try:
-            self.runtime.dispatch(token, api_key, version, request, header.client_id or "", self.client_host)
+            self.runtime.dispatch(token, api_key, version, request, client_id or "", self.client_host)
         except Exception:  # our bug: log it with context, drop this connection, keep serving
-            log.exception("error handling request", peer=self.peer, client_id=header.client_id,
+            log.exception("error handling request", peer=self.peer, client_id=client_id,
                           api=cls.NAME, api_version=version)
             self.close()
 
-    def produce(self, header, frame: bytes, pos: int) -> None:
+    def produce(self, version: int, correlation_id: int, client_id: str | None, frame: bytes, pos: int) -> None:
         """herd stores no records: every partition gets INVALID_REQUEST (acks=0: no answer)."""
         try:
-            request = produce.decode_request(frame, pos, header.api_version)
+            request = produce.decode_request(frame, pos, version)
         except ProtocolError as exc:
-            self.fail("malformed Produce", exc, client_id=header.client_id)
+            self.fail("malformed Produce", exc, client_id=client_id)
             return
         if request.acks == 0:
             return
-        token = Reply(self, header.correlation_id, produce.API_KEY, header.api_version, request)
-        self.inflight = token
+        token = self.inflight = Reply(self, correlation_id, produce.API_KEY, version, request)
         self.send_response(token, produce.ProduceResponse(
             request, E.INVALID_REQUEST, "herd is a consumer-group coordinator and stores no records"))
 
-    def api_versions(self, header, frame: bytes, pos: int) -> None:
+    def api_versions(self, version: int, correlation_id: int, frame: bytes, pos: int) -> None:
         lo, hi = SUPPORTED[API_VERSIONS]
-        version = header.api_version
-        token = Reply(self, header.correlation_id, API_VERSIONS, version, None)
-        self.inflight = token
+        token = self.inflight = Reply(self, correlation_id, API_VERSIONS, version, None)
         if not lo <= version <= hi:
             # KIP-511: answer in v0 format with our ApiVersions range so the client can retry lower.
             token.api_version = 0
@@ -250,26 +285,32 @@ class Connection(asyncio.Protocol):
         if self.closed:
             return
         version = token.api_version
-        out = bytearray(b"\x00\x00\x00\x00")
-        out += _CID.pack(token.correlation_id)
-        if response_header_version(token.api_key, version):
-            out += b"\x00"
+        out = self.out
+        start = len(out)
+        out += _FRAME_HEAD.pack(0, token.correlation_id)
+        out += _HEADER_TAIL[token.api_key][version]
         try:
-            response.encode_into(out, version)
+            _encode_body(out, response, version)
         except EncodeError:
+            del out[start:]
             log.exception("cannot encode response", peer=self.peer, response=type(response).__name__,
                           api_version=version)
             self.close()
             return
-        _SIZE.pack_into(out, 0, len(out) - 4)
-        self.transport.write(out)
+        _SIZE.pack_into(out, start, len(out) - start - 4)
         metrics = self.server.metrics
         if metrics is not None:
-            name = API_NAMES.get(token.api_key, "?")
-            metrics.requests.inc(name)
-            metrics.request_seconds.observe(_now() - token.started, name)
-        if self.queue and not self.processing:
-            self.process()
+            metrics.request_stats.observe(token.api_key, _now() - token.started)
+        if not self.processing:  # an answer released later (after a log write, a rebalance, a wait)
+            self.flush()
+            if self.queue:
+                self.process()
+
+    def flush(self) -> None:
+        """Write the answers collected in ``out`` (in request order: one request in flight)."""
+        if self.out:
+            self.transport.write(self.out)
+            self.out = bytearray()  # the transport may keep the one it was given
 
     # ---- closing -----------------------------------------------------------------------------
 
@@ -279,6 +320,7 @@ class Connection(asyncio.Protocol):
 
     def close(self) -> None:
         if not self.closed:
+            self.flush()  # answers to the requests before the one that closes the connection
             self.closed = True
             self.inflight = None
             self.queue.clear()

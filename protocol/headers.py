@@ -15,6 +15,7 @@ from protocol.wire import EncodeError, ProtocolError, read_tagged_fields, write_
 
 API_VERSIONS_KEY = 18
 _FIXED = struct.Struct(">hhi")
+_HEAD = struct.Struct(">hhih")  # api key, api version, correlation id, client id length
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 
@@ -53,10 +54,16 @@ def decode_request_header(buf: bytes) -> tuple[RequestHeader, int]:
     For an API key the codec does not know, the header is read as v1 (no tagged fields): enough to
     learn the correlation id and log the client.
     """
+    *fields, pos = read_request_header(buf)
+    return RequestHeader(*fields), pos
+
+
+def read_request_header(buf: bytes) -> tuple[int, int, int, str | None, list | None, int]:
+    """``decode_request_header`` as a plain tuple, for the server's request path:
+    ``(api_key, api_version, correlation_id, client_id, tagged_fields, body_pos)``."""
     if len(buf) < 10:
         raise ProtocolError("request header truncated")
-    api_key, api_version, correlation_id = _FIXED.unpack_from(buf, 0)
-    n, = _I16.unpack_from(buf, 8)
+    api_key, api_version, correlation_id, n = _HEAD.unpack_from(buf, 0)
     pos = 10
     if n < 0:
         client_id = None
@@ -78,7 +85,7 @@ def decode_request_header(buf: bytes) -> tuple[RequestHeader, int]:
             pos += 1
         else:
             tags, pos = read_tagged_fields(buf, pos)
-    return RequestHeader(api_key, api_version, correlation_id, client_id, tags), pos
+    return api_key, api_version, correlation_id, client_id, tags, pos
 
 
 def encode_request_header(out: bytearray, api_key: int, api_version: int, correlation_id: int,
