@@ -1,0 +1,346 @@
+"""The TCP edge in process: a real Runtime and group coordinator behind a ``Connection`` on a fake
+transport, to check pipelining (answers of one read leave in one write, in request order),
+backpressure, and closing mid-pipeline without sockets or timing."""
+from __future__ import annotations
+
+import asyncio
+import random
+import struct
+from pathlib import Path
+
+import pytest
+import uvloop
+
+from coordinator.catalog import Catalog
+from coordinator.config import Config
+from coordinator.groups import GroupCoordinator
+from coordinator.log import LogStore
+from coordinator.metrics import Counter, Histogram, RequestStats
+from coordinator.runtime import Runtime
+from coordinator.server import Connection, Server, _encode_body
+from coordinator.versions import API_NAMES
+from protocol import errors as E
+from protocol import messages as m
+from protocol.headers import decode_response_header, encode_request_header
+
+HB = 4  # Heartbeat version used here (flexible)
+
+
+class FakeTransport:
+    """Records writes; ``high_water`` set: calls pause_writing past it until ``drain()``."""
+
+    def __init__(self, high_water: int | None = None):
+        self.protocol: Connection | None = None
+        self.data = bytearray()
+        self.writes = 0
+        self.aborted = False
+        self.reading = True
+        self.high_water = high_water
+        self.unsent = 0
+        self.write_paused = False
+
+    def write(self, data) -> None:
+        assert not self.aborted
+        self.writes += 1
+        self.data += data
+        if self.high_water is not None:
+            self.unsent += len(data)
+            if self.unsent > self.high_water and not self.write_paused:
+                self.write_paused = True
+                self.protocol.pause_writing()
+
+    def drain(self) -> None:
+        self.unsent = 0
+        if self.write_paused:
+            self.write_paused = False
+            self.protocol.resume_writing()
+
+    def get_extra_info(self, name, default=None):
+        return default
+
+    def get_write_buffer_size(self) -> int:
+        return self.unsent
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    close = abort
+
+
+def frame(request, version: int, correlation_id: int) -> bytes:
+    out = bytearray(b"\x00\x00\x00\x00")
+    encode_request_header(out, request.API_KEY, version, correlation_id, "fastpath-test")
+    request.encode_into(out, version)
+    struct.pack_into(">i", out, 0, len(out) - 4)
+    return bytes(out)
+
+
+def answers(data: bytes) -> list[bytes]:
+    out, pos = [], 0
+    while pos < len(data):
+        n, = struct.unpack_from(">i", data, pos)
+        out.append(bytes(data[pos + 4:pos + 4 + n]))
+        pos += 4 + n
+    assert pos == len(data)
+    return out
+
+
+def decode(body: bytes, api_key: int, version: int):
+    cid, pos = decode_response_header(body, api_key, version)
+    return cid, m.RESPONSES[api_key].decode(body, version, pos)
+
+
+class Edge:
+    """One daemon's worth of objects on the running loop, and helpers to talk to it."""
+
+    def __init__(self, tmp_path: Path, **overrides):
+        self.config = Config(data_dir=str(tmp_path), fsync="never", offsets_partitions=4,
+                             initial_rebalance_delay_ms=0, **overrides)
+        self.store = LogStore(tmp_path, self.config.offsets_partitions, fsync="never")
+
+    async def __aenter__(self) -> Edge:
+        loop = asyncio.get_running_loop()
+        self.store.open(latest_only=True)
+        self.runtime = Runtime(self.config, GroupCoordinator(self.config, node_id=0),
+                               Catalog(self.config, node_id=0), self.store)
+        self.server = Server(self.config, self.runtime)
+        self.server.loop = loop
+        self.runtime.replay({})
+        self.runtime.start(loop)
+        return self
+
+    async def __aexit__(self, *exc):
+        self.runtime.shutdown()
+        self.store.close()
+
+    def connect(self, transport: FakeTransport | None = None) -> tuple[Connection, FakeTransport]:
+        tr = transport or FakeTransport()
+        conn = Connection(self.server)
+        tr.protocol = conn
+        conn.connection_made(tr)
+        return conn, tr
+
+    async def call(self, request, version: int):
+        conn, tr = self.connect()
+        conn.data_received(frame(request, version, 1))
+        await until(lambda: tr.data)
+        (body,) = answers(tr.data)
+        return decode(body, request.API_KEY, version)[1]
+
+    async def member(self, group_id: str) -> m.HeartbeatRequest:
+        """Join a one-member group; return a Heartbeat request that it answers with NONE."""
+        j = await self.call(m.JoinGroupRequest(
+            group_id=group_id, session_timeout_ms=60_000, rebalance_timeout_ms=60_000, protocol_type="consumer",
+            protocols=[m.JoinGroupRequestProtocol(name="range", metadata=b"")]), 3)
+        assert j.error_code == E.NONE
+        s = await self.call(m.SyncGroupRequest(
+            group_id=group_id, generation_id=j.generation_id, member_id=j.member_id,
+            assignments=[m.SyncGroupRequestAssignment(member_id=j.member_id, assignment=b"")]), 3)
+        assert s.error_code == E.NONE
+        return m.HeartbeatRequest(group_id=group_id, generation_id=j.generation_id, member_id=j.member_id)
+
+
+async def until(cond, turns: int = 5000):
+    for _ in range(turns):
+        if cond():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("condition not met")
+
+
+async def turns(n: int = 5):
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+def run(coro):
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)
+
+
+def heartbeat_cids(data: bytes) -> list[int]:
+    out = []
+    for body in answers(data):
+        cid, resp = decode(body, 12, HB)
+        assert resp.error_code == E.NONE
+        out.append(cid)
+    return out
+
+
+def test_pipelined_heartbeats_get_their_answers_in_order_in_one_write(tmp_path):
+    async def main():
+        async with Edge(tmp_path) as edge:
+            hbs = [await edge.member(f"g{i}") for i in range(5)]
+            conn, tr = edge.connect()
+            conn.data_received(b"".join(frame(hbs[i % 5], HB, 100 + i) for i in range(20)))
+            assert heartbeat_cids(tr.data) == list(range(100, 120))
+            assert tr.writes == 1
+            # one frame per read: one write each, as before
+            for i in range(3):
+                conn.data_received(frame(hbs[0], HB, 200 + i))
+            assert tr.writes == 4
+            assert heartbeat_cids(tr.data)[20:] == [200, 201, 202]
+            # a frame split over reads, then two frames and a half in one read
+            f = [frame(hbs[1], HB, 300 + i) for i in range(4)]
+            conn.data_received(f[0][:7])
+            conn.data_received(f[0][7:] + f[1] + f[2][:3])
+            conn.data_received(f[2][3:] + f[3])
+            assert heartbeat_cids(tr.data)[23:] == [300, 301, 302, 303]
+            assert not tr.aborted and not conn.queue and conn.queued_bytes == 0
+
+    run(main())
+
+
+def test_a_burst_longer_than_a_turn_is_answered_in_order_over_several_turns(tmp_path):
+    async def main():
+        async with Edge(tmp_path) as edge:
+            hb = await edge.member("g")
+            conn, tr = edge.connect()
+            n = 2 * Connection.FRAMES_PER_TURN + 10
+            conn.data_received(b"".join(frame(hb, HB, i) for i in range(n)))
+            assert heartbeat_cids(tr.data) == list(range(Connection.FRAMES_PER_TURN))
+            await turns()
+            assert heartbeat_cids(tr.data) == list(range(n))
+            assert tr.writes == 3
+            assert conn.queued_bytes == 0
+
+    run(main())
+
+
+def test_a_parked_request_holds_the_requests_pipelined_after_it(tmp_path):
+    async def main():
+        async with Edge(tmp_path) as edge:
+            hb = await edge.member("g")
+            join = m.JoinGroupRequest(group_id="other", session_timeout_ms=60_000, rebalance_timeout_ms=60_000,
+                                      protocol_type="consumer",
+                                      protocols=[m.JoinGroupRequestProtocol(name="range", metadata=b"")])
+            conn, tr = edge.connect()
+            conn.data_received(frame(hb, HB, 1) + frame(join, 3, 2) + frame(hb, HB, 3) + frame(hb, HB, 4))
+            assert len(answers(tr.data)) == 1  # the join waits for its record to be written
+            assert conn.inflight is not None and len(conn.queue) == 2
+            await until(lambda: len(answers(tr.data)) == 4)
+            bodies = answers(tr.data)
+            assert decode(bodies[1], 11, 3)[0] == 2 and decode(bodies[1], 11, 3)[1].error_code == E.NONE
+            assert [decode(b, 12, HB)[0] for b in bodies] == [1, 2, 3, 4]
+            # the join's answer was written when released, the two heartbeats behind it together
+            assert tr.writes == 3
+
+    run(main())
+
+
+def test_write_backpressure_stops_a_pipelined_burst_until_the_peer_reads(tmp_path):
+    async def main():
+        async with Edge(tmp_path) as edge:
+            hb = await edge.member("g")
+            conn, tr = edge.connect(FakeTransport(high_water=1))
+            n = 3 * Connection.FRAMES_PER_TURN
+            conn.data_received(b"".join(frame(hb, HB, i) for i in range(n)))
+            assert len(answers(tr.data)) == Connection.FRAMES_PER_TURN
+            assert conn.write_paused and conn.paused and not tr.reading
+            await turns()
+            assert len(answers(tr.data)) == Connection.FRAMES_PER_TURN  # nothing more while paused
+            tr.drain()
+            assert len(answers(tr.data)) == 2 * Connection.FRAMES_PER_TURN
+            await turns()
+            tr.drain()
+            await turns()
+            assert heartbeat_cids(tr.data) == list(range(n))
+            tr.drain()
+            assert tr.reading and not conn.paused and conn.queued_bytes == 0
+
+    run(main())
+
+
+@pytest.mark.parametrize("bad", [
+    struct.pack(">hhih", 12, HB, 9, 0) + b"\xff\xff\xff",  # heartbeat with a garbage body
+    struct.pack(">hhih", 12, 99, 9, -1),  # unsupported version
+    struct.pack(">hhih", 999, 0, 9, -1),  # unknown api
+    b"\x00\x0c",  # truncated header
+], ids=["garbage-body", "unsupported-version", "unknown-api", "truncated-header"])
+def test_a_bad_request_mid_pipeline_answers_those_before_it_then_closes(tmp_path, bad):
+    async def main():
+        async with Edge(tmp_path) as edge:
+            hb = await edge.member("g")
+            conn, tr = edge.connect()
+            conn.data_received(frame(hb, HB, 1) + frame(hb, HB, 2) + struct.pack(">i", len(bad)) + bad
+                               + frame(hb, HB, 3))
+            assert heartbeat_cids(tr.data) == [1, 2]
+            assert tr.aborted and conn.closed and not conn.queue
+            conn.data_received(frame(hb, HB, 4))  # late data on a closed connection is ignored
+            assert heartbeat_cids(tr.data) == [1, 2]
+
+    run(main())
+
+
+def test_a_negative_frame_size_after_good_frames_closes_after_answering_them(tmp_path):
+    async def main():
+        async with Edge(tmp_path) as edge:
+            hb = await edge.member("g")
+            conn, tr = edge.connect()
+            conn.data_received(frame(hb, HB, 1))
+            conn.data_received(struct.pack(">i", -5))
+            assert heartbeat_cids(tr.data) == [1] and tr.aborted
+
+    run(main())
+
+
+def test_api_versions_answers_use_header_v0_and_pipeline_with_heartbeats(tmp_path):
+    async def main():
+        async with Edge(tmp_path) as edge:
+            hb = await edge.member("g")
+            conn, tr = edge.connect()
+            future = bytearray()
+            encode_request_header(future, 18, 99, 2, "future-client")
+            future += b"\x00\x00"
+            conn.data_received(frame(m.ApiVersionsRequest(), 3, 1) + struct.pack(">i", len(future)) + future
+                               + frame(hb, HB, 3))
+            a, b, c = answers(tr.data)
+            assert struct.unpack_from(">i", a)[0] == 1
+            assert m.ApiVersionsResponse.decode(a, 3, 4).error_code == E.NONE  # no header tag byte
+            assert struct.unpack_from(">i", b)[0] == 2
+            assert m.ApiVersionsResponse.decode(b, 0, 4).error_code == E.UNSUPPORTED_VERSION
+            assert decode(c, 12, HB)[0] == 3
+            assert tr.writes == 1
+
+    run(main())
+
+
+@pytest.mark.parametrize("version", range(m.HeartbeatResponse.MIN_VERSION, m.HeartbeatResponse.MAX_VERSION + 1))
+def test_heartbeat_bodies_match_the_codec_including_uncached_ones(version):
+    responses = [m.HeartbeatResponse(error_code=E.NONE), m.HeartbeatResponse(error_code=E.REBALANCE_IN_PROGRESS),
+                 m.HeartbeatResponse(error_code=E.NONE), m.HeartbeatResponse(throttle_time_ms=250),
+                 m.HeartbeatResponse(error_code=E.UNKNOWN_MEMBER_ID, unknown_tagged_fields=[(7, b"xy")])]
+    for resp in responses:
+        out = bytearray(b"head")
+        _encode_body(out, resp, version)
+        assert bytes(out) == b"head" + resp.encode(version)
+
+
+def _render_old(observations) -> list[str]:
+    """What Metrics rendered before RequestStats: a Counter and a Histogram keyed by API name."""
+    counter = Counter("herd_requests_total", "Requests answered, by API.", ("api",))
+    hist = Histogram("herd_request_duration_seconds", "Time from a request's arrival to its answer, by API.",
+                     ("api",))
+    for key, seconds in observations:
+        counter.inc(API_NAMES[key])
+        hist.observe(seconds, API_NAMES[key])
+    return counter.render() + hist.render()
+
+
+def test_request_stats_render_exactly_as_the_counter_and_histogram_did():
+    rnd = random.Random(7)
+    keys = sorted(API_NAMES)
+    observations = [(rnd.choice(keys), rnd.choice([0.0, 0.0005, 0.0004, 0.001, 0.7, 61.0, 10.0])
+                     if rnd.random() < 0.3 else rnd.expovariate(1000)) for _ in range(5000)]
+    stats = RequestStats(API_NAMES)
+    for key, seconds in observations:
+        stats.observe(key, seconds)
+    assert stats.counter().render() + stats.histogram().render() == _render_old(observations)
+    empty = RequestStats(API_NAMES)
+    assert empty.counter().render() + empty.histogram().render() == _render_old([])
