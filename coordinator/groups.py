@@ -179,14 +179,12 @@ class GroupCoordinator:
         ``skipped_records``; undecodable bytes raise :class:`coordinator.records.RecordError`."""
         if not 0 <= shard_id < self._n:
             raise ValueError(f"shard {shard_id} out of range (offsets_partitions={self._n})")
-        split = records.split_offset_commit_key(key)
-        if split is not None and records.is_plain_offset_value(value):
+        plain = records.plain_offset_commit(key, value)
+        if plain is not None:
             # the record herd writes for nearly every commit: the value is kept as it is, and the
             # group and topic are decoded once per (group, topic), not once per partition
-            prefix, partition = split
-            known = self._replay_prefixes.get(prefix)
-            if known is None:
-                known = self._replay_prefix(prefix)
+            prefix, partition = plain
+            known = self._replay_prefixes.get(prefix) or self._replay_prefix(prefix)
             if known is not None:
                 gid, topic, owner = known
                 if owner != shard_id:

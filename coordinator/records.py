@@ -40,9 +40,10 @@ from protocol.wire import EncodeError, ProtocolError
 __all__ = [
     "OFFSET_COMMIT", "GROUP_METADATA", "RecordError", "offset_commit_key", "offset_commit_value",
     "offset_key_prefix", "offset_value", "offset_value_tail", "offset_value_fields", "offset_value_times",
-    "split_offset_commit_key", "decode_offset_key_prefix", "is_plain_offset_value", "group_metadata_key",
-    "group_metadata_value", "decode_key", "decode_value", "encode_key", "encode_value", "GroupMetadataValue",
-    "GroupMetadataValueMemberMetadata", "OffsetCommitKey", "OffsetCommitValue", "GroupMetadataKey",
+    "split_offset_commit_key", "plain_offset_commit", "decode_offset_key_prefix", "is_plain_offset_value",
+    "group_metadata_key", "group_metadata_value", "decode_key", "decode_value", "encode_key", "encode_value",
+    "GroupMetadataValue", "GroupMetadataValueMemberMetadata", "OffsetCommitKey", "OffsetCommitValue",
+    "GroupMetadataKey",
 ]
 
 OFFSET_COMMIT_V0 = 0
@@ -220,6 +221,14 @@ def split_offset_commit_key(key: bytes) -> tuple[bytes, int] | None:
     if key[:2] != _FAST_KEY_PREFIX or len(key) < 10:
         return None
     return key[:-4], _I32.unpack_from(key, len(key) - 4)[0]
+
+
+def plain_offset_commit(key: bytes, value: bytes | None) -> tuple[bytes, int] | None:
+    """:func:`split_offset_commit_key` of the record herd writes for almost every commit (key type
+    1, value as :func:`is_plain_offset_value`); None for any other record."""
+    if is_plain_offset_value(value):
+        return split_offset_commit_key(key)
+    return None
 
 
 def decode_offset_key_prefix(prefix: bytes) -> tuple[str, str] | None:

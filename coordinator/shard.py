@@ -177,7 +177,10 @@ class Shard:
             # offsets committed by a standalone consumer: a "simple" group with no protocol type
             self.groups[gid] = Group(gid, state_wall_ms=records.offset_value_times(value)[0],
                                      history_size=self.config.rebalance_history_size)
-        self._offsets_of(gid, topic)[partition] = value
+        try:
+            self.offsets[gid][topic][partition] = value
+        except KeyError:  # the group's first offset of this topic
+            self._offsets_of(gid, topic)[partition] = value
 
     def _load_group(self, gid: str, value: GroupMetadataValue) -> None:
         old = self.groups.get(gid)
