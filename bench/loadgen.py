@@ -3,32 +3,66 @@
 A tool, not a benchmark (no ``main()``): ``bench/scale.py`` and ``bench/server_cost.py`` drive it
 through :class:`LoadGen`. Standalone against any Kafka-protocol coordinator::
 
-    python -m bench.loadgen --bootstrap 127.0.0.1:9092 --groups 500 --members 10 --duration 30
+    python -m bench.loadgen --bootstrap 127.0.0.1:9092 --groups 500 --members 10 --duration 30 \
+        [--hb-mode one|pipelined] [--join-mode pipelined|member]
 
 It speaks the wire protocol with herd's own codec (``protocol/``), on uvloop, in ``--procs``
-processes. Every connection carries ONE request at a time (a Kafka broker answers a connection's
-requests in order), so concurrency comes from the number of connections.
+processes. A Kafka broker reads a connection's requests in order and answers them in order, so a
+connection may carry several requests at once (pipelining, as librdkafka and the Java client do
+with ``max.in.flight.requests.per.connection``); correlation ids are still checked on every answer.
 
 Per process:
 
-* Join lanes (``join_concurrency`` lanes of ``members`` connections each): a lane takes the next
-  group and runs its members' joins concurrently, one connection per member, like real clients:
-  JoinGroup with an empty member id → MEMBER_ID_REQUIRED → JoinGroup with the minted id; the
-  leader computes a range-style assignment, everyone sends SyncGroup. A member that learns of a
-  newer rebalance (REBALANCE_IN_PROGRESS on SyncGroup or on a heartbeat while waiting for the
-  others) rejoins. A group is complete when all of its members hold a successful SyncGroup of the
-  same generation, whose leader saw all of them.
-* Heartbeat connections (``hb_conns``, groups spread over them): once a group is complete its
-  members heartbeat every ``hb_interval`` s at fixed rate, spread evenly over the interval, until
-  the end of the window the parent sets. Request bytes are encoded once per member with the codec
-  and only the correlation id is patched per send. Latency = send to arrival of the response
-  bytes (before the awaiting coroutine runs). Lateness = how long after its due time a heartbeat
-  was sent (shows a saturated load tool or a connection falling behind). Any non-zero error code
-  is counted by name; that member then stops (it would have to rejoin), so an expiry is visible
-  as UNKNOWN_MEMBER_ID / REBALANCE_IN_PROGRESS counts and ``members_failed``.
-* Bursts (``burst`` command): every heartbeat connection sends a fixed number of Heartbeats or
-  OffsetCommits (``commit_partitions`` partitions of ``topic``, offsets increasing) back to back,
-  as fast as the server answers. Used to measure the server's CPU cost per request.
+* Join (``join_mode``):
+
+  - ``pipelined`` (default): lanes of ``members`` connections, connection *j* of a lane carrying
+    member *j* of every group of a batch of ``join_batch`` groups. Three rounds per batch, each ONE
+    socket write per connection with the batch's requests in the same group order on every
+    connection: JoinGroup v9 with an empty member id (→ MEMBER_ID_REQUIRED and a minted id; the
+    member is now "pending", so the group's rebalance waits for it), JoinGroup with the minted id
+    (parked by the coordinator until the group's ten joins are in: the same order on every
+    connection means group *k*'s joins are at the head of every queue together, so no connection
+    waits on a group whose other members sit behind it), then SyncGroup (the leader's carries a
+    range-style assignment; the followers' are parked until it arrives, same argument). A group
+    whose round answers anything unexpected is finished by the ``member`` procedure below on the
+    lane's connections. ``join_concurrency`` groups at once per process (``join_concurrency /
+    join_batch`` lanes).
+  - ``member``: ``join_concurrency`` lanes of ``members`` connections; a lane takes one group at a
+    time and runs its members' joins concurrently, one connection per member, like real clients:
+    JoinGroup with an empty member id → MEMBER_ID_REQUIRED → JoinGroup with the minted id; the
+    leader computes the assignment, everyone sends SyncGroup. A member that learns of a newer
+    rebalance (REBALANCE_IN_PROGRESS on SyncGroup or on a heartbeat while waiting for the others)
+    rejoins.
+
+  A group is complete when all of its members hold a successful SyncGroup of the same generation,
+  whose leader saw all of them.
+* Heartbeats (``hb_conns`` connections, groups spread over them by index; once a group is complete
+  its members heartbeat every ``hb_interval`` s until the end of the window the parent sets; the
+  next beat is due one interval after the previous one was sent, like the Java client: a late beat
+  slips the schedule, missed beats are not made up; a member never has two heartbeats in flight).
+
+  - ``hb_mode="one"``: ONE request in flight per connection; a group's members are spread evenly
+    over the interval. The request bytes are encoded once per member and only the correlation id
+    is patched per send.
+  - ``hb_mode="pipelined"``: a group's members beat together: their heartbeats go out in ONE socket
+    write (all in flight at once) and their answers come back in order. Each member's frame is
+    encoded once with a correlation id that is fixed for that member on that connection; a
+    group's batch (the concatenated frames of its live members) is built once and rebuilt only when
+    a member drops out. An answer is checked by comparing its bytes with the member's expected
+    "no error" answer (correlation id included); anything else is decoded in full. No future or task
+    per request: a timer per group and a FIFO of batches per connection.
+
+  Latency = send to arrival of the response bytes (the socket read that completed it). Lateness =
+  how long after its due time a heartbeat was sent (a saturated load tool or a connection falling
+  behind). Any non-zero error code is counted by name; that member then stops (it would have to
+  rejoin), so an expiry is visible as UNKNOWN_MEMBER_ID / REBALANCE_IN_PROGRESS counts and
+  ``members_failed``. ``verify`` asks the coordinator (DescribeGroups v5) afterwards which groups
+  are Stable and which of the members still beating it still knows.
+* Bursts (``burst`` command): the heartbeat connections send a fixed number of Heartbeats or
+  OffsetCommits (``commit_partitions`` partitions of ``topic``, offsets increasing) as fast as the
+  server answers, ``depth`` requests in flight per connection (closed loop: each answer releases
+  the next request; the answers of one socket read release their successors in one write). Used
+  to measure the server's CPU cost per request.
 
 No FindCoordinator/ApiVersions: the load tool talks to the one node it is given.
 """
@@ -46,6 +80,7 @@ import struct
 import sys
 import time
 from array import array
+from collections import deque
 
 from protocol import errors as E
 from protocol import messages as m
@@ -56,24 +91,30 @@ from protocol.consumer import (
     encode_assignment,
     encode_subscription,
 )
-from protocol.framing import FrameDecoder
-from protocol.headers import decode_response_header, encode_request_header
+from protocol.headers import decode_response_header, encode_request_header, encode_response_header
 
 _SIZE = struct.Struct(">i")
+_Q = struct.Struct(">q")
 _now = time.perf_counter  # CLOCK_MONOTONIC on Linux: comparable across processes
 SLOW_US = 50_000  # heartbeats slower than this are also recorded by send time
+PHASE = 0.6180339887498949  # golden ratio: group i's heartbeat phase = frac(i * PHASE), evenly spread
+HB_MODES = ("one", "pipelined")
+JOIN_MODES = ("pipelined", "member")
 
 DEFAULTS = {
     "members": 10,
     "session_timeout_ms": 30_000,
     "rebalance_timeout_ms": 60_000,
     "hb_interval": 3.0,
-    "join_concurrency": 50,
+    "hb_mode": "one",
+    "join_mode": "pipelined",
+    "join_concurrency": 50,  # groups joining at once per process
+    "join_batch": 25,  # pipelined join: groups per lane round
     "join_timeout": 300.0,
     "topic": "bench",
     "partitions_per_member": 2,
     "commit_partitions": 10,
-    "versions": {"join": 9, "sync": 5, "heartbeat": 4, "commit": 9},
+    "versions": {"join": 9, "sync": 5, "heartbeat": 4, "commit": 9, "describe": 5},
     "hb_schedule": True,  # scale mode: heartbeat every member from its join until the window ends
     "max_latency_samples": 5_000_000,
     "window_grace": 15.0,  # seconds after the window end to finish heartbeats that were due in it
@@ -92,20 +133,39 @@ def encode_frame(request, version: int, correlation_id: int, client_id: str) -> 
     return out
 
 
-class Conn(asyncio.Protocol):
-    """One connection, one request in flight. ``call`` returns the decoded response."""
+def ok_answer(response, api_key: int, version: int, correlation_id: int) -> bytes:
+    """The exact bytes (after the size prefix) of ``response`` answering ``correlation_id``."""
+    out = bytearray(encode_response_header(correlation_id, api_key, version))
+    response.encode_into(out, version)
+    return bytes(out)
+
+
+class PipeConn(asyncio.Protocol):
+    """One connection; any number of requests in flight, answered in order (as a Kafka broker does).
+
+    Two ways to use it: awaitable calls (``call``, ``call_many``, ``send_frame``: each resolves once
+    all of its answers are in), or ``handler(data, spans, arrived)``, which gets every completed
+    response as ``(start, end)`` offsets into ``data`` (after the size prefix) with no per-response
+    future: the hot paths. ``on_lost(exc)`` is called when the connection goes away."""
+
+    MAX_FRAME = 64 * 1024 * 1024
 
     def __init__(self, client_id: str):
         self.client_id = client_id
-        self.decoder = FrameDecoder(64 * 1024 * 1024)
         self.transport = None
-        self.waiter: asyncio.Future | None = None
+        self.loop = None
+        self.buf = b""
+        self.waiters: deque = deque()  # [expected answers, answers so far, future]
+        self.handler = None
+        self.on_lost = None
         self.cid = 0
         self.lost = False
+        self.why = None
 
     # asyncio callbacks
     def connection_made(self, transport):
         self.transport = transport
+        self.loop = asyncio.get_running_loop()
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:
@@ -115,40 +175,82 @@ class Conn(asyncio.Protocol):
 
     def data_received(self, data):
         arrived = _now()
-        for frame in self.decoder.feed(data):
-            w = self.waiter
-            self.waiter = None
-            if w is not None and not w.done():
-                w.set_result((frame, arrived))
+        if self.buf:
+            data = self.buf + data
+        n = len(data)
+        pos = 0
+        spans = []
+        unpack = _SIZE.unpack_from
+        while n - pos >= 4:
+            size = unpack(data, pos)[0]
+            if size < 0 or size > self.MAX_FRAME:
+                self.abort(f"bad frame size {size}")
+                return
+            end = pos + 4 + size
+            if end > n:
+                break
+            spans.append((pos + 4, end))
+            pos = end
+        self.buf = data[pos:] if pos < n else b""
+        if not spans:
+            return
+        if self.handler is not None:
+            self.handler(data, spans, arrived)
+            return
+        waiters = self.waiters
+        for s, e in spans:
+            if not waiters:
+                self.abort("an answer without a request")
+                return
+            w = waiters[0]
+            got = w[1]
+            got.append(data[s:e])
+            if len(got) == w[0]:
+                waiters.popleft()
+                if not w[2].done():
+                    w[2].set_result((got, arrived))
 
     def connection_lost(self, exc):
         self.lost = True
-        w = self.waiter
-        self.waiter = None
-        if w is not None and not w.done():
-            w.set_exception(ConnectionLost(str(exc) if exc else "closed by server"))
+        why = self.why or (str(exc) if exc else "closed by server")
+        while self.waiters:
+            w = self.waiters.popleft()
+            if not w[2].done():
+                w[2].set_exception(ConnectionLost(why))
+        if self.on_lost is not None:
+            self.on_lost(why)
+
+    def abort(self, why: str) -> None:
+        """A protocol violation by the server: drop the connection (waiters see ``why``)."""
+        self.why = why
+        self.lost = True
+        if self.transport is not None:
+            self.transport.abort()
 
     # requests
-    async def send_frame(self, frame) -> tuple[bytes, float, float]:
-        """Send an encoded frame whose correlation id is ``self.cid``; -> (response, sent, arrived)."""
-        if self.lost:
-            raise ConnectionLost("connection already lost")
-        fut = asyncio.get_running_loop().create_future()
-        self.waiter = fut
-        sent = _now()
-        self.transport.write(frame)
-        resp, arrived = await fut
-        return resp, sent, arrived
-
     def next_cid(self) -> int:
         self.cid = (self.cid + 1) & 0x7FFFFFFF
         return self.cid
 
+    async def call_many(self, frames: list) -> tuple[list, float, float]:
+        """Send encoded frames in ONE write; -> (answers in order, sent, arrival of the last)."""
+        if self.lost:
+            raise ConnectionLost(self.why or "connection already lost")
+        fut = self.loop.create_future()
+        self.waiters.append([len(frames), [], fut])
+        sent = _now()
+        self.transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
+        got, arrived = await fut
+        return got, sent, arrived
+
+    async def send_frame(self, frame) -> tuple[bytes, float, float]:
+        """Send one encoded frame; -> (response, sent, arrived)."""
+        got, sent, arrived = await self.call_many([frame])
+        return got[0], sent, arrived
+
     async def call(self, request, version: int):
         cid = self.next_cid()
-        resp, sent, arrived = await self.send_frame(
-            bytes(encode_frame(request, version, cid, self.client_id))
-        )
+        resp, sent, arrived = await self.send_frame(bytes(encode_frame(request, version, cid, self.client_id)))
         got, pos = decode_response_header(resp, request.API_KEY, version)
         if got != cid:
             raise ConnectionLost(f"correlation id {got} != {cid}")
@@ -159,7 +261,10 @@ class Conn(asyncio.Protocol):
             self.transport.close()
 
 
-async def open_conns(host: str, port: int, n: int, client_id: str, parallel: int = 100) -> list[Conn]:
+Conn = PipeConn  # the one-in-flight users simply await each call
+
+
+async def open_conns(host: str, port: int, n: int, client_id: str, parallel: int = 100) -> list[PipeConn]:
     loop = asyncio.get_running_loop()
     sem = asyncio.Semaphore(parallel)
 
@@ -167,7 +272,7 @@ async def open_conns(host: str, port: int, n: int, client_id: str, parallel: int
         async with sem:
             for attempt in range(20):
                 try:
-                    _, proto = await loop.create_connection(lambda: Conn(client_id), host, port)
+                    _, proto = await loop.create_connection(lambda: PipeConn(client_id), host, port)
                     return proto
                 except OSError:
                     if attempt == 19:
@@ -181,16 +286,36 @@ async def open_conns(host: str, port: int, n: int, client_id: str, parallel: int
 
 
 class Member:
-    __slots__ = ("group", "index", "member_id", "generation", "hb_frame", "failed", "commit_offset")
+    __slots__ = (
+        "group",
+        "index",
+        "member_id",
+        "generation",
+        "hb_frame",
+        "failed",
+        "commit_offset",
+        "cid",
+        "hb_bytes",
+        "hb_ok",
+        "commit_tpl",
+        "commit_pos",
+        "commit_ok",
+    )
 
     def __init__(self, group, index):
         self.group = group
         self.index = index
         self.member_id = ""
         self.generation = -1
-        self.hb_frame = None
+        self.hb_frame = None  # bytearray, correlation id patched per send (hb_mode one)
         self.failed = False
         self.commit_offset = 0
+        self.cid = 0  # fixed correlation id on its heartbeat connection (pipelined, bursts)
+        self.hb_bytes = None
+        self.hb_ok = None
+        self.commit_tpl = None
+        self.commit_pos = ()
+        self.commit_ok = None
 
 
 class Group:
@@ -204,11 +329,19 @@ class Group:
         "gen_size",
         "joined_at",
         "rebalances",
+        # pipelined heartbeats
+        "live",
+        "batch",
+        "inflight",
+        "late",
+        "due",
+        "timer",
+        "finished",
     )
 
     def __init__(self, group_id: str, size: int, slot: int):
         self.group_id = group_id
-        self.slot = slot  # index in this process: picks the heartbeat connection
+        self.slot = slot  # index in this process: picks the heartbeat connection and the phase
         self.members = [Member(self, i) for i in range(size)]
         self.done = None
         self.generation = -1
@@ -216,6 +349,13 @@ class Group:
         self.gen_size: dict[int, int] = {}
         self.joined_at = None
         self.rebalances = 0
+        self.live = ()
+        self.batch = None
+        self.inflight = False
+        self.late = False
+        self.due = 0.0
+        self.timer = None
+        self.finished = True
 
 
 class Stats:
@@ -226,6 +366,7 @@ class Stats:
         self.join_requests = 0
         self.sync_requests = 0
         self.join_hb_requests = 0
+        self.join_fallback_groups = 0
         self.join_latency_us = array("f")
         self.hb_latency_us = array("f")  # in the window
         self.hb_lateness_us = array("f")
@@ -234,6 +375,8 @@ class Stats:
         self.hb_in_window = 0
         self.hb_before_window = 0
         self.hb_max_latency_before_window_us = 0.0
+        self.hb_full_decodes = 0  # answers that were not the expected "no error" bytes
+        self.hb_writes = 0  # socket writes that carried heartbeats (pipelined)
         self.members_failed = 0
         self.hb_unanswered = 0
         self.hb_not_sent = 0
@@ -258,8 +401,12 @@ class Worker:
         self.groups = [Group(g, cfg["members"], i) for i, g in enumerate(cfg["group_ids"])]
         self.stats = Stats(cfg["max_latency_samples"])
         self.window = (float("inf"), float("inf"))
-        self.hb_conns: list[Conn] = []
-        self.schedules: list[_Schedule] = []
+        self.join_conns: list[PipeConn] = []
+        self.hb_conns: list[PipeConn] = []
+        self.schedules: list = []
+        self.pipe_active = 0  # pipelined: groups still heartbeating
+        self.pipe_done = None
+        self.join_seconds = None
         topic = cfg["topic"]
         self.subscription = encode_subscription(Subscription(topics=[topic]), 1)
         self.loop = None
@@ -268,14 +415,21 @@ class Worker:
     def send(self, *msg):
         self.pipe.send(msg)
 
+    def join_lanes(self) -> int:
+        cfg = self.cfg
+        if cfg["join_mode"] == "member":
+            return cfg["join_concurrency"]
+        return max(1, -(-cfg["join_concurrency"] // cfg["join_batch"]))
+
     async def run(self):
         self.loop = asyncio.get_running_loop()
         cfg = self.cfg
         try:
-            n_join = cfg["join_concurrency"] * cfg["members"]
+            n_join = self.join_lanes() * cfg["members"]
             self.join_conns = await open_conns(self.host, self.port, n_join, self.client_id)
             self.hb_conns = await open_conns(self.host, self.port, cfg["hb_conns"], self.client_id)
-            self.schedules = [_Schedule(self, c) for c in self.hb_conns]
+            kind = _PipeSchedule if cfg["hb_mode"] == "pipelined" else _Schedule
+            self.schedules = [kind(self, c) for c in self.hb_conns]
             self.send("ready", {"cpu_s": _cpu()})
             while True:
                 cmd = await self.loop.run_in_executor(None, self.pipe.recv)
@@ -285,23 +439,12 @@ class Worker:
                     self.send("joined", self._join_report())
                 elif kind == "window":
                     self.window = (cmd[1], cmd[2])
-                    for s in self.schedules:
-                        s.poke()
-                    tasks = [s.task for s in self.schedules if s.task is not None]
-                    if tasks:
-                        # a heartbeat due before the end may still be sent until end + grace; an
-                        # answer still missing then is counted as unanswered
-                        _, late = await asyncio.wait(
-                            tasks, timeout=max(0.0, cmd[2] - _now()) + cfg["window_grace"]
-                        )
-                        for s in self.schedules:
-                            if s.task in late:
-                                self.stats.hb_unanswered += 1 if s.inflight else 0
-                                self.stats.hb_not_sent += s.due_before(cmd[2])
-                                s.task.cancel()
+                    await self.finish_window(cmd[2])
                     self.send("window_done", self._hb_report())
+                elif kind == "verify":
+                    self.send("verified", await self.verify())
                 elif kind == "burst":
-                    self.send("burst_done", await self.burst(cmd[1], cmd[2]))
+                    self.send("burst_done", await self.burst(cmd[1], cmd[2], cmd[3] if len(cmd) > 3 else 1))
                 elif kind == "stop":
                     break
         except Exception as exc:  # report instead of hanging the parent
@@ -309,42 +452,241 @@ class Worker:
 
             self.send("failed", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
         finally:
-            for c in self.hb_conns + getattr(self, "join_conns", []):
+            for s in self.schedules:
+                if isinstance(s, _PipeSchedule):
+                    s.conn.on_lost = None
+            for c in self.hb_conns + self.join_conns:
                 c.close()
             await asyncio.sleep(0.05)
 
+    async def finish_window(self, end: float) -> None:
+        """Wait until every heartbeat due before ``end`` is answered (at most ``end`` + grace)."""
+        timeout = max(0.0, end - _now()) + self.cfg["window_grace"]
+        st = self.stats
+        if self.cfg["hb_mode"] == "pipelined":
+            self.pipe_done = self.loop.create_future()
+            for s in self.schedules:
+                s.window_set(end)
+            if self.pipe_active > 0:
+                try:
+                    await asyncio.wait_for(asyncio.shield(self.pipe_done), timeout)
+                except TimeoutError:
+                    pass
+            for s in self.schedules:
+                s.abandon(end)  # counts what is still unanswered / due but not sent
+            return
+        for s in self.schedules:
+            s.poke()
+        tasks = [s.task for s in self.schedules if s.task is not None]
+        if tasks:
+            # a heartbeat due before the end may still be sent until end + grace; an answer still
+            # missing then is counted as unanswered
+            _, late = await asyncio.wait(tasks, timeout=timeout)
+            for s in self.schedules:
+                if s.task in late:
+                    st.hb_unanswered += 1 if s.inflight else 0
+                    st.hb_not_sent += s.due_before(end)
+                    s.task.cancel()
+
     # -- joining -------------------------------------------------------------------------------
+    def _complete(self, g: Group) -> None:
+        self.stats.groups_joined += 1
+        g.joined_at = _now()
+        if self.cfg["hb_schedule"]:
+            self.schedule_group(g)
+
     async def join_all(self):
         cfg = self.cfg
         queue = list(reversed(self.groups))
         size = cfg["members"]
-        lanes = [self.join_conns[i * size : (i + 1) * size] for i in range(cfg["join_concurrency"])]
+        n_lanes = self.join_lanes()
+        lanes = [self.join_conns[i * size : (i + 1) * size] for i in range(n_lanes)]
         deadline = _now() + cfg["join_timeout"]
         started = _now()
+        pipelined = cfg["join_mode"] == "pipelined"
 
-        async def lane(conns):
-            while queue and _now() < deadline:
-                g = queue.pop()
-                try:
-                    await asyncio.wait_for(self.join_group(g, conns), max(0.1, deadline - _now()))
-                except TimeoutError:
+        async def one_by_one(groups, i):
+            for g in groups:
+                if _now() >= deadline:
                     self.stats.groups_failed += 1
                     continue
-                self.stats.groups_joined += 1
-                g.joined_at = _now()
-                if cfg["hb_schedule"]:
-                    self.schedule_group(g)
+                try:
+                    await asyncio.wait_for(self.join_group(g, lanes[i]), max(0.1, deadline - _now()))
+                except (TimeoutError, ConnectionLost):
+                    self.stats.groups_failed += 1
+                    await self._renew_lane(lanes, i)
+                    continue
+                self._complete(g)
 
-        await asyncio.gather(*(lane(c) for c in lanes))
+        async def lane(i):
+            while queue and _now() < deadline:
+                if not pipelined:
+                    await one_by_one([queue.pop()], i)
+                    continue
+                batch = [queue.pop() for _ in range(min(cfg["join_batch"], len(queue)))]
+                try:
+                    left = await asyncio.wait_for(self.join_batch(batch, lanes[i]), max(0.1, deadline - _now()))
+                except (TimeoutError, ConnectionLost):
+                    # the lane's connections are in an unknown state: replace them, redo the rest
+                    await self._renew_lane(lanes, i)
+                    left = [g for g in batch if g.joined_at is None]
+                self.stats.join_fallback_groups += len(left)
+                await one_by_one(left, i)
+
+        await asyncio.gather(*(lane(i) for i in range(n_lanes)))
         self.stats.groups_failed += len(queue)
         self.stats.join_done_at = _now()
         self.join_seconds = _now() - started
 
-    async def join_group(self, g: Group, conns: list[Conn]):
+    async def _renew_lane(self, lanes, i):
+        for c in lanes[i]:
+            c.close()
+        lanes[i] = await open_conns(self.host, self.port, len(lanes[i]), self.client_id)
+        self.join_conns = [c for lane in lanes for c in lane]
+
+    async def _round(self, conns, groups, build, version: int) -> list[list]:
+        """One pipelined round: connection j sends ``build(g, g.members[j])`` for every group, in
+        one write, same group order everywhere; -> answers[k][j] for group k, member j."""
+        api_key = None
+        lat_arr = self.stats.join_latency_us
+        cap = self.stats.max_samples
+
+        async def one(j):
+            nonlocal api_key
+            conn = conns[j]
+            cids, frames = [], []
+            for g in groups:
+                req = build(g, g.members[j])
+                api_key = req.API_KEY
+                cid = conn.next_cid()
+                cids.append(cid)
+                frames.append(bytes(encode_frame(req, version, cid, self.client_id)))
+            raw, sent, arrived = await conn.call_many(frames)
+            decode = m.RESPONSES[api_key].decode
+            out = []
+            for cid, resp in zip(cids, raw, strict=True):
+                got, pos = decode_response_header(resp, api_key, version)
+                if got != cid:
+                    raise ConnectionLost(f"correlation id {got} != {cid}")
+                out.append(decode(resp, version, pos))
+            if len(lat_arr) < cap:
+                lat_arr.extend(array("f", [(arrived - sent) * 1e6]) * len(out))
+            return out
+
+        per_conn = await asyncio.gather(*(one(j) for j in range(len(conns))))
+        return [[per_conn[j][k] for j in range(len(conns))] for k in range(len(groups))]
+
+    async def join_batch(self, batch: list[Group], conns: list[PipeConn]) -> list[Group]:
+        """Join ``batch`` in three pipelined rounds; -> the groups that need the one-by-one path."""
+        cfg, st, v = self.cfg, self.stats, self.v
+        size = cfg["members"]
+        protocols = [m.JoinGroupRequestProtocol(name="range", metadata=self.subscription)]
+        fallback: list[Group] = []
+        leaders: dict[str, str] = {}
+        assignments: dict[str, list] = {}
+        for g in batch:
+            g.done = asyncio.Event()
+
+        def join_req(g, mem):
+            return m.JoinGroupRequest(
+                group_id=g.group_id,
+                session_timeout_ms=cfg["session_timeout_ms"],
+                rebalance_timeout_ms=cfg["rebalance_timeout_ms"],
+                member_id=mem.member_id,
+                group_instance_id=None,
+                protocol_type="consumer",
+                protocols=protocols,
+            )
+
+        # round 1: JoinGroup without a member id -> MEMBER_ID_REQUIRED (the member is now pending)
+        todo = [g for g in batch if not any(mem.member_id for mem in g.members)]
+        fallback += [g for g in batch if g not in todo]
+        answers = await self._round(conns, todo, join_req, v["join"]) if todo else []
+        st.join_requests += len(todo) * size
+        ok = []
+        for g, rs in zip(todo, answers, strict=True):
+            good = True
+            for mem, r in zip(g.members, rs, strict=True):
+                if r.error_code == E.MEMBER_ID_REQUIRED:
+                    mem.member_id = r.member_id
+                else:
+                    st.error(st.join_errors, r.error_code)
+                    good = False
+            (ok if good else fallback).append(g)
+        # round 2: JoinGroup with the minted id; answered once the group's last member is in
+        answers = await self._round(conns, ok, join_req, v["join"]) if ok else []
+        st.join_requests += len(ok) * size
+        ready = []
+        for g, rs in zip(ok, answers, strict=True):
+            gens = {r.generation_id for r in rs}
+            leader = next((r for r in rs if r.error_code == 0 and r.leader == r.member_id), None)
+            bad = [r.error_code for r in rs if r.error_code]
+            for code in bad:
+                st.error(st.join_errors, code)
+            if bad or len(gens) != 1 or leader is None or len(leader.members) != size:
+                fallback.append(g)
+                continue
+            for mem, r in zip(g.members, rs, strict=True):
+                mem.member_id = r.member_id
+            gen = gens.pop()
+            g.generation = gen
+            g.gen_size[gen] = size
+            g.rebalances += 1
+            k = cfg["partitions_per_member"]
+            leaders[g.group_id] = leader.member_id
+            assignments[g.group_id] = [
+                m.SyncGroupRequestAssignment(
+                    member_id=jm.member_id,
+                    assignment=encode_assignment(
+                        Assignment(
+                            assigned_partitions=[
+                                TopicPartitions(topic=cfg["topic"], partitions=list(range(i * k, i * k + k)))
+                            ]
+                        ),
+                        1,
+                    ),
+                )
+                for i, jm in enumerate(leader.members)
+            ]
+            ready.append(g)
+
+        # round 3: SyncGroup; the followers' are parked until the leader's (same position) arrives
+        def sync_req(g, mem):
+            return m.SyncGroupRequest(
+                group_id=g.group_id,
+                generation_id=g.generation,
+                member_id=mem.member_id,
+                group_instance_id=None,
+                protocol_type="consumer",
+                protocol_name="range",
+                assignments=assignments[g.group_id] if mem.member_id == leaders[g.group_id] else [],
+            )
+
+        answers = await self._round(conns, ready, sync_req, v["sync"]) if ready else []
+        st.sync_requests += len(ready) * size
+        for g, rs in zip(ready, answers, strict=True):
+            bad = [r.error_code for r in rs if r.error_code]
+            for code in bad:
+                st.error(st.join_errors, code)
+            if bad:
+                g.generation = -1
+                fallback.append(g)
+                continue
+            for mem in g.members:
+                mem.generation = g.generation
+            g.done.set()
+            self._complete(g)
+        for g in fallback:
+            g.generation = -1
+            g.synced = {}
+            g.gen_size = {}
+        return fallback
+
+    async def join_group(self, g: Group, conns: list[PipeConn]):
         g.done = asyncio.Event()
         await asyncio.gather(*(self.join_member(g, mem, conns[mem.index]) for mem in g.members))
 
-    async def join_member(self, g: Group, mem: Member, conn: Conn):
+    async def join_member(self, g: Group, mem: Member, conn: PipeConn):
         cfg, st, v = self.cfg, self.stats, self.v
         size = len(g.members)
         protocols = [m.JoinGroupRequestProtocol(name="range", metadata=self.subscription)]
@@ -385,9 +727,7 @@ class Worker:
                         ]
                     )
                     assignments.append(
-                        m.SyncGroupRequestAssignment(
-                            member_id=jm.member_id, assignment=encode_assignment(asg, 1)
-                        )
+                        m.SyncGroupRequestAssignment(member_id=jm.member_id, assignment=encode_assignment(asg, 1))
                     )
             sreq = m.SyncGroupRequest(
                 group_id=g.group_id,
@@ -443,6 +783,7 @@ class Worker:
             "join_requests": st.join_requests,
             "sync_requests": st.sync_requests,
             "join_heartbeats": st.join_hb_requests,
+            "join_fallback_groups": st.join_fallback_groups,
             "join_errors": st.join_errors,
             "rebalances": sum(g.rebalances for g in self.groups),
             "join_done_at": st.join_done_at,
@@ -451,22 +792,127 @@ class Worker:
             "cpu_s": _cpu(),
         }
 
+    # -- checking the coordinator's view ---------------------------------------------------------
+    async def verify(self) -> dict:
+        """DescribeGroups (v5, 100 groups per request, all in one write) for every group: its state
+        and whether each member we still consider alive is still a member."""
+        version = self.v["describe"]
+        conn = next((c for c in self.join_conns if not c.lost), None)
+        if conn is None:
+            conn = (await open_conns(self.host, self.port, 1, self.client_id))[0]
+            self.join_conns.append(conn)
+        by_id = {g.group_id: g for g in self.groups}
+        ids = list(by_id)
+        frames, cids = [], []
+        for i in range(0, len(ids), 100):
+            req = m.DescribeGroupsRequest(groups=ids[i : i + 100], include_authorized_operations=False)
+            cids.append(conn.next_cid())
+            frames.append(bytes(encode_frame(req, version, cids[-1], self.client_id)))
+        raw, _, _ = await conn.call_many(frames) if frames else ([], 0, 0)
+        states: dict[str, int] = {}
+        joined = expected = present = extra = stable_complete = 0
+        for cid, resp in zip(cids, raw, strict=True):
+            got, pos = decode_response_header(resp, m.DescribeGroupsRequest.API_KEY, version)
+            if got != cid:
+                raise ConnectionLost(f"correlation id {got} != {cid}")
+            for dg in m.DescribeGroupsResponse.decode(resp, version, pos).groups:
+                g = by_id.get(dg.group_id)
+                if g is None or g.joined_at is None:
+                    continue
+                joined += 1
+                state = dg.group_state if not dg.error_code else f"error {E.error_name(dg.error_code)}"
+                states[state] = states.get(state, 0) + 1
+                there = {dm.member_id for dm in dg.members}
+                ours = [mem for mem in g.members if not mem.failed]
+                mine = sum(1 for mem in ours if mem.member_id in there)
+                expected += len(ours)
+                present += mine
+                extra += len(there) - mine
+                if state == "Stable" and mine == len(g.members) == len(there):
+                    stable_complete += 1
+        return {
+            "groups": joined,
+            "states": states,
+            "groups_stable_complete": stable_complete,
+            "members_expected": expected,
+            "members_present": present,
+            "members_missing": expected - present,
+            "members_unexpected": extra,
+        }
+
     # -- heartbeats ----------------------------------------------------------------------------
-    def hb_frame(self, g: Group, mem: Member) -> bytearray:
-        req = m.HeartbeatRequest(
+    def hb_request(self, g: Group, mem: Member):
+        return m.HeartbeatRequest(
             group_id=g.group_id, generation_id=g.generation, member_id=mem.member_id, group_instance_id=None
         )
-        return encode_frame(req, self.v["heartbeat"], 0, self.client_id)
+
+    def hb_frame(self, g: Group, mem: Member) -> bytearray:
+        return encode_frame(self.hb_request(g, mem), self.v["heartbeat"], 0, self.client_id)
+
+    def fix_hb(self, g: Group, mem: Member, conn: PipeConn) -> None:
+        """Give ``mem`` a correlation id of its own on ``conn``, its heartbeat frame with that id and
+        the exact bytes of a "no error" answer to it."""
+        v = self.v["heartbeat"]
+        mem.cid = conn.next_cid()
+        mem.hb_bytes = bytes(encode_frame(self.hb_request(g, mem), v, mem.cid, self.client_id))
+        mem.hb_ok = ok_answer(m.HeartbeatResponse(throttle_time_ms=0, error_code=0), 12, v, mem.cid)
+
+    def fix_commit(self, g: Group, mem: Member) -> None:
+        """An OffsetCommit frame for ``mem`` (fixed correlation id) whose offsets are patched per
+        send, and the exact bytes of a "no error" answer."""
+        cfg, v = self.cfg, self.v["commit"]
+        nparts, topic = cfg["commit_partitions"], cfg["topic"]
+        first = (mem.index * nparts) % 100
+        idx = [(first + p) % 100 for p in range(nparts)]
+
+        def frame(offset):
+            parts = [
+                m.OffsetCommitRequestPartition(
+                    partition_index=i, committed_offset=offset, committed_leader_epoch=-1, committed_metadata=""
+                )
+                for i in idx
+            ]
+            req = m.OffsetCommitRequest(
+                group_id=g.group_id,
+                generation_id_or_member_epoch=g.generation,
+                member_id=mem.member_id,
+                group_instance_id=None,
+                topics=[m.OffsetCommitRequestTopic(name=topic, partitions=parts)],
+            )
+            return encode_frame(req, v, mem.cid, self.client_id)
+
+        a, b = frame(0x1111111111111111), frame(0x2222222222222222)
+        pos = [i for i in range(len(a) - 7) if a[i : i + 8] == b"\x11" * 8 and b[i : i + 8] == b"\x22" * 8]
+        if len(pos) != nparts:
+            raise RuntimeError(f"cannot locate the {nparts} offsets in an OffsetCommit v{v} frame")
+        mem.commit_tpl = a
+        mem.commit_pos = tuple(pos)
+        resp = m.OffsetCommitResponse(
+            throttle_time_ms=0,
+            topics=[
+                m.OffsetCommitResponseTopic(
+                    name=topic,
+                    partitions=[m.OffsetCommitResponsePartition(partition_index=i, error_code=0) for i in idx],
+                )
+            ],
+        )
+        mem.commit_ok = ok_answer(resp, m.OffsetCommitRequest.API_KEY, v, mem.cid)
 
     def schedule_group(self, g: Group):
-        """Start heartbeating a complete group: members spread evenly over one interval."""
+        """Start heartbeating a complete group. Groups are spread over the interval by a phase of
+        their own (groups of a join batch complete together); in mode one, a group's members are
+        also spread evenly over the interval; pipelined, they beat together."""
         interval = self.cfg["hb_interval"]
         sched = self.schedules[g.slot % len(self.schedules)]
         now = _now()
+        phase = (g.slot * PHASE) % 1.0
+        if isinstance(sched, _PipeSchedule):
+            sched.add(g, now + interval * phase)
+            return
         size = len(g.members)
         for mem in g.members:
             mem.hb_frame = self.hb_frame(g, mem)
-            sched.add(now + interval * (mem.index + 0.5) / size, mem)
+            sched.add(now + interval * (mem.index + phase) / size, mem)
 
     def _hb_report(self) -> dict:
         st = self.stats
@@ -475,6 +921,8 @@ class Worker:
             "hb_in_window": st.hb_in_window,
             "hb_before_window": st.hb_before_window,
             "hb_max_latency_before_window_us": st.hb_max_latency_before_window_us,
+            "hb_full_decodes": st.hb_full_decodes,
+            "hb_writes": st.hb_writes,
             "errors": st.errors,
             "members_failed": st.members_failed,
             "hb_unanswered": st.hb_unanswered,
@@ -486,88 +934,156 @@ class Worker:
         }
 
     # -- bursts --------------------------------------------------------------------------------
-    async def burst(self, kind: str, total: int) -> dict:
-        """Send ``total`` requests of ``kind`` over all heartbeat connections, closed loop."""
+    async def burst(self, kind: str, total: int, depth: int = 1) -> dict:
+        """Send ``total`` requests of ``kind`` over all heartbeat connections, ``depth`` in flight
+        on each, closed loop."""
         members_by_conn = [[] for _ in self.hb_conns]
         for g in self.groups:
             if g.generation < 0:
                 continue
             idx = g.slot % len(self.hb_conns)
+            conn = self.hb_conns[idx]
             for mem in g.members:
-                if mem.hb_frame is None:
-                    mem.hb_frame = self.hb_frame(g, mem)
+                if mem.hb_bytes is None:
+                    self.fix_hb(g, mem, conn)
+                if kind == "commit" and mem.commit_tpl is None:
+                    self.fix_commit(g, mem)
                 members_by_conn[idx].append(mem)
         live = [(c, ms) for c, ms in zip(self.hb_conns, members_by_conn, strict=True) if ms]
         per_conn = [total // len(live) + (1 if i < total % len(live) else 0) for i in range(len(live))]
         lat = array("f")
         errors: dict[str, int] = {}
-        v = self.v
-        topic = self.cfg["topic"]
-        nparts = self.cfg["commit_partitions"]
-
-        async def run(conn: Conn, members: list[Member], count: int):
-            for i in range(count):
-                mem = members[i % len(members)]
-                g = mem.group
-                if kind == "heartbeat":
-                    frame = mem.hb_frame
-                    cid = conn.next_cid()
-                    struct.pack_into(">i", frame, 8, cid)
-                    resp, sent, arrived = await conn.send_frame(bytes(frame))
-                    _, pos = decode_response_header(resp, 12, v["heartbeat"])
-                    code = m.HeartbeatResponse.decode(resp, v["heartbeat"], pos).error_code
-                else:
-                    mem.commit_offset += 1
-                    first = (mem.index * nparts) % 100
-                    parts = [
-                        m.OffsetCommitRequestPartition(
-                            partition_index=(first + p) % 100,
-                            committed_offset=mem.commit_offset,
-                            committed_leader_epoch=-1,
-                            committed_metadata="",
-                        )
-                        for p in range(nparts)
-                    ]
-                    req = m.OffsetCommitRequest(
-                        group_id=g.group_id,
-                        generation_id_or_member_epoch=g.generation,
-                        member_id=mem.member_id,
-                        group_instance_id=None,
-                        topics=[m.OffsetCommitRequestTopic(name=topic, partitions=parts)],
-                    )
-                    cid = conn.next_cid()
-                    resp, sent, arrived = await conn.send_frame(
-                        bytes(encode_frame(req, v["commit"], cid, self.client_id))
-                    )
-                    _, pos = decode_response_header(resp, 8, v["commit"])
-                    r = m.OffsetCommitResponse.decode(resp, v["commit"], pos)
-                    code = next((p.error_code for t in r.topics for p in t.partitions if p.error_code), 0)
-                if code:
-                    name = E.error_name(code)
-                    errors[name] = errors.get(name, 0) + 1
-                lat.append((arrived - sent) * 1e6)
-
+        runs = [
+            _Burst(self, c, ms, n, depth, kind, lat, errors)
+            for (c, ms), n in zip(live, per_conn, strict=True)
+            if n
+        ]
         cpu0 = _cpu()
         t0 = _now()
-        await asyncio.gather(*(run(c, ms, n) for (c, ms), n in zip(live, per_conn, strict=True)))
+        for b in runs:
+            b.start()
+        try:
+            await asyncio.gather(*(b.fut for b in runs))
+        finally:
+            for b in runs:
+                b.restore()
         t1 = _now()
         return {
             "kind": kind,
+            "depth": depth,
             "requests": len(lat),
             "seconds": t1 - t0,
             "started": t0,
             "ended": t1,
             "errors": errors,
+            "full_decodes": sum(b.full_decodes for b in runs),
+            "writes": sum(b.writes for b in runs),
             "latency_us": lat.tobytes(),
             "cpu_s": _cpu() - cpu0,
-            "connections": len(live),
+            "connections": len(runs),
         }
 
 
-class _Schedule:
-    """The heartbeat timetable of one connection: a heap of (due, seq, member), one sender."""
+class _Burst:
+    """A closed loop of ``count`` requests with ``depth`` in flight on one connection."""
 
-    def __init__(self, worker: Worker, conn: Conn):
+    def __init__(self, w: Worker, conn: PipeConn, members: list, count: int, depth: int, kind, lat, errors):
+        self.w = w
+        self.conn = conn
+        self.members = members
+        self.count = count
+        self.depth = max(1, depth)
+        self.commit = kind == "commit"
+        self.lat = lat
+        self.errors = errors
+        self.to_send = count
+        self.received = 0
+        self.i = 0
+        self.fifo: deque = deque()  # (sent, member)
+        self.full_decodes = 0
+        self.writes = 0
+        self.fut = w.loop.create_future()
+        self.saved = (conn.handler, conn.on_lost)
+        conn.handler = self.on_frames
+        conn.on_lost = self.on_lost
+
+    def restore(self):
+        self.conn.handler, self.conn.on_lost = self.saved
+
+    def start(self):
+        self.send(min(self.depth, self.to_send))
+
+    def send(self, k: int) -> None:
+        members, n = self.members, len(self.members)
+        out = []
+        mems = []
+        pack = _Q.pack_into
+        for _ in range(k):
+            mem = members[self.i % n]
+            self.i += 1
+            if self.commit:
+                mem.commit_offset += 1
+                tpl = mem.commit_tpl
+                off = mem.commit_offset
+                for p in mem.commit_pos:
+                    pack(tpl, p, off)
+                out.append(bytes(tpl))
+            else:
+                out.append(mem.hb_bytes)
+            mems.append(mem)
+        self.to_send -= k
+        sent = _now()
+        self.conn.transport.write(out[0] if k == 1 else b"".join(out))
+        self.writes += 1
+        self.fifo.extend([(sent, mm) for mm in mems])
+
+    def on_frames(self, data, spans, arrived):
+        fifo, lat = self.fifo, self.lat
+        commit = self.commit
+        for s, e in spans:
+            if not fifo:
+                self.conn.abort("an answer without a request")
+                return
+            sent, mem = fifo.popleft()
+            chunk = data[s:e]
+            if chunk != (mem.commit_ok if commit else mem.hb_ok):
+                self.full_decode(chunk, mem)
+            lat.append((arrived - sent) * 1e6)
+        self.received += len(spans)
+        k = min(len(spans), self.to_send)
+        if k:
+            self.send(k)
+        if self.received >= self.count and not self.fut.done():
+            self.fut.set_result(None)
+
+    def full_decode(self, chunk: bytes, mem: Member) -> None:
+        self.full_decodes += 1
+        v = self.w.v["commit" if self.commit else "heartbeat"]
+        api = m.OffsetCommitRequest.API_KEY if self.commit else m.HeartbeatRequest.API_KEY
+        got, pos = decode_response_header(chunk, api, v)
+        if got != mem.cid:
+            code_name = "CORRELATION_ID_MISMATCH"
+        else:
+            r = m.RESPONSES[api].decode(chunk, v, pos)
+            if self.commit:
+                code = next((p.error_code for t in r.topics for p in t.partitions if p.error_code), 0)
+            else:
+                code = r.error_code
+            if not code:
+                return
+            code_name = E.error_name(code)
+        self.errors[code_name] = self.errors.get(code_name, 0) + 1
+
+    def on_lost(self, why):
+        if not self.fut.done():
+            self.fut.set_exception(ConnectionLost(why))
+
+
+class _Schedule:
+    """hb_mode one: the heartbeat timetable of one connection: a heap of (due, seq, member), one
+    sender, one request in flight."""
+
+    def __init__(self, worker: Worker, conn: PipeConn):
         self.w = worker
         self.conn = conn
         self.heap: list = []
@@ -641,7 +1157,13 @@ class _Schedule:
                 heap.clear()
                 return
             self.inflight = False
-            _, pos = decode_response_header(resp, 12, version)
+            got, pos = decode_response_header(resp, 12, version)
+            if got != cid:
+                st.errors["CORRELATION_ID_MISMATCH"] = st.errors.get("CORRELATION_ID_MISMATCH", 0) + 1
+                st.members_failed += 1 + len(heap)
+                heap.clear()
+                conn.abort(f"correlation id {got} != {cid}")
+                return
             code = decode(resp, version, pos).error_code
             st.hb_sent += 1
             latency = (arrived - sent) * 1e6
@@ -664,6 +1186,164 @@ class _Schedule:
             # like a real client: the next heartbeat is due one interval after this one was sent
             # (on time: due + interval; late: the schedule slips, missed beats are not made up)
             heapq.heappush(heap, (max(due, sent) + interval, seq, mem))
+
+
+class _PipeSchedule:
+    """hb_mode pipelined: the groups on one connection. Each group has one timer; when it fires, the
+    group's live members' heartbeats go out in one write and a batch entry joins the connection's
+    FIFO; answers are matched to the head of the FIFO in order."""
+
+    def __init__(self, worker: Worker, conn: PipeConn):
+        self.w = worker
+        self.conn = conn
+        self.groups: list[Group] = []
+        self.fifo: deque = deque()  # [group, sent, due, members, answered, failures]
+        self.interval = worker.cfg["hb_interval"]
+        conn.handler = self.on_frames
+        conn.on_lost = self.on_lost
+
+    def add(self, g: Group, due: float) -> None:
+        for mem in g.members:
+            self.w.fix_hb(g, mem, self.conn)
+        g.live = tuple(mem for mem in g.members if not mem.failed)
+        g.batch = None
+        g.inflight = False
+        g.late = False
+        g.finished = False
+        g.due = due
+        self.groups.append(g)
+        self.w.pipe_active += 1
+        g.timer = self.w.loop.call_later(max(0.0, due - _now()), self.fire, g)
+
+    def fire(self, g: Group) -> None:
+        g.timer = None
+        if g.finished:
+            return
+        if g.due >= self.w.window[1]:
+            self.finish(g)
+        elif g.inflight:
+            g.late = True  # sent as soon as the answers are in
+        else:
+            self.send(g)
+
+    def send(self, g: Group) -> None:
+        batch = g.batch
+        if batch is None:
+            batch = g.batch = b"".join([mem.hb_bytes for mem in g.live])
+        due = g.due
+        sent = _now()
+        self.conn.transport.write(batch)
+        self.w.stats.hb_writes += 1
+        self.fifo.append([g, sent, due, g.live, 0, 0])
+        g.inflight = True
+        g.due = nxt = (due if due > sent else sent) + self.interval
+        g.timer = self.w.loop.call_later(nxt - sent, self.fire, g)
+
+    def on_frames(self, data, spans, arrived):
+        w = self.w
+        st = w.stats
+        w_start, w_end = w.window
+        fifo = self.fifo
+        lat_arr, late_arr, cap = st.hb_latency_us, st.hb_lateness_us, st.max_samples
+        for s, e in spans:
+            if not fifo:
+                self.conn.abort("a heartbeat answer without a request")
+                return
+            b = fifo[0]
+            members = b[3]
+            i = b[4]
+            mem = members[i]
+            b[4] = i + 1
+            chunk = data[s:e]
+            code = 0 if chunk == mem.hb_ok else self.full_decode(chunk, mem)
+            if code is None:
+                return  # the connection is being dropped
+            sent = b[1]
+            latency = (arrived - sent) * 1e6
+            if w_start <= sent < w_end:
+                st.hb_in_window += 1
+                if len(lat_arr) < cap:
+                    lat_arr.append(latency)
+                    late_arr.append((sent - b[2]) * 1e6)
+                if latency > SLOW_US and len(st.slow_sent) < 100_000:
+                    st.slow_sent.append(sent)
+            else:
+                st.hb_before_window += 1
+                if latency > st.hb_max_latency_before_window_us:
+                    st.hb_max_latency_before_window_us = latency
+            if code:
+                st.error(st.errors, code)
+                mem.failed = True
+                st.members_failed += 1
+                b[5] += 1
+            if i + 1 == len(members):
+                fifo.popleft()
+                self.batch_done(b[0], b[5])
+        st.hb_sent += len(spans)
+
+    def full_decode(self, chunk: bytes, mem: Member):
+        st = self.w.stats
+        st.hb_full_decodes += 1
+        v = self.w.v["heartbeat"]
+        got, pos = decode_response_header(chunk, 12, v)
+        if got != mem.cid:
+            self.conn.abort(f"correlation id {got} != {mem.cid}")
+            return None
+        return m.HeartbeatResponse.decode(chunk, v, pos).error_code
+
+    def batch_done(self, g: Group, failures: int) -> None:
+        g.inflight = False
+        if failures:
+            g.live = tuple(mem for mem in g.live if not mem.failed)
+            g.batch = None
+            if not g.live:
+                self.finish(g)
+                return
+        if g.due >= self.w.window[1]:
+            self.finish(g)
+        elif g.late:
+            g.late = False
+            self.send(g)
+
+    def finish(self, g: Group) -> None:
+        if g.finished:
+            return
+        g.finished = True
+        if g.timer is not None:
+            g.timer.cancel()
+            g.timer = None
+        w = self.w
+        w.pipe_active -= 1
+        if w.pipe_active == 0 and w.pipe_done is not None and not w.pipe_done.done():
+            w.pipe_done.set_result(None)
+
+    def window_set(self, end: float) -> None:
+        for g in self.groups:
+            if not g.finished and not g.inflight and g.due >= end:
+                self.finish(g)
+
+    def abandon(self, end: float) -> None:
+        st = self.w.stats
+        for b in self.fifo:
+            st.hb_unanswered += len(b[3]) - b[4]
+        for g in self.groups:
+            if g.finished:
+                continue
+            if g.late or (not g.inflight and g.due < end):
+                st.hb_not_sent += len(g.live)
+            self.finish(g)
+
+    def on_lost(self, why) -> None:
+        st = self.w.stats
+        if any(not g.finished for g in self.groups):
+            st.error(st.errors, E.NETWORK_EXCEPTION)
+        for g in self.groups:
+            if not g.finished:
+                st.members_failed += len(g.live)
+                for mem in g.live:
+                    mem.failed = True
+                self.finish(g)
+        self.fifo.clear()
 
 
 def _wake(fut):
@@ -753,6 +1433,8 @@ class LoadGen:
                 raise TypeError(f"unknown option {k}")
             cfg[k] = v
         total_hb = hb_conns if hb_conns is not None else groups
+        if cfg["hb_mode"] not in HB_MODES or cfg["join_mode"] not in JOIN_MODES:
+            raise ValueError(f"hb_mode must be one of {HB_MODES}, join_mode one of {JOIN_MODES}")
         self.cfg = cfg
         self.hb_conns_total = max(self.procs, total_hb)
         self.group_prefix = group_prefix
@@ -766,12 +1448,19 @@ class LoadGen:
             groups=self.n_groups,
             procs=self.procs,
             hb_conns=self.hb_conns_total,
-            join_conns=self.cfg["join_concurrency"] * self.cfg["members"] * self.procs,
+            join_conns=self.join_conns_total(),
         )
         return p
 
+    def join_conns_total(self) -> int:
+        cfg = self.cfg
+        lanes = cfg["join_concurrency"]
+        if cfg["join_mode"] == "pipelined":
+            lanes = -(-lanes // cfg["join_batch"])
+        return lanes * cfg["members"] * self.procs
+
     def connections_needed(self) -> int:
-        return self.hb_conns_total + self.cfg["join_concurrency"] * self.cfg["members"] * self.procs
+        return self.hb_conns_total + self.join_conns_total() + self.procs
 
     def __enter__(self):
         ctx = mp.get_context("spawn")
@@ -865,6 +1554,7 @@ class LoadGen:
             "join_requests": sum(r["join_requests"] for r in reps),
             "sync_requests": sum(r["sync_requests"] for r in reps),
             "heartbeats_while_joining": sum(r["join_heartbeats"] for r in reps),
+            "groups_joined_one_by_one": sum(r["join_fallback_groups"] for r in reps),
             "generations": sum(r["rebalances"] for r in reps),
             "errors": _merge_counts(r["join_errors"] for r in reps),
             "request_latency_ms": {
@@ -901,16 +1591,27 @@ class LoadGen:
             "lateness_ms": late_ms,
             "errors": _merge_counts(r["errors"] for r in reps),
             "members_failed": sum(r["members_failed"] for r in reps),
+            "full_decodes": sum(r["hb_full_decodes"] for r in reps),
+            "heartbeat_writes": sum(r["hb_writes"] for r in reps),
             "unanswered": sum(r["hb_unanswered"] for r in reps),
             "due_but_not_sent": sum(r["hb_not_sent"] for r in reps),
             "load_cpu_util": (cpu1 - cpu0) / max(1e-9, _now() - start),
             "slow": _stalls(reps, start),
         }
 
-    def burst(self, kind: str, total: int) -> dict:
+    def verify(self, timeout: float = 120.0) -> dict:
+        """Ask the coordinator (DescribeGroups) about every joined group; -> merged counts."""
+        self._broadcast("verify")
+        reps = self._collect("verified", timeout)
+        out = {k: sum(r[k] for r in reps) for k in reps[0] if k != "states"}
+        out["states"] = _merge_counts(r["states"] for r in reps)
+        return out
+
+    def burst(self, kind: str, total: int, depth: int = 1) -> dict:
+        """``total`` requests of ``kind`` over the heartbeat connections, ``depth`` in flight on each."""
         per = [total // self.procs + (1 if i < total % self.procs else 0) for i in range(self.procs)]
         for pipe, n in zip(self.pipes, per, strict=True):
-            pipe.send(("burst", kind, n))
+            pipe.send(("burst", kind, n, depth))
         reps = self._collect("burst_done", 600)
         lat = _floats(r["latency_us"] for r in reps)
         from bench._util import percentiles
@@ -920,6 +1621,7 @@ class LoadGen:
         n = sum(r["requests"] for r in reps)
         return {
             "kind": kind,
+            "depth": depth,
             "requests": n,
             "seconds": ended - started,
             "requests_per_s": n / (ended - started) if ended > started else None,
@@ -928,6 +1630,8 @@ class LoadGen:
                 k: (v / 1000 if isinstance(v, float) else v) for k, v in percentiles(lat, (50, 99)).items()
             },
             "connections": sum(r["connections"] for r in reps),
+            "writes": sum(r["writes"] for r in reps),
+            "full_decodes": sum(r["full_decodes"] for r in reps),
             "load_cpu_us_per_request": sum(r["cpu_s"] for r in reps) * 1e6 / n if n else None,
         }
 
@@ -961,6 +1665,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULTS["join_concurrency"],
         help="groups joining at once per process",
     )
+    ap.add_argument("--hb-mode", choices=HB_MODES, default=DEFAULTS["hb_mode"])
+    ap.add_argument("--join-mode", choices=JOIN_MODES, default=DEFAULTS["join_mode"])
+    ap.add_argument("--join-batch", type=int, default=DEFAULTS["join_batch"], help="pipelined join: groups per round")
     ap.add_argument("--session-timeout-ms", type=int, default=DEFAULTS["session_timeout_ms"])
     ap.add_argument("--hb-interval", type=float, default=DEFAULTS["hb_interval"])
     ap.add_argument("--duration", type=float, default=30.0, help="heartbeat window, seconds")
@@ -980,10 +1687,14 @@ def cli(argv=None) -> int:
         join_concurrency=args.join_concurrency,
         session_timeout_ms=args.session_timeout_ms,
         hb_interval=args.hb_interval,
+        hb_mode=args.hb_mode,
+        join_mode=args.join_mode,
+        join_batch=args.join_batch,
     ) as lg:
         joined = lg.join()
         hb = lg.window(args.duration)
-    print(json.dumps({"params": lg.params(), "join": joined, "heartbeat": hb}))
+        verified = lg.verify()
+    print(json.dumps({"params": lg.params(), "join": joined, "heartbeat": hb, "verify": verified}))
     return 0
 
 
