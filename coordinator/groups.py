@@ -252,7 +252,7 @@ class GroupCoordinator:
             return Result([], [(token, join_response(version, err, req.member_id))])
         out = Out()
         shard.join_group(req, version, token, client_id, client_host, now, self._wall(wall_ms), out)
-        return Result(out.writes, out.replies, frozenset((shard.shard_id,)))
+        return Result(out.writes, out.replies, shard.shard_set)
 
     def _sync_group(self, version, req, now, token, client_id, client_host, wall_ms) -> Result:
         shard = self._shard(req.group_id)
@@ -261,7 +261,7 @@ class GroupCoordinator:
             return Result([], [(token, sync_response(version, err))])
         out = Out()
         shard.sync_group(req, version, token, now, self._wall(wall_ms), out)
-        return Result(out.writes, out.replies, frozenset((shard.shard_id,)))
+        return Result(out.writes, out.replies, shard.shard_set)
 
     def _leave_group(self, version, req, now, token, client_id, client_host, wall_ms) -> Result:
         shard = self._shard(req.group_id)
@@ -270,7 +270,7 @@ class GroupCoordinator:
             return Result([], [(token, LeaveGroupResponse(error_code=err))])
         resp, out = shard.leave_group(req, version, now, self._wall(wall_ms))
         out.reply(token, resp)
-        return Result(out.writes, out.replies, frozenset((shard.shard_id,)))
+        return Result(out.writes, out.replies, shard.shard_set)
 
     def _offset_commit(self, version, req, now, token, client_id, client_host, wall_ms) -> Result:
         shard = self._shard(req.group_id)
@@ -279,7 +279,7 @@ class GroupCoordinator:
             return Result([], [(token, _commit_error(req, err))])
         resp, out = shard.offset_commit(req, version, now, self._wall(wall_ms))
         out.reply(token, resp)
-        return Result(out.writes, out.replies, frozenset((shard.shard_id,)))
+        return Result(out.writes, out.replies, shard.shard_set)
 
     def _offset_fetch(self, version, req, now, token, client_id, client_host, wall_ms) -> Result:
         touched = set()
@@ -379,7 +379,7 @@ class GroupCoordinator:
             return Result([], [(token, OffsetDeleteResponse(error_code=err))])
         resp, out = shard.offset_delete(req, now, self._wall(wall_ms))
         out.reply(token, resp)
-        return Result(out.writes, out.replies, frozenset((shard.shard_id,)))
+        return Result(out.writes, out.replies, shard.shard_set)
 
     # ---- timers and lifecycle ---------------------------------------------------------------------
 

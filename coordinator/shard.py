@@ -122,6 +122,7 @@ def _member_ident(member: Member) -> dict:
 class Shard:
     def __init__(self, shard_id: int, config: Config, new_uuid=None, stats=None, listeners=None):
         self.shard_id = shard_id
+        self.shard_set = frozenset((shard_id,))  # Result.shards of a request for this shard alone
         # callables given each completed rebalance's flight-recorder entry (metrics)
         self.listeners = listeners if listeners is not None else []
         self.config = config
