@@ -4,6 +4,11 @@ frame → header → (ApiVersions, or an unknown API/version: answered or refuse
 runtime. Like a Kafka broker, a connection has one request in flight: the next frame is not
 read until the previous one is answered, so a parked JoinGroup holds its connection's later
 requests. Malformed input closes that connection only; the process never dies from input.
+
+A client may still pipeline: the frames of one read are handled in order (at most
+``FRAMES_PER_TURN`` per event-loop turn), and the answers given meanwhile leave together in one
+``transport.write`` at the end; an answer released later (after a log write, a rebalance) is
+written at once.
 """
 from __future__ import annotations
 
@@ -39,7 +44,7 @@ _heartbeat_bodies: dict[tuple[int, int], bytes] = {}  # (version, error code) ->
 
 def _encode_body(out: bytearray, response, version: int) -> None:
     """Append the encoded response. A plain HeartbeatResponse (no throttle, no unknown tagged
-    fields: all herd sends) is the same few bytes for a given version and error code: cached."""
+    fields: what herd sends) is the same few bytes for a given version and error code: cached."""
     if type(response) is _HeartbeatResponse and not response.throttle_time_ms \
             and not response.unknown_tagged_fields:
         key = (version, response.error_code)
