@@ -40,7 +40,7 @@ from protocol.wire import EncodeError, ProtocolError
 __all__ = [
     "OFFSET_COMMIT", "GROUP_METADATA", "RecordError", "offset_commit_key", "offset_commit_value",
     "offset_key_prefix", "offset_value", "offset_value_tail", "offset_value_fields", "offset_value_times",
-    "split_offset_commit_key", "plain_offset_commit", "decode_offset_key_prefix", "is_plain_offset_value",
+    "plain_offset_commit", "decode_offset_key_prefix",
     "group_metadata_key", "group_metadata_value", "decode_key", "decode_value", "encode_key", "encode_value",
     "GroupMetadataValue", "GroupMetadataValueMemberMetadata", "OffsetCommitKey", "OffsetCommitValue",
     "GroupMetadataKey",
@@ -211,28 +211,30 @@ def decode_value(rtype: int, data: bytes | None):
 
 _FAST_KEY_PREFIX = b"\x00\x01"  # OffsetCommitKey, record type 1
 _FAST_VALUE_PREFIX = b"\x00\x03"  # OffsetCommitValue v3
-_EMPTY_METADATA = b"\x00\x00"
-
-
-def split_offset_commit_key(key: bytes) -> tuple[bytes, int] | None:
-    """``(prefix, partition)`` of a type-1 offset-commit key, where ``prefix`` is the key without
-    its partition (one per group and topic: decode it with :func:`decode_offset_key_prefix`);
-    None for any other key."""
-    if key[:2] != _FAST_KEY_PREFIX or len(key) < 10:
-        return None
-    return key[:-4], _I32.unpack_from(key, len(key) - 4)[0]
 
 
 def plain_offset_commit(key: bytes, value: bytes | None) -> tuple[bytes, int] | None:
-    """:func:`split_offset_commit_key` of the record herd writes for almost every commit (key type
-    1, value as :func:`is_plain_offset_value`); None for any other record."""
-    if is_plain_offset_value(value):
-        return split_offset_commit_key(key)
-    return None
+    """``(prefix, partition)`` for the record herd writes for almost every commit: a type-1 key
+    and a v3 value laid out exactly as herd writes it (kept in memory as it is). ``prefix`` is the
+    key without its partition, one per group and topic: decode it with
+    :func:`decode_offset_key_prefix`. None for anything else (a tombstone, another version,
+    damage: the generic decoder's job)."""
+    if (value is None or len(value) < 24 or len(key) < 10 or key[:2] != _FAST_KEY_PREFIX
+            or value[:2] != _FAST_VALUE_PREFIX):
+        return None
+    (n,) = _I16.unpack_from(value, 14)  # metadata length (a negative one cannot match)
+    if len(value) != 24 + n:
+        return None
+    if n:
+        try:
+            value[16:16 + n].decode()
+        except UnicodeDecodeError:
+            return None
+    return key[:-4], _I32.unpack_from(key, len(key) - 4)[0]
 
 
 def decode_offset_key_prefix(prefix: bytes) -> tuple[str, str] | None:
-    """``(group, topic)`` of a prefix from :func:`split_offset_commit_key`; None when it is not
+    """``(group, topic)`` of a prefix from :func:`plain_offset_commit`; None when it is not
     exactly two strings (the generic decoder then reports the damage)."""
     try:
         (n,) = _I16.unpack_from(prefix, 2)
@@ -243,20 +245,3 @@ def decode_offset_key_prefix(prefix: bytes) -> tuple[str, str] | None:
         return sys.intern(prefix[4:p].decode()), sys.intern(prefix[p + 2:].decode())
     except (struct.error, UnicodeDecodeError):
         return None
-
-
-def is_plain_offset_value(value: bytes | None) -> bool:
-    """True for a v3 value laid out exactly as herd writes it (kept in memory as it is); False
-    for anything else (a tombstone, another version, damage: the generic decoder's job)."""
-    if value is None or value[:2] != _FAST_VALUE_PREFIX or len(value) < 24:
-        return False
-    if value[14:16] == _EMPTY_METADATA:
-        return len(value) == 24
-    (n,) = _I16.unpack_from(value, 14)
-    if n < 0 or len(value) != 24 + n:
-        return False
-    try:
-        value[16:16 + n].decode()
-    except UnicodeDecodeError:
-        return False
-    return True

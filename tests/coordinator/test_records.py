@@ -122,17 +122,20 @@ def test_fast_offset_decode_agrees_with_the_generic_decoder(group, topic, partit
     value = r.offset_commit_value(offset, epoch, meta, ts, expire)
     rtype, k = r.decode_key(key)
     v = r.decode_value(rtype, value)
-    prefix, part = r.split_offset_commit_key(key)
-    assert (r.decode_offset_key_prefix(prefix), part) == ((k.group, k.topic), k.partition)
-    assert prefix == r.offset_key_prefix(group, topic)
+    plain = r.plain_offset_commit(key, value)
     # the in-memory readers agree with the generic decoder (v1 has no leader epoch)
     fields = (v.offset, v.leader_epoch, v.metadata, v.commit_timestamp, v.expire_timestamp)
     assert r.offset_value_fields(value) == fields == (offset, epoch if expire == -1 else -1, meta, ts, expire)
     assert r.offset_value_times(value) == (ts, expire)
-    assert r.is_plain_offset_value(value) == (expire == -1)  # a v1 value takes the generic path
-    assert not r.is_plain_offset_value(None)
-    assert not r.is_plain_offset_value(value + b"x")
-    assert not r.is_plain_offset_value(value[:-1])
+    if expire != -1:
+        assert plain is None  # a v1 value takes the generic path
+        return
+    prefix, part = plain
+    assert (r.decode_offset_key_prefix(prefix), part) == ((k.group, k.topic), k.partition)
+    assert prefix == r.offset_key_prefix(group, topic)
+    assert r.plain_offset_commit(key, None) is None
+    assert r.plain_offset_commit(key, value + b"x") is None
+    assert r.plain_offset_commit(key, value[:-1]) is None
     assert r.decode_offset_key_prefix(prefix + b"x") is None
     assert r.decode_offset_key_prefix(prefix[:-1]) is None
 
@@ -140,16 +143,18 @@ def test_fast_offset_decode_agrees_with_the_generic_decoder(group, topic, partit
 def test_fast_offset_decode_refuses_what_it_does_not_know():
     from coordinator import records as r
     key = r.offset_commit_key("g", "t", 1)
-    assert r.split_offset_commit_key(r.group_metadata_key("g")) is None
-    assert r.split_offset_commit_key(b"\x00\x00" + key[2:]) is None  # type 0: generic path
-    assert r.split_offset_commit_key(b"\x00\x01\x00") is None
+    value = r.offset_commit_value(5, 1, "ab", 10)
+    assert r.plain_offset_commit(key, value) == (key[:-4], 1)
+    assert r.plain_offset_commit(r.group_metadata_key("g"), value) is None
+    assert r.plain_offset_commit(b"\x00\x00" + key[2:], value) is None  # type 0: generic path
+    assert r.plain_offset_commit(b"\x00\x01\x00", value) is None
     assert r.decode_offset_key_prefix(b"\x00\x01\x00\x01\xff\x00\x01t") is None  # not UTF-8
     assert r.decode_offset_key_prefix(b"\x00\x01\xff\xff\x00\x00") is None  # negative length
-    value = r.offset_commit_value(5, 1, "ab", 10)
-    assert r.is_plain_offset_value(value)
-    assert not r.is_plain_offset_value(value[:16] + b"\xff\xfe" + value[18:])  # metadata not UTF-8
-    assert not r.is_plain_offset_value(value[:14] + b"\xff\xff" + value[16:])  # negative length
-    assert not r.is_plain_offset_value(generated_value(4, OffsetCommitValue(5, 1, "ab", 10)))
+    assert r.plain_offset_commit(key, value[:16] + b"\xff\xfe" + value[18:]) is None  # metadata not UTF-8
+    assert r.plain_offset_commit(key, value[:14] + b"\xff\xff" + value[16:]) is None  # negative length
+    assert r.plain_offset_commit(key, generated_value(4, OffsetCommitValue(5, 1, "ab", 10))) is None
+    assert r.plain_offset_commit(key, b"\x00\x03" + bytes(22)) is not None  # empty metadata, 24 bytes
+    assert r.plain_offset_commit(key, b"\x00\x03" + bytes(21)) is None
 
 
 def test_every_value_version_replays_to_the_same_memory():
