@@ -248,25 +248,34 @@ class GroupConsumer:
         return the current assignment as a frozenset of TopicPartition."""
         if self._closed:
             raise cerr.IllegalStateError("the consumer is closed")
-        deadline = time.monotonic() + max(0.0, float(timeout_s))
-        my_seq = self._submit(lambda core, now: core.poll(now))
+        now = time.monotonic()
+        net = self._net
+        net.last_poll = now  # the poll timer (max.poll.interval.ms); the network thread reads it
+        deadline = now + max(0.0, float(timeout_s))
         if getattr(self._local, "in_callback", False):
             return self._view
+        # A stable group with nothing pending: answered here, without a command (the network
+        # thread rejoins on its own when the group rebalances; see client/network.py).
+        if self._poll_lock.acquire(False):
+            try:
+                if self._poll_quietly():
+                    self._raise_callback_errors()
+                    return self._view
+            finally:
+                self._poll_lock.release()
+        my_seq = self._submit(lambda core, now: core.poll(now))
         with self._hold_poll_lock(max(0.0, deadline - time.monotonic())) as held:
             if not held:
                 self._check_open()
                 return self._view
-            keepalive = time.monotonic()
             while True:
                 if self._closed:  # closed from another thread
                     break
-                if time.monotonic() - keepalive > 1.0:  # a long poll is still a poll (poll timer)
-                    keepalive = time.monotonic()
-                    my_seq = self._submit(lambda core, now: core.poll(now))
+                net.last_poll = time.monotonic()  # a long poll is still a poll (poll timer)
                 self._drain_events()
                 self._maybe_auto_commit()
-                seen = self._net.commands_done
-                snap = self._net.snapshot
+                seen = net.commands_done
+                snap = net.snapshot
                 if snap.error is not None:
                     self._raise_callback_errors()
                     raise snap.error
@@ -288,6 +297,21 @@ class GroupConsumer:
                 self._handle_event(ev)
         self._raise_callback_errors()
         return self._view
+
+    def _poll_quietly(self) -> bool:
+        """With the poll lock held: run what is due; True if the group is stable (or there is no
+        subscription), every event is handled and every command submitted has taken effect."""
+        self._drain_events()
+        self._maybe_auto_commit()
+        net = self._net
+        if not net.caught_up():  # e.g. subscribe() or an ack not yet run: take the slow path
+            return False
+        snap = net.snapshot  # read after caught_up(): at least as new as the commands
+        if snap.error is not None or snap.closed or self._closed:
+            return False
+        if snap.subscribed:
+            return snap.stable and self._processed >= snap.events and self._events.empty()
+        return self._events.empty()
 
     class _Held:
         def __init__(self, lock, timeout):

@@ -14,7 +14,11 @@ answers with *actions* collected in ``take_actions()``:
 - ``Stop()`` -- closed; nothing more will happen.
 
 Inputs: ``subscribe``, ``poll``, ``ack``, ``commit``, ``fetch_committed``, ``close`` (user side);
-``on_connected``, ``on_disconnected``, ``on_response``, ``tick`` (network side).
+``on_connected``, ``on_disconnected``, ``on_response``, ``tick`` (network side); ``note_poll``
+(the time of a user poll that needed no command, for the poll timer). Every step of a rebalance
+that does not need the user (rejoin on a heartbeat's REBALANCE_IN_PROGRESS, SyncGroup after
+JoinGroup, a new JoinGroup after a failed one, a metadata change) is taken by the network side on
+its own; only revocation waits for the user's ``ack``, and a rejoin after a poll timeout for ``poll``.
 ``next_deadline()`` says when ``tick`` is next needed; ``snapshot()`` is an immutable summary.
 
 Member states (Kafka's MemberState)::
@@ -412,11 +416,19 @@ class ConsumerCoordinator:
         self._advance(now)
 
     def poll(self, now: float) -> None:
+        """The user polled: restart the poll timer and, after a poll-timeout leave, rejoin."""
         self.heartbeat.poll(now)
         if self._poll_expired:
             self._poll_expired = False
             self.rejoin_reason = "rejoining after the poll interval expired"
         self._advance(now)
+
+    def note_poll(self, when: float) -> None:
+        """The user polled at ``when`` without a command (a stable group's poll is answered on the
+        user's side): restart the poll timer only. It does not end a poll-timeout leave; a poll then
+        finds the group unstable and calls ``poll``. No ``_advance``: the caller's next input does."""
+        if when > self.heartbeat.last_poll:
+            self.heartbeat.poll(when)
 
     def ack(self, seq: int, now: float) -> None:
         if seq == self._awaiting_ack:

@@ -1,7 +1,7 @@
 """The one background thread: it owns every socket and the coordinator state machine.
 
 Nothing else touches a socket or the ``ConsumerCoordinator``. The user's threads reach this thread
-through exactly three things, none of which can make it wait:
+through exactly four things, none of which can make it wait:
 
 - ``submit(fn)``: appends a command to a ``queue.SimpleQueue`` (unbounded; ``put`` never blocks) and
   writes a byte to a non-blocking wake-up socket (a full buffer means a wake-up is already pending,
@@ -11,6 +11,9 @@ through exactly three things, none of which can make it wait:
 - the *events* queue (another ``SimpleQueue``) this thread only ever ``put``s to: rebalance events
   for the user's thread, completed-commit callbacks, and a ``Nudge`` whenever the snapshot changes
   (coalesced: at most one waits at a time).
+- ``last_poll``: a monotonic timestamp a user's ``poll`` writes (a plain float assignment) without
+  waking this thread; the thread hands it to the core's poll timer (``note_poll``) each time it
+  wakes, before anything can check that timer. So a poll of a stable group costs no command.
 
 Replies travel in ``concurrent.futures.Future`` objects that are never handed to user code, so no
 user callback is ever attached to them (``set_result`` would otherwise run it on this thread).
@@ -145,6 +148,8 @@ class NetworkThread(threading.Thread):
         self._ran = 0
         self.commands_done = 0
         self.nudge_pending = False
+        self.last_poll = core.heartbeat.last_poll  # written by user threads (see the module doc)
+        self._synced_poll = self.last_poll
         self._handoff = threading.Lock()
 
     # -- user-thread side (non-blocking) -------------------------------------------------------
@@ -160,6 +165,11 @@ class NetworkThread(threading.Thread):
             self.commands.put(fn)
         self.wake()
         return seq
+
+    def caught_up(self) -> bool:
+        """True when every command submitted so far has run and ``snapshot`` reflects it."""
+        submitted = self._submitted  # read before commands_done: _publish sets that one last
+        return self.commands_done >= submitted
 
     def wake(self) -> None:
         try:
@@ -179,6 +189,7 @@ class NetworkThread(threading.Thread):
         try:
             while not self._stop_requested and not self._core_stopped:
                 now = self.clock()
+                self._sync_poll()
                 self._run_commands(now)
                 self._check_deadlines(now)
                 self.core.tick(now)
@@ -187,7 +198,10 @@ class NetworkThread(threading.Thread):
                     break
                 self._publish()
                 timeout = min(MAX_SELECT_S, max(0.0, self._next_wake() - self.clock()))
-                for key, mask in self._sel.select(timeout):
+                ready = self._sel.select(timeout)
+                if ready:
+                    self._sync_poll()
+                for key, mask in ready:
                     if key.data is None:
                         self._drain_wake()
                     else:
@@ -200,6 +214,12 @@ class NetworkThread(threading.Thread):
             self.crashed = exc
         finally:
             self._shutdown()
+
+    def _sync_poll(self) -> None:
+        lp = self.last_poll
+        if lp != self._synced_poll:
+            self._synced_poll = lp
+            self.core.note_poll(lp)
 
     def _next_wake(self) -> float:
         t = self.core.next_deadline()
