@@ -73,6 +73,8 @@ NEW_MEMBER_JOIN_TIMEOUT_MS = 300_000
 # READ(3), DELETE(6), DESCRIBE(8), DESCRIBE_CONFIGS(10), ALTER_CONFIGS(11).
 GROUP_AUTHORIZED_OPERATIONS = (1 << 3) | (1 << 6) | (1 << 8) | (1 << 10) | (1 << 11)
 
+_STR16_MAX = 32767  # bytes in a record string (int16 length)
+_META_SAFE_CHARS = _STR16_MAX // 4  # this many characters always fit in UTF-8
 _NONE = errors.NONE
 _RETENTION_KEY = ("retention",)
 
@@ -819,7 +821,8 @@ class Shard:
                 meta = p.committed_metadata
                 if meta is None:
                     meta = ""
-                if len(meta) > max_meta:  # Kafka counts characters, not bytes
+                # Kafka counts characters, not bytes; the record's string holds at most 32,767 bytes
+                if len(meta) > max_meta or (len(meta) > _META_SAFE_CHARS and len(meta.encode()) > _STR16_MAX):
                     parts_out.append(OffsetCommitResponsePartition(p.partition_index,
                                                                    errors.OFFSET_METADATA_TOO_LARGE))
                     continue

@@ -259,3 +259,12 @@ def test_empty_group_without_offsets_is_deleted_at_the_next_retention_check():
     assert h.state("g") == "Empty"
     h.advance(1_000)
     assert h.group("g") is None
+
+
+def test_metadata_that_cannot_fit_a_record_string_is_too_large_whatever_the_limit():
+    h = Harness(offset_metadata_max_bytes=100_000)
+    assert perr(h.commit("g", {("t", 0): 1}, metadata="m" * 32767)) == {("t", 0): E.NONE}
+    assert perr(h.commit("g", {("t", 1): 1}, metadata="m" * 32768)) == {("t", 1): E.OFFSET_METADATA_TOO_LARGE}
+    # 10,000 characters of 4 bytes each: within the character limit, 40,000 bytes on disk
+    assert perr(h.commit("g", {("t", 2): 1}, metadata="😀" * 10_000)) == {("t", 2): E.OFFSET_METADATA_TOO_LARGE}
+    assert h.fetch("g", {"t": [0]})[1] == {("t", 0): (1, "m" * 32767)}
