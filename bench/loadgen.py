@@ -544,9 +544,13 @@ class Worker:
         lanes[i] = await open_conns(self.host, self.port, len(lanes[i]), self.client_id)
         self.join_conns = [c for lane in lanes for c in lane]
 
-    async def _round(self, conns, groups, build, version: int) -> list[list]:
-        """One pipelined round: connection j sends ``build(g, g.members[j])`` for every group, in
-        one write, same group order everywhere; -> answers[k][j] for group k, member j."""
+    async def _round(self, conns, groups, build, version: int, members=None) -> list[list]:
+        """One pipelined round: connection j sends ``build(g, g.members[j])`` for every group (j in
+        ``members``, default all), in one write, same group order everywhere; -> answers[k][i] for
+        group k and the i-th of ``members``."""
+        idx = range(len(conns)) if members is None else members
+        if not groups:
+            return []
         api_key = None
         lat_arr = self.stats.join_latency_us
         cap = self.stats.max_samples
@@ -573,13 +577,30 @@ class Worker:
                 lat_arr.extend(array("f", [(arrived - sent) * 1e6]) * len(out))
             return out
 
-        per_conn = await asyncio.gather(*(one(j) for j in range(len(conns))))
-        return [[per_conn[j][k] for j in range(len(conns))] for k in range(len(groups))]
+        per_conn = await asyncio.gather(*(one(j) for j in idx))
+        return [[answers[k] for answers in per_conn] for k in range(len(groups))]
 
     async def join_batch(self, batch: list[Group], conns: list[PipeConn]) -> list[Group]:
-        """Join ``batch`` in three pipelined rounds; -> the groups that need the one-by-one path."""
+        """Join ``batch`` in pipelined rounds (connection j carries member j of every group, the
+        same group order on every connection); -> the groups that need the one-by-one path.
+
+        herd, like Kafka, completes the FIRST rebalance of an Empty group when
+        ``initial_rebalance_delay_ms`` (0 in the benchmarks) has passed, with whoever has joined by
+        then, pending (KIP-394) members or not. If a connection is held up a moment (an answer
+        waiting for a log write), a group would complete without that member, whose join then
+        starts a rebalance that waits for members whose connections have moved on. So member 0
+        makes each group non-Empty first (join, join, sync: gen 1 with one member, Stable); the
+        ten members' join is then an ordinary rebalance that completes only once every known and
+        pending member has joined, whatever the order of arrival:
+
+        A. member 0: JoinGroup without id (MEMBER_ID_REQUIRED)   B. member 0: JoinGroup with id
+        C. member 0: SyncGroup (its own assignment), and at the same time 1. members 1..n-1:
+        JoinGroup without id (they become pending)   2. everyone: JoinGroup with id (member 0, the
+        leader, rejoins in Stable; parked until all are in)   3. everyone: SyncGroup (the followers'
+        are parked until the leader's, at the same position on its connection, arrives)."""
         cfg, st, v = self.cfg, self.stats, self.v
         size = cfg["members"]
+        k_parts = cfg["partitions_per_member"]
         protocols = [m.JoinGroupRequestProtocol(name="range", metadata=self.subscription)]
         fallback: list[Group] = []
         leaders: dict[str, str] = {}
@@ -598,59 +619,6 @@ class Worker:
                 protocols=protocols,
             )
 
-        # round 1: JoinGroup without a member id -> MEMBER_ID_REQUIRED (the member is now pending)
-        todo = [g for g in batch if not any(mem.member_id for mem in g.members)]
-        fallback += [g for g in batch if g not in todo]
-        answers = await self._round(conns, todo, join_req, v["join"]) if todo else []
-        st.join_requests += len(todo) * size
-        ok = []
-        for g, rs in zip(todo, answers, strict=True):
-            good = True
-            for mem, r in zip(g.members, rs, strict=True):
-                if r.error_code == E.MEMBER_ID_REQUIRED:
-                    mem.member_id = r.member_id
-                else:
-                    st.error(st.join_errors, r.error_code)
-                    good = False
-            (ok if good else fallback).append(g)
-        # round 2: JoinGroup with the minted id; answered once the group's last member is in
-        answers = await self._round(conns, ok, join_req, v["join"]) if ok else []
-        st.join_requests += len(ok) * size
-        ready = []
-        for g, rs in zip(ok, answers, strict=True):
-            gens = {r.generation_id for r in rs}
-            leader = next((r for r in rs if r.error_code == 0 and r.leader == r.member_id), None)
-            bad = [r.error_code for r in rs if r.error_code]
-            for code in bad:
-                st.error(st.join_errors, code)
-            if bad or len(gens) != 1 or leader is None or len(leader.members) != size:
-                fallback.append(g)
-                continue
-            for mem, r in zip(g.members, rs, strict=True):
-                mem.member_id = r.member_id
-            gen = gens.pop()
-            g.generation = gen
-            g.gen_size[gen] = size
-            g.rebalances += 1
-            k = cfg["partitions_per_member"]
-            leaders[g.group_id] = leader.member_id
-            assignments[g.group_id] = [
-                m.SyncGroupRequestAssignment(
-                    member_id=jm.member_id,
-                    assignment=encode_assignment(
-                        Assignment(
-                            assigned_partitions=[
-                                TopicPartitions(topic=cfg["topic"], partitions=list(range(i * k, i * k + k)))
-                            ]
-                        ),
-                        1,
-                    ),
-                )
-                for i, jm in enumerate(leader.members)
-            ]
-            ready.append(g)
-
-        # round 3: SyncGroup; the followers' are parked until the leader's (same position) arrives
         def sync_req(g, mem):
             return m.SyncGroupRequest(
                 group_id=g.group_id,
@@ -662,18 +630,107 @@ class Worker:
                 assignments=assignments[g.group_id] if mem.member_id == leaders[g.group_id] else [],
             )
 
-        answers = await self._round(conns, ready, sync_req, v["sync"]) if ready else []
-        st.sync_requests += len(ready) * size
-        for g, rs in zip(ready, answers, strict=True):
-            bad = [r.error_code for r in rs if r.error_code]
-            for code in bad:
-                st.error(st.join_errors, code)
-            if bad:
-                g.generation = -1
+        def assign(g, member_ids):
+            assignments[g.group_id] = [
+                m.SyncGroupRequestAssignment(
+                    member_id=mid,
+                    assignment=encode_assignment(
+                        Assignment(
+                            assigned_partitions=[
+                                TopicPartitions(
+                                    topic=cfg["topic"], partitions=list(range(i * k_parts, i * k_parts + k_parts))
+                                )
+                            ]
+                        ),
+                        1,
+                    ),
+                )
+                for i, mid in enumerate(member_ids)
+            ]
+
+        def keep(groups, answers, check) -> list[Group]:
+            """Groups whose answers all pass ``check(group, member, answer)``; the rest fall back."""
+            ok = []
+            for g, rs in zip(groups, answers, strict=True):
+                good = True
+                for r in rs:
+                    if r.error_code and r.error_code != E.MEMBER_ID_REQUIRED:
+                        st.error(st.join_errors, r.error_code)
+                for r in rs:
+                    if not check(g, r):
+                        good = False
+                (ok if good else fallback).append(g)
+            return ok
+
+        def minted(g, r):
+            return r.error_code == E.MEMBER_ID_REQUIRED and bool(r.member_id)
+
+        first = [0]
+        rest = list(range(1, size))
+        todo = [g for g in batch if not any(mem.member_id for mem in g.members)]
+        fallback += [g for g in batch if g not in todo]
+        # A: member 0 without an id
+        answers = await self._round(conns, todo, join_req, v["join"], first)
+        st.join_requests += len(todo)
+        for g, rs in zip(todo, answers, strict=True):
+            if minted(g, rs[0]):
+                g.members[0].member_id = rs[0].member_id
+        todo = keep(todo, answers, minted)
+        # B: member 0 with its id: the group's first generation, member 0 alone (and its leader)
+        answers = await self._round(conns, todo, join_req, v["join"], first)
+        st.join_requests += len(todo)
+        for g, rs in zip(todo, answers, strict=True):
+            r = rs[0]
+            if r.error_code == 0:
+                g.generation = r.generation_id
+                leaders[g.group_id] = r.leader
+                assign(g, [jm.member_id for jm in r.members])
+        todo = keep(todo, answers, lambda g, r: r.error_code == 0 and r.leader == g.members[0].member_id)
+        # C: member 0 syncs (the group becomes Stable) || 1: the others get their ids (pending)
+        sync0, pend = await asyncio.gather(
+            self._round(conns, todo, sync_req, v["sync"], first),
+            self._round(conns, todo, join_req, v["join"], rest),
+        )
+        st.sync_requests += len(todo)
+        st.join_requests += len(todo) * len(rest)
+        for g, rs in zip(todo, pend, strict=True):
+            for mem, r in zip(g.members[1:], rs, strict=True):
+                if minted(g, r):
+                    mem.member_id = r.member_id
+        todo = keep(
+            todo,
+            [a + b for a, b in zip(sync0, pend, strict=True)],
+            lambda g, r: r.error_code == 0 if isinstance(r, m.SyncGroupResponse) else minted(g, r),
+        )
+        for g in todo:
+            g.rebalances += 1
+        # 2: everyone joins with an id (member 0 rejoins); answered once all are in
+        answers = await self._round(conns, todo, join_req, v["join"])
+        st.join_requests += len(todo) * size
+        ready = []
+        for g, rs in zip(todo, answers, strict=True):
+            gens = {r.generation_id for r in rs}
+            leader = next((r for r in rs if r.error_code == 0 and r.leader == r.member_id), None)
+            for r in rs:
+                if r.error_code:
+                    st.error(st.join_errors, r.error_code)
+            if any(r.error_code for r in rs) or len(gens) != 1 or leader is None or len(leader.members) != size:
                 fallback.append(g)
                 continue
+            for mem, r in zip(g.members, rs, strict=True):
+                mem.member_id = r.member_id
+            g.generation = gens.pop()
+            g.rebalances += 1
+            leaders[g.group_id] = leader.member_id
+            assign(g, [jm.member_id for jm in leader.members])
+            ready.append(g)
+        # 3: SyncGroup; the followers' are parked until the leader's (same position) arrives
+        answers = await self._round(conns, ready, sync_req, v["sync"])
+        st.sync_requests += len(ready) * size
+        for g in keep(ready, answers, lambda g, r: r.error_code == 0):
             for mem in g.members:
                 mem.generation = g.generation
+            g.gen_size[g.generation] = size
             g.done.set()
             self._complete(g)
         for g in fallback:

@@ -1,26 +1,37 @@
 """Scale: G groups × M members joined and heartbeating against ONE herd daemon.
 
-``python -m bench.scale [--quick] [--groups 10000] [--members 10] [--duration 60] [--find-max]``
+``python -m bench.scale [--quick] [--groups 10000] [--members 10] [--duration 60] [--find-max]
+[--mode one|pipelined|both] [--join-mode pipelined|member]``
 
 The raw-protocol load tool (``bench/loadgen.py``: asyncio on uvloop, herd's codec, ``--procs``
 processes) joins every group (JoinGroup v9 with the MEMBER_ID_REQUIRED dance, SyncGroup v5 with
-the leader's assignment; ``--join-concurrency`` groups at a time per process, one connection per
-joining member), and each member heartbeats (v4) every 3 s from the moment its group is complete.
-Once every group is complete, a ``--duration`` s measurement window starts. Heartbeats share
-``--hb-conns`` connections (default one per group, at most 10,000), one request in flight each.
+the leader's assignment; ``--join-concurrency`` groups at a time per process; ``--join-mode
+pipelined``: lanes of one connection per member index, each round of ``--join-batch`` groups
+pipelined on them, see loadgen's docstring; ``member``: one connection per joining member, one
+request at a time), and each member heartbeats (v4) every 3 s from the moment its group is
+complete. Once every group is complete, a ``--duration`` s measurement window starts. Heartbeats
+share ``--hb-conns`` connections (default one per group, at most 10,000). ``--mode`` (recorded as
+``heartbeat_mode`` in each run):
+
+* ``one``: one heartbeat in flight per connection, a group's members spread over the interval;
+* ``pipelined``: a group's members beat together, their heartbeats in one socket write, all in
+  flight at once (a process hosting several members of a group, a pipelining Kafka client);
+* ``both`` (default): a run of each, side by side, each with a fresh daemon.
 
 Reported: join completion time (command to last group complete), heartbeat latency p50/p99/p99.9/
 max in the window, how late heartbeats were sent (load tool saturation), error codes, members
 that failed (any non-zero heartbeat error — UNKNOWN_MEMBER_ID / REBALANCE_IN_PROGRESS mean a member
 expired; heartbeats unanswered or not sent by the end of the window + 15 s count as errors too),
-the daemon's RSS (max of 0.5 s samples) and CPU, the load processes' CPU. Error codes
+the daemon's RSS (max of 0.5 s samples) and CPU, the load processes' CPU, and the coordinator's
+own view after the window (DescribeGroups: groups not Stable, members we still count as alive
+that it no longer has: ``members_expired``, counted with the failures). Error codes
 answered DURING the joins (REBALANCE_IN_PROGRESS when members arrive at different times) are the
 protocol working and are reported separately. Targets: 0 errors, no member expired, p99 < 20 ms,
 RSS < 1.5 GB.
 
-``--find-max``: run steps of increasing member counts (``--steps``, members in all, groups =
-members / M) with a fresh daemon each, stop at the first step that misses a target, and report
-the largest count that met them all.
+``--find-max``: for each mode, run steps of increasing member counts (``--steps``, members in
+all, groups = members / M) with a fresh daemon each, stop at the first step that misses a target,
+and report the largest count that met them all (``max_members_meeting_targets`` per mode).
 """
 
 from __future__ import annotations
@@ -36,11 +47,18 @@ TARGETS = {"errors": 0, "p99_ms": 20.0, "rss_mb": 1536.0}
 MAX_HB_CONNS = 10_000
 
 
-def run_once(groups: int, args, label: str = "") -> dict:
+def run_once(groups: int, args, hb_mode: str, label: str = "") -> dict:
     hb_conns = args.hb_conns or min(groups, MAX_HB_CONNS)
-    out = {"groups": groups, "members_per_group": args.members, "members": groups * args.members}
+    out = {
+        "heartbeat_mode": hb_mode,
+        "join_mode": args.join_mode,
+        "groups": groups,
+        "members_per_group": args.members,
+        "members": groups * args.members,
+    }
     profile_path = None
-    join_pool = args.procs * args.join_concurrency * args.members
+    lanes = args.join_concurrency if args.join_mode == "member" else -(-args.join_concurrency // args.join_batch)
+    join_pool = args.procs * lanes * args.members
     extra = ["--max-connections", str(hb_conns + join_pool + 200)]
     t_start = time.perf_counter()
     with U.Herd(fsync=args.fsync, log_level=args.herd_log_level, extra_args=extra) as herd:
@@ -55,7 +73,10 @@ def run_once(groups: int, args, label: str = "") -> dict:
                 members=args.members,
                 procs=args.procs,
                 hb_conns=hb_conns,
-                group_prefix=f"scale{label}",
+                group_prefix=f"scale-{hb_mode}{label}",
+                hb_mode=hb_mode,
+                join_mode=args.join_mode,
+                join_batch=args.join_batch,
                 session_timeout_ms=args.session_timeout_ms,
                 rebalance_timeout_ms=args.rebalance_timeout_ms,
                 hb_interval=args.hb_interval,
@@ -91,6 +112,8 @@ def run_once(groups: int, args, label: str = "") -> dict:
             out["heartbeat"]["machine_stalls"] = probe.summary(w0, w0 + args.duration)
             out["heartbeat"]["daemon_cpu_util"] = (U.proc_cpu_seconds(herd.pid) - cpu1) / (time.perf_counter() - w0)
             out["heartbeat"]["daemon_cpu_util_max_5s"] = sampler.max_cpu_util(5.0, first=n_join_samples)
+            # the coordinator's own view: which groups are Stable, which members it still has
+            out["verify"] = lg.verify()
             out["rss_end_mb"] = U.proc_rss_bytes(herd.pid) / 2**20
             out["rss_hwm_mb"] = U.proc_hwm_bytes(herd.pid) / 2**20
         out["rss_max_sampled_mb"] = sampler.max_rss() / 2**20
@@ -99,14 +122,17 @@ def run_once(groups: int, args, label: str = "") -> dict:
     hb = out["heartbeat"]
     p99 = hb["latency_ms"]["p99"]
     errors = sum(hb["errors"].values()) + hb["unanswered"] + hb["due_but_not_sent"]
-    failed = hb["members_failed"] + out["join"]["groups_failed"] * args.members
+    expired = out["verify"]["members_missing"]
+    failed = hb["members_failed"] + out["join"]["groups_failed"] * args.members + expired
     rss = max(out["rss_hwm_mb"], out["rss_max_sampled_mb"])
     out["checks"] = {
         "errors": errors,
         "members_failed": failed,
+        "members_expired": expired,
+        "groups_not_stable": out["verify"]["groups"] - out["verify"]["groups_stable_complete"],
         "p99_ms": p99,
         "rss_mb": rss,
-        "errors_ok": errors == 0 and failed == 0,
+        "errors_ok": errors == 0 and failed == 0 and out["verify"]["groups"] == out["verify"]["groups_stable_complete"],
         "p99_ok": p99 is not None and p99 < TARGETS["p99_ms"],
         "rss_ok": rss < TARGETS["rss_mb"],
     }
@@ -125,6 +151,7 @@ def _row(r: dict) -> list:
     hb = r["heartbeat"]
     lat = hb["latency_ms"]
     return [
+        r["heartbeat_mode"],
         r["members"],
         r["groups"],
         f"{r['join']['seconds']:.1f}",
@@ -133,6 +160,7 @@ def _row(r: dict) -> list:
         f"{lat['max']:.1f}" if lat["max"] is not None else "-",
         r["checks"]["errors"],
         r["checks"]["members_failed"],
+        r["checks"]["members_expired"],
         f"{r['checks']['rss_mb']:.0f}",
         f"{hb['daemon_cpu_util']:.2f}",
         f"{hb['load_cpu_util']:.2f}",
@@ -142,6 +170,7 @@ def _row(r: dict) -> list:
 
 
 HEADER = [
+    "hb mode",
     "members",
     "groups",
     "join s",
@@ -150,6 +179,7 @@ HEADER = [
     "max ms",
     "errors",
     "failed",
+    "expired",
     "RSS MB",
     "daemon cpu",
     "load cpu",
@@ -160,7 +190,15 @@ HEADER = [
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="500 groups × 10, 20 s window (< 60 s)")
+    ap.add_argument("--quick", action="store_true", help="500 groups × 10, 20 s window (< 45 s per mode)")
+    ap.add_argument(
+        "--mode",
+        choices=("one", "pipelined", "both"),
+        default="both",
+        help="heartbeats: one in flight per connection, a group's beats pipelined in one write, or both",
+    )
+    ap.add_argument("--join-mode", choices=("pipelined", "member"), default="pipelined")
+    ap.add_argument("--join-batch", type=int, default=25, help="pipelined join: groups per round per lane")
     ap.add_argument("--groups", type=int, default=None, help="default 10000 (quick 500)")
     ap.add_argument("--members", type=int, default=10, help="members per group")
     ap.add_argument(
@@ -176,7 +214,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"heartbeat connections (default min(groups, {MAX_HB_CONNS}))",
     )
-    ap.add_argument("--join-concurrency", type=int, default=50, help="groups joining at once per process")
+    ap.add_argument(
+        "--join-concurrency",
+        type=int,
+        default=50,
+        help="groups joining at once per process (pipelined: join-concurrency / join-batch lanes)",
+    )
     ap.add_argument("--join-timeout", type=float, default=600.0)
     ap.add_argument("--session-timeout-ms", type=int, default=30_000)
     ap.add_argument("--rebalance-timeout-ms", type=int, default=60_000)
@@ -202,9 +245,12 @@ def main(argv=None):
         args.groups = 500 if args.quick else 10_000
     if args.duration is None:
         args.duration = 20.0 if args.quick else (30.0 if args.find_max else 60.0)
+    modes = ["one", "pipelined"] if args.mode == "both" else [args.mode]
     env = U.environment()
     params = {k: v for k, v in vars(args).items() if k not in ("profile_top",)}
+    params["heartbeat_modes"] = modes
     result = {"benchmark": "scale", **env, "params": params, "targets": TARGETS}
+    title = "scale (targets: 0 errors, no member expired, p99 < 20 ms, RSS < 1.5 GB)\n"
     if args.find_max:
         steps = [
             int(x)
@@ -213,26 +259,37 @@ def main(argv=None):
             ).split(",")
         ]
         runs = []
-        best = None
+        best = {mo: None for mo in modes}
+        failing = {mo: None for mo in modes}
+        # the modes take turns at each step (same machine conditions, side by side); a mode stops
+        # at its first step that misses a target
         for i, members in enumerate(steps):
-            r = run_once(max(1, members // args.members), args, label=f"-s{i}")
-            runs.append(r)
-            print(U.table([_row(r)], HEADER), file=sys.stderr, flush=True)
-            if not r["meets_targets"]:
-                break
-            best = r["members"]
+            for mo in modes:
+                if failing[mo] is not None:
+                    continue
+                r = run_once(max(1, members // args.members), args, mo, label=f"-s{i}")
+                runs.append(r)
+                print(U.table([_row(r)], HEADER), file=sys.stderr, flush=True)
+                if r["meets_targets"]:
+                    best[mo] = r["members"]
+                else:
+                    failing[mo] = r["members"]
         result.update(
             mode="find-max",
             runs=runs,
             max_members_meeting_targets=best,
-            first_failing=None if runs[-1]["meets_targets"] else runs[-1]["members"],
+            first_failing=failing,
         )
-        text = U.table([_row(r) for r in runs], HEADER) + f"\nlargest member count meeting the targets: {best}"
+        text = U.table([_row(r) for r in runs], HEADER) + "\nlargest member count meeting the targets: " + ", ".join(
+            f"{mo} {best[mo]}" for mo in modes
+        )
     else:
-        r = run_once(args.groups, args)
-        result.update(mode="single", run=r, meets_targets=r["meets_targets"])
-        text = U.table([_row(r)], HEADER)
-    U.emit(result, "scale (targets: 0 errors, p99 < 20 ms, RSS < 1.5 GB)\n" + text)
+        runs = [run_once(args.groups, args, mo, label="") for mo in modes]
+        result.update(mode="single", runs=runs, meets_targets={r["heartbeat_mode"]: r["meets_targets"] for r in runs})
+        if len(runs) == 1:
+            result["run"] = runs[0]
+        text = U.table([_row(r) for r in runs], HEADER)
+    U.emit(result, title + text)
 
 
 if __name__ == "__main__":
