@@ -1,17 +1,24 @@
 """Server CPU per request, measured inside the herd daemon process.
 
 ``python -m bench.server_cost [--quick] [--heartbeats N] [--commits N] [--fsync never,always]
-[--profile DIR]``
+[--depth N] [--profile DIR]``
 
 For each fsync mode a fresh daemon is started; the raw-protocol load tool (``bench/loadgen.py``,
 herd's own codec, 2 processes) joins ``--groups`` × ``--members`` members (session timeout 300 s, so
 nothing expires), warms up, then:
 
 1. idle: the daemon's CPU over ``--idle-seconds`` with every member joined and silent → idle rate;
-2. a burst of ``--heartbeats`` Heartbeats (v4), closed loop over ``--conns`` connections (one
-   request in flight per connection), spread over all members;
+2. a burst of ``--heartbeats`` Heartbeats (v4), closed loop over ``--conns`` connections, spread
+   over all members;
 3. a burst of ``--commits`` OffsetCommits (v9) of 10 partitions each, from the joined members
-   (member id + generation), offsets increasing.
+   (member id + generation), offsets increasing;
+
+each in two modes on the same connections and daemon: ``one`` (one request in flight per
+connection, as before) and ``pipelined`` (``--depth`` requests in flight per connection, default
+10: the ten members of a group multiplexed on one connection, as a pipelining client such as
+librdkafka or the Java client does; each answer releases the next request, and the answers of one
+socket read release their successors in one write). The JSON keeps the one-in-flight results under
+``heartbeat`` / ``commit`` and adds ``pipelined`` with ``depth``, ``heartbeat`` and ``commit``.
 
 CPU per request = (daemon CPU during the burst − idle rate × burst wall time) / requests. Daemon
 CPU is the sum over its threads of ``/proc/<pid>/task/*/schedstat`` (ns), so the log writer
@@ -37,10 +44,10 @@ from bench.loadgen import LoadGen
 TARGET_US = {"heartbeat": 10.0, "commit": 25.0}
 
 
-def measure(pid: int, lg: LoadGen, kind: str, count: int, idle_rate: float) -> dict:
+def measure(pid: int, lg: LoadGen, kind: str, count: int, idle_rate: float, depth: int = 1) -> dict:
     us0 = U.proc_user_sys_seconds(pid)
     t0 = U.proc_threads_cpu_ns(pid)
-    res = lg.burst(kind, count)
+    res = lg.burst(kind, count, depth)
     t1 = U.proc_threads_cpu_ns(pid)
     us1 = U.proc_user_sys_seconds(pid)
     by_thread = {k: (v - t0.get(k, 0)) / 1e9 for k, v in t1.items()}
@@ -95,15 +102,19 @@ def run_mode(fsync: str, args) -> dict:
             }
             if joined["groups_failed"]:
                 raise RuntimeError(f"{joined['groups_failed']} groups did not complete their join")
-            lg.burst("heartbeat", args.warmup)  # warm up both paths
-            lg.burst("commit", args.warmup)
+            for depth in (1, args.depth):  # warm up both paths, both ways
+                lg.burst("heartbeat", args.warmup, depth)
+                lg.burst("commit", args.warmup, depth)
             c0 = U.proc_cpu_ns(herd.pid)
             w0 = time.perf_counter()
             time.sleep(args.idle_seconds)
             idle_rate = (U.proc_cpu_ns(herd.pid) - c0) / 1e9 / (time.perf_counter() - w0)
             out["idle_cpu_util"] = idle_rate
             out["heartbeat"] = measure(herd.pid, lg, "heartbeat", args.heartbeats, idle_rate)
+            out["pipelined"] = {"depth": args.depth}
+            out["pipelined"]["heartbeat"] = measure(herd.pid, lg, "heartbeat", args.heartbeats, idle_rate, args.depth)
             out["commit"] = measure(herd.pid, lg, "commit", args.commits, idle_rate)
+            out["pipelined"]["commit"] = measure(herd.pid, lg, "commit", args.commits, idle_rate, args.depth)
             out["rss_mb"] = U.proc_rss_bytes(herd.pid) / 2**20
             if args.profile:
                 from bench import _profile
@@ -111,14 +122,16 @@ def run_mode(fsync: str, args) -> dict:
                 pdir = Path(args.profile)
                 pdir.mkdir(parents=True, exist_ok=True)
                 out["profile"] = {}
-                for kind, count in (("heartbeat", args.heartbeats), ("commit", args.commits)):
-                    path = pdir / f"server_cost-{fsync}-{kind}.txt"
-                    with U.PySpy(herd.pid, path, rate=args.profile_rate, native=args.profile_native):
-                        lg.burst(kind, count)
-                    summary = _profile.summarize(path, top=args.profile_top)
-                    summary["file"] = str(path)
-                    out["profile"][kind] = summary
-                    print(_profile.render(summary, f"herd {kind} fsync={fsync}"), file=sys.stderr)
+                for depth in (1, args.depth):
+                    for kind, count in (("heartbeat", args.heartbeats), ("commit", args.commits)):
+                        name = kind if depth == 1 else f"{kind}-depth{depth}"
+                        path = pdir / f"server_cost-{fsync}-{name}.txt"
+                        with U.PySpy(herd.pid, path, rate=args.profile_rate, native=args.profile_native):
+                            lg.burst(kind, count, depth)
+                        summary = _profile.summarize(path, top=args.profile_top)
+                        summary["file"] = str(path)
+                        out["profile"][name] = summary
+                        print(_profile.render(summary, f"herd {name} fsync={fsync}"), file=sys.stderr)
     return out
 
 
@@ -131,8 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--warmup", type=int, default=2000, help="requests of each kind before measuring")
     ap.add_argument("--groups", type=int, default=200)
     ap.add_argument("--members", type=int, default=10)
+    ap.add_argument("--conns", type=int, default=200, help="load connections in all")
     ap.add_argument(
-        "--conns", type=int, default=200, help="load connections in all (one request in flight each)"
+        "--depth", type=int, default=10, help="requests in flight per connection in the pipelined mode (default 10)"
     )
     ap.add_argument("--procs", type=int, default=2, help="load processes")
     ap.add_argument("--join-concurrency", type=int, default=20)
@@ -167,6 +181,7 @@ def main(argv=None):
             "groups": args.groups,
             "members": args.members,
             "conns": args.conns,
+            "pipelined_depth": args.depth,
             "procs": args.procs,
             "idle_seconds": args.idle_seconds,
             "herd_log_level": args.herd_log_level,
@@ -181,8 +196,12 @@ def main(argv=None):
     }
     rows = []
     for mo in modes:
-        for kind in ("heartbeat", "commit"):
-            r = mo[kind]
+        for kind, way, r in (
+            ("heartbeat", "one", mo["heartbeat"]),
+            ("heartbeat", f"pipelined {args.depth}", mo["pipelined"]["heartbeat"]),
+            ("commit", "one", mo["commit"]),
+            ("commit", f"pipelined {args.depth}", mo["pipelined"]["commit"]),
+        ):
             threads = ", ".join(
                 f"{k} {v:.1f}"
                 for k, v in sorted(r["daemon_cpu_us_per_request_by_thread"].items(), key=lambda kv: -kv[1])
@@ -190,6 +209,7 @@ def main(argv=None):
             rows.append(
                 [
                     mo["fsync"],
+                    way,
                     kind,
                     f"{r['daemon_cpu_us_per_request']:.1f}",
                     f"<= {TARGET_US[kind]:.0f}",
@@ -204,6 +224,7 @@ def main(argv=None):
         rows,
         [
             "fsync",
+            "in flight",
             "request",
             "daemon µs/req",
             "target",
