@@ -308,6 +308,8 @@ class ConsumerCoordinator:
         self._tag = 0
         self._actions: list = []
         self._wake = INF
+        self._snap_key: tuple | None = None
+        self._snap: Snapshot | None = None
 
     # ---------------------------------------------------------------------------------------------
     # plumbing
@@ -373,7 +375,27 @@ class ConsumerCoordinator:
         )
 
     def snapshot(self) -> Snapshot:
-        return Snapshot(
+        """The current summary; the same object as last time while nothing in it changed (the
+        network thread asks after every wake-up and republishes only a new object)."""
+        key = (
+            self.state,
+            self.generation,
+            self.member_id,
+            self.leader_id,
+            self.owned,
+            self.stable,
+            self.epoch,
+            self._seq,
+            self.subscription,
+            self.error,
+            self.closed,
+            self.coordinator,
+            self.rejoin_reason,
+        )
+        if key == self._snap_key:
+            return self._snap
+        self._snap_key = key
+        self._snap = Snapshot(
             state=self.state.value,
             generation=self.generation,
             member_id=self.member_id,
@@ -389,6 +411,7 @@ class ConsumerCoordinator:
             protocol=self.protocol,
             rejoin_reason=self.rejoin_reason,
         )
+        return self._snap
 
     # ---------------------------------------------------------------------------------------------
     # user inputs

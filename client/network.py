@@ -192,8 +192,9 @@ class NetworkThread(threading.Thread):
                 self._sync_poll()
                 self._run_commands(now)
                 self._check_deadlines(now)
-                self.core.tick(now)
-                self._execute(now)
+                if now >= self.core.next_deadline():  # else every input since has advanced it
+                    self.core.tick(now)
+                    self._execute(now)
                 if self._core_stopped:
                     break
                 self._publish()
@@ -231,6 +232,8 @@ class NetworkThread(threading.Thread):
         return t
 
     def _run_commands(self, now: float) -> None:
+        if self.commands.empty():
+            return
         while True:
             try:
                 fn = self.commands.get_nowait()
@@ -271,7 +274,7 @@ class NetworkThread(threading.Thread):
 
     def _publish(self) -> None:
         snap = self.core.snapshot()
-        changed = snap != self.snapshot
+        changed = snap is not self.snapshot and snap != self.snapshot
         if changed:
             self.snapshot = snap
         if changed or self.commands_done != self._ran:
