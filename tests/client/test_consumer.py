@@ -326,3 +326,82 @@ def test_close_from_another_thread_ends_a_long_poll(fake):
     c.close(timeout_s=5)
     t.join(5)
     assert done == [frozenset()] and time.monotonic() - t0 < 3
+
+
+# -- poll of a stable group: answered on the user's side (no command for the network thread) --------
+
+
+def test_stable_poll_submits_no_command_and_records_the_poll_time(fake):
+    c, net = fake
+    rec = Rec()
+    c.subscribe(["t"], listener=rec)
+    assign(c, net, [T0, T1])
+    net.calls.clear()
+    net.last_poll = 0.0
+    t0 = time.monotonic()
+    for timeout in (0, 0.5, 30):
+        assert c.poll(timeout) == {T0, T1}
+    assert time.monotonic() - t0 < 5  # a stable group's poll returns at once, whatever the timeout
+    assert net.calls == []  # nothing submitted to the network thread
+    assert net.last_poll >= t0  # ...but the poll timer saw the polls
+    assert rec.calls == [("assigned", {T0, T1})]
+
+
+def test_poll_runs_pending_callbacks_without_a_command(fake):
+    c, net = fake
+    c.subscribe(["t"])
+    assign(c, net, [T0])
+    seen = []
+    c.commit({T0: 5}, sync=False, callback=lambda offsets, err: seen.append(err))
+    net.calls.clear()
+    assert c.poll(0) == {T0} and seen == [None]
+    assert "poll" not in net.names()
+
+
+def test_poll_auto_commits_on_the_quiet_path(fake):
+    c, net = fake
+    c.subscribe(["t"])
+    assign(c, net, [T0])
+    c.seek(T0, 7)
+    net.calls.clear()
+    c._next_auto_commit = 0.0  # the auto-commit interval has passed
+    c.poll(0)
+    [commit] = [args for name, args in net.calls if name == "commit"]
+    assert commit[0] == {T0: OffsetAndMetadata(7)}
+
+
+def test_poll_takes_the_slow_path_while_a_command_is_pending(fake, monkeypatch):
+    c, net = fake
+    c.subscribe(["t"])
+    assign(c, net, [T0])
+    net.calls.clear()
+    monkeypatch.setattr(net, "caught_up", lambda: False)  # e.g. a subscribe() not yet run
+    assert c.poll(0) == {T0}
+    assert net.names() == ["poll"]
+
+
+def test_poll_of_a_rebalancing_group_submits_a_poll(fake):
+    c, net = fake
+    rec = Rec()
+    c.subscribe(["t"], listener=rec)
+    assign(c, net, [T0])
+    net.calls.clear()
+    net.events.put(PartitionsRevoked(2, frozenset([T0]), 0))
+    net.publish(events=2, stable=False, state="stable")
+    c.poll(0)
+    assert rec.calls[-1] == ("revoked", {T0})
+    assert {"ack", "poll"} <= set(net.names())
+
+
+def test_poll_after_a_poll_timeout_leave_submits_the_rejoining_poll(fake):
+    c, net = fake
+    rec = Rec()
+    c.subscribe(["t"], listener=rec)
+    assign(c, net, [T0])
+    net.calls.clear()
+    # The network thread found the poll timer expired: it left the group (partitions lost).
+    net.events.put(PartitionsLost(2, frozenset([T0])))
+    net.publish(events=2, stable=False, state="unjoined", generation=-1, member_id="", assignment=frozenset())
+    assert c.poll(0) == frozenset()
+    assert rec.calls[-1] == ("lost", {T0})
+    assert "poll" in net.names()  # core.poll ends the poll-timeout leave: the member rejoins

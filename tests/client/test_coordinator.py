@@ -882,3 +882,105 @@ def test_abandon_answers_everything():
     boom = RuntimeError("gone")
     replies = h.core.abandon(boom)
     assert {r.handle for r in replies} == {a, b} and all(r.error is boom for r in replies)
+
+
+# -- the network side drives a rebalance on its own; polls only feed the poll timer -------------------
+
+
+def _no_poll(h):
+    """Fail if anything calls ``core.poll``: only ``note_poll`` (the shared poll timestamp) is used."""
+
+    def fail(now):
+        raise AssertionError("core.poll called")
+
+    h.core.poll = fail
+    return h
+
+
+def _answer_heartbeats(h, error=0):
+    for hb in list(h.pending(m.HeartbeatRequest)):
+        h.sends.remove(hb)
+        h.respond(hb, m.HeartbeatResponse(error_code=error))
+
+
+@pytest.mark.parametrize("owned", [(), (0, 1)])
+def test_heartbeat_rebalance_is_rejoined_without_a_poll(owned):
+    h = Harness(partition_assignment_strategy="range").stable_member(parts=[tp("t", p) for p in owned])
+    _no_poll(h)
+    h.take_events()
+    h.tick(3.0)
+    _answer_heartbeats(h, E.REBALANCE_IN_PROGRESS)
+    if owned:  # eager: the user's on_partitions_revoked runs first; its ack is all that is needed
+        [rev] = h.take_events(PartitionsRevoked)
+        assert h.pending(m.JoinGroupRequest) == []
+        h.call("ack", rev.seq)
+    join = h.take(m.JoinGroupRequest)  # sent at once, by the network side
+    h.respond(join, h.join_response(member="m1", generation=2, leader="other"))
+    h.answer_sync([tp("t", 2)])  # SyncGroup followed the JoinGroup answer at once
+    assert h.core.state is MemberState.STABLE and h.core.generation == 2 and h.core.stable
+    [asg] = h.take_events(PartitionsAssigned)
+    assert asg.assignment == tps("t", 2)
+
+
+def test_failed_join_retries_without_a_poll():
+    h = Harness().stable_member(parts=[])
+    _no_poll(h)
+    h.tick(3.0)
+    _answer_heartbeats(h, E.REBALANCE_IN_PROGRESS)
+    h.respond(h.take(m.JoinGroupRequest), h.join_response(error=E.COORDINATOR_LOAD_IN_PROGRESS))
+    assert h.pending(m.JoinGroupRequest) == []
+    assert h.core.next_deadline() <= h.now + 1.0  # the backoff is a deadline of the core
+    h.tick(1.0)
+    assert h.take(m.JoinGroupRequest)
+
+
+def test_leader_rejoins_on_a_metadata_change_without_a_poll():
+    h = Harness(metadata_max_age_ms=5000, partition_assignment_strategy="range")
+    _no_poll(h)
+    h.call("subscribe", ["t"])
+    h.find_coordinator()
+    h.answer_join(member="m1", leader="m1", members=[member_meta("m1", subscription_blob(["t"]))])
+    h.respond(h.take(m.MetadataRequest), metadata_response({"t": 2}))
+    h.answer_sync([tp("t", 0), tp("t", 1)])
+    h.take_events()
+    h.tick(5.0)
+    h.respond(h.take(m.MetadataRequest), metadata_response({"t": 3}))
+    [rev] = h.take_events(PartitionsRevoked)
+    h.call("ack", rev.seq)
+    assert h.take(m.JoinGroupRequest)
+
+
+def test_note_poll_keeps_the_member_in_the_group():
+    h = Harness(max_poll_interval_ms=10000, heartbeat_interval_ms=1000, session_timeout_ms=6000)
+    h.stable_member(parts=[tp("t", 0)])
+    _no_poll(h)
+    for _ in range(30):  # 30 s, polled (quietly) every second
+        h.now += 1.0
+        h.core.note_poll(h.now)
+        h.tick()
+        _answer_heartbeats(h)
+    assert h.core.stable and h.pending(m.LeaveGroupRequest) == []
+    h.core.note_poll(h.now - 5.0)  # an older timestamp (another thread's) never moves the timer back
+    assert h.core.heartbeat.last_poll == h.now
+
+
+def test_poll_timeout_expires_with_quiet_polls_and_the_next_poll_rejoins():
+    h = Harness(max_poll_interval_ms=10000, heartbeat_interval_ms=1000, session_timeout_ms=6000)
+    h.stable_member(parts=[tp("t", 0)], member="m1")
+    h.take_events()
+    h.core.note_poll(h.now)
+    assert h.core.next_deadline() <= h.now + 10.0  # the poll deadline is a deadline of the core
+    for _ in range(10):  # then the user stops polling
+        h.tick(1.0)
+        _answer_heartbeats(h)
+    assert h.core.state is MemberState.STABLE
+    h.tick(0.5)
+    assert h.take(m.LeaveGroupRequest).request.members[0].member_id == "m1"
+    [lost] = h.take_events(PartitionsLost)
+    assert lost.partitions == tps("t", 0)
+    assert not h.core.stable
+    h.core.note_poll(h.now + 1.0)  # a quiet poll only restarts the timer...
+    h.tick(1.0)
+    assert h.pending(m.JoinGroupRequest) == []
+    h.call("poll")  # ...the poll that found the group unstable rejoins
+    assert h.take(m.JoinGroupRequest)
