@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import heapq
 import json
 import multiprocessing as mp
@@ -98,6 +99,8 @@ _Q = struct.Struct(">q")
 _now = time.perf_counter  # CLOCK_MONOTONIC on Linux: comparable across processes
 SLOW_US = 50_000  # heartbeats slower than this are also recorded by send time
 PHASE = 0.6180339887498949  # golden ratio: group i's heartbeat phase = frac(i * PHASE), evenly spread
+LAG_TICK = 0.01  # the load processes' own stall probe: period and threshold, s
+LAG_STALL = 0.03
 HB_MODES = ("one", "pipelined")
 JOIN_MODES = ("pipelined", "member")
 
@@ -377,6 +380,7 @@ class Stats:
         self.hb_max_latency_before_window_us = 0.0
         self.hb_full_decodes = 0  # answers that were not the expected "no error" bytes
         self.hb_writes = 0  # socket writes that carried heartbeats (pipelined)
+        self.loop_stalls = array("d")  # (when, how late) pairs of the lag ticker
         self.members_failed = 0
         self.hb_unanswered = 0
         self.hb_not_sent = 0
@@ -436,10 +440,16 @@ class Worker:
                 kind = cmd[0]
                 if kind == "join":
                     await self.join_all()
+                    # the groups and members live to the end: keep them out of every later collection
+                    # (a full collection over them pauses this process for a noticeable time)
+                    gc.collect()
+                    gc.freeze()
                     self.send("joined", self._join_report())
                 elif kind == "window":
                     self.window = (cmd[1], cmd[2])
+                    self._lag_tick(_now() + LAG_TICK)
                     await self.finish_window(cmd[2])
+                    self._lag_handle.cancel()
                     self.send("window_done", self._hb_report())
                 elif kind == "verify":
                     self.send("verified", await self.verify())
@@ -458,6 +468,15 @@ class Worker:
             for c in self.hb_conns + self.join_conns:
                 c.close()
             await asyncio.sleep(0.05)
+
+    def _lag_tick(self, due: float) -> None:
+        """A 10 ms ticker while the window runs: how late it runs is this process's own stall (a
+        slow answer seen while this process was stalled is not the server's)."""
+        now = _now()
+        lag = now - due
+        if lag > LAG_STALL and len(self.stats.loop_stalls) < 20_000:
+            self.stats.loop_stalls.extend((due, lag))
+        self._lag_handle = self.loop.call_later(LAG_TICK, self._lag_tick, now + LAG_TICK)
 
     async def finish_window(self, end: float) -> None:
         """Wait until every heartbeat due before ``end`` is answered (at most ``end`` + grace)."""
@@ -980,6 +999,7 @@ class Worker:
             "hb_max_latency_before_window_us": st.hb_max_latency_before_window_us,
             "hb_full_decodes": st.hb_full_decodes,
             "hb_writes": st.hb_writes,
+            "loop_stalls": st.loop_stalls.tobytes(),
             "errors": st.errors,
             "members_failed": st.members_failed,
             "hb_unanswered": st.hb_unanswered,
@@ -1440,8 +1460,11 @@ def _stalls(reps, start: float, bucket: float = 0.25) -> dict:
     """Slow (> SLOW_US) heartbeats grouped by when they were sent: many in few 250 ms buckets
     point to the server stalling (every connection waits at once); spread thin, to CPU contention."""
     sent = array("d")
+    per_proc = []
     for r in reps:
+        n = len(sent)
         sent.frombytes(r["slow_sent"])
+        per_proc.append(len(sent) - n)
     buckets: dict[int, int] = {}
     for t in sent:
         k = int((t - start) / bucket)
@@ -1450,8 +1473,31 @@ def _stalls(reps, start: float, bucket: float = 0.25) -> dict:
     return {
         "threshold_ms": SLOW_US / 1000,
         "count": len(sent),
+        "count_per_process": per_proc,  # a server stall slows every process's heartbeats
         "buckets_250ms": len(buckets),
         "top_buckets": [[round(k * bucket, 2), n] for k, n in top],  # [seconds into the window, count]
+    }
+
+
+def _loop_stalls(reps, start: float) -> dict:
+    """Stalls of the load processes' own event loops in the window (their lag ticker late by more
+    than LAG_STALL): a slow answer that coincides with one says nothing about the server."""
+    per_proc = []
+    worst = 0.0
+    when: dict[float, int] = {}
+    for r in reps:
+        a = array("d")
+        a.frombytes(r["loop_stalls"])
+        per_proc.append(len(a) // 2)
+        for t, lag in zip(a[::2], a[1::2], strict=True):
+            worst = max(worst, lag)
+            k = round(int((t - start) / 0.25) * 0.25, 2)
+            when[k] = when.get(k, 0) + 1
+    return {
+        "threshold_ms": LAG_STALL * 1000,
+        "count_per_process": per_proc,
+        "max_ms": worst * 1000,
+        "top_buckets": sorted(when.items(), key=lambda kv: -kv[1])[:10],  # [seconds into the window, count]
     }
 
 
@@ -1654,6 +1700,7 @@ class LoadGen:
             "due_but_not_sent": sum(r["hb_not_sent"] for r in reps),
             "load_cpu_util": (cpu1 - cpu0) / max(1e-9, _now() - start),
             "slow": _stalls(reps, start),
+            "load_stalls": _loop_stalls(reps, start),
         }
 
     def verify(self, timeout: float = 120.0) -> dict:
