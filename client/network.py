@@ -55,6 +55,7 @@ log = logging.getLogger("herd.client.network")
 
 __all__ = ["NetworkThread", "Handle", "Nudge", "CommitCallback"]
 
+INF = float("inf")
 MAX_SELECT_S = 1.0
 HUNG_UP = "closed by the broker"
 RECV_BYTES = 256 * 1024
@@ -135,6 +136,7 @@ class NetworkThread(threading.Thread):
         self._wake_w.setblocking(False)
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
         self._socks: dict[str, _Sock] = {}
+        self._io_deadline = INF  # no socket deadline before this (see _check_deadlines)
         self._stop_requested = False
         self._stopped = False
         self._core_stopped = False
@@ -191,10 +193,11 @@ class NetworkThread(threading.Thread):
                 now = self.clock()
                 self._sync_poll()
                 self._run_commands(now)
-                self._check_deadlines(now)
+                if now >= self._io_deadline:
+                    self._check_deadlines(now)
                 if now >= self.core.next_deadline():  # else every input since has advanced it
                     self.core.tick(now)
-                    self._execute(now)
+                self._execute(now)
                 if self._core_stopped:
                     break
                 self._publish()
@@ -223,13 +226,7 @@ class NetworkThread(threading.Thread):
             self.core.note_poll(lp)
 
     def _next_wake(self) -> float:
-        t = self.core.next_deadline()
-        for s in self._socks.values():
-            if s.state != "ready":
-                t = min(t, s.setup_deadline)
-            for entry in s.inflight.values():
-                t = min(t, entry[1])
-        return t
+        return min(self.core.next_deadline(), self._io_deadline)
 
     def _run_commands(self, now: float) -> None:
         if self.commands.empty():
@@ -325,6 +322,7 @@ class NetworkThread(threading.Thread):
             a.conn, sock, proto, (a.host, a.port), now + self.cfg.s("socket_connection_setup_timeout_ms")
         )
         self._socks[a.conn] = s
+        self._io_deadline = min(self._io_deadline, s.setup_deadline)
         self._register(s, selectors.EVENT_WRITE)
 
     def _register(self, s: _Sock, mask: int) -> None:
@@ -383,6 +381,8 @@ class NetworkThread(threading.Thread):
             self.core.on_response(a.conn, a.tag, exc, now)
             return
         s.inflight[corr] = (a.tag, now + a.timeout, a.request.API_KEY, a.version)
+        if now + a.timeout < self._io_deadline:
+            self._io_deadline = now + a.timeout
         s.out += s.proto.data_to_send()
         self._flush(s, now)
 
@@ -481,12 +481,22 @@ class NetworkThread(threading.Thread):
                     )
 
     def _check_deadlines(self, now: float) -> None:
+        """Drop connections past their setup or request deadline; recompute ``_io_deadline``, the
+        earliest such deadline (kept no later than the truth in between: a send lowers it, an
+        answer leaves it early, so at worst this runs once more than needed)."""
         for s in list(self._socks.values()):
             if s.state != "ready" and now >= s.setup_deadline:
                 self._drop(s.conn_id, "connection setup timed out", notify=True, now=now)
                 continue
             if any(entry[1] <= now for entry in s.inflight.values()):
                 self._drop(s.conn_id, "request timed out", notify=True, now=now)
+        t = INF
+        for s in self._socks.values():
+            if s.state != "ready":
+                t = min(t, s.setup_deadline)
+            for entry in s.inflight.values():
+                t = min(t, entry[1])
+        self._io_deadline = t
 
     def _drain_wake(self) -> None:
         try:
