@@ -25,7 +25,10 @@ member receives another assignment for ``--settle`` s.
 2. idle CPU: with the group stable, the parent reads ``/proc/<child>/stat`` utime+stime over
    ``--idle-s`` (default 20 s, quick 8 s) and reports CPU seconds per member-hour
    (``cpu / idle_s * 3600 / members``; the child's main thread sleeps meanwhile, so this is the
-   members' polling + heartbeating). herd's own CPU over the same window is reported too.
+   members' polling + heartbeating). herd's own CPU over the same window is reported too, and the
+   client's CPU split by thread (``schedstat``): the members' own threads (poll loop: ``poll``,
+   callbacks, the sleep between polls) vs every other thread (the library's: herd's network
+   thread per consumer, librdkafka's, kafka-python's heartbeat thread; plus the idle main thread).
 3. leave → stable: one member is closed (LeaveGroup); time from the start of ``close()`` to the
    last survivor's callback of the stable complete assignment among the survivors.
 
@@ -308,6 +311,7 @@ def child_main(args):
                 "start_to_stable_s": None if got is None else got - t0,
                 "assigns_until_stable": sum(mb.assigns for mb in members),
                 "generations": gens,
+                "member_tids": [mb.native_id for mb in members],
             }
         )
         line = sys.stdin.readline().strip()  # the parent measures idle CPU meanwhile
@@ -383,6 +387,17 @@ class Child:
         U.stop_process_group(self.proc, timeout=40)
 
 
+def _tasks_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds per thread of a process (``schedstat``, ns resolution)."""
+    out = {}
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    out[int(tid)] = int(f.read().split()[0]) / 1e9
+    return out
+
+
 def run_lib(lib: str, herd, args) -> dict:
     group = f"bench-client-{lib}-{int(time.time() * 1000) % 10**8}"
     out = {"lib": lib, "members": args.members, "group": group}
@@ -399,11 +414,16 @@ def run_lib(lib: str, herd, args) -> dict:
             pid = child.proc.pid
             c0, h0 = U.proc_user_sys_seconds(pid), U.proc_cpu_seconds(herd.pid)
             rss0 = U.proc_rss_bytes(pid)
+            t0s = _tasks_cpu(pid)
             with U.MachineLoad() as load:
                 t0 = time.perf_counter()
                 time.sleep(args.idle_s)
                 wall = time.perf_counter() - t0
             c1, h1 = U.proc_user_sys_seconds(pid), U.proc_cpu_seconds(herd.pid)
+            t1s = _tasks_cpu(pid)
+            tids = set(msg.get("member_tids") or ())
+            loop = sum(t1s[t] - t0s[t] for t in tids if t in t0s and t in t1s)
+            rest = sum(t1s[t] - t0s[t] for t in t1s if t in t0s and t not in tids)
             user, sys_ = c1[0] - c0[0], c1[1] - c0[1]
             cpu = user + sys_
             out["idle"] = {
@@ -413,6 +433,11 @@ def run_lib(lib: str, herd, args) -> dict:
                 "client_sys_s": sys_,
                 "client_cpu_s_per_member_hour": cpu / wall * 3600 / args.members,
                 "client_cpu_share_of_one_core": cpu / wall,
+                # The split by thread: the members' own threads (the poll loop: poll, listener
+                # callbacks, the sleep between polls) vs the library's threads (herd: one network
+                # thread per consumer; librdkafka and kafka-python: theirs) plus the idle main thread.
+                "client_member_threads_cpu_s_per_member_hour": loop / wall * 3600 / args.members,
+                "client_library_threads_cpu_s_per_member_hour": rest / wall * 3600 / args.members,
                 "client_rss_mb": rss0 / 1e6,
                 "herd_cpu_s": h1 - h0,
                 "herd_cpu_s_per_member_hour": (h1 - h0) / wall * 3600 / args.members,
@@ -532,6 +557,8 @@ def main(argv=None):
             fmt(r.get("start_to_stable_s")),
             fmt(r.get("leave_to_stable_s")),
             fmt(r.get("idle", {}).get("client_cpu_s_per_member_hour"), 2),
+            fmt(r.get("idle", {}).get("client_member_threads_cpu_s_per_member_hour"), 2),
+            fmt(r.get("idle", {}).get("client_library_threads_cpu_s_per_member_hour"), 2),
             fmt(r.get("idle", {}).get("herd_cpu_s_per_member_hour"), 2),
             fmt(r.get("idle", {}).get("machine_cpu_busy"), 2),
         ]
@@ -547,6 +574,8 @@ def main(argv=None):
                 "start→stable s",
                 "leave→stable s",
                 "client cpu s/member-h",
+                "(member thr",
+                "library thr)",
                 "herd cpu s/member-h",
                 "machine busy",
             ],
