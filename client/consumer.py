@@ -31,11 +31,15 @@ commits are standalone (generation -1, as Kafka allows for a group with no membe
 (``on_partitions_revoked`` / ``on_partitions_assigned`` / ``on_partitions_lost``, on the polling
 thread, in order) and callbacks of finished asynchronous commits, then returns as soon as the group
 is stable and every callback has run, or when ``timeout_s`` runs out; it returns the assignment as
-the listener has seen it. The background thread keeps heartbeating between polls, but a member
-that does not poll for ``max.poll.interval.ms`` leaves the group (its partitions are *lost*) and
-rejoins at its next poll. In the eager protocol every rebalance revokes all partitions first; in
-the cooperative one (``partition.assignment.strategy=cooperative-sticky``) only partitions that
-move are revoked. Either way a partition is assigned elsewhere only after its revocation callback
+the listener has seen it. The background thread keeps heartbeating between polls and takes every
+step of a rebalance that does not need the user on its own (rejoining when a heartbeat reports a
+rebalance, JoinGroup → SyncGroup, retries); only revocation waits for a poll to run the callback.
+So a poll of a stable group with nothing due is answered on the calling thread, without waking the
+background thread (it only records the poll time). A member that does not poll for
+``max.poll.interval.ms`` leaves the group (its partitions are *lost*) and rejoins at its next
+poll. In the eager protocol every rebalance revokes all partitions first; in the cooperative one
+(``partition.assignment.strategy=cooperative-sticky``) only partitions that move are revoked.
+Either way a partition is assigned elsewhere only after its revocation callback
 here has returned (or after this member is gone from the group).
 
 Threads: every method may be called from any thread. One thread at a time runs callbacks (a
