@@ -127,6 +127,7 @@ class Connection(asyncio.Protocol):
         self.server.unregister(self)
         if self.inflight is not None and self.inflight.timer is not None:
             self.inflight.timer.cancel()
+        self.inflight = None  # a parked request answered later finds nobody (and no Reply<->Connection cycle)
         self.queue.clear()
         self.out = bytearray()
 
