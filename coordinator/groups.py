@@ -392,7 +392,7 @@ class GroupCoordinator:
         for shard in self.shards:
             if shard.failed or self._closed:
                 continue
-            d = shard.next_deadline()
+            d = shard.timers.next_check()
             if d is not None and d <= now_ms:
                 if wall is None:
                     wall = self._wall(wall_ms)
@@ -406,6 +406,15 @@ class GroupCoordinator:
     def next_deadline(self) -> int | None:
         """The earliest monotonic time at which :meth:`on_timers` has work, or None. Clears
         :attr:`timers_changed`."""
+        return self._earliest(lambda shard: shard.next_deadline())
+
+    def next_check(self) -> int | None:
+        """A time no later than :meth:`next_deadline` at which to call :meth:`on_timers` (which may
+        then find nothing due yet and only re-arm extended deadlines): what the runtime arms its
+        timer at, because it never settles deadlines ahead of time. Clears :attr:`timers_changed`."""
+        return self._earliest(lambda shard: shard.timers.next_check())
+
+    def _earliest(self, of) -> int | None:
         self.timers_changed = False
         if self._closed:
             return None
@@ -413,7 +422,7 @@ class GroupCoordinator:
         for shard in self.shards:
             if shard.failed:
                 continue
-            d = shard.next_deadline()
+            d = of(shard)
             if d is not None and (best is None or d < best):
                 best = d
         return best

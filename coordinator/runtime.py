@@ -244,7 +244,7 @@ class Runtime:
         groups = self.groups
         if not (force or groups.timers_changed):
             return
-        deadline = groups.next_deadline()
+        deadline = groups.next_check()
         if deadline == self._timer_at:
             return
         if self._timer is not None:

@@ -83,30 +83,46 @@ class Timers:
         self._settle()
         return self._heap[0][0] if self._heap else None
 
+    def next_check(self) -> int | None:
+        """A time no later than the earliest true deadline (the heap top, not settled): when to look
+        again. Cheap, and it never re-arms anything ahead of time; :meth:`next_deadline` settles
+        every lazily extended entry at the top, which with many members heartbeating in step
+        re-arms them all in one go (measured: ~250 ms every session timeout at 100,000 members)."""
+        heap = self._heap
+        return heap[0][0] if heap else None
+
     def expired(self, now: int) -> list[Hashable]:
         """Remove and return every key whose deadline is <= ``now``, earliest first."""
         out = []
-        heap = self._heap
         while True:
-            self._settle()
-            if not heap or heap[0][0] > now:
+            key = self.pop_expired(now)
+            if key is None:
                 return out
-            _, _, key = heapq.heappop(heap)
-            del self._armed[key]
-            del self._deadline[key]
             out.append(key)
 
     def pop_expired(self, now: int) -> Hashable | None:
         """Remove and return the earliest key whose deadline is <= ``now`` (None if none): lets a
-        caller fire timers one at a time while handlers schedule and cancel others."""
-        self._settle()
+        caller fire timers one at a time while handlers schedule and cancel others. Only entries
+        armed at or before ``now`` are looked at (re-armed or dropped), so the work of re-arming
+        extended deadlines is spread over time as their entries come due."""
         heap = self._heap
-        if not heap or heap[0][0] > now:
-            return None
-        _, _, key = heapq.heappop(heap)
-        del self._armed[key]
-        del self._deadline[key]
-        return key
+        armed = self._armed
+        while heap and heap[0][0] <= now:
+            when, _, key = heap[0]
+            if armed.get(key) != when:  # stale: cancelled or superseded by an earlier push
+                heapq.heappop(heap)
+                continue
+            true = self._deadline[key]
+            if true > when:  # lazily extended: re-arm at the true deadline
+                armed[key] = true
+                self._seq += 1
+                heapq.heapreplace(heap, (true, self._seq, key))
+                continue
+            heapq.heappop(heap)
+            del armed[key]
+            del self._deadline[key]
+            return key
+        return None
 
     def heap_size(self) -> int:
         """Entries physically in the heap (live + stale); for tests and diagnostics."""

@@ -122,3 +122,21 @@ def test_random_operations_match_a_model():
             for k in fired:
                 del model[k]
         assert len(t) == len(model)
+
+
+def test_pop_expired_and_next_check_leave_entries_that_are_not_due_alone():
+    t = Timers()
+    for i in range(1000):
+        t.schedule(("hb", i), 100 + i)  # armed at 100..1099
+    for i in range(1000):
+        t.schedule(("hb", i), 10_000 + i)  # every deadline extended lazily (the heartbeat case)
+    assert t.next_check() == 100 and t.next_deadline() == 10_000
+    t2 = Timers()
+    for i in range(1000):
+        t2.schedule(("hb", i), 100 + i)
+        t2.schedule(("hb", i), 10_000 + i)
+    assert t2.pop_expired(149) is None  # re-arms only the 50 entries armed at or before 149
+    assert t2.next_check() == 150
+    assert sorted(t2._armed.values())[:3] == [150, 151, 152] and max(t2._armed.values()) == 10_049
+    assert t2.expired(10_002) == [("hb", 0), ("hb", 1), ("hb", 2)]
+    assert t2.next_check() == 10_003 and len(t2) == 997
