@@ -17,8 +17,9 @@ Contract with the runtime
 * If writes fail, send ``result.failure_replies()`` instead of ``result.replies`` and call
   :meth:`GroupCoordinator.fail_shard` for the shard: it then answers COORDINATOR_NOT_AVAILABLE
   (retriable) until the process restarts and replays its log.
-* After ``handle``/``on_timers``, re-arm the shard timer at :meth:`GroupCoordinator.next_deadline`
-  and call :meth:`GroupCoordinator.on_timers` when it passes (``loop.call_at``).
+* After ``handle``/``on_timers``, re-arm the shard timer at :meth:`GroupCoordinator.next_check`
+  (never later than :meth:`GroupCoordinator.next_deadline`) and call
+  :meth:`GroupCoordinator.on_timers` when it passes (``loop.call_at``).
 * Start-up: ``replay`` every record of every shard, then ``loaded(now_ms)`` once (also with an
   empty data dir: it arms the offset-retention cycle and session timers of loaded members).
 """
@@ -82,6 +83,9 @@ API_NAMES = {OFFSET_COMMIT: "OffsetCommit", OFFSET_FETCH: "OffsetFetch", JOIN_GR
 
 _NONE = errors.NONE
 _NO_SHARDS: frozenset = frozenset()
+# Timer heap entries looked at per on_timers call (~5 ms of re-arming extended heartbeat deadlines
+# on the machine measured); more is left for the next loop turn, with I/O served in between.
+TIMER_STEPS_PER_CALL = 2000
 _REPLAY_PREFIXES_MAX = 100_000  # bounds the replay cache when there are very many (group, topic) pairs
 
 
@@ -384,20 +388,25 @@ class GroupCoordinator:
     # ---- timers and lifecycle ---------------------------------------------------------------------
 
     def on_timers(self, now_ms: int, wall_ms: int | None = None) -> Result:
-        """Fire every timer due at ``now_ms``: session expiry, join completion (incl. the initial
-        delay), pending-member and pending-sync expiry, offset retention."""
+        """Fire the timers due at ``now_ms``: session expiry, join completion (incl. the initial
+        delay), pending-member and pending-sync expiry, offset retention. At most
+        TIMER_STEPS_PER_CALL heap entries per call: while :meth:`next_check` is still <= now, more
+        is due and the caller calls again (the runtime on its next loop turn)."""
         out = Out()
         touched = set()
         wall = None
+        budget = TIMER_STEPS_PER_CALL
         for shard in self.shards:
             if shard.failed or self._closed:
                 continue
             d = shard.timers.next_check()
             if d is not None and d <= now_ms:
+                if budget <= 0:
+                    break  # the rest is still due: next_check() says so, the runtime calls again
                 if wall is None:
                     wall = self._wall(wall_ms)
                 touched.add(shard.shard_id)
-                shard.on_timers(now_ms, wall, out)
+                budget -= shard.on_timers(now_ms, wall, out, budget)
         return Result(out.writes, out.replies, frozenset(touched))
 
     def _timers_pushed(self) -> None:

@@ -986,13 +986,17 @@ class Shard:
     def next_deadline(self) -> int | None:
         return self.timers.next_deadline()
 
-    def on_timers(self, now: int, wall: int, out: Out) -> None:
+    def on_timers(self, now: int, wall: int, out: Out, budget: int | None = None) -> int:
+        """Fire the timers due at ``now``; -> heap entries looked at. With ``budget``, stops after
+        that many (most are extended heartbeat deadlines being re-armed): what is left is still
+        due, so the caller comes back on a later loop turn and I/O is served in between."""
         timers = self.timers
+        timers.steps = 0
         fired = 0
         while True:
-            key = timers.pop_expired(now)
+            key = timers.pop_expired(now, budget)
             if key is None:
-                return
+                return timers.steps
             fired += 1
             if fired > 1_000_000:  # pragma: no cover - a handler rescheduling itself at `now` forever
                 raise RuntimeError(f"shard {self.shard_id}: timer storm at {now}")

@@ -22,7 +22,7 @@ __all__ = ["Timers"]
 
 
 class Timers:
-    __slots__ = ("_deadline", "_armed", "_heap", "_seq", "on_push")
+    __slots__ = ("_deadline", "_armed", "_heap", "_seq", "on_push", "steps")
 
     def __init__(self) -> None:
         # Called whenever a heap entry is pushed, i.e. the earliest deadline may have moved
@@ -33,6 +33,9 @@ class Timers:
         self._armed: dict[Hashable, int] = {}  # key -> deadline of its live heap entry (<= true)
         self._heap: list[tuple[int, int, Hashable]] = []  # (deadline, seq, key)
         self._seq = 0  # tie-break: keys need not be orderable
+        # Heap entries looked at by pop_expired (re-armed, dropped as stale, or popped); a caller
+        # may reset it and stop when it is large, to hand the event loop back between chunks.
+        self.steps = 0
 
     def __len__(self) -> int:
         return len(self._deadline)
@@ -100,14 +103,18 @@ class Timers:
                 return out
             out.append(key)
 
-    def pop_expired(self, now: int) -> Hashable | None:
+    def pop_expired(self, now: int, limit: int | None = None) -> Hashable | None:
         """Remove and return the earliest key whose deadline is <= ``now`` (None if none): lets a
         caller fire timers one at a time while handlers schedule and cancel others. Only entries
         armed at or before ``now`` are looked at (re-armed or dropped), so the work of re-arming
-        extended deadlines is spread over time as their entries come due."""
+        extended deadlines is spread over time as their entries come due. With ``limit``, returns
+        None once :attr:`steps` reaches it (entries may still be due: ``next_check() <= now``)."""
         heap = self._heap
         armed = self._armed
         while heap and heap[0][0] <= now:
+            if limit is not None and self.steps >= limit:
+                return None
+            self.steps += 1
             when, _, key = heap[0]
             if armed.get(key) != when:  # stale: cancelled or superseded by an earlier push
                 heapq.heappop(heap)

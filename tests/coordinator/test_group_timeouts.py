@@ -247,3 +247,30 @@ def test_next_deadline_tracks_the_earliest_timer():
     h.advance(2_000)
     h.heartbeat("g", gen, mids[0])
     assert h.gc.next_deadline() == h.now + 5_000
+
+
+def test_timer_work_is_done_in_bounded_chunks_and_finishes_over_later_calls():
+    from coordinator.groups import TIMER_STEPS_PER_CALL
+    h = Harness(auto_timers=False)  # the harness's own firing settles deadlines eagerly
+    n = TIMER_STEPS_PER_CALL + 500
+    members = {}
+    for i in range(n):  # one member per group; session 10 s
+        gid = f"g{i}"
+        mid, t = h.join_dynamic(gid)
+        members[gid] = mid
+    h.fire()  # the joins complete (initial delay 0)
+    for gid, mid in members.items():
+        if h.state(gid) == "CompletingRebalance":
+            h.sync(gid, 1, mid, {mid: b"a"})
+    assert all(h.state(g) == "Stable" for g in members)
+    h.clock.advance(5_000)
+    for gid, mid in members.items():
+        assert h.heartbeat(gid, 1, mid).error_code == 0  # every deadline extended lazily
+    h.clock.advance(5_500)  # every armed entry is due, none has expired
+    first = h.gc.on_timers(h.now)
+    assert not first.writes and h.gc.next_check() <= h.now  # stopped with work left
+    while h.gc.next_check() <= h.now:
+        h.absorb(h.gc.on_timers(h.now))
+    assert all(h.state(g) == "Stable" for g in members)  # re-armed, nobody expired
+    h.advance(10_000)
+    assert all(h.state(g) == "Empty" for g in members)  # then the sessions do expire

@@ -140,3 +140,16 @@ def test_pop_expired_and_next_check_leave_entries_that_are_not_due_alone():
     assert sorted(t2._armed.values())[:3] == [150, 151, 152] and max(t2._armed.values()) == 10_049
     assert t2.expired(10_002) == [("hb", 0), ("hb", 1), ("hb", 2)]
     assert t2.next_check() == 10_003 and len(t2) == 997
+
+
+def test_a_budget_stops_pop_expired_with_work_still_due():
+    t = Timers()
+    for i in range(100):
+        t.schedule(("hb", i), 10)
+        t.schedule(("hb", i), 1000 + i)  # extended: each needs a re-arm when it comes due
+    t.steps = 0
+    assert t.pop_expired(20, limit=30) is None and t.steps == 30
+    assert t.next_check() == 10  # still due: the caller must come back
+    t.steps = 0
+    assert t.pop_expired(20, limit=1000) is None and t.steps == 70
+    assert t.next_check() == 1000
