@@ -282,6 +282,10 @@ def _kafka_python(bootstrap, g):
         heartbeat_interval_ms=300,
         enable_auto_commit=False,
         partition_assignment_strategy=[RangePartitionAssignor],
+        # kafka-python 3.0.12 as leader sometimes assigns before its metadata for the topic is in
+        # ("No partition metadata for topic t": nothing assigned); it notices and rejoins only at
+        # its next metadata refresh (5 minutes by default)
+        metadata_max_age_ms=1000,
     )
 
 
