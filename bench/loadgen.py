@@ -389,6 +389,26 @@ class Stats:
         self.join_done_at = None
         self.failure = None
 
+    def heartbeat_answered(self, window: tuple, sent: float, due: float, arrived: float, code: int,
+                           mem) -> None:
+        """Count one heartbeat answer: latency and lateness in the window, slow ones, errors."""
+        latency = (arrived - sent) * 1e6
+        if window[0] <= sent < window[1]:
+            self.hb_in_window += 1
+            if len(self.hb_latency_us) < self.max_samples:
+                self.hb_latency_us.append(latency)
+                self.hb_lateness_us.append((sent - due) * 1e6)
+            if latency > SLOW_US and len(self.slow_sent) < 100_000:
+                self.slow_sent.append(sent)
+        else:
+            self.hb_before_window += 1
+            if latency > self.hb_max_latency_before_window_us:
+                self.hb_max_latency_before_window_us = latency
+        if code:
+            self.error(self.errors, code)
+            mem.failed = True
+            self.members_failed += 1
+
     def error(self, table: dict, code: int) -> None:
         name = E.error_name(code) if hasattr(E, "error_name") else str(code)
         table[name] = table.get(name, 0) + 1
@@ -1208,7 +1228,7 @@ class _Schedule:
         decode = m.HeartbeatResponse.decode
         pack_into = struct.pack_into
         while True:
-            w_start, w_end = w.window
+            w_end = w.window[1]
             if not heap:
                 if w_end != float("inf"):
                     return
@@ -1243,22 +1263,8 @@ class _Schedule:
                 return
             code = decode(resp, version, pos).error_code
             st.hb_sent += 1
-            latency = (arrived - sent) * 1e6
-            if w_start <= sent < w_end:
-                st.hb_in_window += 1
-                if len(st.hb_latency_us) < st.max_samples:
-                    st.hb_latency_us.append(latency)
-                    st.hb_lateness_us.append((sent - due) * 1e6)
-                if latency > SLOW_US and len(st.slow_sent) < 100_000:
-                    st.slow_sent.append(sent)
-            else:
-                st.hb_before_window += 1
-                if latency > st.hb_max_latency_before_window_us:
-                    st.hb_max_latency_before_window_us = latency
+            st.heartbeat_answered(w.window, sent, due, arrived, code, mem)
             if code:
-                st.error(st.errors, code)
-                mem.failed = True
-                st.members_failed += 1
                 continue
             # like a real client: the next heartbeat is due one interval after this one was sent
             # (on time: due + interval; late: the schedule slips, missed beats are not made up)
@@ -1319,9 +1325,8 @@ class _PipeSchedule:
     def on_frames(self, data, spans, arrived):
         w = self.w
         st = w.stats
-        w_start, w_end = w.window
+        window = w.window
         fifo = self.fifo
-        lat_arr, late_arr, cap = st.hb_latency_us, st.hb_lateness_us, st.max_samples
         for s, e in spans:
             if not fifo:
                 self.conn.abort("a heartbeat answer without a request")
@@ -1335,23 +1340,8 @@ class _PipeSchedule:
             code = 0 if chunk == mem.hb_ok else self.full_decode(chunk, mem)
             if code is None:
                 return  # the connection is being dropped
-            sent = b[1]
-            latency = (arrived - sent) * 1e6
-            if w_start <= sent < w_end:
-                st.hb_in_window += 1
-                if len(lat_arr) < cap:
-                    lat_arr.append(latency)
-                    late_arr.append((sent - b[2]) * 1e6)
-                if latency > SLOW_US and len(st.slow_sent) < 100_000:
-                    st.slow_sent.append(sent)
-            else:
-                st.hb_before_window += 1
-                if latency > st.hb_max_latency_before_window_us:
-                    st.hb_max_latency_before_window_us = latency
+            st.heartbeat_answered(window, b[1], b[2], arrived, code, mem)
             if code:
-                st.error(st.errors, code)
-                mem.failed = True
-                st.members_failed += 1
                 b[5] += 1
             if i + 1 == len(members):
                 fifo.popleft()
