@@ -37,6 +37,7 @@ and report the largest count that met them all (``max_members_meeting_targets`` 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -45,6 +46,28 @@ from bench.loadgen import LoadGen
 
 TARGETS = {"errors": 0, "p99_ms": 20.0, "rss_mb": 1536.0}
 MAX_HB_CONNS = 10_000
+
+
+def _pin_tasks(pid: int, cpus: set) -> None:
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:  # a thread that just ended
+            pass
+
+
+def _pin(daemon_pid: int, load_pids: list[int]) -> dict | None:
+    """--pin: the daemon's threads on the first CPU, the load processes (and this one) on the rest,
+    so the load generator does not preempt the daemon (the way a load generator on another machine
+    would not). None when there is a single CPU."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    daemon, load = {cpus[0]}, set(cpus[1:])
+    _pin_tasks(daemon_pid, daemon)
+    for pid in load_pids + [os.getpid()]:
+        _pin_tasks(pid, load)
+    return {"daemon_cpus": sorted(daemon), "load_cpus": sorted(load)}
 
 
 def run_once(groups: int, args, hb_mode: str, label: str = "") -> dict:
@@ -85,6 +108,7 @@ def run_once(groups: int, args, hb_mode: str, label: str = "") -> dict:
             ) as lg,
         ):
             out["load_params"] = lg.params()
+            out["pinning"] = _pin(herd.pid, [c.pid for c in lg.children]) if args.pin else None
             cpu0 = U.proc_cpu_seconds(herd.pid)
             t0 = time.perf_counter()
             out["join"] = lg.join()
@@ -208,6 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="measurement window, s (default 60; quick 20; --find-max steps 30)",
     )
     ap.add_argument("--procs", type=int, default=2, help="load processes (keep <= 2-3 on 2 cores)")
+    ap.add_argument("--pin", action="store_true",
+                    help="daemon on the first CPU, load processes on the others (no preemption of the "
+                         "daemon by its own load generator; recorded as 'pinning')")
     ap.add_argument(
         "--hb-conns",
         type=int,
