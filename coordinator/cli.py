@@ -119,6 +119,7 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     from coordinator.gcwatch import GcWatch
     from coordinator.groups import GroupCoordinator
     from coordinator.log import LogCorruptError, LogError, LogStore
+    from coordinator.looplag import LoopLag
     from coordinator.metrics import HttpEndpoint, Metrics, install_collectors
     from coordinator.runtime import Runtime
     from coordinator.server import Server
@@ -163,6 +164,8 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     metrics.replay_seconds, metrics.replay_records = stats["seconds"], stats["records"]
     log.info("replayed", records=stats["records"], seconds=stats["seconds"], groups=len(groups.list_groups()))
     runtime.start(loop)
+    lag = LoopLag().start(loop)
+    metrics.collectors.append(lag.metric_lines)
     await server.start()
     http = None
     if config.metrics_port is not None:
@@ -192,7 +195,8 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     await loop.run_in_executor(None, store.close)
     await asyncio.sleep(0.05)  # let the last durable replies go out
     server.close_all()
-    log.info("stopped")
+    lag.stop()
+    log.info("stopped", event_loop_lag=lag.summary())
     return 0
 
 

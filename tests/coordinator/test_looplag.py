@@ -1,0 +1,34 @@
+"""coordinator/looplag.py: the probe's histogram, quantiles and exposition."""
+from __future__ import annotations
+
+import asyncio
+
+from coordinator.looplag import BUCKETS, LoopLag
+
+
+def test_observations_land_in_buckets_and_quantiles_are_bucket_bounds():
+    lag = LoopLag()
+    assert lag.quantile(0.5) is None and lag.summary()["samples"] == 0
+    for v in [0.0005] * 98 + [0.03, 3.0]:
+        lag.observe(v)
+    assert lag.quantile(0.5) == 0.001 and lag.quantile(0.99) == 0.05 and lag.quantile(1.0) == 3.0
+    s = lag.summary()
+    assert s["samples"] == 100 and s["max_ms"] == 3000.0 and s["p50_le_ms"] == 1.0
+    lines = lag.metric_lines()
+    assert 'herd_event_loop_lag_seconds_bucket{le="0.001"} 98' in lines
+    assert 'herd_event_loop_lag_seconds_bucket{le="+Inf"} 100' in lines
+    assert "herd_event_loop_lag_max_seconds 3.0" in lines
+    assert len([ln for ln in lines if "_bucket" in ln]) == len(BUCKETS) + 1
+
+
+def test_the_probe_measures_a_blocked_loop_on_a_manual_clock():
+    now = [100.0]
+    loop = asyncio.new_event_loop()
+    try:
+        lag = LoopLag(interval=0.01, clock=lambda: now[0]).start(loop)
+        now[0] += 0.01 + 0.2  # the loop was busy 200 ms past the probe's due time
+        loop.run_until_complete(asyncio.sleep(0.03))
+        lag.stop()
+    finally:
+        loop.close()
+    assert abs(lag.max - 0.2) < 1e-9 and sum(lag.counts) >= 1
