@@ -1,8 +1,6 @@
 """coordinator/looplag.py: the probe's histogram, quantiles and exposition."""
 from __future__ import annotations
 
-import asyncio
-
 from coordinator.looplag import BUCKETS, LoopLag
 
 
@@ -21,14 +19,31 @@ def test_observations_land_in_buckets_and_quantiles_are_bucket_bounds():
     assert len([ln for ln in lines if "_bucket" in ln]) == len(BUCKETS) + 1
 
 
+class ManualLoop:
+    """call_later records the callback; the test runs it (no real time passes)."""
+
+    def __init__(self):
+        self.pending = []
+
+    def call_later(self, delay, fn):
+        self.pending.append((delay, fn))
+        return self
+
+    def cancel(self):
+        self.pending.clear()
+
+
 def test_the_probe_measures_a_blocked_loop_on_a_manual_clock():
     now = [100.0]
-    loop = asyncio.new_event_loop()
-    try:
-        lag = LoopLag(interval=0.01, clock=lambda: now[0]).start(loop)
-        now[0] += 0.01 + 0.2  # the loop was busy 200 ms past the probe's due time
-        loop.run_until_complete(asyncio.sleep(0.03))
-        lag.stop()
-    finally:
-        loop.close()
-    assert abs(lag.max - 0.2) < 1e-9 and sum(lag.counts) >= 1
+    loop = ManualLoop()
+    lag = LoopLag(interval=0.01, clock=lambda: now[0]).start(loop)
+    (delay, tick), = loop.pending
+    assert delay == 0.01
+    loop.pending.clear()
+    now[0] += 0.01  # on time
+    tick()
+    now[0] += 0.01 + 0.2  # the loop was busy 200 ms past the probe's due time
+    loop.pending.pop()[1]()
+    assert sum(lag.counts) == 2 and lag.counts[0] == 1 and abs(lag.max - 0.2) < 1e-9
+    lag.stop()
+    assert loop.pending == []

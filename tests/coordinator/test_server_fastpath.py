@@ -38,11 +38,13 @@ class FakeTransport:
         self.high_water = high_water
         self.unsent = 0
         self.write_paused = False
+        self.written = asyncio.Event()  # set on every write: tests wait on it, not on a timer
 
     def write(self, data) -> None:
         assert not self.aborted
         self.writes += 1
         self.data += data
+        self.written.set()
         if self.high_water is not None:
             self.unsent += len(data)
             if self.unsent > self.high_water and not self.write_paused:
@@ -129,7 +131,7 @@ class Edge:
     async def call(self, request, version: int):
         conn, tr = self.connect()
         conn.data_received(frame(request, version, 1))
-        await until(lambda: tr.data)
+        await until(lambda: tr.data, tr)
         (body,) = answers(tr.data)
         return decode(body, request.API_KEY, version)[1]
 
@@ -146,12 +148,12 @@ class Edge:
         return m.HeartbeatRequest(group_id=group_id, generation_id=j.generation_id, member_id=j.member_id)
 
 
-async def until(cond, turns: int = 5000):
-    for _ in range(turns):
-        if cond():
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError("condition not met")
+async def until(cond, tr: FakeTransport, bound_s: float = 30.0):
+    """Wait until ``cond()`` holds, waking on each write to ``tr`` (the answers released by the log
+    writer arrive through the loop); ``bound_s`` only bounds a hung test."""
+    while not cond():
+        tr.written.clear()
+        await asyncio.wait_for(tr.written.wait(), bound_s)
 
 
 async def turns(n: int = 5):
@@ -224,7 +226,7 @@ def test_a_parked_request_holds_the_requests_pipelined_after_it(tmp_path):
             conn.data_received(frame(hb, HB, 1) + frame(join, 3, 2) + frame(hb, HB, 3) + frame(hb, HB, 4))
             assert len(answers(tr.data)) == 1  # the join waits for its record to be written
             assert conn.inflight is not None and len(conn.queue) == 2
-            await until(lambda: len(answers(tr.data)) == 4)
+            await until(lambda: len(answers(tr.data)) == 4, tr)
             bodies = answers(tr.data)
             assert decode(bodies[1], 11, 3)[0] == 2 and decode(bodies[1], 11, 3)[1].error_code == E.NONE
             assert [decode(b, 12, HB)[0] for b in bodies] == [1, 2, 3, 4]
