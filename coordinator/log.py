@@ -72,18 +72,23 @@ Invariant: a crash at any point never loses an entry reported durable (``fsync="
 and never leaves a later entry of a shard visible while an earlier one is lost; open keeps a
 prefix of what was written.
 
-Writing: one thread, group commit
----------------------------------
-Nothing on the event loop touches the disk. :meth:`LogStore.submit` stages entries for a shard and
-returns that shard's next sequence number; :meth:`LogStore.flush` hands everything staged to the
-writer in one go (the runtime flushes once per loop iteration). ONE writer thread for all shards
-takes everything queued, writes each shard's pending entries in one ``pwrite``, fdatasyncs every
-touched file once (``fsync="always"``; several files in parallel on a small pool: the disk takes
-concurrent flushes), then calls the listener (:meth:`LogStore.set_listener`) once with
-``(shard, last sequence number, error or None)`` per shard. Because each shard's writes are made
-durable in sequence order, one number per shard says what is durable. ``fsync="never"`` reports
-them once written to the OS. :meth:`LogStore.append` (a ``concurrent.futures.Future`` per call)
-is the same path for tools and tests, ordered behind everything submitted before it.
+Writing: on the loop, group commit, fsyncs off the loop
+-------------------------------------------------------
+:meth:`LogStore.submit` stages entries for a shard and returns that shard's next sequence number;
+:meth:`LogStore.flush` (the runtime calls it once per loop iteration) writes everything staged on
+the calling thread: each shard's pending entries in one ``pwrite`` (a page-cache copy of a few KB;
+handing it to a thread cost more than doing it: each cross-thread wake-up is 40-200 µs of a VM's
+CPU). Under ``fsync="never"`` the writes are settled there and then (flush returns them). Under
+``fsync="always"`` the touched files are fdatasync'd on a small pool, never on the loop: up to
+``SYNC_JOBS`` batches sync at once (the disk takes concurrent flushes), a batch written while every
+slot is busy joins the next job (group commit), and jobs are settled in the order they were made,
+so the listener (:meth:`LogStore.set_listener`) hears ``(shard, last sequence number, error or
+None)`` in each shard's sequence order and a failed fsync is never papered over by a later one.
+Because each shard's writes become durable in sequence order, one number per shard says what is
+durable. A write lock orders the writes; while the writer thread holds it (a compaction swap, an
+:meth:`LogStore.append` from a tool or test: a ``concurrent.futures.Future`` per call, ordered
+behind everything submitted before it) the loop leaves its staged writes to that thread instead of
+waiting.
 
 Under ``fsync="always"`` each file is kept preallocated: zeros are written and made durable ahead of
 the last entry (a quarter of the file, 64 KiB to 1 MiB at a time), so the fdatasync of a batch
@@ -127,6 +132,7 @@ the figure; ``open(latest_only=True)`` lets the caller decode each key once.
 """
 from __future__ import annotations
 
+import collections
 import gc
 import json
 import os
@@ -214,6 +220,7 @@ MiB = 1024 * 1024
 PREALLOC_MIN = 64 * 1024  # zeros written ahead of a shard's end: a quarter of its size, within these
 PREALLOC_MAX = 1 * MiB
 SYNC_THREADS = 8
+SYNC_JOBS = 4  # batches whose fdatasyncs may run at once (a batch written while another syncs)
 _fdatasync = getattr(os, "fdatasync", os.fsync)  # the size is covered: fdatasync flushes it when it changed
 
 
@@ -591,7 +598,17 @@ class _Shard:
         self.no_auto_below = 0  # after a failed compaction, wait for more growth
 
 
-_APPEND, _COMPACT, _SWAP, _SWAP_FAILED, _CHECK_ALL, _STOP = range(6)
+_FLUSH, _COMPACT, _SWAP, _SWAP_FAILED, _CHECK_ALL, _STOP = range(6)
+
+
+class _SyncJob:
+    """One batch's fdatasyncs, run on the sync pool; settled in the order jobs were made."""
+
+    __slots__ = ("items", "errors")
+
+    def __init__(self, items):
+        self.items = items  # [(shard, slot, size after the write)]
+        self.errors: list | None = None  # once synced, per item: the exception, or None (durable)
 
 
 class LogStore:
@@ -599,7 +616,7 @@ class LogStore:
 
     def __init__(self, data_dir, num_shards: int = 50, fsync: str = "always", *, repair: bool = False,
                  compact_threshold_bytes: int = 64 * MiB, compact_dead_ratio: float = 0.5,
-                 auto_compact: bool = True):
+                 auto_compact: bool = True, sync_jobs: int = SYNC_JOBS):
         if fsync not in ("always", "never"):
             raise ValueError(f"fsync must be 'always' or 'never', got {fsync!r}")
         if not 1 <= num_shards <= 0xFFFF:
@@ -615,6 +632,16 @@ class LogStore:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
+        # Held while writing (flush on the loop, the writer thread's work): orders the writes and
+        # guards the writer-side shard state. ``_synced_lock`` pairs a shard's size with ``synced``.
+        self._wlock = threading.Lock()
+        self._synced_lock = threading.Lock()
+        self._settle_lock = threading.Condition(threading.Lock())
+        self._running: collections.deque = collections.deque()  # _SyncJobs not settled, oldest first
+        self._sync_jobs = max(1, sync_jobs)  # at most this many _SyncJobs syncing at once
+        self._active = 0  # _SyncJobs on the pool
+        self._unsynced: list = []  # written while all sync slots were busy: the next job's items
+        self._job_pool: ThreadPoolExecutor | None = None
         self._staged: list = []  # (shard, entries, seq, future | None) not yet handed to the writer
         self._seqs = [0] * num_shards  # last sequence number given out per shard
         self._listener = None
@@ -661,6 +688,8 @@ class LogStore:
         self._writer = threading.Thread(target=self._writer_main, name="herd-log-writer", daemon=True)
         self._compactor = threading.Thread(target=self._compactor_main, name="herd-log-compactor",
                                            daemon=True)
+        if self.fsync == "always":
+            self._job_pool = ThreadPoolExecutor(max_workers=self._sync_jobs, thread_name_prefix="herd-log-fsync")
         with self._lock:
             self._state = "open"
         self._writer.start()
@@ -817,38 +846,44 @@ class LogStore:
                 fut.set_exception(ShardFailedError(shard_id, st.failed))
                 return fut
             seq = self._seqs[shard_id] = self._seqs[shard_id] + 1
-            staged, self._staged = self._staged, []  # keep each shard's writes in submission order
-            staged.append((shard_id, entries, seq, fut))
-            self._queue.put((_APPEND, staged))
+            self._staged.append((shard_id, entries, seq, fut))  # behind everything staged before it
+            self._queue.put((_FLUSH,))
         return fut
 
     def submit(self, shard_id: int, entries: list[Entry]) -> int:
         """The event loop's fast path: stage ``entries`` (a list of (bytes, bytes | None) built by
         herd itself, not checked) for ``shard_id`` and return the shard's sequence number of this
-        write. Nothing reaches the writer until :meth:`flush`, so one loop iteration's writes wake
-        the writer once. The listener (:meth:`set_listener`) learns when each shard's writes up to a
-        sequence number are durable, or failed."""
+        write. Nothing is written until :meth:`flush` (the runtime flushes once per loop
+        iteration)."""
         with self._lock:
             self._check_writable(shard_id)
             seq = self._seqs[shard_id] = self._seqs[shard_id] + 1
             self._staged.append((shard_id, entries, seq, None))
         return seq
 
-    def flush(self) -> None:
-        """Hand everything :meth:`submit` staged to the writer."""
-        with self._lock:
-            if not self._staged:
-                return
-            staged, self._staged = self._staged, []
-            if self._state in ("open", "closing"):
-                self._queue.put((_APPEND, staged))
-                return
-        self._report([(shard_id, seq, LogClosedError("log store closed")) for shard_id, _e, seq, _f in staged])
+    def flush(self) -> list:
+        """Write everything staged, on the calling thread (the event loop: a page-cache write of a
+        few KB), and return what is settled now: a list of ``(shard_id, seq, exc)`` (see
+        :meth:`set_listener`). Under ``fsync="never"`` that is everything (written to the OS);
+        under ``"always"`` the fdatasyncs run on the sync pool and their results reach the
+        listener: the caller never waits for the disk. If the writer thread holds the files (a
+        compaction swap, an :meth:`append`), the staged writes are left to it, in order, and
+        reported to the listener: the loop never waits for a compaction either."""
+        if not self._staged:
+            return []
+        if not self._wlock.acquire(blocking=False):
+            self._queue.put((_FLUSH,))
+            return []
+        try:
+            return self._flush_staged()
+        finally:
+            self._wlock.release()
 
     def set_listener(self, listener) -> None:
-        """``listener(results)`` is called in the writer thread once per batch with a list of
-        ``(shard_id, seq, exc)``: every write of that shard up to ``seq`` is durable (``exc`` None)
-        or failed with ``exc``. It must be quick and thread-safe (e.g. hand over to the loop)."""
+        """``listener(results)`` is called in a log thread (a sync or the writer thread) for what
+        :meth:`flush` did not return: a list of ``(shard_id, seq, exc)``, every write of that shard
+        up to ``seq`` is durable (``exc`` None) or failed with ``exc``. It must be quick and
+        thread-safe (e.g. hand over to the loop)."""
         self._listener = listener
 
     def _check_writable(self, shard_id: int) -> None:
@@ -888,15 +923,19 @@ class LogStore:
                 self._state = "closed"
                 return
             self._state = "closing"
-            if self._staged:  # submitted but not flushed: written like everything else queued
-                staged, self._staged = self._staged, []
-                self._queue.put((_APPEND, staged))
+            self._queue.put((_FLUSH,))  # submitted but not flushed: written like everything else
         self._jobs.put(None)
         self._compactor.join()
         self._queue.put((_STOP,))
         self._writer.join()
         if self._sync_pool is not None:
             self._sync_pool.shutdown()
+        with self._wlock, self._lock:  # a flush() that raced with close() left nothing behind
+            left, self._staged = self._staged, []
+        self._report([(shard_id, seq, LogClosedError("log store closed")) for shard_id, _e, seq, _f in left])
+        for _shard, _e, _seq, fut in left:
+            if fut is not None:
+                _fail(fut, LogClosedError("log store closed"))
         # The writer may have asked for a compaction after the compactor had stopped.
         while True:
             try:
@@ -947,14 +986,15 @@ class LogStore:
                 except queue.Empty:
                     break
             try:
-                stop = self._process(batch)
-            except BaseException as exc:  # our bug: never leave a write unanswered
+                with self._wlock:
+                    stop = self._process(batch)
+            except BaseException as exc:  # our bug: never leave a request unanswered
                 log.exception("log.writer_error")
                 for item in batch:
-                    if item[0] == _APPEND:
-                        for shard_id, _e, _s, _f in item[1]:
-                            self._fail_shard(self._shards[shard_id], exc)
                     self._discard(item, exc)
+        if self._job_pool is not None:
+            self._sync_barrier()
+            self._job_pool.shutdown()
         for st in self._shards:
             if st.fd >= 0:
                 if st.allocated > st.size and st.failed is None:
@@ -971,12 +1011,7 @@ class LogStore:
 
     def _discard(self, item, exc: BaseException) -> None:
         kind = item[0]
-        if kind == _APPEND:
-            for _shard, _e, _seq, fut in item[1]:
-                if fut is not None:
-                    _fail(fut, exc)
-            self._report([(shard_id, seq, exc) for shard_id, _e, seq, _f in item[1]])
-        elif kind == _COMPACT:
+        if kind == _COMPACT:
             _fail(item[2], exc)
         elif kind == _SWAP:
             st = self._shards[item[1]]
@@ -987,72 +1022,20 @@ class LogStore:
             self._compaction_over(self._shards[item[1]], exc)
 
     def _process(self, batch) -> bool:
-        # shard -> [entries, last seq, futures]; one pwrite and one fsync per shard per batch
-        pending: dict[int, list] = {}
-        controls = []
-        for item in batch:
-            if item[0] == _APPEND:
-                for shard_id, entries, seq, fut in item[1]:
-                    slot = pending.get(shard_id)
-                    if slot is None:
-                        pending[shard_id] = slot = [[], seq, []]
-                    slot[0] += entries
-                    slot[1] = seq
-                    if fut is not None:
-                        slot[2].append(fut)
-            else:
-                controls.append(item)
-        results = []  # (shard, seq, exc) for the listener
-        failed = []  # (futures, exc)
-        written: list[tuple[_Shard, list]] = []  # (shard, slot)
-        for shard_id, slot in pending.items():
-            st = self._shards[shard_id]
-            if st.failed is not None:
-                exc = ShardFailedError(shard_id, st.failed)
-                results.append((shard_id, slot[1], exc))
-                failed.append((slot[2], exc))
-                continue
-            entries = slot[0]
-            data = encode_entries(entries, PREFIX_DURABLE if st.synced else 0)
-            try:
-                self._write(st, data)
-            except OSError as exc:
-                self._fail_shard(st, exc, "write")
-                results.append((shard_id, slot[1], exc))
-                failed.append((slot[2], exc))
-                continue
-            st.size += len(data)
-            st.entries += len(entries)
-            st.synced = False
-            st.batches += 1
-            self._account(st, entries)
-            written.append((st, slot))
-        if self.fsync == "always" and written:
-            errors = self._sync([st for st, _slot in written])
-            synced = []
-            for (st, slot), exc in zip(written, errors, strict=True):
-                if exc is not None:
-                    self._fail_shard(st, exc, "fsync")
-                    results.append((st.id, slot[1], exc))
-                    failed.append((slot[2], exc))
-                else:
-                    synced.append((st, slot))
-            written = synced
-        for st, slot in written:
-            results.append((st.id, slot[1], None))
-        self._report(results)
-        for _st, slot in written:
-            for f in slot[2]:
-                f.set_result(None)
-        for futures, exc in failed:
-            for f in futures:
-                _fail(f, exc)
+        """The writer thread's work, under the write lock: staged writes (an append(), a flush the
+        loop left to it, close), compaction requests and swaps."""
         stop = False
-        for item in controls:
+        flushed = False
+        for item in batch:
             kind = item[0]
-            if kind == _COMPACT:
+            if kind == _FLUSH:
+                if not flushed:  # one flush takes everything staged so far
+                    flushed = True
+                    self._report(self._flush_staged())
+            elif kind == _COMPACT:
                 self._request_compaction(self._shards[item[1]], item[2])
             elif kind == _SWAP:
+                self._sync_barrier()  # no fdatasync of the old file may still run
                 self._swap(*item[1:])
             elif kind == _SWAP_FAILED:
                 self._compaction_over(self._shards[item[1]], item[2])
@@ -1061,10 +1044,177 @@ class LogStore:
                     self._maybe_compact(st)
             elif kind == _STOP:
                 stop = True
-        if self.auto_compact and not stop:
-            for st, _slot in written:
-                self._maybe_compact(st)
         return stop
+
+    def _flush_staged(self) -> list:
+        """Write everything staged (the caller holds the write lock): one pwrite per shard; under
+        fsync="always" the touched files are then fdatasync'd on the sync pool. -> the results
+        settled now (under "never": all of them); the rest reach the listener."""
+        with self._lock:
+            staged, self._staged = self._staged, []
+        if not staged:
+            return []
+        # shard -> [entries, last seq, futures]
+        pending: dict[int, list] = {}
+        for shard_id, entries, seq, fut in staged:
+            slot = pending.get(shard_id)
+            if slot is None:
+                pending[shard_id] = slot = [entries if fut is None else list(entries), seq, []]
+            else:
+                slot[0] += entries
+                slot[1] = seq
+            if fut is not None:
+                slot[2].append(fut)
+        results = []  # (shard, seq, exc)
+        written: list[tuple[_Shard, list, int]] = []  # (shard, slot, size after the write)
+        try:
+            for shard_id, slot in pending.items():
+                st = self._shards[shard_id]
+                if st.failed is not None:
+                    self._settle(results, st, slot, ShardFailedError(shard_id, st.failed))
+                    continue
+                entries = slot[0]
+                data = encode_entries(entries, PREFIX_DURABLE if st.synced else 0)
+                try:
+                    self._write(st, data)
+                except OSError as exc:
+                    self._fail_shard(st, exc, "write")
+                    self._settle(results, st, slot, exc)
+                    continue
+                with self._synced_lock:
+                    st.size += len(data)
+                    st.synced = False
+                st.entries += len(entries)
+                st.batches += 1
+                self._account(st, entries)
+                written.append((st, slot, st.size))
+        except BaseException as exc:  # our bug: fail what is left rather than lose it silently
+            log.exception("log.writer_error")
+            done = {sid for sid, _seq, _exc in results} | {st.id for st, _slot, _size in written}
+            for shard_id, slot in pending.items():
+                if shard_id not in done:
+                    st = self._shards[shard_id]
+                    self._fail_shard(st, exc)
+                    self._settle(results, st, slot, exc)
+        if written:
+            if self.fsync == "always":
+                self._start_sync(written)
+            else:
+                for st, slot, _size in written:
+                    self._settle(results, st, slot, None)
+            if self.auto_compact and self._state == "open":
+                for st, _slot, _size in written:
+                    self._maybe_compact(st)
+        return results
+
+    @staticmethod
+    def _settle(results: list, st: _Shard, slot: list, exc: BaseException | None) -> None:
+        results.append((st.id, slot[1], exc))
+        for f in slot[2]:
+            if exc is None:
+                f.set_result(None)
+            else:
+                _fail(f, exc)
+
+    # ---- sync thread -----------------------------------------------------------------------------
+
+    def _start_sync(self, written: list) -> None:
+        """Have the fdatasyncs of a batch just written run on the sync pool. Up to ``sync_jobs``
+        jobs sync at once (a batch written while the last one syncs need not wait: the disk takes
+        concurrent flushes); a batch written while every slot is busy joins the next job, which
+        starts as soon as one ends (group commit). Jobs are settled in the order they were made,
+        so the listener hears of each shard's writes in sequence order, and a shard whose fsync
+        failed is never reported durable by a later one."""
+        with self._settle_lock:
+            if self._active >= self._sync_jobs or self._unsynced:
+                self._unsynced += written
+                self._settle_lock.notify_all()
+                return
+            job = self._new_job(written)
+        self._job_pool.submit(self._run_sync, job)
+
+    def _new_job(self, items: list) -> _SyncJob:
+        """(The caller holds the settle lock.)"""
+        job = _SyncJob(items)
+        self._active += 1
+        self._running.append(job)
+        return job
+
+    def _run_sync(self, job: _SyncJob) -> None:
+        try:
+            errors = self._sync_files(job.items)
+        except BaseException as exc:  # our bug: never leave a write unanswered
+            log.exception("log.sync_error")
+            errors = [exc] * len(job.items)
+        nxt = None
+        with self._settle_lock:
+            job.errors = errors
+            self._active -= 1
+            if self._unsynced:
+                nxt = self._new_job(self._unsynced)
+                self._unsynced = []
+            results = self._settle_ready()
+            if results:
+                self._report(results)  # under the lock: the listener hears each shard in order
+            self._settle_lock.notify_all()
+        if nxt is not None:
+            self._job_pool.submit(self._run_sync, nxt)
+
+    def _settle_ready(self) -> list:
+        """Settle the oldest jobs that are done (the caller holds the settle lock). -> their
+        results, in job order."""
+        results = []
+        running = self._running
+        while running and running[0].errors is not None:
+            results += self._sync_results(running.popleft())
+        return results
+
+    def _sync_files(self, items: list) -> list:
+        """fdatasync each item's file once (a shard failed before is not synced again: a failed
+        fsync is never retried, not even by a later batch). -> per item the exception or None."""
+        if len(items) == 1:
+            st = items[0][0]
+            if st.failed is not None:
+                return [ShardFailedError(st.id, st.failed)]
+            return [self._sync_one(st)]
+        outcome: dict[int, BaseException | None] = {}
+        todo = []
+        for st, _slot, _size in items:
+            if st.id not in outcome:
+                outcome[st.id] = None
+                if st.failed is not None:
+                    outcome[st.id] = ShardFailedError(st.id, st.failed)
+                else:
+                    todo.append(st)
+        for st, exc in zip(todo, self._sync(todo), strict=True):
+            outcome[st.id] = exc
+        return [outcome[st.id] for st, _slot, _size in items]
+
+    def _sync_results(self, job: _SyncJob) -> list:
+        """Settle a job whose syncs are done: -> the (shard, seq, exc) results."""
+        results = []
+        for (st, slot, size), exc in zip(job.items, job.errors, strict=True):
+            if exc is None and st.failed is not None:
+                # an earlier job's fsync of this file failed (settled just before): a later fsync's
+                # success proves nothing about the pages that one lost
+                exc = ShardFailedError(st.id, st.failed)
+            if exc is not None:
+                if not isinstance(exc, ShardFailedError):
+                    self._fail_shard(st, exc, "fsync")
+                self._settle(results, st, slot, exc)
+                continue
+            with self._synced_lock:
+                if st.size == size:  # nothing written since: every byte in the file is durable
+                    st.synced = True
+            self._settle(results, st, slot, None)
+        return results
+
+    def _sync_barrier(self) -> None:
+        """Wait until every batch's fdatasyncs have ended and been settled (the caller holds the
+        write lock, so no new one can start)."""
+        with self._settle_lock:
+            while self._running or self._unsynced:
+                self._settle_lock.wait()
 
     def _write(self, st: _Shard, data: bytes) -> None:
         """Write ``data`` at the shard's end. Under fsync="always" the file is kept preallocated
@@ -1101,7 +1251,6 @@ class LogStore:
             return exc
         st.fsync_seconds += time.perf_counter() - t0
         st.fsyncs += 1
-        st.synced = True
         return None
 
     @staticmethod

@@ -199,12 +199,18 @@ class Runtime:
             self._waiting[shard_id].append((seq, waiter))
 
     def _flush(self) -> None:
+        """Write what this loop iteration staged. The store writes on this thread and returns what
+        is settled at once (everything under fsync=never; under always, what its fdatasync made
+        durable within the store's short wait), so the usual commit is answered without a thread
+        hand-off; the rest comes through :meth:`_on_durable`."""
         self._flush_scheduled = False
-        self.store.flush()
+        settled = self.store.flush()
+        if settled:
+            self._settle(settled)
 
     def _on_durable(self, results) -> None:
-        """The store's listener, called in the writer thread once per batch: queue the results and
-        wake the loop once (not once per write)."""
+        """The store's listener, called in a log thread for what flush() could not settle: queue the
+        results and wake the loop once (not once per write)."""
         self._completed.extend(results)
         if not self._drain_scheduled:
             self._drain_scheduled = True
@@ -215,14 +221,22 @@ class Runtime:
     def _drain(self) -> None:
         self._drain_scheduled = False
         completed = self._completed
-        durable, waiting = self._durable_seq, self._waiting
+        settle = self._settle_one
         while completed:
-            shard_id, seq, exc = completed.popleft()
-            if seq > durable[shard_id]:
-                durable[shard_id] = seq  # settled: durable, or failed (then the shard refuses work)
-            queue = waiting[shard_id]
-            while queue and queue[0][0] <= seq:
-                queue.popleft()[1].done(shard_id, exc)
+            settle(*completed.popleft())
+
+    def _settle(self, results) -> None:
+        settle = self._settle_one
+        for shard_id, seq, exc in results:
+            settle(shard_id, seq, exc)
+
+    def _settle_one(self, shard_id: int, seq: int, exc) -> None:
+        """Every write of ``shard_id`` up to ``seq`` is durable (or failed with ``exc``)."""
+        if seq > self._durable_seq[shard_id]:
+            self._durable_seq[shard_id] = seq  # settled: durable, or failed (then the shard refuses work)
+        queue = self._waiting[shard_id]
+        while queue and queue[0][0] <= seq:
+            queue.popleft()[1].done(shard_id, exc)
 
     def release(self, replies) -> None:
         for token, resp in replies:
