@@ -18,8 +18,14 @@ class FakeGc:
         self.callbacks = []
         self.calls = []
 
+    counts = 0  # get_freeze_count() calls: each is a walk of the frozen set in CPython
+
     def get_freeze_count(self):
+        self.counts += 1
         return self.frozen
+
+    def get_objects(self, generation):
+        return [None] * self.live if generation == 1 else []
 
     def freeze(self):
         self.calls.append("freeze")
@@ -100,3 +106,23 @@ def test_with_the_real_gc_new_garbage_is_collected_and_frozen_objects_stay_alive
     finally:
         w.uninstall()
         gc.unfreeze()
+
+
+def test_the_frozen_set_is_not_counted_after_every_collection_only_when_it_may_have_doubled():
+    g = FakeGc(frozen=1000)
+    scheduled = []
+    w = GcWatch(min_growth=100, schedule=scheduled.append, gc_module=g).install()
+    counted = g.counts  # the baseline at start
+    for _ in range(50):
+        g.live = 10
+        g.collection(0)
+    assert g.counts == counted and w.frozen == 1500 and g.frozen == 1500  # no walk per collection
+    g.frozen -= 400  # frozen objects died (reference counting): the estimate does not know
+    g.live = 700  # estimate 2,200 > 2 * 1,000 + 100: count exactly once; 1,800 is no doubling
+    g.collection(0)
+    assert g.counts == counted + 1 and w.recounts == 1 and w.frozen == 1800 and scheduled == []
+    g.live = 400  # now really 2,200
+    g.collection(0)
+    assert g.counts == counted + 2 and scheduled == [w.walk_all]
+    assert "herd_gc_frozen_objects 2200" in "\n".join(w.metric_lines())
+    w.uninstall()
