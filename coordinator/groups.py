@@ -238,13 +238,16 @@ class GroupCoordinator:
             raise ValueError(f"{API_NAMES[api_key]} v{api_version} is not supported ({lo}-{hi})")
         return fn(api_version, request, now_ms, token, client_id, client_host, wall_ms)
 
-    def heartbeat(self, version: int, req, now_ms: int) -> HeartbeatResponse:
-        """The hot path: a heartbeat writes nothing and depends on nothing durable, so the
-        runtime answers it directly (no Result)."""
+    def heartbeat_code(self, version: int, req, now_ms: int) -> int:
+        """The hot path: a heartbeat writes nothing and depends on nothing durable, so it is
+        answered at once, and its answer is just an error code."""
         shard = self.shards[_shard_for(req.group_id, self._n)]
         if shard.failed or self._closed:
-            return HeartbeatResponse(error_code=self._unavailable(shard))
+            return self._unavailable(shard)
         return shard.heartbeat(req, version, now_ms)
+
+    def heartbeat(self, version: int, req, now_ms: int) -> HeartbeatResponse:
+        return HeartbeatResponse(error_code=self.heartbeat_code(version, req, now_ms))
 
     def _heartbeat(self, version, req, now, token, client_id, client_host, wall_ms) -> Result:
         return Result([], [(token, self.heartbeat(version, req, now))], _NO_SHARDS)

@@ -126,9 +126,8 @@ class Runtime:
         if self._closing:
             token.reply(error_response(api_key, version, request, E.NOT_COORDINATOR))
             return
-        if api_key == 12:  # Heartbeat: writes nothing, waits for nothing
-            token.reply(self.groups.heartbeat(version, request, self.now_ms()))
-            self.arm()
+        if api_key == 12:
+            token.reply(m.HeartbeatResponse(error_code=self.heartbeat(version, request)))
             return
         if api_key in GROUP_APIS:
             self.apply(self.groups.handle(api_key, version, request, self.now_ms(), token, client_id, client_host))
@@ -156,6 +155,15 @@ class Runtime:
             token.reply(cat.describe_cluster(request, version))
         else:  # pragma: no cover - the server only dispatches supported APIs
             raise AssertionError(f"no handler for api key {api_key}")
+
+    def heartbeat(self, version: int, request) -> int:
+        """A Heartbeat writes nothing and waits for nothing: -> its error code, now (the edge
+        answers it in place with cached bytes)."""
+        if self._closing:
+            return E.NOT_COORDINATOR
+        code = self.groups.heartbeat_code(version, request, self.now_ms())
+        self.arm()
+        return code
 
     # ---- writes and replies --------------------------------------------------------------------
 

@@ -39,7 +39,19 @@ _HEADER_TAIL = {key: tuple(b"\x00" if response_header_version(key, v) else b"" f
                 for key, (_, hi) in SUPPORTED.items()}
 
 _HeartbeatResponse = m.HeartbeatResponse
+_HeartbeatRequest = m.HeartbeatRequest
 _heartbeat_bodies: dict[tuple[int, int], bytes] = {}  # (version, error code) -> encoded body
+_heartbeat_tails: dict[tuple[int, int], bytes] = {}  # (version, code) -> header tail + body
+HEARTBEAT = 12
+
+
+def _heartbeat_tail(version: int, code: int) -> bytes:
+    """What follows the correlation id in a plain HeartbeatResponse of this version and code."""
+    tail = _heartbeat_tails.get((version, code))
+    if tail is None:
+        tail = _heartbeat_tails[(version, code)] = (
+            _HEADER_TAIL[HEARTBEAT][version] + _HeartbeatResponse(error_code=code).encode(version))
+    return tail
 
 
 def _encode_body(out: bytearray, response, version: int) -> None:
@@ -235,6 +247,9 @@ class Connection(asyncio.Protocol):
                         api=API_NAMES.get(api_key))
             self.close()
             return
+        if api_key == HEARTBEAT:
+            self.heartbeat(version, correlation_id, client_id, frame, pos)
+            return
         if api_key == produce.API_KEY:
             self.produce(version, correlation_id, client_id, frame, pos)
             return
@@ -251,6 +266,31 @@ class Connection(asyncio.Protocol):
             log.exception("error handling request", peer=self.peer, client_id=client_id,
                           api=cls.NAME, api_version=version)
             self.close()
+
+    def heartbeat(self, version: int, correlation_id: int, client_id: str | None, frame: bytes, pos: int) -> None:
+        """The most frequent request, answered in place (it writes nothing and waits for nothing):
+        no Reply token, no response object, the answer's bytes cached per (version, error code).
+        Called while processing, so the answer joins ``out`` in request order."""
+        started = _now()
+        try:
+            request = _HeartbeatRequest.decode_from(frame, pos, version)[0]
+        except ProtocolError as exc:
+            self.fail(f"malformed Heartbeat v{version}", exc, client_id=client_id)
+            return
+        try:
+            code = self.runtime.heartbeat(version, request)
+        except Exception:  # our bug: log it with context, drop this connection, keep serving
+            log.exception("error handling request", peer=self.peer, client_id=client_id, api="Heartbeat",
+                          api_version=version)
+            self.close()
+            return
+        tail = _heartbeat_tails.get((version, code)) or _heartbeat_tail(version, code)
+        out = self.out
+        out += _FRAME_HEAD.pack(len(tail) + 4, correlation_id)
+        out += tail
+        metrics = self.server.metrics
+        if metrics is not None:
+            metrics.request_stats.observe(HEARTBEAT, _now() - started)
 
     def produce(self, version: int, correlation_id: int, client_id: str | None, frame: bytes, pos: int) -> None:
         """herd stores no records: every partition gets INVALID_REQUEST (acks=0: no answer)."""

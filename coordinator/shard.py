@@ -45,7 +45,6 @@ from protocol.messages import (
     DescribeGroupsResponseDescribedGroupMember,
     GroupMetadataValue,
     GroupMetadataValueMemberMetadata,
-    HeartbeatResponse,
     JoinGroupResponse,
     JoinGroupResponseMember,
     LeaveGroupRequestMemberIdentity,
@@ -694,27 +693,28 @@ class Shard:
 
     # ==== Heartbeat (hot path) ===================================================================
 
-    def heartbeat(self, req, version: int, now: int) -> HeartbeatResponse:
+    def heartbeat(self, req, version: int, now: int) -> int:
+        """-> the Heartbeat's error code (the whole answer: the edge sends cached bytes for it)."""
         if not req.group_id:
-            return HeartbeatResponse(error_code=errors.INVALID_GROUP_ID)
+            return errors.INVALID_GROUP_ID
         group = self.groups.get(req.group_id)
         if group is None:
-            return HeartbeatResponse(error_code=errors.UNKNOWN_MEMBER_ID)
+            return errors.UNKNOWN_MEMBER_ID
         member = group.members.get(req.member_id)
         iid = req.group_instance_id
         if iid is not None or member is None:
             err = group.validate_member(req.member_id, iid)
             if err != _NONE:
-                return HeartbeatResponse(error_code=err)
+                return err
         if req.generation_id != group.generation:
-            return HeartbeatResponse(error_code=errors.ILLEGAL_GENERATION)
+            return errors.ILLEGAL_GENERATION
         state = group.state
         if state == EMPTY:
-            return HeartbeatResponse(error_code=errors.UNKNOWN_MEMBER_ID)
+            return errors.UNKNOWN_MEMBER_ID
         self.timers.schedule(member.hb_key, now + member.session_timeout_ms)
         if state == PREPARING_REBALANCE:
-            return HeartbeatResponse(error_code=errors.REBALANCE_IN_PROGRESS)
-        return HeartbeatResponse(error_code=_NONE)
+            return errors.REBALANCE_IN_PROGRESS
+        return _NONE
 
     # ==== LeaveGroup =============================================================================
 

@@ -346,3 +346,37 @@ def test_request_stats_render_exactly_as_the_counter_and_histogram_did():
     assert stats.counter().render() + stats.histogram().render() == _render_old(observations)
     empty = RequestStats(API_NAMES)
     assert empty.counter().render() + empty.histogram().render() == _render_old([])
+
+
+def test_heartbeats_of_every_version_are_answered_in_place_with_the_codecs_bytes(tmp_path):
+    from protocol.headers import response_header_version
+
+    def expected(cid: int, version: int, code: int) -> bytes:
+        head = struct.pack(">i", cid) + (b"\x00" if response_header_version(12, version) else b"")
+        return head + m.HeartbeatResponse(error_code=code).encode(version)
+
+    async def main():
+        async with Edge(tmp_path) as edge:
+            good = await edge.member("g")
+            stale = m.HeartbeatRequest(group_id="g", generation_id=good.generation_id + 7, member_id=good.member_id)
+            nobody = m.HeartbeatRequest(group_id="nobody", generation_id=1, member_id="x")
+            conn, tr = edge.connect()
+            sent, want = [], []
+            cid = 0
+            for version in range(m.HeartbeatRequest.MIN_VERSION, m.HeartbeatRequest.MAX_VERSION + 1):
+                for req, code in ((good, E.NONE), (stale, E.ILLEGAL_GENERATION), (nobody, E.UNKNOWN_MEMBER_ID)):
+                    cid += 1
+                    sent.append(frame(req, version, cid))
+                    want.append(expected(cid, version, code))
+            conn.data_received(b"".join(sent[:20]))
+            conn.data_received(b"".join(sent[20:]))
+            await until(lambda: len(answers(tr.data)) == len(want), tr)
+            assert answers(tr.data) == want
+            assert not tr.aborted and conn.inflight is None
+            # the generic path (a Reply token through Runtime.dispatch) answers the same
+            assert (await edge.call(good, HB)).error_code == E.NONE
+            edge.runtime._closing = True  # shutting down: NOT_COORDINATOR, as for every request
+            assert edge.runtime.heartbeat(HB, good) == E.NOT_COORDINATOR
+            edge.runtime._closing = False
+
+    run(main())
