@@ -1,8 +1,8 @@
 """Runs the pure cores on the event loop.
 
-Feeds requests and timer ticks to the group coordinator and the topic catalog, hands the records
-they produce to the log writer, and releases replies only once the records they depend on are
-durable:
+Feeds requests and timer ticks to the group coordinator and the topic catalog, stages the records
+they produce in the log (written once per loop turn by ``_flush``; under ``fsync=always`` made
+durable off the loop), and releases replies only once the records they depend on are durable:
 
 * A result with writes: its replies leave when all of its writes are on disk (fsync'd under
   ``fsync=always``). The log writes each shard's entries in order, so this also orders replies
