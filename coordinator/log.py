@@ -640,7 +640,8 @@ class LogStore:
         self._running: collections.deque = collections.deque()  # _SyncJobs not settled, oldest first
         self._sync_jobs = max(1, sync_jobs)  # at most this many _SyncJobs syncing at once
         self._active = 0  # _SyncJobs on the pool
-        self._unsynced: list = []  # written while all sync slots were busy: the next job's items
+        self._unsynced: list = []  # written while its shard synced or all slots were busy
+        self._syncing: set[int] = set()  # shards with a job syncing (one fdatasync per file at a time)
         # The fsync threads take jobs from this queue (a SimpleQueue and plain threads: the
         # ThreadPoolExecutor's Future, Condition and Semaphore per job cost ~40 us of loop CPU).
         self._sync_queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -694,6 +695,7 @@ class LogStore:
         if self.fsync == "always":
             self._sync_threads = [threading.Thread(target=self._sync_main, name=f"herd-log-fsync-{i}", daemon=True)
                                   for i in range(self._sync_jobs)]
+            self._sync_pool = ThreadPoolExecutor(max_workers=SYNC_THREADS, thread_name_prefix="herd-log-sync")
         with self._lock:
             self._state = "open"
         self._writer.start()
@@ -1128,26 +1130,40 @@ class LogStore:
     # ---- sync thread -----------------------------------------------------------------------------
 
     def _start_sync(self, written: list) -> None:
-        """Have the fdatasyncs of a batch just written run on the sync pool. Up to ``sync_jobs``
-        jobs sync at once (a batch written while the last one syncs need not wait: the disk takes
-        concurrent flushes); a batch written while every slot is busy joins the next job, which
-        starts as soon as one ends (group commit). Jobs are settled in the order they were made,
-        so the listener hears of each shard's writes in sequence order, and a shard whose fsync
-        failed is never reported durable by a later one."""
+        """Have the fdatasyncs of a batch just written run on the sync threads. Up to
+        ``sync_jobs`` jobs sync at once (a batch written while another syncs need not wait: the
+        disk takes concurrent flushes), but never two of one shard: since Linux 4.13 a writeback
+        error is reported to one fdatasync of a file only, so two concurrent ones could hand an
+        earlier batch's error to the later one and report the earlier batch durable. What waits
+        (its shard is syncing, or every slot is busy) joins the next job (group commit). Jobs
+        are settled in the order they were made, so the listener hears of each shard's writes in
+        sequence order, and a shard whose fsync failed is never reported durable by a later one."""
         with self._settle_lock:
-            if self._active >= self._sync_jobs or self._unsynced:
-                self._unsynced += written
-                self._settle_lock.notify_all()
-                return
-            job = self._new_job(written)
-        self._sync_queue.put(job)
+            self._unsynced += written
+            jobs = self._launch()
+            if not jobs:
+                self._settle_lock.notify_all()  # (tests wait for a batch to be waiting)
+        for job in jobs:
+            self._sync_queue.put(job)
 
-    def _new_job(self, items: list) -> _SyncJob:
-        """(The caller holds the settle lock.)"""
-        job = _SyncJob(items)
+    def _launch(self) -> list:
+        """Make a job of every waiting item whose shard is not syncing, if a slot is free (the
+        caller holds the settle lock and queues the jobs returned)."""
+        if self._active >= self._sync_jobs or not self._unsynced:
+            return []
+        syncing = self._syncing
+        ready, wait = [], []
+        for item in self._unsynced:
+            (wait if item[0].id in syncing else ready).append(item)
+        if not ready:
+            return []
+        self._unsynced = wait
+        job = _SyncJob(ready)
+        for st, _slot, _size in ready:
+            syncing.add(st.id)
         self._active += 1
         self._running.append(job)
-        return job
+        return [job]
 
     def _sync_main(self) -> None:
         get = self._sync_queue.get
@@ -1163,18 +1179,20 @@ class LogStore:
         except BaseException as exc:  # our bug: never leave a write unanswered
             log.exception("log.sync_error")
             errors = [exc] * len(job.items)
-        nxt = None
         with self._settle_lock:
             job.errors = errors
             self._active -= 1
-            if self._unsynced:
-                nxt = self._new_job(self._unsynced)
-                self._unsynced = []
-            results = self._settle_ready()
-            if results:
-                self._report(results)  # under the lock: the listener hears each shard in order
+            for st, _slot, _size in job.items:
+                self._syncing.discard(st.id)
+            jobs = self._launch()
+            try:
+                results = self._settle_ready()
+                if results:
+                    self._report(results)  # under the lock: the listener hears each shard in order
+            except BaseException:  # our bug: keep this thread (and close()'s barrier) alive
+                log.exception("log.sync_error")
             self._settle_lock.notify_all()
-        if nxt is not None:
+        for nxt in jobs:
             self._sync_queue.put(nxt)
 
     def _settle_ready(self) -> list:
@@ -1255,8 +1273,8 @@ class LogStore:
         concurrent flushes: ~5,000 fsyncs/s from one thread, ~13,000/s from four, measured)."""
         if len(shards) == 1:
             return [self._sync_one(shards[0])]
-        if self._sync_pool is None:
-            self._sync_pool = ThreadPoolExecutor(max_workers=SYNC_THREADS, thread_name_prefix="herd-log-sync")
+        if self._sync_pool is None:  # not made under fsync="never"
+            return [self._sync_one(st) for st in shards]
         return list(self._sync_pool.map(self._sync_one, shards))
 
     @staticmethod

@@ -208,9 +208,9 @@ class Runtime:
 
     def _flush(self) -> None:
         """Write what this loop iteration staged. The store writes on this thread and returns what
-        is settled at once (everything under fsync=never; under always, what its fdatasync made
-        durable within the store's short wait), so the usual commit is answered without a thread
-        hand-off; the rest comes through :meth:`_on_durable`."""
+        is settled at once (everything under fsync=never, so a commit is answered in this turn
+        without a thread hand-off; under always only immediate failures); the rest comes through
+        :meth:`_on_durable` once fsync'd."""
         self._flush_scheduled = False
         settled = self.store.flush()
         if settled:

@@ -874,24 +874,30 @@ def test_fsync_always_flush_returns_at_once_and_the_listener_hears_when_durable(
     s.close()
 
 
-def test_jobs_settle_in_order_and_a_later_fsync_never_papers_over_a_failed_one(tmp_path, monkeypatch):
-    s, _ = opened(tmp_path, 1)
+def test_one_fsync_per_file_at_a_time_so_a_failed_one_is_never_papered_over(tmp_path, monkeypatch):
+    # Since Linux 4.13 a writeback error reaches ONE fdatasync of the file: two at once could hand
+    # the first batch's error to the second and report the first durable. So a shard's next batch
+    # waits for its running fsync (other shards' batches do not).
+    s, _ = opened(tmp_path, 2)
     first_in, release_first = threading.Event(), threading.Event()
+    other_done = threading.Event()
     calls = []
-    got, two = [], threading.Event()
+    bad_fd = s._shards[0].fd
+    got, heard = [], threading.Event()
 
     def fsync(fd):
         calls.append(fd)
-        if len(calls) == 1:  # the first batch's fsync hangs, then fails
+        if fd == bad_fd:  # shard 0's first fsync hangs, then fails
             first_in.set()
             assert release_first.wait(WAIT)
             raise OSError(errno.EIO, "Input/output error")
-        os.fsync(fd)  # the second batch's (concurrent) fsync succeeds, as it may after an error
+        os.fsync(fd)
+        other_done.set()
 
     def listener(results):
         got.extend(results)
-        if len(got) >= 2:
-            two.set()
+        if sum(1 for shard, _seq, _e in got if shard == 0) >= 2:
+            heard.set()
 
     monkeypatch.setattr(L, "_fdatasync", fsync)
     s.set_listener(listener)
@@ -899,14 +905,19 @@ def test_jobs_settle_in_order_and_a_later_fsync_never_papers_over_a_failed_one(t
     s.flush()
     assert first_in.wait(WAIT)
     s.submit(0, [kv(2)])
-    s.flush()  # a second job, syncing while the first hangs
-    with s._settle_lock:  # until the second job has synced (each job's end notifies)
-        assert s._settle_lock.wait_for(lambda: len(s._running) == 2 and s._running[1].errors is not None, WAIT)
-    assert len(calls) == 2 and got == []  # done, but not settled before the job ahead of it
+    s.submit(1, [kv(3)])
+    s.flush()
+    assert other_done.wait(WAIT)  # shard 1 synced while shard 0's fsync hangs
+    with s._settle_lock:
+        assert [item[1][1] for item in s._unsynced] == [2]  # shard 0's batch 2 waits its turn
+    assert calls.count(bad_fd) == 1 and got == []  # nothing settled ahead of the hanging job
     release_first.set()
-    assert two.wait(WAIT)
-    assert [(shard, seq) for shard, seq, _e in got] == [(0, 1), (0, 2)]
-    assert isinstance(got[0][2], OSError) and isinstance(got[1][2], ShardFailedError)
+    assert heard.wait(WAIT)
+    mine = [(seq, exc) for shard, seq, exc in got if shard == 0]
+    assert [seq for seq, _e in mine] == [1, 2]
+    assert isinstance(mine[0][1], OSError) and isinstance(mine[1][1], ShardFailedError)
+    assert calls.count(bad_fd) == 1  # the failed file is never fsync'd again
+    assert [(seq, exc) for shard, seq, exc in got if shard == 1] == [(1, None)]
     s.close()
 
 
