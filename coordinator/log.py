@@ -1070,7 +1070,7 @@ class LogStore:
         for shard_id, entries, seq, fut in staged:
             slot = pending.get(shard_id)
             if slot is None:
-                pending[shard_id] = slot = [entries if fut is None else list(entries), seq, []]
+                pending[shard_id] = slot = [entries, seq, []]  # our own list (submit: the runtime's, append: a copy)
             else:
                 slot[0] += entries
                 slot[1] = seq

@@ -380,12 +380,18 @@ def test_poll_takes_the_slow_path_while_a_command_is_pending(fake, monkeypatch):
     assert net.names() == ["poll"]
 
 
-def test_poll_of_a_rebalancing_group_submits_a_poll(fake):
-    c, net = fake
+def assigned_quietly(c, net) -> Rec:
+    """Subscribe with a recording listener, get T0 assigned, forget the commands so far."""
     rec = Rec()
     c.subscribe(["t"], listener=rec)
     assign(c, net, [T0])
     net.calls.clear()
+    return rec
+
+
+def test_poll_of_a_rebalancing_group_submits_a_poll(fake):
+    c, net = fake
+    rec = assigned_quietly(c, net)
     net.events.put(PartitionsRevoked(2, frozenset([T0]), 0))
     net.publish(events=2, stable=False, state="stable")
     c.poll(0)
@@ -395,10 +401,7 @@ def test_poll_of_a_rebalancing_group_submits_a_poll(fake):
 
 def test_poll_after_a_poll_timeout_leave_submits_the_rejoining_poll(fake):
     c, net = fake
-    rec = Rec()
-    c.subscribe(["t"], listener=rec)
-    assign(c, net, [T0])
-    net.calls.clear()
+    rec = assigned_quietly(c, net)
     # The network thread found the poll timer expired: it left the group (partitions lost).
     net.events.put(PartitionsLost(2, frozenset([T0])))
     net.publish(events=2, stable=False, state="unjoined", generation=-1, member_id="", assignment=frozenset())
