@@ -90,6 +90,7 @@ class Runtime:
         self._failed: set[int] = set()
         self._completed: collections.deque = collections.deque()  # (shard, seq, exc) from the writer
         self._drain_scheduled = False
+        self.edge = None  # the Server: answers released together leave together (hold/write)
         store.set_listener(self._on_durable)
 
     def now_ms(self) -> int:
@@ -203,6 +204,8 @@ class Runtime:
                 self.release(result.replies)
             return
         waiter = _Waiter(self, len(waits), result, on_failure)
+        for token, _ in result.replies:
+            token.held = True  # its request is done: the connection may handle the next one
         for shard_id, seq in waits.items():
             self._waiting[shard_id].append((seq, waiter))
 
@@ -215,6 +218,18 @@ class Runtime:
         settled = self.store.flush()
         if settled:
             self._settle(settled)
+
+    def _settle(self, results) -> None:
+        edge = self.edge
+        if edge is not None:
+            edge.hold()
+        try:
+            settle = self._settle_one
+            for shard_id, seq, exc in results:
+                settle(shard_id, seq, exc)
+        finally:
+            if edge is not None:
+                edge.write()
 
     def _on_durable(self, results) -> None:
         """The store's listener, called in a log thread for what flush() could not settle: queue the
@@ -229,14 +244,10 @@ class Runtime:
     def _drain(self) -> None:
         self._drain_scheduled = False
         completed = self._completed
-        settle = self._settle_one
+        results = []
         while completed:
-            settle(*completed.popleft())
-
-    def _settle(self, results) -> None:
-        settle = self._settle_one
-        for shard_id, seq, exc in results:
-            settle(shard_id, seq, exc)
+            results.append(completed.popleft())
+        self._settle(results)
 
     def _settle_one(self, shard_id: int, seq: int, exc) -> None:
         """Every write of ``shard_id`` up to ``seq`` is durable (or failed with ``exc``)."""

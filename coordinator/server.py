@@ -1,14 +1,19 @@
 """The TCP edge: one ``asyncio.Protocol`` per connection.
 
 frame → header → (ApiVersions, or an unknown API/version: answered or refused here) → body →
-runtime. Like a Kafka broker, a connection has one request in flight: the next frame is not
-read until the previous one is answered, so a parked JoinGroup holds its connection's later
-requests. Malformed input closes that connection only; the process never dies from input.
+runtime. Like a Kafka broker, a connection handles its requests one at a time and in order: a
+parked request (a JoinGroup waiting for the rest of its group, a SyncGroup for the leader, a Fetch
+long poll) holds its connection's later requests until it is answered. Malformed input closes
+that connection only; the process never dies from input.
 
-A client may still pipeline: the frames of one read are handled in order (at most
-``FRAMES_PER_TURN`` per event-loop turn), and the answers given meanwhile leave together in one
-``transport.write`` at the end; an answer released later (after a log write, a rebalance) is
-written at once.
+A client may pipeline: the frames of one read are handled in order (at most ``FRAMES_PER_TURN``
+per event-loop turn), and the answers given meanwhile leave together in one ``transport.write``
+at the end. A request whose work is done but whose answer waits for the log (an OffsetCommit
+until its records are on disk) does not hold the connection: the next requests are handled (up to
+``MAX_HELD`` answers waiting), so N pipelined commits share one write and one fsync instead of
+taking N turns of the disk; their answers still leave in request order (``held``). Handling a
+later request before an earlier one's records are durable changes nothing a client can see: the
+runtime holds every answer that depends on state not yet durable (see ``coordinator.runtime``).
 """
 from __future__ import annotations
 
@@ -71,7 +76,8 @@ def _encode_body(out: bytearray, response, version: int) -> None:
 class Reply:
     """The token a request travels with: ``reply(response)`` answers it on its connection."""
 
-    __slots__ = ("conn", "correlation_id", "api_key", "api_version", "request", "timer", "started")
+    __slots__ = ("conn", "correlation_id", "api_key", "api_version", "request", "timer", "started", "held",
+                 "data")
 
     def __init__(self, conn, correlation_id, api_key, api_version, request):
         self.started = _now()
@@ -81,6 +87,8 @@ class Reply:
         self.api_version = api_version
         self.request = request
         self.timer = None
+        self.held = False  # done, its answer waits for the log (set by the runtime)
+        self.data = None  # the encoded answer, while it waits for earlier ones (Connection.held)
 
     def reply(self, response) -> None:
         self.conn.send_response(self, response)
@@ -103,7 +111,10 @@ class Connection(asyncio.Protocol):
         self.max_pending = server.config.max_pending_bytes_per_connection
         self.queue: deque[bytes] = deque()
         self.queued_bytes = 0
-        self.inflight: Reply | None = None
+        self.inflight: Reply | None = None  # a parked request: nothing after it is handled yet
+        # Answers that must wait for an earlier one, in request order: Reply tokens held for the
+        # log (``data`` set once released) and the encoded answers given after them (bytes).
+        self.held: deque = deque()
         # While ``processing`` the answers produced collect in ``out`` and leave in one
         # transport.write at the end (a client that pipelines N requests costs one send, not N).
         self.processing = False
@@ -112,6 +123,7 @@ class Connection(asyncio.Protocol):
         self.paused = False
         self.write_paused = False  # the transport's write buffer is over its high-water mark
         self.resume_scheduled = False
+        self.dirty = False  # in server.dirty: answers released in a batch, written at its end
         self.last_active = 0.0
 
     # ---- asyncio callbacks ---------------------------------------------------------------------
@@ -140,6 +152,7 @@ class Connection(asyncio.Protocol):
         if self.inflight is not None and self.inflight.timer is not None:
             self.inflight.timer.cancel()
         self.inflight = None  # a parked request answered later finds nobody (and no Reply<->Connection cycle)
+        self.held.clear()
         self.queue.clear()
         self.out = bytearray()
 
@@ -154,13 +167,13 @@ class Connection(asyncio.Protocol):
             return
         if frames:
             if len(frames) == 1 and not self.queue and self.inflight is None and not self.processing \
-                    and not self.write_paused:
+                    and not self.write_paused and len(self.held) < self.MAX_HELD:
                 self.handle_one(frames[0])  # the common case: no queue round trip
             else:
                 for f in frames:
                     self.queued_bytes += len(f)
                 self.queue.extend(frames)
-                if self.inflight is None and not self.processing:
+                if not self.processing and self._ready():
                     self.process()
         self._maybe_pause()
 
@@ -179,19 +192,25 @@ class Connection(asyncio.Protocol):
 
     def resume_writing(self):
         self.write_paused = False
-        if self.queue and self.inflight is None and not self.processing and not self.closed:
+        if self.queue and not self.processing and self._ready():
             self.process()
         else:
             self._maybe_resume()
 
     def _continue(self) -> None:
         self.resume_scheduled = False
-        if self.queue and self.inflight is None and not self.processing and not self.closed:
+        if self.queue and not self.processing and self._ready():
             self.process()
+
+    def _ready(self) -> bool:
+        """May the next request be handled now?"""
+        return self.inflight is None and len(self.held) < self.MAX_HELD and not self.closed \
+            and not self.write_paused
 
     # ---- requests ----------------------------------------------------------------------------
 
     FRAMES_PER_TURN = 32
+    MAX_HELD = 64  # answers waiting for the log (or behind one) before the connection stops reading
 
     def process(self) -> None:
         """Handle queued frames: at most FRAMES_PER_TURN per event-loop turn (fairness between
@@ -200,7 +219,7 @@ class Connection(asyncio.Protocol):
         self.processing = True
         budget = self.FRAMES_PER_TURN
         try:
-            while self.queue and self.inflight is None and not self.closed and not self.write_paused:
+            while self.queue and self._ready():
                 if budget == 0:
                     if not self.resume_scheduled:
                         self.resume_scheduled = True
@@ -266,6 +285,10 @@ class Connection(asyncio.Protocol):
             log.exception("error handling request", peer=self.peer, client_id=client_id,
                           api=cls.NAME, api_version=version)
             self.close()
+            return
+        if token.held and self.inflight is token:  # done, its answer waits for the log: go on
+            self.inflight = None
+            self.held.append(token)
 
     def heartbeat(self, version: int, correlation_id: int, client_id: str | None, frame: bytes, pos: int) -> None:
         """The most frequent request, answered in place (it writes nothing and waits for nothing):
@@ -285,9 +308,12 @@ class Connection(asyncio.Protocol):
             self.close()
             return
         tail = _heartbeat_tails.get((version, code)) or _heartbeat_tail(version, code)
-        out = self.out
-        out += _FRAME_HEAD.pack(len(tail) + 4, correlation_id)
-        out += tail
+        if self.held:  # behind an answer that waits for the log
+            self.held.append(_FRAME_HEAD.pack(len(tail) + 4, correlation_id) + tail)
+        else:
+            out = self.out
+            out += _FRAME_HEAD.pack(len(tail) + 4, correlation_id)
+            out += tail
         metrics = self.server.metrics
         if metrics is not None:
             metrics.request_stats.observe(HEARTBEAT, _now() - started)
@@ -325,13 +351,19 @@ class Connection(asyncio.Protocol):
     # ---- responses ---------------------------------------------------------------------------
 
     def send_response(self, token: Reply, response) -> None:
-        if token is not self.inflight:
+        if token is self.inflight:
+            self.inflight = None
+            waits = bool(self.held)  # behind an answer that waits for the log
+            if waits:
+                self.held.append(token)
+        elif token.held and token.data is None and token.conn is self and self.held:
+            waits = True  # released by the log: leaves once the answers before it have
+        else:
             return  # the connection moved on (closed and cleaned up); drop the late answer
-        self.inflight = None
         if self.closed:
             return
         version = token.api_version
-        out = self.out
+        out = token.data = bytearray() if waits else self.out
         start = len(out)
         out += _FRAME_HEAD.pack(0, token.correlation_id)
         out += _HEADER_TAIL[token.api_key][version]
@@ -347,10 +379,41 @@ class Connection(asyncio.Protocol):
         metrics = self.server.metrics
         if metrics is not None:
             metrics.request_stats.observe(token.api_key, _now() - token.started)
+        if waits:
+            self._release_held()
         if not self.processing:  # an answer released later (after a log write, a rebalance, a wait)
-            self.flush()
-            if self.queue:
-                self.process()
+            server = self.server
+            if server.holding:  # more answers come in this batch: write once, at its end
+                if not self.dirty:
+                    self.dirty = True
+                    server.dirty.append(self)
+            else:
+                self.released()
+
+    def released(self) -> None:
+        """Write what was released while no request was being handled; go on with the queue."""
+        self.dirty = False
+        if self.closed:
+            return
+        self.flush()
+        if self.queue and self._ready():
+            self.process()
+        else:
+            self._maybe_resume()
+
+    def _release_held(self) -> None:
+        """Move the answers at the head of ``held`` that are ready to ``out``."""
+        held, out = self.held, self.out
+        while held:
+            head = held[0]
+            if type(head) is Reply:
+                if head.data is None:
+                    return
+                out += head.data
+                head.data = None
+            else:
+                out += head
+            held.popleft()
 
     def flush(self) -> None:
         """Write the answers collected in ``out`` (in request order: one request in flight)."""
@@ -369,6 +432,7 @@ class Connection(asyncio.Protocol):
             self.flush()  # answers to the requests before the one that closes the connection
             self.closed = True
             self.inflight = None
+            self.held.clear()
             self.queue.clear()
             self.transport.abort()
 
@@ -384,6 +448,20 @@ class Server:
         self.api_versions_cache = api_versions_response()
         self._idle_timer = None
         self.port = None
+        # While the runtime releases a batch of answers (what one fsync made durable), each
+        # connection's answers collect and leave in one write at the end (hold/write).
+        self.holding = False
+        self.dirty: list[Connection] = []
+        runtime.edge = self
+
+    def hold(self) -> None:
+        self.holding = True
+
+    def write(self) -> None:
+        self.holding = False
+        dirty, self.dirty = self.dirty, []
+        for conn in dirty:
+            conn.released()
 
     def register(self, conn: Connection) -> bool:
         if len(self.connections) >= self.config.max_connections:

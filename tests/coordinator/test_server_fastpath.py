@@ -219,19 +219,82 @@ def test_a_parked_request_holds_the_requests_pipelined_after_it(tmp_path):
     async def main():
         async with Edge(tmp_path) as edge:
             hb = await edge.member("g")
-            join = m.JoinGroupRequest(group_id="other", session_timeout_ms=60_000, rebalance_timeout_ms=60_000,
+            other = await edge.member("h")
+            # a second member for "g": its JoinGroup parks until g's member rejoins
+            join = m.JoinGroupRequest(group_id="g", session_timeout_ms=60_000, rebalance_timeout_ms=60_000,
                                       protocol_type="consumer",
                                       protocols=[m.JoinGroupRequestProtocol(name="range", metadata=b"")])
             conn, tr = edge.connect()
-            conn.data_received(frame(hb, HB, 1) + frame(join, 3, 2) + frame(hb, HB, 3) + frame(hb, HB, 4))
-            assert len(answers(tr.data)) == 1  # the join waits for its record to be written
+            conn.data_received(frame(other, HB, 1) + frame(join, 3, 2) + frame(other, HB, 3) + frame(other, HB, 4))
+            assert len(answers(tr.data)) == 1
             assert conn.inflight is not None and len(conn.queue) == 2
+            await turns()
+            assert len(answers(tr.data)) == 1 and len(conn.queue) == 2  # still parked
+            rejoin = m.JoinGroupRequest(group_id="g", session_timeout_ms=60_000, rebalance_timeout_ms=60_000,
+                                        member_id=hb.member_id, protocol_type="consumer",
+                                        protocols=[m.JoinGroupRequestProtocol(name="range", metadata=b"")])
+            assert (await edge.call(rejoin, 3)).error_code == E.NONE
             await until(lambda: len(answers(tr.data)) == 4, tr)
             bodies = answers(tr.data)
             assert decode(bodies[1], 11, 3)[0] == 2 and decode(bodies[1], 11, 3)[1].error_code == E.NONE
             assert [decode(b, 12, HB)[0] for b in bodies] == [1, 2, 3, 4]
             # the join's answer was written when released, the two heartbeats behind it together
             assert tr.writes == 3
+
+    run(main())
+
+
+def commit_request(group_id: str, offset: int, partitions: int = 3) -> m.OffsetCommitRequest:
+    return m.OffsetCommitRequest(group_id=group_id, generation_id_or_member_epoch=-1, member_id="", topics=[
+        m.OffsetCommitRequestTopic(name="t", partitions=[
+            m.OffsetCommitRequestPartition(partition_index=p, committed_offset=offset, committed_metadata="")
+            for p in range(partitions)])])
+
+
+def test_pipelined_commits_share_one_log_write_and_answer_in_order(tmp_path):
+    """A commit waiting for the log does not hold its connection: the requests behind it are
+    handled in the same turn (one log write for all), and every answer leaves in request order,
+    the heartbeat's behind the commit before it."""
+    async def main():
+        async with Edge(tmp_path) as edge:
+            hb = await edge.member("g")
+            conn, tr = edge.connect()
+            shard = edge.runtime.groups.shard_for("s1")
+            batches = edge.store.stats()[shard].batches
+            fetch = m.OffsetFetchRequest(group_id="s1", topics=[m.OffsetFetchRequestTopic(name="t",
+                                                                                        partition_indexes=[0])])
+            conn.data_received(frame(commit_request("s1", 5), 8, 1) + frame(hb, HB, 2)
+                               + frame(commit_request("s1", 6), 8, 3) + frame(fetch, 7, 4) + frame(hb, HB, 5))
+            assert tr.data == b"" and conn.inflight is None and not conn.queue  # all handled, all held
+            assert len(conn.held) == 5
+            await until(lambda: tr.data, tr)
+            bodies = answers(tr.data)
+            assert tr.writes == 1 and not conn.held
+            assert [decode_response_header(b, k, v)[0] for b, (k, v) in
+                    zip(bodies, [(8, 8), (12, HB), (8, 8), (9, 7), (12, HB)])] == [1, 2, 3, 4, 5]
+            assert decode(bodies[0], 8, 8)[1].topics[0].partitions[0].error_code == E.NONE
+            assert decode(bodies[2], 8, 8)[1].topics[0].partitions[0].error_code == E.NONE
+            # the fetch, handled before the second commit was on disk, saw it (and waited for it)
+            assert decode(bodies[3], 9, 7)[1].topics[0].partitions[0].committed_offset == 6
+            assert edge.store.stats()[shard].batches == batches + 1  # both commits in one write
+
+    run(main())
+
+
+def test_at_most_max_held_answers_wait_then_the_connection_stops_reading(tmp_path):
+    async def main():
+        async with Edge(tmp_path) as edge:
+            conn, tr = edge.connect()
+            conn.MAX_HELD = 4
+            n = 11
+            conn.data_received(b"".join(frame(commit_request("s1", i, 1), 8, i) for i in range(n)))
+            assert tr.data == b"" and len(conn.held) == 4 and len(conn.queue) == n - 4
+            await until(lambda: len(answers(tr.data)) == n, tr)
+            bodies = answers(tr.data)
+            assert [decode(b, 8, 8)[0] for b in bodies] == list(range(n))
+            assert all(decode(b, 8, 8)[1].topics[0].partitions[0].error_code == E.NONE for b in bodies)
+            assert not conn.held and not conn.queue and conn.queued_bytes == 0
+            assert tr.writes == 3  # 4 + 4 + 3: each batch's answers in one write
 
     run(main())
 
