@@ -103,6 +103,7 @@ def run_once(groups: int, args, hb_mode: str, label: str = "") -> dict:
                 session_timeout_ms=args.session_timeout_ms,
                 rebalance_timeout_ms=args.rebalance_timeout_ms,
                 hb_interval=args.hb_interval,
+                hb_slip=args.hb_slip,
                 join_concurrency=args.join_concurrency,
                 join_timeout=args.join_timeout,
             ) as lg,
@@ -251,6 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--session-timeout-ms", type=int, default=30_000)
     ap.add_argument("--rebalance-timeout-ms", type=int, default=60_000)
     ap.add_argument("--hb-interval", type=float, default=3.0)
+    ap.add_argument("--hb-slip", action="store_true",
+                    help="a late heartbeat moves its member's schedule (one Java client's rule); default: "
+                         "each member keeps its phase (see bench.loadgen.next_due)")
     ap.add_argument("--fsync", default="always", choices=("always", "never"))
     ap.add_argument("--herd-log-level", default="info")
     ap.add_argument("--find-max", action="store_true", help="step the member count up; report the largest passing")

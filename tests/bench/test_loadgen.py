@@ -173,3 +173,19 @@ def test_against_a_daemon_join_heartbeat_verify_burst(hb_mode):
                 assert b["requests"] == 200 and b["errors"] == {} and b["full_decodes"] == 0
                 if depth == 1:
                     assert b["writes"] == 200
+
+
+def test_next_due_keeps_each_members_phase_unless_told_to_slip():
+    # on time: one interval later
+    assert L.next_due(10.0, 10.001, 3.0, slip=False) == 13.0
+    assert L.next_due(10.0, 10.001, 3.0, slip=True) == pytest.approx(13.001)
+    # sent 1 s late (a stalled load process): the phase stays; slipping moves it by the lateness
+    assert L.next_due(10.0, 11.0, 3.0, slip=False) == 13.0
+    assert L.next_due(10.0, 11.0, 3.0, slip=True) == 14.0
+    # later than a whole interval: the missed beats are skipped, not made up, still on the phase
+    assert L.next_due(10.0, 17.5, 3.0, slip=False) == 19.0
+    assert L.next_due(10.0, 16.0, 3.0, slip=False) == 19.0
+    # two members whose beats one stall delayed and sent together stay apart without slip
+    a, b = L.next_due(10.0, 11.2, 3.0, False), L.next_due(10.9, 11.2, 3.0, False)
+    assert b - a == pytest.approx(0.9)
+    assert L.next_due(10.0, 11.2, 3.0, True) == L.next_due(10.9, 11.2, 3.0, True)
