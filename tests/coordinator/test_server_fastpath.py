@@ -271,7 +271,7 @@ def test_pipelined_commits_share_one_log_write_and_answer_in_order(tmp_path):
             bodies = answers(tr.data)
             assert tr.writes == 1 and not conn.held
             assert [decode_response_header(b, k, v)[0] for b, (k, v) in
-                    zip(bodies, [(8, 8), (12, HB), (8, 8), (9, 7), (12, HB)])] == [1, 2, 3, 4, 5]
+                    zip(bodies, [(8, 8), (12, HB), (8, 8), (9, 7), (12, HB)], strict=True)] == [1, 2, 3, 4, 5]
             assert decode(bodies[0], 8, 8)[1].topics[0].partitions[0].error_code == E.NONE
             assert decode(bodies[2], 8, 8)[1].topics[0].partitions[0].error_code == E.NONE
             # the fetch, handled before the second commit was on disk, saw it (and waited for it)
