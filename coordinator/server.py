@@ -495,7 +495,7 @@ class Server:
         limit = self.config.connections_max_idle_ms / 1000
         now = self.loop.time()
         for conn in list(self.connections):
-            if conn.inflight is None and now - conn.last_active > limit:
+            if conn.inflight is None and not conn.held and now - conn.last_active > limit:
                 log.info("closing idle connection", peer=conn.peer, idle_s=round(now - conn.last_active, 1))
                 conn.close()
         self._schedule_idle_check()

@@ -299,6 +299,23 @@ def test_at_most_max_held_answers_wait_then_the_connection_stops_reading(tmp_pat
     run(main())
 
 
+def test_the_idle_check_leaves_a_connection_whose_answers_wait_for_the_log(tmp_path):
+    async def main():
+        async with Edge(tmp_path) as edge:
+            quiet, _ = edge.connect()
+            conn, tr = edge.connect()
+            conn.data_received(frame(commit_request("s1", 1), 8, 1))
+            assert conn.held and conn.inflight is None
+            quiet.last_active = conn.last_active = edge.server.loop.time() - 10 * edge.config.connections_max_idle_ms
+            edge.server._idle_check()
+            edge.server._idle_timer.cancel()
+            assert quiet.closed and not conn.closed
+            await until(lambda: tr.data, tr)
+            assert decode(answers(tr.data)[0], 8, 8)[1].topics[0].partitions[0].error_code == E.NONE
+
+    run(main())
+
+
 def test_write_backpressure_stops_a_pipelined_burst_until_the_peer_reads(tmp_path):
     async def main():
         async with Edge(tmp_path) as edge:
