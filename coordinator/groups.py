@@ -122,7 +122,22 @@ def _as_error(resp, code: int):
     if isinstance(resp, DeleteGroupsResponse):
         return DeleteGroupsResponse(results=[DeleteGroupsResponseDeletableGroupResult(r.group_id, code)
                                              for r in resp.results])
-    return resp  # read-only answers never ride on writes
+    # Read-only answers wait for the writes of their shards before them (Result.shards): they
+    # describe state that never became durable, so they are refused too, never sent as they are.
+    if isinstance(resp, OffsetFetchResponse):
+        if resp.groups:  # v8+
+            return OffsetFetchResponse(groups=[OffsetFetchResponseGroup(group_id=g.group_id, topics=[],
+                                                                        error_code=code) for g in resp.groups])
+        # v0-1 have no top-level error: the partitions carry it (as herd's own unavailable answer)
+        return OffsetFetchResponse(error_code=code, topics=[
+            OffsetFetchResponseTopic(t.name, [OffsetFetchResponsePartition(p.partition_index, -1, -1, "", code)
+                                              for p in t.partitions]) for t in resp.topics])
+    if isinstance(resp, DescribeGroupsResponse):
+        return DescribeGroupsResponse(groups=[DescribeGroupsResponseDescribedGroup(error_code=code, group_id=g.group_id)
+                                              for g in resp.groups])
+    if isinstance(resp, ListGroupsResponse):
+        return ListGroupsResponse(error_code=code)
+    return resp
 
 
 class GroupCoordinator:

@@ -1,4 +1,6 @@
 """ListGroups, DescribeGroups, DeleteGroups, failed shards, shutdown, operator views."""
+import pytest
+
 from coordinator import records
 from protocol import errors as E
 from protocol.messages import (
@@ -7,6 +9,7 @@ from protocol.messages import (
     JoinGroupRequest,
     JoinGroupRequestProtocol,
     LeaveGroupRequest,
+    ListGroupsRequest,
     OffsetCommitRequest,
     OffsetCommitRequestPartition,
     OffsetCommitRequestTopic,
@@ -14,6 +17,7 @@ from protocol.messages import (
     OffsetFetchRequest,
     OffsetFetchRequestGroup,
     OffsetFetchRequestTopic,
+    OffsetFetchRequestTopics,
     SyncGroupRequest,
 )
 from tests.coordinator.test_group_harness import DESCRIBE, FETCH, Harness, sub
@@ -160,6 +164,45 @@ def test_failure_replies_replace_replies_with_valid_errors():
     res = h.gc.handle(8, 8, commit, h.now, "c")
     (_, r), = res.failure_replies()
     assert r.topics[0].partitions[0].error_code == E.COORDINATOR_NOT_AVAILABLE
+
+
+
+@pytest.mark.parametrize("version", range(10))
+def test_failure_replies_refuse_read_only_answers_instead_of_showing_state_that_never_became_durable(version):
+    """An OffsetFetch, DescribeGroups or ListGroups answer waits for its shards' pending writes; if
+    they fail, what it read (a commit that never reached the disk) must not be sent."""
+    h = Harness()
+    h.form_group("g", 2)
+    commit = OffsetCommitRequest(group_id="x", topics=[OffsetCommitRequestTopic("t", [
+        OffsetCommitRequestPartition(0, 42), OffsetCommitRequestPartition(1, 43)])])
+    assert h.gc.handle(8, 8, commit, h.now, "c").writes
+    if version >= 8:
+        fetch = OffsetFetchRequest(groups=[OffsetFetchRequestGroup("x", topics=[OffsetFetchRequestTopics("t", [0, 1])])])
+    else:
+        fetch = OffsetFetchRequest(group_id="x", topics=[OffsetFetchRequestTopic("t", [0, 1])])
+    res = h.gc.handle(FETCH, version, fetch, h.now, "f")
+    assert res.shards  # it waits for x's shard
+    (_, ok), = res.replies
+    (_, r), = res.failure_replies()
+    type(r).decode(r.encode(version), version)
+    if version >= 8:
+        assert 42 in [p.committed_offset for p in ok.groups[0].topics[0].partitions]
+        assert [(g.group_id, g.error_code, g.topics) for g in r.groups] == [("x", E.COORDINATOR_NOT_AVAILABLE, [])]
+    else:
+        assert [p.committed_offset for p in ok.topics[0].partitions] == [42, 43]
+        assert [(p.committed_offset, p.error_code) for p in r.topics[0].partitions] == [
+            (-1, E.COORDINATOR_NOT_AVAILABLE)] * 2
+        if version >= 2:
+            assert r.error_code == E.COORDINATOR_NOT_AVAILABLE
+    if version <= 5:
+        described = h.gc.handle(15, version, DescribeGroupsRequest(groups=["g", "x"]), h.now, "d")
+        (_, r), = described.failure_replies()
+        assert [(g.group_id, g.error_code, g.members) for g in r.groups] == [
+            ("g", E.COORDINATOR_NOT_AVAILABLE, []), ("x", E.COORDINATOR_NOT_AVAILABLE, [])]
+        type(r).decode(r.encode(version), version)
+        listed = h.gc.handle(16, min(version, 5), ListGroupsRequest(), h.now, "l")
+        (_, r), = listed.failure_replies()
+        assert r.error_code == E.COORDINATOR_NOT_AVAILABLE and r.groups == []
 
 
 def test_shutdown_answers_parked_requests_with_not_coordinator():

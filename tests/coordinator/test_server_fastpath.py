@@ -4,6 +4,7 @@ backpressure, and closing mid-pipeline without sockets or timing."""
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import struct
 from pathlib import Path
@@ -101,10 +102,10 @@ def decode(body: bytes, api_key: int, version: int):
 class Edge:
     """One daemon's worth of objects on the running loop, and helpers to talk to it."""
 
-    def __init__(self, tmp_path: Path, **overrides):
-        self.config = Config(data_dir=str(tmp_path), fsync="never", offsets_partitions=4,
+    def __init__(self, tmp_path: Path, fsync: str = "never", **overrides):
+        self.config = Config(data_dir=str(tmp_path), fsync=fsync, offsets_partitions=4,
                              initial_rebalance_delay_ms=0, **overrides)
-        self.store = LogStore(tmp_path, self.config.offsets_partitions, fsync="never")
+        self.store = LogStore(tmp_path, self.config.offsets_partitions, fsync=fsync)
 
     async def __aenter__(self) -> Edge:
         loop = asyncio.get_running_loop()
@@ -295,6 +296,49 @@ def test_at_most_max_held_answers_wait_then_the_connection_stops_reading(tmp_pat
             assert all(decode(b, 8, 8)[1].topics[0].partitions[0].error_code == E.NONE for b in bodies)
             assert not conn.held and not conn.queue and conn.queued_bytes == 0
             assert tr.writes == 3  # 4 + 4 + 3: each batch's answers in one write
+
+    run(main())
+
+
+def test_held_commits_whose_fsync_fails_are_refused_in_order_and_nothing_after_them_overtakes(
+        tmp_path, monkeypatch):
+    """fsync=always and the shard's fdatasync fails: both pipelined commits get
+    COORDINATOR_NOT_AVAILABLE (never NONE), and the heartbeat and the fetch behind them leave after
+    them, in request order."""
+    import errno
+
+    from coordinator import log as L
+
+    async def main():
+        async with Edge(tmp_path, fsync="always") as edge:
+            hb = await edge.member("g")
+            shard = edge.runtime.groups.shard_for("s1")
+            path = edge.store._shards[shard].path
+            real = L._fdatasync
+
+            def fdatasync(fd):
+                if os.path.samefile(f"/proc/self/fd/{fd}", path):
+                    raise OSError(errno.EIO, "injected")
+                return real(fd)
+
+            monkeypatch.setattr(L, "_fdatasync", fdatasync)
+            conn, tr = edge.connect()
+            fetch = m.OffsetFetchRequest(group_id="s1", topics=[m.OffsetFetchRequestTopic(name="t",
+                                                                                        partition_indexes=[0])])
+            conn.data_received(frame(commit_request("s1", 5), 8, 1) + frame(commit_request("s1", 6), 8, 2)
+                               + frame(hb, HB, 3) + frame(fetch, 7, 4))
+            assert len(conn.held) == 4
+            await until(lambda: len(answers(tr.data)) == 4, tr)
+            bodies = answers(tr.data)
+            kinds = [(8, 8), (8, 8), (12, HB), (9, 7)]
+            assert [decode(b, k, v)[0] for b, (k, v) in zip(bodies, kinds, strict=True)] == [1, 2, 3, 4]
+            for b in bodies[:2]:
+                assert {p.error_code for p in decode(b, 8, 8)[1].topics[0].partitions} == {
+                    E.COORDINATOR_NOT_AVAILABLE}
+            assert decode(bodies[2], 12, HB)[1].error_code == E.NONE  # g lives on another shard
+            fetched = decode(bodies[3], 9, 7)[1]
+            assert fetched.error_code == E.COORDINATOR_NOT_AVAILABLE or \
+                fetched.topics[0].partitions[0].error_code == E.COORDINATOR_NOT_AVAILABLE
 
     run(main())
 
