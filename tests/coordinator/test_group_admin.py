@@ -177,7 +177,8 @@ def test_failure_replies_refuse_read_only_answers_instead_of_showing_state_that_
         OffsetCommitRequestPartition(0, 42), OffsetCommitRequestPartition(1, 43)])])
     assert h.gc.handle(8, 8, commit, h.now, "c").writes
     if version >= 8:
-        fetch = OffsetFetchRequest(groups=[OffsetFetchRequestGroup("x", topics=[OffsetFetchRequestTopics("t", [0, 1])])])
+        fetch = OffsetFetchRequest(groups=[
+            OffsetFetchRequestGroup("x", topics=[OffsetFetchRequestTopics("t", [0, 1])])])
     else:
         fetch = OffsetFetchRequest(group_id="x", topics=[OffsetFetchRequestTopic("t", [0, 1])])
     res = h.gc.handle(FETCH, version, fetch, h.now, "f")
