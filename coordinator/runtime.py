@@ -244,10 +244,16 @@ class Runtime:
     def _drain(self) -> None:
         self._drain_scheduled = False
         completed = self._completed
-        results = []
-        while completed:
-            results.append(completed.popleft())
-        self._settle(results)
+        edge = self.edge
+        if edge is not None:
+            edge.hold()
+        try:
+            settle = self._settle_one
+            while completed:
+                settle(*completed.popleft())
+        finally:
+            if edge is not None:
+                edge.write()
 
     def _settle_one(self, shard_id: int, seq: int, exc) -> None:
         """Every write of ``shard_id`` up to ``seq`` is durable (or failed with ``exc``)."""

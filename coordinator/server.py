@@ -11,9 +11,15 @@ per event-loop turn), and the answers given meanwhile leave together in one ``tr
 at the end. A request whose work is done but whose answer waits for the log (an OffsetCommit
 until its records are on disk) does not hold the connection: the next requests are handled (up to
 ``MAX_HELD`` answers waiting), so N pipelined commits share one write and one fsync instead of
-taking N turns of the disk; their answers still leave in request order (``held``). Handling a
-later request before an earlier one's records are durable changes nothing a client can see: the
-runtime holds every answer that depends on state not yet durable (see ``coordinator.runtime``).
+taking N turns of the disk; their answers still leave in request order (``held``). A later
+request handled before an earlier one's records are durable sees no state that is not: the
+runtime holds every group answer that reads a shard with a write in flight until that write is
+durable, and refuses it if the write fails (see ``coordinator.runtime``). The exceptions answer
+from memory as they always did: a Heartbeat (it writes nothing and reads only membership), and
+Metadata/FindCoordinator; if the write before such a request then fails, it may have been
+answered where, handled later, it would have got COORDINATOR_NOT_AVAILABLE (the next request to
+that shard gets it). Closing a connection (a malformed frame, an unsupported version) first
+answers the requests before the one that closes it, held ones included.
 """
 from __future__ import annotations
 
@@ -124,6 +130,7 @@ class Connection(asyncio.Protocol):
         self.write_paused = False  # the transport's write buffer is over its high-water mark
         self.resume_scheduled = False
         self.dirty = False  # in server.dirty: answers released in a batch, written at its end
+        self.closing = False  # close() waits for the answers in ``held``, then aborts
         self.last_active = 0.0
 
     # ---- asyncio callbacks ---------------------------------------------------------------------
@@ -157,7 +164,7 @@ class Connection(asyncio.Protocol):
         self.out = bytearray()
 
     def data_received(self, data):
-        if self.closed:
+        if self.closed or self.closing:
             return
         self.last_active = self.server.loop.time()
         try:
@@ -205,7 +212,7 @@ class Connection(asyncio.Protocol):
     def _ready(self) -> bool:
         """May the next request be handled now?"""
         return self.inflight is None and len(self.held) < self.MAX_HELD and not self.closed \
-            and not self.write_paused
+            and not self.closing and not self.write_paused
 
     # ---- requests ----------------------------------------------------------------------------
 
@@ -245,7 +252,8 @@ class Connection(asyncio.Protocol):
         self._maybe_resume()
 
     def _maybe_resume(self) -> None:
-        if self.paused and not self.closed and not self.write_paused and self._pending() <= self.max_pending // 2:
+        if self.paused and not self.closed and not self.closing and not self.write_paused \
+                and self._pending() <= self.max_pending // 2:
             self.paused = False
             self.transport.resume_reading()
 
@@ -396,6 +404,10 @@ class Connection(asyncio.Protocol):
         if self.closed:
             return
         self.flush()
+        if self.closing:
+            if not self.held:
+                self._abort()
+            return
         if self.queue and self._ready():
             self.process()
         else:
@@ -428,13 +440,27 @@ class Connection(asyncio.Protocol):
         self.close()
 
     def close(self) -> None:
-        if not self.closed:
-            self.flush()  # answers to the requests before the one that closes the connection
-            self.closed = True
-            self.inflight = None
-            self.held.clear()
-            self.queue.clear()
-            self.transport.abort()
+        """Close after answering every request before the one that closes the connection: those
+        whose answers wait for the log are answered first (nothing more is read meanwhile)."""
+        if self.closed or self.closing:
+            return
+        self.flush()
+        self.inflight = None  # a parked request: dropped, as a broker closing the connection does
+        self.queue.clear()
+        self.queued_bytes = 0
+        if self.held:
+            self.closing = True
+            if not self.paused:
+                self.paused = True
+                self.transport.pause_reading()
+            return
+        self._abort()
+
+    def _abort(self) -> None:
+        self.closed = True
+        self.closing = False
+        self.held.clear()
+        self.transport.abort()
 
 
 class Server:
@@ -461,7 +487,13 @@ class Server:
         self.holding = False
         dirty, self.dirty = self.dirty, []
         for conn in dirty:
-            conn.released()
+            try:
+                conn.released()
+            except Exception:  # our bug: log it, drop that connection, keep the others going
+                conn.dirty = False
+                log.exception("error writing released answers", peer=conn.peer)
+                conn.closing = False
+                conn._abort()
 
     def register(self, conn: Connection) -> bool:
         if len(self.connections) >= self.config.max_connections:

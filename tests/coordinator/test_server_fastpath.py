@@ -343,6 +343,57 @@ def test_held_commits_whose_fsync_fails_are_refused_in_order_and_nothing_after_t
     run(main())
 
 
+@pytest.mark.parametrize("bad", ["unsupported", "malformed"])
+def test_a_request_that_closes_the_connection_waits_for_the_held_answers_before_it(tmp_path, bad):
+    """commit, heartbeat, then a frame that closes the connection: the commit (applied, and on
+    disk) and the heartbeat are answered, in order, and only then is the connection aborted;
+    nothing after the closing frame is handled."""
+    async def main():
+        async with Edge(tmp_path) as edge:
+            hb = await edge.member("g")
+            conn, tr = edge.connect()
+            if bad == "unsupported":
+                body = struct.pack(">hhih", 12, 99, 9, -1)  # Heartbeat v99: Kafka closes the connection
+                closing = struct.pack(">i", len(body)) + body
+            else:
+                closing = struct.pack(">i", -5)  # a negative frame size
+            conn.data_received(frame(commit_request("s1", 5), 8, 1) + frame(hb, HB, 2))
+            conn.data_received(closing + frame(commit_request("s1", 7), 8, 3))
+            assert conn.closing and not tr.aborted and not tr.reading
+            conn.data_received(frame(hb, HB, 4))  # ignored: the connection is closing
+            await until(lambda: tr.aborted, tr)
+            bodies = answers(tr.data)
+            assert [decode(bodies[0], 8, 8)[0], decode(bodies[1], 12, HB)[0]] == [1, 2] and len(bodies) == 2
+            assert decode(bodies[0], 8, 8)[1].topics[0].partitions[0].error_code == E.NONE
+            assert conn.closed and not conn.held
+            fetch = m.OffsetFetchRequest(group_id="s1", topics=[m.OffsetFetchRequestTopic(name="t",
+                                                                                        partition_indexes=[0])])
+            assert (await edge.call(fetch, 7)).topics[0].partitions[0].committed_offset == 5  # not 7
+
+    run(main())
+
+
+def test_a_failure_writing_one_connections_released_answers_does_not_strand_the_others(tmp_path):
+    class Failing(FakeTransport):
+        def write(self, data):
+            raise RuntimeError("injected")
+
+    async def main():
+        async with Edge(tmp_path) as edge:
+            a, ta = edge.connect(Failing())
+            b, tb = edge.connect()
+            a.data_received(frame(commit_request("s1", 1), 8, 1))
+            b.data_received(frame(commit_request("s2", 2), 8, 1))
+            await until(lambda: tb.data, tb)
+            assert a.closed and ta.aborted  # our bug (here: an injected one) drops that connection only
+            assert not b.dirty and not edge.server.dirty and not edge.server.holding
+            b.data_received(frame(commit_request("s2", 3), 8, 2))
+            await until(lambda: len(answers(tb.data)) == 2, tb)
+            assert [decode(x, 8, 8)[0] for x in answers(tb.data)] == [1, 2]
+
+    run(main())
+
+
 def test_the_idle_check_leaves_a_connection_whose_answers_wait_for_the_log(tmp_path):
     async def main():
         async with Edge(tmp_path) as edge:
