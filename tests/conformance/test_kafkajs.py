@@ -33,6 +33,7 @@ from tests.conformance.harness import (
     Member,
     all_partitions,
     create_topic,
+    herd_warnings,
     wait_converged,
     wait_until,
 )
@@ -184,16 +185,6 @@ def assert_clean(ms) -> None:
             json.dumps(ev) for ev in problems)
 
 
-def herd_warnings(herd) -> list[dict]:
-    out = []
-    for line in herd.logs().splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if rec.get("level") in ("warning", "error", "critical") and rec.get("event") != "log.crc32c_slow":
-            out.append(rec)
-    return out
 
 
 def kp_admin(bootstrap):

@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from tests.conformance.harness import HEARTBEAT_MS, SESSION_MS, all_partitions, create_topic, wait_until
+from tests.conformance.harness import HEARTBEAT_MS, SESSION_MS, all_partitions, create_topic, herd_warnings, wait_until
 
 pytestmark = pytest.mark.conformance
 
@@ -212,16 +212,6 @@ def wait_kcat_converged(bootstrap, group, ks: list[Kcat], expected: set, timeout
     return last["described"]
 
 
-def herd_warnings(herd) -> list[dict]:
-    out = []
-    for line in herd.logs().splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if rec.get("level") in ("warning", "error", "critical") and rec.get("event") != "log.crc32c_slow":
-            out.append(rec)
-    return out
 
 
 def test_kcat_metadata_listing(herd):

@@ -8,29 +8,13 @@ but can never read from them. (librdkafka also re-bootstraps on such drops and m
 coordinator dead for a moment; a close() in that window sends no LeaveGroup.)"""
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 
-from tests.conformance.harness import all_partitions, create_topic, wait_converged
+from tests.conformance.harness import all_partitions, create_topic, herd_warnings, wait_converged
 
 pytestmark = pytest.mark.conformance
-
-# Logged once at start-up on machines without the C CRC32C extension; not about any request.
-IGNORED_EVENTS = {"log.crc32c_slow"}
-
-
-def herd_warnings(herd) -> list[dict]:
-    out = []
-    for line in herd.logs().splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if rec.get("level") in ("warning", "error", "critical") and rec.get("event") not in IGNORED_EVENTS:
-            out.append(rec)
-    return out
 
 
 def _summary(rec: dict) -> str:
