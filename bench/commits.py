@@ -1,12 +1,18 @@
 """Offset commits from confluent-kafka: herd (durable) against librdkafka's mock cluster (in memory).
 
-``python -m bench.commits [--quick] [--procs 1,4] [--duration S] [--partitions 10] [--fsync always]``
+``python -m bench.commits [--quick] [--procs 1,4] [--modes sync,async] [--outstanding 32]
+[--duration S] [--partitions 10] [--fsync always]``
 
 Each client process is one confluent-kafka ``Consumer`` that ``assign()``s 10 partitions of topic
-``bench`` (100 partitions) and commits them in a loop with ``commit(offsets=[10 TopicPartitions],
-asynchronous=False)`` — one OffsetCommit request of 10 partitions, waited for — as fast as it can
-for ``--duration`` seconds, after a warm-up. Offsets grow by one per commit. Each process uses its
-own group (a standalone consumer: generation -1 into an Empty group, as Spark executors do).
+``bench`` (100 partitions) and commits them as fast as it can for ``--duration`` seconds, after a
+warm-up; offsets grow by one per commit. Each process uses its own group (a standalone consumer:
+generation -1 into an Empty group, as Spark executors do). Two modes, each its own rows:
+
+* ``sync``: ``commit(offsets=[10 TopicPartitions], asynchronous=False)``: one OffsetCommit
+  request of 10 partitions, waited for, then the next. The target is about this mode.
+* ``async``: ``commit(..., asynchronous=True)`` with up to ``--outstanding`` commits not yet
+  confirmed per client (librdkafka pipelines them on its coordinator connection); the ``on_commit``
+  callback (served by ``poll``) confirms one. Latency = from ``commit()`` to its callback.
 
 herd (fsync=always: durable; and, for comparison, a second daemon with fsync=never, "herd-nofsync")
 and the mock all run for the whole benchmark; each (target, process count) cell is measured alone,
@@ -39,11 +45,28 @@ def _worker(
     max_commits: int,
     barrier,
     results,
+    outstanding: int = 0,
 ) -> None:
+    """One client process; ``outstanding`` > 0: the async mode with that many commits in flight."""
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
     out = {"group": group, "commits": 0, "errors": 0, "error_samples": []}
     consumer = None
+    sent_at: dict[int, float] = {}  # async: offset of a commit in flight -> when commit() was called
+    confirmed = array("d")  # async: latency of each confirmed commit
+    failed = []
+
+    def on_commit(err, tps):
+        if not tps:
+            return
+        t0 = sent_at.pop(tps[0].offset, None)
+        if t0 is None:
+            return  # a warm-up commit
+        confirmed.append(time.perf_counter() - t0)
+        bad = err if err is not None else next((tp.error for tp in tps if tp.error is not None), None)
+        if bad is not None:
+            failed.append(str(bad))
+
     try:
         consumer = Consumer(
             {
@@ -54,6 +77,7 @@ def _worker(
                 "client.id": f"bench-commits-{group}",
                 "socket.nagle.disable": True,
                 "log_level": 3,
+                "on_commit": on_commit,
             }
         )
         consumer.assign([TopicPartition(topic, p) for p in partitions])
@@ -70,6 +94,24 @@ def _worker(
         started = time.perf_counter()
         stop_at = started + duration
         now = started
+        if outstanding > 0:
+            sent = 0
+            while now < stop_at and sent < max_commits:
+                while len(sent_at) < outstanding and sent < max_commits:
+                    offset += 1
+                    sent += 1
+                    sent_at[offset] = time.perf_counter()
+                    consumer.commit(offsets=[TopicPartition(topic, p, offset) for p in partitions],
+                                    asynchronous=True)
+                consumer.poll(0.001)  # serves on_commit
+                now = time.perf_counter()
+            drain_until = now + 30
+            while sent_at and time.perf_counter() < drain_until:  # the commits still in flight
+                consumer.poll(0.01)
+            now = time.perf_counter()
+            lat = confirmed
+            errors = len(failed) + len(sent_at)
+            out["error_samples"] = failed[:3] + (["unconfirmed after 30 s"] if sent_at else [])
         while now < stop_at and len(lat) < max_commits:
             offset += 1
             offs = [TopicPartition(topic, p, offset) for p in partitions]
@@ -109,12 +151,13 @@ def _worker(
         results.put(out)
 
 
-def run_cell(target: str, bootstrap: str, server_pid: int, procs: int, args, round_no: int) -> dict:
+def run_cell(target: str, bootstrap: str, server_pid: int, procs: int, args, round_no: int,
+             mode: str = "sync") -> dict:
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(procs + 1)
     results = ctx.Queue()
     workers = []
-    stamp = f"{target}-{procs}p-r{round_no}-{int(time.time() * 1000) % 10**8}"
+    stamp = f"{target}-{mode}-{procs}p-r{round_no}-{int(time.time() * 1000) % 10**8}"
     try:
         for i in range(procs):
             first = (i * args.partitions) % args.topic_partitions
@@ -132,6 +175,7 @@ def run_cell(target: str, bootstrap: str, server_pid: int, procs: int, args, rou
                     args.max_commits,
                     barrier,
                     results,
+                    args.outstanding if mode == "async" else 0,
                 ),
             )
             w.start()
@@ -161,6 +205,7 @@ def run_cell(target: str, bootstrap: str, server_pid: int, procs: int, args, rou
     pct = U.percentiles(lat, (50, 99))
     return {
         "target": target,
+        "mode": mode,
         "procs": procs,
         "round": round_no,
         "commits": commits,
@@ -182,6 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m bench.commits", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="short runs (< 60 s in all)")
     ap.add_argument("--procs", default="1,4", help="client process counts, comma separated (default 1,4)")
+    ap.add_argument("--modes", default="sync,async", help="sync and/or async commits (default sync,async)")
+    ap.add_argument("--outstanding", type=int, default=32, help="async: commits in flight per client")
     ap.add_argument("--duration", type=float, default=None, help="seconds per cell (default 10, quick 3)")
     ap.add_argument("--rounds", type=int, default=None, help="rounds of every cell (default 2, quick 1)")
     ap.add_argument("--warmup", type=int, default=20, help="commits per client before timing")
@@ -207,6 +254,9 @@ def main(argv=None):
     if args.rounds is None:
         args.rounds = 1 if args.quick else 2
     procs_list = [int(x) for x in args.procs.split(",") if x]
+    modes = [x for x in args.modes.split(",") if x]
+    if not modes or any(x not in ("sync", "async") for x in modes):
+        raise SystemExit("--modes: sync and/or async")
     fsyncs = [f for f in args.fsync.split(",") if f]
     wanted = [t for t in args.targets.split(",") if t]
     targets = []
@@ -237,25 +287,28 @@ def main(argv=None):
                 m = stack.enter_context(U.Mock(topics=[topic]))
                 servers[t] = (m.bootstrap, m.pid)
         for r in range(args.rounds):
-            for procs in procs_list:
-                order = targets if r % 2 == 0 else list(reversed(targets))
-                for target in order:
-                    bootstrap, pid = servers[target]
-                    cell = run_cell(target, bootstrap, pid, procs, args, r)
-                    cells.append(cell)
-                    print(
-                        f"  {target:4} {procs}p round {r}: {cell['commits_per_s']:8.0f} commits/s "
-                        f"p50 {cell['latency_ms']['p50']:.2f} ms p99 {cell['latency_ms']['p99']:.2f} ms",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+            for mode in modes:
+                for procs in procs_list:
+                    order = targets if r % 2 == 0 else list(reversed(targets))
+                    for target in order:
+                        bootstrap, pid = servers[target]
+                        cell = run_cell(target, bootstrap, pid, procs, args, r, mode)
+                        cells.append(cell)
+                        print(
+                            f"  {target:4} {mode:5} {procs}p round {r}: {cell['commits_per_s']:8.0f} commits/s "
+                            f"p50 {cell['latency_ms']['p50']:.2f} ms p99 {cell['latency_ms']['p99']:.2f} ms",
+                            file=sys.stderr,
+                            flush=True,
+                        )
         herd_rss = {t: U.proc_rss_bytes(h.pid) / 2**20 for t, h in herds.items()}
         data_fs = {t: U.filesystem_of(h.data_dir) for t, h in herds.items()}
     summary = []
-    for procs in procs_list:
-        row = {"procs": procs}
+    for mode, procs in [(mo, p) for mo in modes for p in procs_list]:
+        row = {"mode": mode, "procs": procs}
+        if mode == "async":
+            row["outstanding"] = args.outstanding
         for target in targets:
-            mine = [c for c in cells if c["target"] == target and c["procs"] == procs]
+            mine = [c for c in cells if c["target"] == target and c["procs"] == procs and c["mode"] == mode]
             row[target] = {
                 "commits_per_s": statistics.median(c["commits_per_s"] for c in mine),
                 "p50_ms": statistics.median(c["latency_ms"]["p50"] for c in mine),
@@ -288,7 +341,10 @@ def main(argv=None):
             "herd_data_fs": data_fs,
             "herd_log_level": args.herd_log_level,
             "quick": args.quick,
-            "commit_call": "Consumer.commit(offsets=[...], asynchronous=False) after assign()",
+            "modes": modes,
+            "outstanding": args.outstanding,
+            "commit_call": "Consumer.commit(offsets=[...], asynchronous=False) after assign(); async: "
+            "asynchronous=True, up to `outstanding` unconfirmed (on_commit callback) per client",
             "groups": "one per client process (standalone, generation -1)",
         },
         "summary": summary,
@@ -299,6 +355,7 @@ def main(argv=None):
     for s in summary:
         rows.append(
             [
+                s["mode"] if s["mode"] == "sync" else f"async {s['outstanding']}",
                 f"{s['procs']}p",
                 *(f"{s[t]['commits_per_s']:.0f}" for t in targets),
                 *(f"{s[t]['p50_ms']:.2f}/{s[t]['p99_ms']:.2f}" for t in targets),
@@ -311,6 +368,7 @@ def main(argv=None):
     text = U.table(
         rows,
         [
+            "mode",
             "procs",
             *(f"{t} commits/s" for t in targets),
             *(f"{t} p50/p99 ms" for t in targets),
@@ -320,7 +378,8 @@ def main(argv=None):
             "nofsync/mock",
         ],
     )
-    U.emit(result, "commits (10 partitions per synchronous commit)\n" + text)
+    U.emit(result, f"commits ({args.partitions} partitions per commit; sync: one at a time per client, "
+                   f"async N: N in flight)\n" + text)
 
 
 if __name__ == "__main__":
