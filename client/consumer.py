@@ -8,7 +8,8 @@ It is the group-membership and offset half of a Kafka consumer (no fetching of r
         consumer.subscribe(["events"], listener=MyListener())
         while running:
             for tp in consumer.poll(1.0):          # drives the group; returns the assignment
-                ...process tp from consumer.committed([tp])[tp] onwards...
+                ...process tp from consumer.committed([tp])[tp] onwards...  (it paces the loop:
+                poll returns at once when the group is stable; there are no records to wait for)
                 consumer.seek(tp, next_offset)      # mark progress (committed by auto-commit)
             consumer.commit({tp: 42})               # or commit explicitly, any time
 
