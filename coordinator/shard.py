@@ -75,6 +75,9 @@ GROUP_AUTHORIZED_OPERATIONS = (1 << 3) | (1 << 6) | (1 << 8) | (1 << 10) | (1 <<
 _STR16_MAX = 32767  # bytes in a record string (int16 length)
 _META_SAFE_CHARS = _STR16_MAX // 4  # this many characters always fit in UTF-8
 _NONE = errors.NONE
+# A partition's "committed" answer, shared by every OffsetCommit response (answers are only
+# encoded, never changed): one object per partition index below this bound.
+_COMMITTED = tuple(OffsetCommitResponsePartition(i, _NONE) for i in range(1024))
 _RETENTION_KEY = ("retention",)
 
 
@@ -812,6 +815,8 @@ class Shard:
         sid = self.shard_id
         pack_partition = records.pack_partition
         value_bytes = records.offset_value
+        committed = _COMMITTED
+        n_committed = len(committed)
         tail = last_meta = last_ts = None
         for t in req.topics:
             parts_out = []
@@ -839,7 +844,8 @@ class Shard:
                                   expire)
                 writes.append((sid, prefix + pack_partition(idx), raw))
                 stored[idx] = raw
-                parts_out.append(OffsetCommitResponsePartition(idx, _NONE))
+                parts_out.append(committed[idx] if 0 <= idx < n_committed else
+                                 OffsetCommitResponsePartition(idx, _NONE))
                 written += 1
             topics_out.append(OffsetCommitResponseTopic(t.name, parts_out))
         if written:

@@ -268,3 +268,19 @@ def test_metadata_that_cannot_fit_a_record_string_is_too_large_whatever_the_limi
     # 10,000 characters of 4 bytes each: within the character limit, 40,000 bytes on disk
     assert perr(h.commit("g", {("t", 2): 1}, metadata="😀" * 10_000)) == {("t", 2): E.OFFSET_METADATA_TOO_LARGE}
     assert h.fetch("g", {"t": [0]})[1] == {("t", 0): (1, "m" * 32767)}
+
+
+def test_commit_answers_name_every_partition_index_including_large_and_negative_ones():
+    """The "committed" answers of small partition indexes are shared objects; any index gets its own
+    answer with its own number, and one commit's answer is not changed by the next one's."""
+    h = Harness()
+    parts = [0, 1, 1023, 1024, 70_000, 2**31 - 1, -1]
+    first = h.commit("s", {("t", p): 5 for p in parts})
+    assert perr(first) == {("t", p): E.NONE for p in parts}
+    too_long = "x" * 5000  # OFFSET_METADATA_TOO_LARGE for every partition of this one
+    second = h.commit("s", {("t", p): 6 for p in parts}, metadata=too_long)
+    assert perr(second) == {("t", p): E.OFFSET_METADATA_TOO_LARGE for p in parts}
+    assert perr(first) == {("t", p): E.NONE for p in parts}
+    for v in (0, 8, 9):
+        body = first.encode(v)
+        assert perr(type(first).decode(body, v)) == {("t", p): E.NONE for p in parts}
