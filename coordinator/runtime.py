@@ -59,6 +59,11 @@ class _Waiter:
             self.runtime.release(replies)
 
 
+def _popping(queue: collections.deque):
+    while queue:
+        yield queue.popleft()
+
+
 def _group_failure(result):
     return result.failure_replies(E.COORDINATOR_NOT_AVAILABLE)
 
@@ -243,17 +248,7 @@ class Runtime:
 
     def _drain(self) -> None:
         self._drain_scheduled = False
-        completed = self._completed
-        edge = self.edge
-        if edge is not None:
-            edge.hold()
-        try:
-            settle = self._settle_one
-            while completed:
-                settle(*completed.popleft())
-        finally:
-            if edge is not None:
-                edge.write()
+        self._settle(_popping(self._completed))  # one at a time: a settle that raises loses no other
 
     def _settle_one(self, shard_id: int, seq: int, exc) -> None:
         """Every write of ``shard_id`` up to ``seq`` is durable (or failed with ``exc``)."""

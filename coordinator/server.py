@@ -173,8 +173,7 @@ class Connection(asyncio.Protocol):
             self.fail("malformed frame", exc)
             return
         if frames:
-            if len(frames) == 1 and not self.queue and self.inflight is None and not self.processing \
-                    and not self.write_paused and len(self.held) < self.MAX_HELD:
+            if len(frames) == 1 and not self.queue and not self.processing and self._ready():
                 self.handle_one(frames[0])  # the common case: no queue round trip
             else:
                 for f in frames:
@@ -492,7 +491,6 @@ class Server:
             except Exception:  # our bug: log it, drop that connection, keep the others going
                 conn.dirty = False
                 log.exception("error writing released answers", peer=conn.peer)
-                conn.closing = False
                 conn._abort()
 
     def register(self, conn: Connection) -> bool:
