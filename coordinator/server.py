@@ -115,7 +115,7 @@ class Connection(asyncio.Protocol):
         self.peer = "?"
         self.client_host = ""
         self.max_pending = server.config.max_pending_bytes_per_connection
-        self.queue: deque[bytes] = deque()
+        self.queue: deque[bytes | None] = deque()  # None: a malformed frame, see malformed()
         self.queued_bytes = 0
         self.inflight: Reply | None = None  # a parked request: nothing after it is handled yet
         # Answers that must wait for an earlier one, in request order: Reply tokens held for the
@@ -167,10 +167,9 @@ class Connection(asyncio.Protocol):
         if self.closed or self.closing:
             return
         self.last_active = self.server.loop.time()
-        try:
-            frames = self.decoder.feed(data)
-        except ProtocolError as exc:
-            self.fail("malformed frame", exc)
+        frames, error = self.decoder.split(data)
+        if error is not None:
+            self.malformed(frames, error)
             return
         if frames:
             if len(frames) == 1 and not self.queue and not self.processing and self._ready():
@@ -233,6 +232,9 @@ class Connection(asyncio.Protocol):
                     break
                 budget -= 1
                 frame = self.queue.popleft()
+                if frame is None:  # the end of a malformed stream
+                    self.fail("malformed frame", self.decoder.error)
+                    break
                 self.queued_bytes -= len(frame)
                 self.handle(frame)
         finally:
@@ -252,6 +254,7 @@ class Connection(asyncio.Protocol):
 
     def _maybe_resume(self) -> None:
         if self.paused and not self.closed and not self.closing and not self.write_paused \
+                and self.decoder.error is None \
                 and self._pending() <= self.max_pending // 2:
             self.paused = False
             self.transport.resume_reading()
@@ -433,6 +436,23 @@ class Connection(asyncio.Protocol):
             self.out = bytearray()  # the transport may keep the one it was given
 
     # ---- closing -----------------------------------------------------------------------------
+
+    def malformed(self, frames: list[bytes], error: ProtocolError) -> None:
+        """An invalid size prefix: the stream cannot be followed past it. The requests before it
+        (``frames``, and any still queued) are answered first, as a broker reading one request at
+        a time would; then the connection closes. Nothing more is read."""
+        if not self.paused:
+            self.paused = True
+            self.transport.pause_reading()
+        if not frames and not self.queue and not self.processing and self._ready():
+            self.fail("malformed frame", error)
+            return
+        for f in frames:
+            self.queued_bytes += len(f)
+        self.queue.extend(frames)
+        self.queue.append(None)  # process() closes the connection when it reaches this
+        if not self.processing and self._ready():
+            self.process()
 
     def fail(self, what: str, exc: Exception, **kw) -> None:
         log.warning(f"{what}; closing connection", peer=self.peer, error=str(exc), **kw)

@@ -21,25 +21,40 @@ class FrameTooLarge(ProtocolError):
 
 
 class FrameDecoder:
-    """Incremental frame splitter: ``feed(data)`` returns every frame completed by ``data``."""
+    """Incremental frame splitter: ``split(data)`` returns every frame completed by ``data`` (and
+    the error of an invalid size prefix after them, if any)."""
 
-    __slots__ = ("max_frame_size", "_buf", "_need")
+    __slots__ = ("max_frame_size", "_buf", "_need", "error")
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE):
         self.max_frame_size = max_frame_size
         self._buf = bytearray()
         self._need = -1  # size of the frame being assembled, -1 while reading its prefix
+        self.error: ProtocolError | None = None  # an invalid size prefix ended the stream
 
     @property
     def buffered(self) -> int:
         return len(self._buf)
 
     def feed(self, data) -> list[bytes]:
+        """Every frame completed by ``data``; raises the framing error if the stream has one
+        (then the frames before it in ``data`` are lost: a server uses ``split``)."""
+        frames, error = self.split(data)
+        if error is not None:
+            raise error
+        return frames
+
+    def split(self, data) -> tuple[list[bytes], ProtocolError | None]:
+        """The frames completed by ``data``, and the error of an invalid size prefix after them
+        (None if there is none). After an error the stream cannot be resynchronised: nothing is
+        buffered and every later call returns the same error."""
+        if self.error is not None:
+            return [], self.error
         if not self._buf and self._need < 0 and len(data) >= 4:
             # the common case: the read holds exactly one whole frame and nothing is buffered
             need, = _SIZE.unpack_from(data, 0)
             if 0 <= need <= self.max_frame_size and len(data) == need + 4:
-                return [bytes(data[4:])]
+                return [bytes(data[4:])], None
         buf = self._buf
         buf += data
         frames = []
@@ -53,8 +68,9 @@ class FrameDecoder:
                 need, = _SIZE.unpack_from(buf, start)
                 if need < 0 or need > self.max_frame_size:
                     buf.clear()
-                    raise FrameTooLarge(need, self.max_frame_size) if need >= 0 else ProtocolError(
+                    self.error = FrameTooLarge(need, self.max_frame_size) if need >= 0 else ProtocolError(
                         f"negative frame size {need}")
+                    return frames, self.error
                 start += 4
                 self._need = need
             if end - start < need:
@@ -64,7 +80,7 @@ class FrameDecoder:
             self._need = -1
         if start:
             del buf[:start]
-        return frames
+        return frames, None
 
 
 def frame(payload: bytes) -> bytes:

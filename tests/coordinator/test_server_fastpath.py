@@ -467,6 +467,53 @@ def test_a_negative_frame_size_after_good_frames_closes_after_answering_them(tmp
     run(main())
 
 
+@pytest.mark.parametrize("prefix", [-5, 1 << 30], ids=["negative", "too-large"])
+def test_an_invalid_frame_size_in_the_same_read_as_good_frames_answers_them_first(tmp_path, prefix):
+    """commit + heartbeat + an invalid size prefix, all in one read: the commit (durable) and the
+    heartbeat are answered in order, then the connection closes; nothing more is read."""
+    async def main():
+        async with Edge(tmp_path, max_frame_size=1 << 20) as edge:
+            hb = await edge.member("g")
+            conn, tr = edge.connect()
+            conn.data_received(frame(commit_request("s1", 5), 8, 1) + frame(hb, HB, 2)
+                               + struct.pack(">i", prefix) + frame(hb, HB, 3))
+            assert not tr.reading
+            conn.data_received(frame(hb, HB, 4))  # ignored: the stream is past following
+            await until(lambda: tr.aborted, tr)
+            bodies = answers(tr.data)
+            assert len(bodies) == 2 and [decode(bodies[0], 8, 8)[0], decode(bodies[1], 12, HB)[0]] == [1, 2]
+            assert decode(bodies[0], 8, 8)[1].topics[0].partitions[0].error_code == E.NONE
+            assert conn.closed and not conn.queue
+
+    run(main())
+
+
+def test_frames_queued_behind_a_parked_request_are_answered_before_a_malformed_frame_closes(tmp_path):
+    async def main():
+        async with Edge(tmp_path) as edge:
+            hb = await edge.member("g")
+            other = await edge.member("h")
+            join = m.JoinGroupRequest(group_id="g", session_timeout_ms=60_000, rebalance_timeout_ms=60_000,
+                                      protocol_type="consumer",
+                                      protocols=[m.JoinGroupRequestProtocol(name="range", metadata=b"")])
+            conn, tr = edge.connect()
+            conn.data_received(frame(join, 3, 1) + frame(other, HB, 2))
+            conn.data_received(frame(other, HB, 3) + struct.pack(">i", -1))
+            assert conn.inflight is not None and not tr.aborted and not tr.reading
+            assert len(answers(tr.data)) == 0
+            rejoin = m.JoinGroupRequest(group_id="g", session_timeout_ms=60_000, rebalance_timeout_ms=60_000,
+                                        member_id=hb.member_id, protocol_type="consumer",
+                                        protocols=[m.JoinGroupRequestProtocol(name="range", metadata=b"")])
+            assert (await edge.call(rejoin, 3)).error_code == E.NONE
+            await until(lambda: tr.aborted, tr)
+            bodies = answers(tr.data)
+            assert [decode(b, 12, HB)[0] for b in bodies] == [1, 2, 3]
+            assert decode(bodies[0], 11, 3)[1].error_code == E.NONE
+            assert conn.closed
+
+    run(main())
+
+
 def test_api_versions_answers_use_header_v0_and_pipeline_with_heartbeats(tmp_path):
     async def main():
         async with Edge(tmp_path) as edge:

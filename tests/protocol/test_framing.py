@@ -95,6 +95,24 @@ def test_huge_size_after_good_frames():
     assert dec.buffered == 0
 
 
+def test_split_returns_the_frames_before_an_invalid_size_with_the_error():
+    dec = FrameDecoder(max_frame_size=16)
+    frames, error = dec.split(frame(b"ok") + frame(b"also") + struct.pack(">i", 17) + frame(b"never"))
+    assert frames == [b"ok", b"also"] and isinstance(error, FrameTooLarge) and error.size == 17
+    assert dec.buffered == 0
+    assert dec.split(frame(b"later")) == ([], error)  # the stream cannot be resynchronised
+    with pytest.raises(FrameTooLarge):
+        dec.feed(frame(b"later"))
+
+
+def test_split_across_reads_keeps_the_partial_frame_until_the_bad_prefix():
+    dec = FrameDecoder(max_frame_size=16)
+    stream = frame(b"abc")
+    assert dec.split(stream[:5]) == ([], None)
+    frames, error = dec.split(stream[5:] + struct.pack(">i", -3))
+    assert frames == [b"abc"] and isinstance(error, ProtocolError) and "negative" in str(error)
+
+
 def test_default_limit():
     assert DEFAULT_MAX_FRAME_SIZE == 100 * 1024 * 1024
     with pytest.raises(FrameTooLarge):
