@@ -121,6 +121,7 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     from coordinator.log import LogCorruptError, LogError, LogStore
     from coordinator.looplag import LoopLag
     from coordinator.metrics import HttpEndpoint, Metrics, install_collectors
+    from coordinator.notify import Notifier
     from coordinator.runtime import Runtime
     from coordinator.server import Server
 
@@ -181,6 +182,9 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
         tmp = Path(str(config.port_file) + ".tmp")
         tmp.write_text(f"{port}\n")
         os.replace(tmp, config.port_file)
+    notifier = Notifier()  # systemd Type=notify (and the integration tests): ready, watchdog
+    notifier.ready(f"listening on {host}:{port}")
+    notifier.start_watchdog(loop)
 
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -188,6 +192,8 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     await stop.wait()
 
     log.info("stopping: answering parked requests and flushing the log")
+    notifier.stopping()
+    notifier.close()
     server.stop_accepting()
     if http is not None:
         http.close()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -188,3 +189,33 @@ def test_list_offsets_every_version_encodes(herd):
                 name="lo", partitions=[m.ListOffsetsRequestListOffsetsPartition(partition_index=0,
                                                                                 timestamp=-1)])]), version)
             assert r.topics[0].partitions[0].error_code == 0, version
+
+
+def test_systemd_notify_ready_after_listening_watchdog_and_stopping(tmp_path):
+    """Type=notify: READY=1 (with the address) once requests are answered, WATCHDOG=1 pings from
+    the loop when WatchdogSec is set, STOPPING=1 on SIGTERM."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
+        notify.bind(str(tmp_path / "notify"))
+        notify.settimeout(30)
+        env = dict(os.environ, PYTHONPATH=str(REPO), NOTIFY_SOCKET=str(tmp_path / "notify"),
+                   WATCHDOG_USEC="400000")
+        env.pop("WATCHDOG_PID", None)
+        proc = subprocess.Popen([sys.executable, "-m", "coordinator", "serve", "--port", "0", "--data-dir",
+                                 str(tmp_path / "data"), "--log-level", "warning"], cwd=str(REPO), env=env)
+        try:
+            ready = dict(line.split("=", 1) for line in notify.recv(4096).decode().split("\n"))
+            assert ready["READY"] == "1" and ready["MAINPID"] == str(proc.pid)
+            host, port = ready["STATUS"].removeprefix("listening on ").rsplit(":", 1)
+            with RawClient((host, int(port))) as c:  # answered as soon as READY=1 arrives
+                assert c.call(m.ApiVersionsRequest(), 0).error_code == E.NONE
+            assert notify.recv(4096) == b"WATCHDOG=1"
+            assert notify.recv(4096) == b"WATCHDOG=1"
+            proc.send_signal(signal.SIGTERM)
+            while (msg := notify.recv(4096)) == b"WATCHDOG=1":
+                pass
+            assert msg.startswith(b"STOPPING=1\n")
+            assert proc.wait(30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)

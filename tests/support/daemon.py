@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import selectors
 import signal
 import socket
 import subprocess
@@ -50,19 +51,40 @@ class Daemon:
         if getattr(self, "_log", None) is not None:
             self._log.close()
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=str(REPO))
-        deadline = time.monotonic() + self.start_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"herd exited with {self.proc.returncode} during start-up:\n{self.logs()}")
-            if port_file.exists():
-                text = port_file.read_text().strip()
-                if text:
-                    self.port = int(text)
-                    return self
-            time.sleep(0.02)
+        # The daemon says READY=1 on a notify socket once it listens (systemd's protocol), after
+        # writing the port file: wait for that datagram, or for the process to exit.
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
+            notify.bind("\0herd-test-%d-%d" % (os.getpid(), id(self)))
+            env["NOTIFY_SOCKET"] = "@" + notify.getsockname()[1:].decode()
+            self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=str(REPO),
+                                         env=env)
+            if self._wait_ready(notify):
+                self.port = int(port_file.read_text())
+                return self
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"herd exited with {self.proc.returncode} during start-up:\n{self.logs()}")
         self.kill()
         raise RuntimeError(f"herd did not start within {self.start_timeout}s:\n{self.logs()}")
+
+    def _wait_ready(self, notify: socket.socket) -> bool:
+        """Until READY=1 arrives (True), the daemon exits or start_timeout passes (False). The
+        child's exit is seen through a pidfd, so nothing here wakes up on a timer."""
+        pidfd = os.pidfd_open(self.proc.pid)
+        try:
+            with selectors.DefaultSelector() as sel:
+                sel.register(notify, selectors.EVENT_READ)
+                sel.register(pidfd, selectors.EVENT_READ)
+                deadline = time.monotonic() + self.start_timeout
+                while (left := deadline - time.monotonic()) > 0:
+                    for key, _ in sel.select(left):
+                        if key.fileobj is notify:
+                            if b"READY=1" in notify.recv(4096).split(b"\n"):
+                                return True
+                        else:
+                            return False  # exited
+                return False
+        finally:
+            os.close(pidfd)
 
     def logs(self) -> str:
         try:
@@ -98,12 +120,3 @@ class Daemon:
         if self.proc is not None and self.proc.poll() is None:
             self.kill()
         self._log.close()
-
-
-def wait_port_closed(port: int, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) != 0:
-                return
-        time.sleep(0.05)
