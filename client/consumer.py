@@ -24,9 +24,18 @@ partition; ``commit({tp: offset})`` or ``commit({tp: (offset, "metadata")})`` co
 you pass, whether or not you use positions (this is what a Spark task does). With
 ``enable.auto.commit`` (default true) ``poll`` commits changed positions asynchronously every
 ``auto.commit.interval.ms``, and positions are committed synchronously before partitions are
-revoked (after your ``on_partitions_revoked`` returns, so a position set there is included) and on
-``close``. Positions of partitions that leave the assignment are forgotten. Without a subscription,
-commits are standalone (generation -1, as Kafka allows for a group with no members).
+revoked (before your ``on_partitions_revoked`` runs, as Kafka does: a commit made there is the last
+word) and on ``close`` (bounded by its timeout; the listener may still commit there). Positions of
+partitions that leave the assignment are forgotten. Without a subscription, commits are standalone
+(generation -1, as Kafka allows for a group with no members).
+
+Commit order and zombies. A commit that fails with a retriable error is retried until its timeout,
+but never after a later commit of one of its partitions was made (that would move the offset back):
+it then fails with ``RetriableCommitFailedError``. A commit carries the membership the caller's
+assignment came from: once the member has lost its partitions (kicked out, session expired,
+generation reset), commits fail with ``CommitFailedError`` until a ``poll`` has run
+``on_partitions_lost``, even though the background thread may already have rejoined, so a member
+never commits over the new owner of a partition.
 
 ``poll(timeout_s)`` runs the group on the caller's side: it runs due rebalance-listener callbacks
 (``on_partitions_revoked`` / ``on_partitions_assigned`` / ``on_partitions_lost``, on the polling
@@ -158,12 +167,14 @@ class GroupConsumer:
         self._local = threading.local()
         self._listener = None
         self._view: frozenset = frozenset()
+        self._view_epoch = 0  # the membership epoch ``_view`` belongs to (commits carry it)
         self._positions: dict[TopicPartition, OffsetAndMetadata] = {}
         self._last_committed: dict[TopicPartition, OffsetAndMetadata] = {}
         self._processed = 0
         self._callback_errors: list[BaseException] = []
         self._subscribed = False
         self._topics: frozenset = frozenset()
+        self._closing = False  # close() has begun: its revocation callback may still commit
         self._closed = False
         self._next_auto_commit = time.monotonic() + cfg.s("auto_commit_interval_ms")
         self._net.start()
@@ -251,14 +262,14 @@ class GroupConsumer:
     def poll(self, timeout_s: float = 0.0) -> frozenset:
         """Drive the group: run due callbacks, wait (up to ``timeout_s``) for a stable group, and
         return the current assignment as a frozenset of TopicPartition."""
-        if self._closed:
+        if getattr(self._local, "in_callback", False):
+            return self._view
+        if self._closed or self._closing:
             raise cerr.IllegalStateError("the consumer is closed")
         now = time.monotonic()
         net = self._net
         net.last_poll = now  # the poll timer (max.poll.interval.ms); the network thread reads it
         deadline = now + max(0.0, float(timeout_s))
-        if getattr(self._local, "in_callback", False):
-            return self._view
         # A stable group with nothing pending: answered here, without a command (the network
         # thread rejoins on its own when the group rebalances; see client/network.py).
         if self._poll_lock.acquire(False):
@@ -274,7 +285,7 @@ class GroupConsumer:
                 self._check_open()
                 return self._view
             while True:
-                if self._closed:  # closed from another thread
+                if self._closing:  # closed from another thread
                     break
                 net.last_poll = time.monotonic()  # a long poll is still a poll (poll timer)
                 self._drain_events()
@@ -312,7 +323,7 @@ class GroupConsumer:
         if not net.caught_up():  # e.g. subscribe() or an ack not yet run: take the slow path
             return False
         snap = net.snapshot  # read after caught_up(): at least as new as the commands
-        if snap.error is not None or snap.closed or self._closed:
+        if snap.error is not None or snap.closed or self._closing:
             return False
         if snap.subscribed:
             return snap.stable and self._processed >= snap.events and self._events.empty()
@@ -363,8 +374,10 @@ class GroupConsumer:
                 if snap.epoch != ev.epoch:
                     self._listener_call("on_partitions_lost", parts)
                 else:
-                    self._listener_call("on_partitions_revoked", parts)
+                    # As Kafka (onJoinPrepare): positions first, then the listener, whose own
+                    # commit is then the last word.
                     self._commit_before_revoke(parts)
+                    self._listener_call("on_partitions_revoked", parts)
                 self._forget(parts)
             seq = ev.seq
             self._submit(lambda core, now: core.ack(seq, now))
@@ -376,6 +389,7 @@ class GroupConsumer:
                 self._forget(gone)
             with self._lock:
                 self._view = frozenset(ev.assignment)
+                self._view_epoch = ev.epoch
             self._listener_call("on_partitions_assigned", ev.added)
         elif t is PartitionsLost:
             with self._lock:
@@ -383,6 +397,8 @@ class GroupConsumer:
             if parts:
                 self._listener_call("on_partitions_lost", parts)
                 self._forget(parts)
+            with self._lock:
+                self._view_epoch = ev.epoch  # commits from now on belong to the membership after the loss
         elif t is GroupFailed:
             with self._lock:
                 parts = self._view
@@ -462,16 +478,18 @@ class GroupConsumer:
         if offsets is None:
             with self._lock:
                 data = {tp: om for tp, om in self._positions.items() if tp in self._view}
+                epoch = self._view_epoch
         else:
             data = {_tp(tp): _offset(v) for tp, v in dict(offsets).items()}
+            epoch = self._view_epoch
         timeout = self._default_timeout(timeout_s)
         if not sync:
             handle = Handle(None, callback, data)
-            self._submit(lambda core, now: core.commit(data, handle, now + timeout, now), handle)
+            self._submit(lambda core, now: core.commit(data, handle, now + timeout, now, epoch=epoch), handle)
             return None
         try:
             result = self._call(
-                lambda h: lambda core, now: core.commit(data, h, now + timeout, now), timeout, "commit"
+                lambda h: lambda core, now: core.commit(data, h, now + timeout, now, epoch=epoch), timeout, "commit"
             )
         except cerr.KafkaError as exc:
             if callback is not None:
@@ -489,7 +507,7 @@ class GroupConsumer:
                 if tp in self._view:
                     self._last_committed[tp] = om
 
-    def _commit_before_revoke(self, parts) -> None:
+    def _commit_before_revoke(self, parts, timeout_s: float | None = None) -> None:
         if not self._config.enable_auto_commit:
             return
         with self._lock:
@@ -501,7 +519,8 @@ class GroupConsumer:
         if not data:
             return
         try:
-            self._commit(data, True, None, self._config.s("request_timeout_ms"))
+            timeout = self._config.s("request_timeout_ms")
+            self._commit(data, True, None, timeout if timeout_s is None else min(timeout, timeout_s))
         except cerr.KafkaError as exc:
             log.warning("commit before revocation failed: %s", exc)
 
@@ -565,15 +584,16 @@ class GroupConsumer:
         }
 
     # -- close -------------------------------------------------------------------------------------
-    def _give_up_assignment(self) -> None:
-        """Before leaving: commit positions (auto-commit) and run on_partitions_revoked."""
+    def _give_up_assignment(self, timeout_s: float | None = None) -> None:
+        """Before leaving: commit positions (auto-commit; within ``timeout_s``), then run
+        on_partitions_revoked."""
         with self._lock:
             parts = self._view
         if not parts:
             return
         snap = self._net.snapshot
         if self._config.enable_auto_commit and snap.error is None and snap.stable:
-            self._commit_before_revoke(parts)
+            self._commit_before_revoke(parts, timeout_s)
         self._listener_call("on_partitions_revoked", parts)
         self._forget(parts)
 
@@ -581,9 +601,9 @@ class GroupConsumer:
         """Leave the group (dynamic members) and stop the background thread; idempotent. Runs
         on_partitions_revoked for the current assignment and commits positions if auto-commit is on."""
         with self._lock:
-            if self._closed:
+            if self._closing:
                 return
-            self._closed = True
+            self._closing = True  # the consumer stays usable for the revocation callback (Kafka)
         self._events.put(NUDGE)  # a poll waiting in another thread returns now
         deadline = time.monotonic() + max(0.0, timeout_s)
         try:
@@ -591,10 +611,11 @@ class GroupConsumer:
                 with self._hold_poll_lock(max(0.0, deadline - time.monotonic())) as held:
                     if held:
                         self._drain_events()
-                        self._give_up_assignment()
+                        self._give_up_assignment(max(0.0, deadline - time.monotonic()))
         except Exception as exc:
             log.warning("error while closing: %s", exc)
         finally:
+            self._closed = True
             try:
                 fut: Future = Future()
                 handle = Handle(fut)

@@ -182,12 +182,14 @@ class PartitionsAssigned:
     added: frozenset
     assignment: frozenset
     generation: int
+    epoch: int = 0  # the membership epoch this assignment belongs to
 
 
 @dataclass(frozen=True)
 class PartitionsLost:
     seq: int
     partitions: frozenset
+    epoch: int = 0  # the membership epoch after the loss
 
 
 @dataclass(frozen=True)
@@ -232,6 +234,8 @@ class _OffsetReq:
     retry_at: float = 0.0
     attempts: int = 0
     last_error: BaseException | None = None
+    seq: int = 0  # commit: submission order (see _superseded)
+    epoch: int | None = None  # commit: the membership epoch of the user's view (see _send_commit)
 
 
 @dataclass
@@ -299,6 +303,8 @@ class ConsumerCoordinator:
         self._metadata_inflight = False
 
         self._pending: list[_OffsetReq] = []
+        self._commit_seq = 0
+        self._latest_commit: dict[TopicPartition, int] = {}  # partition -> seq of its latest commit
         self._inflight: dict[int, _Inflight] = {}
         self._closing: tuple | None = None  # (handle, deadline)
         self.closed = False
@@ -421,6 +427,10 @@ class ConsumerCoordinator:
             return self._advance(now)
         self.subscription = topics
         self._poll_expired = False
+        # Subscribing is the user being active: the poll timer starts now (in Kafka the join
+        # happens inside poll(), which resets it first; here the join starts at once, and a stale
+        # timer would have the fresh member leave again right after joining).
+        self.heartbeat.poll(now)
         if self.state is not MemberState.UNJOINED:
             self._request_rejoin("subscription changed")
         self._advance(now)
@@ -464,7 +474,10 @@ class ConsumerCoordinator:
                 self._request_rejoin("rejoining after revoking partitions (cooperative)")
         self._advance(now)
 
-    def commit(self, offsets: dict, handle, deadline: float, now: float) -> None:
+    def commit(self, offsets: dict, handle, deadline: float, now: float, epoch: int | None = None) -> None:
+        """Commit ``offsets``. ``epoch``: the membership epoch of the assignment the user saw when
+        committing (None: do not check); a member that lost its partitions since (kicked out,
+        generation reset) gets CommitFailedError instead of committing under a later generation."""
         if self.error is not None:
             self._actions.append(Reply(handle, error=self.error))
         elif self._closing is not None or self.closed:
@@ -472,7 +485,11 @@ class ConsumerCoordinator:
         elif not offsets:
             self._actions.append(Reply(handle, value={}))
         else:
-            self._pending.append(_OffsetReq("commit", dict(offsets), handle, deadline))
+            self._commit_seq += 1
+            req = _OffsetReq("commit", dict(offsets), handle, deadline, seq=self._commit_seq, epoch=epoch)
+            for tp in req.data:
+                self._latest_commit[tp] = req.seq
+            self._pending.append(req)
         self._advance(now)
 
     def fetch_committed(self, partitions, handle, deadline: float, now: float) -> None:
@@ -906,10 +923,13 @@ class ConsumerCoordinator:
             self._join_failed(now, f"JoinGroup: {name}")
         elif code in FATAL_GROUP_ERRORS:
             self._fatal(cerr.error_for_code(code), now)
-        elif codes.is_retriable(code):
-            self._join_failed(now, f"JoinGroup: {name}")
         else:
-            self._fatal(cerr.error_for_code(code, f"JoinGroup failed: {name}"), now)
+            # Retriable, or an error Kafka's client does not expect either (it raises it from that
+            # poll and joins again on the next): rejoin after a backoff; only the codes above are
+            # fatal.
+            if not codes.is_retriable(code):
+                log.warning("JoinGroup failed with %s; joining again after a backoff", name)
+            self._join_failed(now, f"JoinGroup: {name}")
 
     # -- leader ---------------------------------------------------------------------------------
     def _lead(self, resp, now: float) -> None:
@@ -1108,7 +1128,7 @@ class ConsumerCoordinator:
         if self.protocol == EAGER:
             added = assigned - self.owned
             self.owned = assigned
-            self._emit(PartitionsAssigned(self._next_seq(), added, assigned, self.generation))
+            self._emit(PartitionsAssigned(self._next_seq(), added, assigned, self.generation, self.epoch))
         else:
             revoked = self.owned - assigned
             added = assigned - self.owned
@@ -1119,7 +1139,7 @@ class ConsumerCoordinator:
                 self._pending_revoke = frozenset()
                 self._rejoin_after_ack = True
                 self._emit(PartitionsRevoked(seq, revoked, self.epoch))
-            self._emit(PartitionsAssigned(self._next_seq(), added, assigned, self.generation))
+            self._emit(PartitionsAssigned(self._next_seq(), added, assigned, self.generation, self.epoch))
         log.info(
             "group %s stable at generation %d with %d partitions",
             self.group_id,
@@ -1135,7 +1155,7 @@ class ConsumerCoordinator:
         self._rejoin_after_ack = False
         self.epoch += 1
         if self.owned:
-            self._emit(PartitionsLost(self._next_seq(), self.owned))
+            self._emit(PartitionsLost(self._next_seq(), self.owned, self.epoch))
             self.owned = frozenset()
 
     def _reset_generation(self, now: float, reason: str, reset_member_id: bool) -> None:
@@ -1276,6 +1296,9 @@ class ConsumerCoordinator:
                     self._wake_at(req.retry_at)
                 continue
             if req.kind == "commit":
+                if req.attempts and self._superseded(req):
+                    self._actions.append(Reply(req.handle, error=self._superseded_error(req)))
+                    continue
                 self._send_commit(req, now)
             else:
                 self._send_fetch(req, now)
@@ -1297,8 +1320,25 @@ class ConsumerCoordinator:
             )
         return None, None, cerr.CommitFailedError()
 
+    def _superseded(self, req: _OffsetReq) -> bool:
+        """Has a commit submitted after ``req`` covered one of its partitions? Then ``req`` must
+        not be sent again: a retry landing after the later commit would move the offset back."""
+        latest = self._latest_commit
+        return any(latest.get(tp, 0) > req.seq for tp in req.data)
+
+    @staticmethod
+    def _superseded_error(req: _OffsetReq) -> BaseException:
+        return cerr.RetriableCommitFailedError(
+            f"commit not retried after {req.last_error}: a later commit covers some of its partitions"
+        )
+
     def _send_commit(self, req: _OffsetReq, now: float) -> None:
         gen, member, err = self._commit_generation()
+        if err is None and gen >= 0 and req.epoch is not None and req.epoch != self.epoch:
+            # The member lost its partitions (and maybe rejoined) after the user's view was made:
+            # committing now would write under a generation whose assignment the user has not seen,
+            # over the offsets of the partitions' new owner. Kafka: CommitFailedException.
+            err = cerr.CommitFailedError()
         if err is not None:
             self._actions.append(Reply(req.handle, error=err))
             return
@@ -1329,7 +1369,9 @@ class ConsumerCoordinator:
         delay = min(
             self.cfg.s("retry_backoff_max_ms"), self.cfg.s("retry_backoff_ms") * (2 ** min(req.attempts, 10))
         )
-        if now + delay < req.deadline:
+        if req.kind == "commit" and self._superseded(req):
+            self._actions.append(Reply(req.handle, error=self._superseded_error(req)))
+        elif now + delay < req.deadline:
             req.retry_at = now + delay
             self._pending.append(req)
         else:

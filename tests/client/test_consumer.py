@@ -49,8 +49,9 @@ class StubCore:
         self.net = net
 
     def __getattr__(self, name):
-        def record(*args):
+        def record(*args, **kw):
             self.net.calls.append((name, args[:-1]))
+            self.net.kwargs.append((name, kw))
             if name == "commit":
                 data, handle = args[0], args[1]
                 self.net.reply(handle, data)
@@ -72,6 +73,7 @@ class FakeNet:
         self.commands_done = 0
         self.nudge_pending = False
         self.calls = []
+        self.kwargs = []
         self.alive = False
         self.commit_error = None
         self.last_poll = 0.0
@@ -180,9 +182,12 @@ def test_revoke_runs_callback_commits_positions_then_acks(fake):
     net.calls.clear()
     net.events.put(PartitionsRevoked(2, frozenset([T0, T1]), 0))
     net.publish(events=2, stable=False)
+    order = []
+    rec.on_partitions_revoked = lambda ps: order.append(("revoked", len(net.calls)))
     c.poll(0)
-    assert rec.calls[-1] == ("revoked", {T0, T1})
     names = net.names()
+    # Kafka's order: positions committed first, then the listener, then the ack
+    assert order == [("revoked", names.index("commit") + 1)]
     assert names.index("commit") < names.index("ack")
     commit_args = net.calls[names.index("commit")][1]
     assert commit_args[0] == {T0: OffsetAndMetadata(42)}
@@ -408,3 +413,54 @@ def test_poll_after_a_poll_timeout_leave_submits_the_rejoining_poll(fake):
     assert c.poll(0) == frozenset()
     assert rec.calls[-1] == ("lost", {T0})
     assert "poll" in net.names()  # core.poll ends the poll-timeout leave: the member rejoins
+
+
+def test_a_commit_in_the_revocation_listener_during_close_goes_through(fake):
+    """The usual pattern (commit in on_partitions_revoked) works in close(), as in Kafka."""
+    c, net = fake
+    seen = []
+
+    class Committer:
+        def on_partitions_revoked(self, ps):
+            seen.append(c.commit({T0: 77}))
+
+    c.subscribe(["t"], listener=Committer())
+    assign(c, net, [T0])
+    net.calls.clear()
+    c.close()
+    assert seen == [{T0: OffsetAndMetadata(77)}]
+    names = net.names()
+    assert names.count("commit") == 1 and names.index("commit") < names.index("close")
+    with pytest.raises(IllegalStateError):
+        c.commit({T0: 78})
+
+
+def test_close_bounds_its_auto_commit_by_its_own_timeout(fake):
+    c, net = fake
+    c.subscribe(["t"])
+    assign(c, net, [T0])
+    c.seek(T0, 9)
+    net.calls.clear()
+    t0 = time.monotonic()
+    c.close(timeout_s=2)
+    data, handle, deadline = net.calls[net.names().index("commit")][1]
+    assert data == {T0: OffsetAndMetadata(9)} and deadline <= t0 + 2.5
+
+
+def test_commits_carry_the_membership_epoch_of_the_view(fake):
+    c, net = fake
+    c.subscribe(["t"])
+    assign(c, net, [T0, T1])
+    c.commit({T0: 1})
+    assert net.kwargs[-1] == ("commit", {"epoch": 0})
+    net.events.put(PartitionsLost(2, frozenset([T0, T1]), 1))
+    net.publish(events=2, epoch=1, stable=False, state="unjoined")
+    c.poll(0)
+    c.commit({T0: 2})
+    assert net.kwargs[-1] == ("commit", {"epoch": 1})
+    net.events.put(PartitionsAssigned(3, frozenset([T1]), frozenset([T1]), 2, 1))
+    net.publish(events=3, epoch=1, stable=True, state="stable", assignment=frozenset([T1]))
+    c.poll(1)
+    c.seek(T1, 5)
+    c.commit()
+    assert net.kwargs[-1] == ("commit", {"epoch": 1}) and net.calls[-1][1][0] == {T1: OffsetAndMetadata(5)}

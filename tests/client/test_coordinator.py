@@ -984,3 +984,127 @@ def test_poll_timeout_expires_with_quiet_polls_and_the_next_poll_rejoins():
     assert h.pending(m.JoinGroupRequest) == []
     h.call("poll")  # ...the poll that found the group unstable rejoins
     assert h.take(m.JoinGroupRequest)
+
+
+# ---- commit order and zombie commits (review findings) ------------------------------------------
+
+def _commit_response(code=0, partitions=(0,)):
+    return m.OffsetCommitResponse(topics=[m.OffsetCommitResponseTopic(
+        name="t", partitions=[m.OffsetCommitResponsePartition(partition_index=p, error_code=code)
+                              for p in partitions])])
+
+
+def _offset_of(send, partition=0):
+    return next(p.committed_offset for p in send.request.topics[0].partitions if p.partition_index == partition)
+
+
+def test_a_failed_commit_is_not_retried_after_a_later_commit_of_its_partition():
+    """commit 10 fails retriably, commit 20 lands: 10 must not be re-sent (the offset would go back)."""
+    h = Harness().stable_member(parts=[tp("t", 0)], generation=3)
+    c10, c20 = H(), H()
+    h.call("commit", {tp("t", 0): OffsetAndMetadata(10)}, c10, h.now + 60)
+    h.respond(h.take(m.OffsetCommitRequest), _commit_response(E.COORDINATOR_LOAD_IN_PROGRESS))
+    assert h.take_replies() == []  # waiting to retry
+    h.call("commit", {tp("t", 0): OffsetAndMetadata(20)}, c20, h.now + 60)
+    s20 = h.take(m.OffsetCommitRequest)
+    assert _offset_of(s20) == 20
+    h.respond(s20, _commit_response())
+    h.tick(2.0)
+    assert h.pending(m.OffsetCommitRequest) == []
+    replies = {r.handle: r for r in h.take_replies()}
+    assert replies[c20].error is None
+    assert isinstance(replies[c10].error, cerr.RetriableCommitFailedError)
+
+
+def test_commits_in_flight_together_the_older_is_not_retried_after_a_disconnect():
+    h = Harness().stable_member(parts=tps("t", 0, 1), generation=3)
+    a, b = H(), H()
+    h.call("commit", {tp("t", 0): OffsetAndMetadata(10), tp("t", 1): OffsetAndMetadata(5)}, a, h.now + 60)
+    h.call("commit", {tp("t", 0): OffsetAndMetadata(20)}, b, h.now + 60)
+    assert len(h.pending(m.OffsetCommitRequest)) == 2
+    h.disconnected(COORDINATOR, "reset")
+    [ra] = h.take_replies()
+    assert ra.handle is a and isinstance(ra.error, cerr.RetriableCommitFailedError)
+    h.tick(0.01)
+    h.find_coordinator()
+    h.tick(2.0)
+    [s] = h.pending(m.OffsetCommitRequest)
+    assert _offset_of(s) == 20 and len(s.request.topics[0].partitions) == 1
+
+
+def test_a_failed_commit_with_no_later_commit_of_its_partitions_is_retried():
+    h = Harness().stable_member(parts=tps("t", 0, 1), generation=3)
+    a, b = H(), H()
+    h.call("commit", {tp("t", 0): OffsetAndMetadata(10)}, a, h.now + 60)
+    h.respond(h.take(m.OffsetCommitRequest), _commit_response(E.COORDINATOR_LOAD_IN_PROGRESS))
+    h.call("commit", {tp("t", 1): OffsetAndMetadata(7)}, b, h.now + 60)  # another partition
+    h.respond(h.take(m.OffsetCommitRequest), _commit_response(partitions=(1,)))
+    h.tick(2.0)
+    retry = h.take(m.OffsetCommitRequest)
+    assert _offset_of(retry) == 10
+    h.respond(retry, _commit_response())
+    assert {r.handle: r.error for r in h.take_replies()} == {a: None, b: None}
+
+
+def test_a_member_that_lost_its_partitions_cannot_commit_under_the_next_generation():
+    """Kicked out (heartbeat UNKNOWN_MEMBER_ID), the core rejoins on its own; a commit made from the
+    user's old view (epoch 0) fails with CommitFailedError and nothing is sent, while one made
+    after the loss was seen (the epoch the PartitionsLost event carries) goes out."""
+    h = Harness().stable_member(parts=[tp("t", 0)], generation=2)
+    h.tick(3.0)
+    h.respond(h.take(m.HeartbeatRequest), m.HeartbeatResponse(error_code=E.UNKNOWN_MEMBER_ID))
+    [lost] = h.take_events(PartitionsLost)
+    assert lost.epoch == 1 == h.core.epoch
+    h.answer_join(member="m1-new", generation=3, leader="other")
+    h.answer_sync([tp("t", 1)])
+    assigned = h.take_events(PartitionsAssigned)[-1]  # (the first assignment's event is there too)
+    assert assigned.generation == 3 and assigned.epoch == 1
+    zombie = H()
+    h.call("commit", {tp("t", 0): OffsetAndMetadata(100)}, zombie, h.now + 10, epoch=0)
+    assert h.pending(m.OffsetCommitRequest) == []
+    [r] = h.take_replies()
+    assert r.handle is zombie and isinstance(r.error, cerr.CommitFailedError)
+    h.call("commit", {tp("t", 1): OffsetAndMetadata(5)}, H(), h.now + 10, epoch=lost.epoch)
+    s = h.take(m.OffsetCommitRequest)
+    assert (s.request.generation_id_or_member_epoch, s.request.member_id) == (3, "m1-new")
+
+
+def test_a_retry_pending_across_a_loss_is_not_sent_under_the_new_generation():
+    h = Harness().stable_member(parts=tps("t", 0, 1), generation=3)
+    a, b = H(), H()
+    h.call("commit", {tp("t", 0): OffsetAndMetadata(100)}, a, h.now + 60, epoch=0)
+    h.respond(h.take(m.OffsetCommitRequest), _commit_response(E.COORDINATOR_LOAD_IN_PROGRESS))
+    h.call("commit", {tp("t", 1): OffsetAndMetadata(7)}, b, h.now + 60, epoch=0)
+    h.respond(h.take(m.OffsetCommitRequest), _commit_response(E.UNKNOWN_MEMBER_ID, partitions=(1,)))
+    assert h.core.generation == -1 and h.core.epoch == 1  # kicked out: partitions lost
+    h.answer_join(member="m1-new", generation=5, leader="other")
+    h.answer_sync([tp("t", 0)])
+    h.tick(2.0)
+    assert h.pending(m.OffsetCommitRequest) == []
+    replies = {r.handle: r.error for r in h.take_replies()}
+    assert isinstance(replies[a], cerr.CommitFailedError) and isinstance(replies[b], cerr.CommitFailedError)
+
+
+def test_subscribing_long_after_construction_does_not_leave_for_a_stale_poll_timer():
+    h = Harness(max_poll_interval_ms=4000)
+    h.tick(10.0)  # constructed, then idle longer than max.poll.interval.ms
+    h.call("subscribe", ["t"])
+    h.find_coordinator()
+    h.answer_join(member="m1", generation=1, leader="other")
+    assert h.pending(m.LeaveGroupRequest) == []
+    h.answer_sync([tp("t", 0)])
+    assert h.core.state is MemberState.STABLE and h.core.generation == 1
+
+
+@pytest.mark.parametrize("code", [E.UNKNOWN_SERVER_ERROR, E.INVALID_REQUEST])
+def test_an_unexpected_join_error_rejoins_after_a_backoff_instead_of_failing_for_good(code):
+    h = Harness()
+    h.call("subscribe", ["t"])
+    h.find_coordinator()
+    h.respond(h.take(m.JoinGroupRequest), h.join_response(error=code, member=""))
+    assert h.take_events(GroupFailed) == [] and h.core.error is None
+    assert h.pending(m.JoinGroupRequest) == []  # backoff first
+    h.tick(1.5)
+    h.answer_join(member="m1", generation=1, leader="other")
+    h.answer_sync([tp("t", 0)])
+    assert h.core.state is MemberState.STABLE

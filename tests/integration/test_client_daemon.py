@@ -349,3 +349,46 @@ def _assignment(name, c) -> frozenset:
     if name == "herd":
         return c.assignment()
     return frozenset(TopicPartition(tp.topic, tp.partition) for tp in c.assignment())
+
+
+def test_a_member_removed_while_busy_cannot_commit_over_its_lost_partitions(herd_daemon):
+    """A is removed from the group (an admin's LeaveGroup for its member id) while its user thread
+    is busy; the background thread rejoins on its own, but a commit from the old view fails with
+    CommitFailedError (as Kafka's commitSync would) instead of writing under the new generation.
+    After a poll has run on_partitions_lost and the new assignment, commits work again."""
+    from client.errors import CommitFailedError
+    from protocol import messages as m
+    from tests.support.kafka import RawClient
+
+    g = group()
+    lost = []
+
+    class Listener:
+        def on_partitions_lost(self, ps):
+            lost.append(ps)
+
+    a = consumer(herd_daemon, g)
+    try:
+        a.subscribe(["t"], listener=Listener())
+        converge([a])
+        a.seek(TopicPartition("t", 0), 100)
+        old_member, old_gen = a.member_id(), a.generation()
+        host, port = herd_daemon.rsplit(":", 1)
+        with RawClient((host, int(port))) as admin:
+            r = admin.call(m.LeaveGroupRequest(group_id=g, members=[
+                m.LeaveGroupRequestMemberIdentity(member_id=old_member, reason="removed by test")]), 4)
+            assert r.error_code == 0 and r.members[0].error_code == 0
+        deadline = time.monotonic() + 20  # the background thread notices (heartbeat) and rejoins
+        while not (a.member_id() not in ("", old_member) and a.group_state()["state"] == "stable"):
+            assert time.monotonic() < deadline, a.group_state()
+            time.sleep(0.02)  # the real background thread and daemon: nothing to wait on but its state
+        assert a.generation() > old_gen and TopicPartition("t", 0) in a.assignment()  # the old view
+        with pytest.raises(CommitFailedError):
+            a.commit()
+        assert a.committed([TopicPartition("t", 0)])[TopicPartition("t", 0)] is None
+        converge([a])  # the poll runs on_partitions_lost, then the new assignment
+        assert lost and TopicPartition("t", 0) in lost[0]
+        a.commit({TopicPartition("t", 0): 7})
+        assert a.committed([TopicPartition("t", 0)])[TopicPartition("t", 0)].offset == 7
+    finally:
+        a.close(timeout_s=5)
