@@ -563,7 +563,7 @@ def _seconds(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
     if not 0 < v <= 86400:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 86400 seconds, got {text}")
+        raise argparse.ArgumentTypeError(f"must be more than 0 and at most 86400 seconds, got {text}")
     return v
 
 
@@ -1015,6 +1015,10 @@ def _plan(args, group: str, committed: dict, data: Cluster) -> list[dict]:
     if unknown:
         t, p = unknown[0]
         raise CliError(f"cannot find an offset for {t}-{p}: no such partition, or its leader is unavailable")
+    negative = [(tp, new[tp]) for tp in tps if new[tp] < 0]
+    if negative:  # only --no-clamp gets here: a clamped offset is at least the log start
+        (t, p), want = negative[0]
+        raise CliError(f"cannot reset {t}-{p} to offset {want}: offsets are not negative")
     return [{"topic": t, "partition": p, "current_offset": cur.get((t, p)), "new_offset": new[(t, p)]}
             for t, p in tps]
 

@@ -52,6 +52,22 @@ def topic_value(topic: Topic) -> bytes:
     return _VALUE.pack(0, topic.partitions, topic.topic_id)
 
 
+def decode_topic_record(key: bytes, value: bytes | None) -> tuple[str, Topic | None]:
+    """-> (topic name, the topic; None for a tombstone). Raises ProtocolError when damaged."""
+    try:
+        _, n = _KEY.unpack_from(key, 0)
+        name = key[4:4 + n].decode()
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"bad topic record key: {exc}") from None
+    if value is None:
+        return name, None
+    try:
+        _, parts, tid = _VALUE.unpack_from(value, 0)
+    except struct.error as exc:
+        raise ProtocolError(f"bad topic record value: {exc}") from None
+    return name, Topic(name, parts, tid)
+
+
 def is_topic_record(key: bytes) -> bool:
     return len(key) >= 2 and key[0] == 0x7F and key[1] == 0x00
 
@@ -85,23 +101,14 @@ class Catalog:
         self.host, self.port = host, port
 
     def replay(self, key: bytes, value: bytes | None) -> None:
-        try:
-            _, n = _KEY.unpack_from(key, 0)
-            name = key[4:4 + n].decode()
-        except (struct.error, UnicodeDecodeError) as exc:
-            raise ProtocolError(f"bad topic record key: {exc}") from None
+        name, topic = decode_topic_record(key, value)
         old = self.topics.pop(name, None)
         if old is not None:
             self.by_id.pop(old.topic_id, None)
-        if value is None:
+        if topic is None:
             return
-        try:
-            _, parts, tid = _VALUE.unpack_from(value, 0)
-        except struct.error as exc:
-            raise ProtocolError(f"bad topic record value: {exc}") from None
-        topic = Topic(name, parts, tid)
         self.topics[name] = topic
-        self.by_id[tid] = topic
+        self.by_id[topic.topic_id] = topic
 
     def create(self, name: str, partitions: int, writes: list) -> Topic:
         """Create (in memory, via replay) and queue the durable record into ``writes``."""

@@ -32,9 +32,17 @@ class CliError(Exception):
     """A mistake the user can fix: printed as one line, exit code 2."""
 
 
+def _one_line_error(parser: argparse.ArgumentParser):
+    """argparse prints the whole usage before an argument error; herd prints one line."""
+    def error(message):
+        parser.exit(2, f"herd: error: {parser.prog}: {message} (see --help)\n")
+    return error
+
+
 def _serve_parser(sub) -> None:
     p = sub.add_parser("serve", help="run the coordinator daemon",
                        description="Run the herd coordinator daemon.")
+    p.error = _one_line_error(p)
     p.add_argument("--config", metavar="FILE.toml", help="TOML config file (keys as the flag names)")
     p.add_argument("--topic", dest="topics", action="append", metavar="NAME:PARTITIONS",
                    help="a topic to create at start-up (repeatable)")
@@ -54,6 +62,7 @@ def _serve_parser(sub) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="herd", description="herd: a Kafka-protocol consumer-group coordinator")
+    ap.error = _one_line_error(ap)
     sub = ap.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     from coordinator import admin
@@ -91,7 +100,10 @@ def _lock_data_dir(path: Path):
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise CliError(f"cannot create data directory {path}: {exc.strerror}") from None
-    fh = open(path / ".lock", "a+")
+    try:
+        fh = open(path / ".lock", "a+")
+    except OSError as exc:
+        raise CliError(f"cannot open the lock file {path / '.lock'}: {exc.strerror}") from None
     try:
         fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -105,6 +117,13 @@ def serve(config: cfg.Config, repair: bool = False) -> int:
 
     from coordinator import logs
     logs.configure(config.log_level, config.log_format)
+    log = logs.get("herd")
+    for key, meant in cfg.unknown_env(os.environ):
+        log.warning("ignoring an environment variable that is not a setting", variable=key, did_you_mean=meant)
+    if config.port_file:
+        parent = Path(config.port_file).resolve().parent
+        if not parent.is_dir() or not os.access(parent, os.W_OK):
+            raise CliError(f"cannot write port file {config.port_file}: {parent} is not a writable directory")
     lock = _lock_data_dir(Path(config.data_dir))
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
@@ -140,8 +159,6 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
         raise CliError(f"cannot listen on {config.host}:{config.port}: {exc.strerror}") from None
     adv_host = config.advertised_host or (socket.getfqdn() if host in ("0.0.0.0", "::") else host)
     catalog.set_address(adv_host, config.advertised_port or port)
-    log.info("listening", host=host, port=port, advertised=f"{adv_host}:{config.advertised_port or port}",
-             data_dir=str(config.data_dir), fsync=config.fsync, offsets_partitions=config.offsets_partitions)
     if config.fsync == "never":
         log.warning("fsync=never: acknowledged commits can be lost on a crash; use only for benchmarks")
     try:
@@ -150,6 +167,9 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
         raise CliError(f"{exc} (start with --repair to cut the log at the damage)") from None
     except LogError as exc:
         raise CliError(str(exc)) from None
+    except OSError as exc:  # e.g. a shard file this user may not write
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise CliError(f"cannot open the logs in {config.data_dir}{where}: {exc.strerror}") from None
     gc.disable()  # replay builds millions of long-lived objects: no point scanning them meanwhile
     try:
         stats = runtime.replay(shards)
@@ -168,6 +188,8 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     lag = LoopLag().start(loop)
     metrics.collectors.append(lag.metric_lines)
     await server.start()
+    log.info("listening", host=host, port=port, advertised=f"{adv_host}:{config.advertised_port or port}",
+             data_dir=str(config.data_dir), fsync=config.fsync, offsets_partitions=config.offsets_partitions)
     http = None
     if config.metrics_port is not None:
         http = HttpEndpoint(metrics, groups.list_groups,
@@ -178,18 +200,22 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
             raise CliError(f"cannot listen for metrics on {config.metrics_host}:{config.metrics_port}: "
                            f"{exc.strerror}") from None
         log.info("metrics listening", host=config.metrics_host, port=mport)
+    failure = None
     if config.port_file:
         tmp = Path(str(config.port_file) + ".tmp")
-        tmp.write_text(f"{port}\n")
-        os.replace(tmp, config.port_file)
+        try:
+            tmp.write_text(f"{port}\n")
+            os.replace(tmp, config.port_file)
+        except OSError as exc:  # checked at start; the directory changed since: stop cleanly
+            failure = CliError(f"cannot write port file {config.port_file}: {exc.strerror}")
     notifier = Notifier()  # systemd Type=notify (and the integration tests): ready, watchdog
-    notifier.ready(f"listening on {host}:{port}")
-    notifier.start_watchdog(loop)
-
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    if failure is None:
+        notifier.ready(f"listening on {host}:{port}")
+        notifier.start_watchdog(loop)
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
 
     log.info("stopping: answering parked requests and flushing the log")
     notifier.stopping()
@@ -203,6 +229,8 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     server.close_all()
     lag.stop()
     log.info("stopped", event_loop_lag=lag.summary())
+    if failure is not None:
+        raise failure
     return 0
 
 

@@ -7,6 +7,7 @@ A bad value raises :class:`ConfigError` with one clear line; the CLI prints it a
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
 import tomllib
@@ -79,6 +80,15 @@ class Config:
             raise ConfigError(f"port must be 0-65535, got {self.port}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port must be 0-65535, got {self.metrics_port}")
+        if self.advertised_port is not None and not 1 <= self.advertised_port <= 65535:
+            raise ConfigError(f"advertised_port must be 1-65535, got {self.advertised_port}")
+        for name in ("host", "metrics_host", "data_dir", "cluster_id"):
+            if not getattr(self, name).strip():
+                hint = " (use 0.0.0.0 to listen on every interface)" if name.endswith("host") else ""
+                raise ConfigError(f"{name} must not be empty{hint}")
+        for name in ("advertised_host", "port_file"):
+            if getattr(self, name) is not None and not getattr(self, name).strip():
+                raise ConfigError(f"{name} must not be empty (leave it unset for the default)")
         if self.fsync not in ("always", "never"):
             raise ConfigError(f"fsync must be 'always' or 'never', got {self.fsync!r}")
         if self.log_format not in ("auto", "json", "console"):
@@ -113,8 +123,18 @@ def parse_topic(text: str) -> tuple[str, int]:
     return name, parts
 
 
-def _coerce(name: str, value):
-    """Turn a string (env/flag) or TOML value into the field's type."""
+def _coerce(name: str, value, source: str | None = None):
+    """Turn a string (env/flag) or TOML value into the field's type; errors name ``source`` (the
+    environment variable, flag or file the value came from)."""
+    try:
+        return _coerce_value(name, value)
+    except ConfigError as exc:
+        if source is None:
+            raise
+        raise ConfigError(f"{source}: {exc}") from None
+
+
+def _coerce_value(name: str, value):
     f = FIELDS[name]
     t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
     if name == "topics":
@@ -122,11 +142,13 @@ def _coerce(name: str, value):
         out = []
         for item in items:
             if isinstance(item, (list, tuple)) and len(item) == 2:
-                out.append((str(item[0]), int(item[1])))
+                out.append((str(item[0]), _int("topics partitions", item[1])))
             elif isinstance(item, dict):
-                out.append((str(item.get("name")), int(item.get("partitions", 1))))
-            else:
+                out.append((str(item.get("name")), _int("topics partitions", item.get("partitions", 1))))
+            elif isinstance(item, str):
                 out.append(parse_topic(item))
+            else:
+                raise ConfigError(f"topics wants \"name:partitions\" strings, got {item!r}")
         return tuple(out)
     if value is None:
         if "None" in t:
@@ -142,20 +164,45 @@ def _coerce(name: str, value):
             return False
         raise ConfigError(f"{name} must be true or false, got {value!r}")
     if t.startswith("int"):
-        if isinstance(value, bool):
-            raise ConfigError(f"{name} must be an integer, got {value!r}")
-        try:
-            return int(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{name} must be an integer, got {value!r}") from None
+        return _int(name, value)
     if isinstance(value, (dict, list)):
         raise ConfigError(f"{name} must be a string, got {value!r}")
     return str(value)
 
 
+def _int(name: str, value) -> int:
+    """An integer from an int or a string of one; never a bool or a float (TOML's ``port = 1.5``
+    must not become port 1)."""
+    if isinstance(value, bool) or isinstance(value, float):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be an integer, got {value!r}") from None
+
+
+# HERD_* variables that are not serve settings (other commands and tools read them).
+OTHER_ENV = frozenset({"HERD_BOOTSTRAP", "HERD_DATA_BOOTSTRAP", "HERD_HTTP"})
+
+
+def unknown_env(env) -> list[tuple[str, str]]:
+    """(variable, the setting it was probably meant to be) for each HERD_* variable that is not a
+    setting but is close to one: a misspelt setting is otherwise silently ignored."""
+    out = []
+    names = [f"HERD_{n.upper()}" for n in FIELDS]
+    for key in sorted(env):
+        if not key.startswith("HERD_") or key in OTHER_ENV or key[5:].lower() in FIELDS:
+            continue
+        close = difflib.get_close_matches(key, names, n=1, cutoff=0.85)
+        if close:
+            out.append((key, close[0]))
+    return out
+
+
 def load(toml_path: str | None = None, env: dict | None = None, overrides: dict | None = None) -> Config:
     """Defaults < TOML file < HERD_* environment < explicit overrides (flags)."""
     values: dict = {}
+    sources: dict[str, str] = {}  # setting -> where its value came from, for error messages
     if toml_path:
         try:
             with open(toml_path, "rb") as fh:
@@ -169,24 +216,30 @@ def load(toml_path: str | None = None, env: dict | None = None, overrides: dict 
             name = key.replace("-", "_").replace(".", "_")
             if name not in FIELDS:
                 raise ConfigError(f"unknown setting {key!r} in {toml_path}")
-            values[name] = _coerce(name, value)
+            sources[name] = f"{toml_path}: {key}"
+            values[name] = _coerce(name, value, sources[name])
     env = os.environ if env is None else env
     for key, value in env.items():
         if not key.startswith("HERD_"):
             continue
         name = key[5:].lower()
         if name in FIELDS:
-            values[name] = _coerce(name, value)
+            sources[name] = key
+            values[name] = _coerce(name, value, key)
     for name, value in (overrides or {}).items():
-        if value is None and name not in values:
-            continue
         if value is None:
             continue
-        values[name] = _coerce(name, value)
+        sources[name] = "--topic" if name == "topics" else "--" + name.replace("_", "-")
+        values[name] = _coerce(name, value, sources[name])
     try:
         return Config(**values).validate()
     except TypeError as exc:  # pragma: no cover - a programming error in the loader
         raise ConfigError(str(exc)) from None
+    except ConfigError as exc:  # validate()'s messages start with the setting's name
+        source = sources.get(str(exc).split(" ", 1)[0])
+        if source is None:
+            raise
+        raise ConfigError(f"{source}: {exc}") from None
 
 
 DEFAULT = Config()

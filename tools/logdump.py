@@ -26,6 +26,7 @@ import os
 import re
 import struct
 import sys
+import uuid
 from pathlib import Path
 
 from coordinator.log import LOG_NAME, LogError, read_log_file
@@ -106,7 +107,18 @@ def decode_record(key: bytes, value: bytes | None, decoder: str = "auto") -> dic
     else:
         decoders = [_decode_generated]
     error = "record key shorter than its type"
-    if len(key) >= 2:
+    from coordinator.catalog import TOPIC_RECORD, decode_topic_record, is_topic_record
+    if is_topic_record(key):  # herd's own record: a topic of the catalog (shard 0)
+        try:
+            name, topic = decode_topic_record(key, value)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        else:
+            return {"type": TOPIC_RECORD, "key_schema": "HerdTopicKey", "key": {"name": name},
+                    "value_schema": "HerdTopicValue", "value_version": None if topic is None else 0,
+                    "value": None if topic is None else {
+                        "partitions": topic.partitions, "topic_id": str(uuid.UUID(bytes=topic.topic_id))}}
+    elif len(key) >= 2:
         for dec in decoders:
             try:
                 return dec(key, value)

@@ -44,3 +44,40 @@ def test_unknown_toml_key_and_missing_file(tmp_path):
     toml.write_text("port = [\n")
     with pytest.raises(ConfigError, match="cannot read config file"):
         load(str(toml), env={})
+
+
+@pytest.mark.parametrize("toml, message", [
+    ("port = 1.5", "port must be an integer, got 1.5"),
+    ("port = 9092.0", "port must be an integer"),
+    ('topics = [{name = "a", partitions = "x"}]', "topics partitions must be an integer, got 'x'"),
+    ('topics = [["a", "x"]]', "topics partitions must be an integer"),
+    ("topics = [3]", "topics wants"),
+    ('host = ""', "host must not be empty (use 0.0.0.0"),
+    ('advertised_host = " "', "advertised_host must not be empty"),
+    ("advertised_port = 99999", "advertised_port must be 1-65535, got 99999"),
+    ("advertised_port = 0", "advertised_port must be 1-65535"),
+])
+def test_toml_values_are_checked_not_coerced(tmp_path, toml, message):
+    path = tmp_path / "herd.toml"
+    path.write_text(toml + "\n")
+    with pytest.raises(ConfigError) as info:
+        load(str(path), env={})
+    assert message in str(info.value)
+
+
+def test_errors_name_where_the_value_came_from(tmp_path):
+    with pytest.raises(ConfigError, match=r"^HERD_PORT: port must be an integer, got 'abc'$"):
+        load(env={"HERD_PORT": "abc"})
+    with pytest.raises(ConfigError, match=r"^--port: port must be an integer"):
+        load(env={}, overrides={"port": "abc"})
+    path = tmp_path / "herd.toml"
+    path.write_text('fsync = "sometimes"\n')
+    with pytest.raises(ConfigError, match=r"herd.toml: fsync: fsync must be"):
+        load(str(path), env={})
+
+
+def test_misspelt_environment_variables_are_reported_with_a_suggestion():
+    from coordinator.config import unknown_env
+    env = {"HERD_OFFSET_PARTITIONS": "3", "HERD_BOOTSTRAP": "x:1", "HERD_PORT": "1", "HERD_BENCH_QUICK": "1",
+           "PATH": "/bin"}
+    assert unknown_env(env) == [("HERD_OFFSET_PARTITIONS", "HERD_OFFSETS_PARTITIONS")]

@@ -104,6 +104,26 @@ def test_json_output_is_the_same_with_either_decoder(data_dir, capsys, decoder):
         assert [json.loads(ln) for ln in gen.splitlines()] == rows
 
 
+def test_herds_topic_records_are_decoded(tmp_path, capsys):
+    from coordinator.catalog import Topic, topic_key, topic_value
+    d = tmp_path / "data"
+    s = LogStore(d, 1, fsync="never")
+    s.open()
+    tid = bytes(range(16))
+    s.append(0, [(topic_key("events"), topic_value(Topic("events", 6, tid))), (topic_key("old"), None)]).result(10)
+    s.close()
+    code, out, _ = run(capsys, d)
+    lines = [ln for ln in out.splitlines() if not ln.startswith("#")]
+    assert code == 0 and lines == [
+        "shard 0 @24 HerdTopicKey[32512] name='events' => HerdTopicValue v0 partitions=6 "
+        "topic_id='00010203-0405-0607-0809-0a0b0c0d0e0f'",
+        lines[1]]
+    assert "HerdTopicKey[32512] name='old' => <tombstone>" in lines[1]
+    code, out, _ = run(capsys, d, "--json")
+    rows = [json.loads(ln) for ln in out.splitlines() if '"position"' in ln]
+    assert rows[0]["value"] == {"partitions": 6, "topic_id": "00010203-0405-0607-0809-0a0b0c0d0e0f"}
+
+
 def test_shard_filter(data_dir, capsys):
     code, out, _ = run(capsys, data_dir, "--shard", 1, "--json")
     assert code == 0

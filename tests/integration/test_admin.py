@@ -455,6 +455,8 @@ def test_reset_offsets_errors(herd):
     assert "not allowed with argument" in fails(herd, *base, "--all-topics", "--to-earliest", "--dry-run",
                                                 "--execute")
     assert "not an integer" in fails(herd, *base, "--all-topics", "--to-offset", "ten")
+    assert fails(herd, *base, "--all-topics", "--to-offset", "-5", "--no-clamp", "--execute") == (
+        "cannot reset t-0 to offset -5: offsets are not negative")
     assert fetch_offsets(herd, "reset-err") == {("t", 0): 5}
 
 
@@ -658,7 +660,7 @@ def test_a_server_that_is_not_kafka():
     (["list", "--bootstrap-server", "nohostport:"],
      "invalid --bootstrap-server 'nohostport:': expected HOST:PORT"),
     (["list", "--bootstrap-server", "h:99999"], "invalid --bootstrap-server 'h:99999': expected HOST:PORT"),
-    (["list", "--timeout", "0"], "must be between 0 and 86400 seconds"),
+    (["list", "--timeout", "0"], "must be more than 0 and at most 86400 seconds"),
     (["list", "--output", "yaml"], "invalid choice: 'yaml'"),
     (["describe", "g", "--all-groups"], "give group names or --all-groups, not both"),
     (["delete-offsets", "--group", "g"], "the following arguments are required: --topic"),

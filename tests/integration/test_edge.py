@@ -1,6 +1,7 @@
 """The daemon's TCP edge against a real daemon process: versions, bad input, limits, signals."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -103,8 +104,10 @@ def test_topics_survive_restart(tmp_path):
 def test_sigterm_exits_zero_and_logs_json(tmp_path):
     d = Daemon(tmp_path / "data").start()
     try:
-        first = d.logs().splitlines()[0]
-        assert '"event": "listening"' in first and f'"port": {d.port}' in first
+        lines = d.logs().splitlines()
+        events = [json.loads(line)["event"] for line in lines]
+        # "listening" once the log is replayed and connections are accepted, not at bind time
+        assert events[:2] == ["replayed", "listening"] and f'"port": {d.port}' in lines[1]
         assert d.stop() == 0
     finally:
         d.kill()
@@ -128,6 +131,37 @@ def test_bad_config_is_one_line_and_exit_2(args, env, needle):
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["serve", "--bogus"], "unrecognized arguments: --bogus"),
+    (["serve", "--auto-create-topics=maybe"], "ignored explicit argument 'maybe'"),
+    (["nonsense"], "invalid choice: 'nonsense'"),
+])
+def test_argument_mistakes_are_one_line_and_exit_2(argv, needle):
+    p = run_cli(*argv)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and needle in lines[0] and "usage" not in p.stderr
+
+
+def test_unusable_data_dir_files_and_port_file_are_one_line(tmp_path):
+    (tmp_path / "a" / ".lock").mkdir(parents=True)  # (root ignores permissions: use a directory)
+    p = run_cli("serve", "--port", "0", "--data-dir", str(tmp_path / "a"))
+    assert p.returncode == 2 and p.stderr.strip().splitlines()[-1].startswith(
+        "herd: error: cannot open the lock file") and "Traceback" not in p.stderr
+    d = Daemon(tmp_path / "b").start()
+    d.stop()
+    log = next((tmp_path / "b").glob("shard-04/*.log"))
+    log.unlink()
+    log.mkdir()
+    p = run_cli("serve", "--port", "0", "--data-dir", str(tmp_path / "b"))
+    last = p.stderr.strip().splitlines()[-1]
+    assert p.returncode == 2 and "cannot open the logs" in last and "Is a directory" in last
+    assert "Traceback" not in p.stderr and '"listening"' not in p.stderr
+    p = run_cli("serve", "--port", "0", "--data-dir", str(tmp_path / "c"), "--port-file",
+                str(tmp_path / "missing" / "port"))
+    assert p.returncode == 2 and "cannot write port file" in p.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "c").exists()  # refused before anything was created
 
 
 def test_data_dir_in_use_is_refused(tmp_path):
