@@ -28,7 +28,7 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	@touch $@ $(VENV)/.installed-run
 
 run: $(VENV)/.installed-run
-	$(BIN)/herd serve --host $(HOST) --port $(PORT) --data-dir $(DATA_DIR)
+	$(BIN)/herd serve --host '$(HOST)' --port '$(PORT)' --data-dir '$(DATA_DIR)'
 
 test: $(VENV)/.installed-test java conformance-deps
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

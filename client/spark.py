@@ -81,7 +81,7 @@ from client import errors as cerr
 from client.config import parse_bootstrap
 from client.connection import Connection, ConnectionBroken, Ready, Response
 from client.consumer import GroupConsumer
-from client.types import TopicPartition
+from client.types import OffsetAndMetadata, TopicPartition
 from protocol import errors as codes
 from protocol import messages as m
 from protocol.consumer import decode_assignment, decode_subscription
@@ -93,6 +93,7 @@ __all__ = [
     "instance_id_for",
     "wait_for_offsets",
     "group_offsets",
+    "all_group_offsets",
     "describe_group",
     "ensure_topic",
     "partitions_for",
@@ -331,6 +332,30 @@ def group_offsets(bootstrap, group_id: str, partitions, timeout_s: float = 30.0,
     return {tp: om.offset for tp, om in got.items() if om is not None and om.offset >= 0}
 
 
+def all_group_offsets(bootstrap, group_id: str, timeout_s: float = 30.0) -> dict:
+    """Every committed offset of ``group_id`` (OffsetFetch for all topics): ``{tp:
+    OffsetAndMetadata}``; empty for a group with none (or none known)."""
+    with _coordinator(bootstrap, group_id, timeout_s) as b:
+        v = b.version(m.OffsetFetchRequest)
+        if v < 2:
+            raise cerr.UnsupportedVersionError("listing all of a group's offsets needs OffsetFetch v2+")
+        if v >= 8:
+            resp, _ = b.request(m.OffsetFetchRequest(groups=[m.OffsetFetchRequestGroup(group_id=group_id,
+                                                                                       topics=None)]), v)
+            code, topics = (resp.groups[0].error_code, resp.groups[0].topics) if resp.groups else (0, [])
+        else:
+            resp, _ = b.request(m.OffsetFetchRequest(group_id=group_id, topics=None), v)
+            code, topics = resp.error_code, resp.topics
+    if code == codes.GROUP_ID_NOT_FOUND:
+        return {}
+    if code != codes.NONE:
+        raise cerr.error_for_code(code, f"OffsetFetch({group_id}): {codes.error_name(code)}")
+    return {TopicPartition(t.name, p.partition_index): OffsetAndMetadata(p.committed_offset, p.metadata or "",
+                                                                          p.committed_leader_epoch)
+            for t in topics for p in t.partitions
+            if p.error_code == codes.NONE and p.committed_offset >= 0}
+
+
 def wait_for_offsets(bootstrap, group_id: str, targets: dict, timeout_s: float = 300.0,
                      interval_s: float = 0.2, config: dict | None = None, on_progress=None) -> dict:
     """Poll OffsetFetch until every ``targets`` partition's committed offset reaches its target
@@ -555,13 +580,20 @@ def fetch_history(metrics_url: str, group_id: str, timeout_s: float = 10.0) -> l
 def offsets_dataframe(spark, bootstrap, group_id: str, end_offsets: dict | None = None,
                       partitions=None, timeout_s: float = 30.0):
     """A DataFrame (topic, partition, committed, end_offset, lag, metadata) of the group's offsets
-    for ``end_offsets``' partitions (or ``partitions``); lag = end_offset - committed."""
+    for ``end_offsets``' partitions (or ``partitions``); lag = end_offset - committed. With neither,
+    every partition the group has committed an offset for (end_offset and lag null)."""
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
     ends = {_tp(tp): int(v) for tp, v in (end_offsets or {}).items()}
     parts = sorted(set(ends) | {_tp(p) for p in (partitions or [])})
-    with _offsets_reader(bootstrap, group_id, None) as c:
-        got = c.committed(parts, timeout_s=timeout_s) if parts else {}
+    if parts:
+        with _offsets_reader(bootstrap, group_id, None) as c:
+            got = c.committed(parts, timeout_s=timeout_s)
+    elif end_offsets is None and partitions is None:
+        got = all_group_offsets(bootstrap, group_id, timeout_s)
+        parts = sorted(got)
+    else:
+        got = {}
     rows = []
     for tp in parts:
         om = got.get(tp)

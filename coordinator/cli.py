@@ -200,6 +200,9 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
             raise CliError(f"cannot listen for metrics on {config.metrics_host}:{config.metrics_port}: "
                            f"{exc.strerror}") from None
         log.info("metrics listening", host=config.metrics_host, port=mport)
+    stop = asyncio.Event()  # handlers first: a SIGTERM right after READY must stop cleanly
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     failure = None
     if config.port_file:
         tmp = Path(str(config.port_file) + ".tmp")
@@ -212,9 +215,6 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     if failure is None:
         notifier.ready(f"listening on {host}:{port}")
         notifier.start_watchdog(loop)
-        stop = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
         await stop.wait()
 
     log.info("stopping: answering parked requests and flushing the log")
@@ -228,6 +228,11 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     await asyncio.sleep(0.05)  # let the last durable replies go out
     server.close_all()
     lag.stop()
+    if config.port_file and failure is None:
+        try:  # a port file left behind would tell a supervisor a stopped herd is listening
+            os.unlink(config.port_file)
+        except OSError:
+            pass
     log.info("stopped", event_loop_lag=lag.summary())
     if failure is not None:
         raise failure

@@ -211,7 +211,12 @@ def load(toml_path: str | None = None, env: dict | None = None, overrides: dict 
             raise ConfigError(f"config file not found: {toml_path}") from None
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"cannot read config file {toml_path}: {exc}") from None
-        data = data.get("herd", data)
+        if isinstance(data.get("herd"), dict):
+            stray = sorted(k for k in data if k != "herd")
+            if stray:
+                raise ConfigError(f"{toml_path} has a [herd] table and settings outside it ({', '.join(stray)}): "
+                                  "put them all in [herd], or drop the table")
+            data = data["herd"]
         for key, value in data.items():
             name = key.replace("-", "_").replace(".", "_")
             if name not in FIELDS:

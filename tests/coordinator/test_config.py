@@ -81,3 +81,12 @@ def test_misspelt_environment_variables_are_reported_with_a_suggestion():
     env = {"HERD_OFFSET_PARTITIONS": "3", "HERD_BOOTSTRAP": "x:1", "HERD_PORT": "1", "HERD_BENCH_QUICK": "1",
            "PATH": "/bin"}
     assert unknown_env(env) == [("HERD_OFFSET_PARTITIONS", "HERD_OFFSETS_PARTITIONS")]
+
+
+def test_a_herd_table_with_settings_outside_it_is_refused(tmp_path):
+    path = tmp_path / "herd.toml"
+    path.write_text('fsync = "bogus"\n[herd]\nport = 1234\n')
+    with pytest.raises(ConfigError, match=r"settings outside it \(fsync\)"):
+        load(str(path), env={})
+    path.write_text('[herd]\nport = 1234\n')
+    assert load(str(path), env={}).port == 1234

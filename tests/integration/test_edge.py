@@ -108,7 +108,10 @@ def test_sigterm_exits_zero_and_logs_json(tmp_path):
         events = [json.loads(line)["event"] for line in lines]
         # "listening" once the log is replayed and connections are accepted, not at bind time
         assert events[:2] == ["replayed", "listening"] and f'"port": {d.port}' in lines[1]
+        port_file = tmp_path / "data.port"
+        assert port_file.read_text().strip() == str(d.port)
         assert d.stop() == 0
+        assert not port_file.exists()  # a clean stop takes it away: it says "listening"
     finally:
         d.kill()
 

@@ -77,6 +77,11 @@ def test_killed_dynamic_member_rebalances_and_no_record_is_missing(spark, herd, 
     df = offsets_dataframe(spark, herd.bootstrap, "job-dynamic", r.ends)
     assert {(row.partition, row.committed, row.lag) for row in df.collect()} == {
         (tp.partition, n, 0) for tp, n in r.ends.items()}
+    # without end offsets (a streaming job has none): every committed partition, lag unknown
+    df = offsets_dataframe(spark, herd.bootstrap, "job-dynamic")
+    assert {(row.topic, row.partition, row.committed, row.lag) for row in df.collect()} == {
+        (tp.topic, tp.partition, n, None) for tp, n in r.ends.items()}
+    assert offsets_dataframe(spark, herd.bootstrap, "no-such-group").count() == 0
     hist = history_dataframe(spark, metrics_url(herd), "job-dynamic").collect()
     assert [row.reason for row in hist][0] == "initial"
     assert any(row.reason == "session_expired" or "session_expired" in (row.removed or "") for row in hist)
