@@ -868,10 +868,14 @@ def cmd_describe(args) -> int:
     if args.output == "json":
         print_json({"groups": described})
     else:
-        for i, info in enumerate(described):
-            if i:
+        printed = [False]
+
+        def separate():  # a blank line between the tables of two groups, none before the first
+            if printed[0]:
                 print()
-            _print_describe(info, args)
+            printed[0] = True
+        for info in described:
+            _print_describe(info, args, separate)
     if missing:
         if len(missing) == 1:
             raise CliError(f"Consumer group '{missing[0]}' does not exist.")
@@ -879,9 +883,10 @@ def cmd_describe(args) -> int:
     return 0
 
 
-def _print_describe(info: dict, args) -> None:
+def _print_describe(info: dict, args, separate=lambda: None) -> None:
     g, state = info["group"], info["state"]
     if args.state:
+        separate()
         c = info["coordinator"]
         print_table(["GROUP", "COORDINATOR (ID)", "ASSIGNMENT-STRATEGY", "STATE", "#MEMBERS"],
                     [[g, f"{_addr(c['host'], c['port'])} ({c['id']})", info["assignment_strategy"], state,
@@ -904,9 +909,11 @@ def _print_describe(info: dict, args) -> None:
                                      for a in mem["assignment"]) or "-")
             rows.append(row)
         if rows:
+            separate()
             print_table(headers, rows)
         return
     if info["partitions"]:
+        separate()
         print_table(["GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "CONSUMER-ID",
                      "HOST", "CLIENT-ID"],
                     [[g, r["topic"], r["partition"], r["current_offset"], r["log_end_offset"], r["lag"],

@@ -342,6 +342,13 @@ def test_describe_an_empty_group_and_errors(herd):
     (info,) = js(herd, "describe", "desc-empty")["groups"]
     assert info["state"] == "Empty" and info["members"] == [] and info["partitions"][0]["consumer_id"] is None
 
+    commit_raw(herd, "desc-empty2", {("t", 2): 5})
+    r = run("describe", "desc-empty", "desc-empty2", "--members", "--bootstrap-server", herd.bootstrap)
+    assert r.returncode == 0 and r.stdout == ""  # no member tables, so no blank separator lines either
+    assert r.stderr.count("has no active members") == 2
+    r = run("describe", "desc-empty", "desc-empty2", "--bootstrap-server", herd.bootstrap)
+    assert r.stdout.count("\n\n") == 1 and not r.stdout.startswith("\n")  # one blank line between tables
+
     assert fails(herd, "describe", "no-such-group") == "Consumer group 'no-such-group' does not exist."
     r = run("describe", "desc-empty", "no-such-group", "--bootstrap-server", herd.bootstrap)
     assert r.returncode == 2 and "desc-empty" in r.stdout  # the others are still shown
