@@ -216,24 +216,26 @@ def test_a_burst_longer_than_a_turn_is_answered_in_order_over_several_turns(tmp_
     run(main())
 
 
+def join_g(member_id: str = "") -> m.JoinGroupRequest:
+    """A JoinGroup for group "g" (a new member's parks until the group's member rejoins)."""
+    return m.JoinGroupRequest(group_id="g", session_timeout_ms=60_000, rebalance_timeout_ms=60_000,
+                              member_id=member_id, protocol_type="consumer",
+                              protocols=[m.JoinGroupRequestProtocol(name="range", metadata=b"")])
+
+
 def test_a_parked_request_holds_the_requests_pipelined_after_it(tmp_path):
     async def main():
         async with Edge(tmp_path) as edge:
             hb = await edge.member("g")
             other = await edge.member("h")
-            # a second member for "g": its JoinGroup parks until g's member rejoins
-            join = m.JoinGroupRequest(group_id="g", session_timeout_ms=60_000, rebalance_timeout_ms=60_000,
-                                      protocol_type="consumer",
-                                      protocols=[m.JoinGroupRequestProtocol(name="range", metadata=b"")])
+            join = join_g()  # a second member for "g": its JoinGroup parks until g's member rejoins
             conn, tr = edge.connect()
             conn.data_received(frame(other, HB, 1) + frame(join, 3, 2) + frame(other, HB, 3) + frame(other, HB, 4))
             assert len(answers(tr.data)) == 1
             assert conn.inflight is not None and len(conn.queue) == 2
             await turns()
             assert len(answers(tr.data)) == 1 and len(conn.queue) == 2  # still parked
-            rejoin = m.JoinGroupRequest(group_id="g", session_timeout_ms=60_000, rebalance_timeout_ms=60_000,
-                                        member_id=hb.member_id, protocol_type="consumer",
-                                        protocols=[m.JoinGroupRequestProtocol(name="range", metadata=b"")])
+            rejoin = join_g(hb.member_id)
             assert (await edge.call(rejoin, 3)).error_code == E.NONE
             await until(lambda: len(answers(tr.data)) == 4, tr)
             bodies = answers(tr.data)
@@ -493,17 +495,13 @@ def test_frames_queued_behind_a_parked_request_are_answered_before_a_malformed_f
         async with Edge(tmp_path) as edge:
             hb = await edge.member("g")
             other = await edge.member("h")
-            join = m.JoinGroupRequest(group_id="g", session_timeout_ms=60_000, rebalance_timeout_ms=60_000,
-                                      protocol_type="consumer",
-                                      protocols=[m.JoinGroupRequestProtocol(name="range", metadata=b"")])
+            join = join_g()
             conn, tr = edge.connect()
             conn.data_received(frame(join, 3, 1) + frame(other, HB, 2))
             conn.data_received(frame(other, HB, 3) + struct.pack(">i", -1))
             assert conn.inflight is not None and not tr.aborted and not tr.reading
             assert len(answers(tr.data)) == 0
-            rejoin = m.JoinGroupRequest(group_id="g", session_timeout_ms=60_000, rebalance_timeout_ms=60_000,
-                                        member_id=hb.member_id, protocol_type="consumer",
-                                        protocols=[m.JoinGroupRequestProtocol(name="range", metadata=b"")])
+            rejoin = join_g(hb.member_id)
             assert (await edge.call(rejoin, 3)).error_code == E.NONE
             await until(lambda: tr.aborted, tr)
             bodies = answers(tr.data)
