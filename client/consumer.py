@@ -85,6 +85,7 @@ from client.config import parse_config
 from client.coordinator import (
     ConsumerCoordinator,
     GroupFailed,
+    JoinError,
     PartitionsAssigned,
     PartitionsLost,
     PartitionsRevoked,
@@ -175,6 +176,7 @@ class GroupConsumer:
         self._subscribed = False
         self._topics: frozenset = frozenset()
         self._closing = False  # close() has begun: its revocation callback may still commit
+        self._close_deadline = float("inf")  # close()'s deadline bounds the commits it makes
         self._closed = False
         self._next_auto_commit = time.monotonic() + cfg.s("auto_commit_interval_ms")
         self._net.start()
@@ -263,6 +265,7 @@ class GroupConsumer:
         """Drive the group: run due callbacks, wait (up to ``timeout_s``) for a stable group, and
         return the current assignment as a frozenset of TopicPartition."""
         if getattr(self._local, "in_callback", False):
+            self._net.last_poll = time.monotonic()  # a long callback that polls stays in the group
             return self._view
         if self._closed or self._closing:
             raise cerr.IllegalStateError("the consumer is closed")
@@ -399,6 +402,8 @@ class GroupConsumer:
                 self._forget(parts)
             with self._lock:
                 self._view_epoch = ev.epoch  # commits from now on belong to the membership after the loss
+        elif t is JoinError:
+            self._callback_errors.append(ev.error)  # raised once by this poll; the member rejoins
         elif t is GroupFailed:
             with self._lock:
                 parts = self._view
@@ -507,7 +512,9 @@ class GroupConsumer:
                 if tp in self._view:
                     self._last_committed[tp] = om
 
-    def _commit_before_revoke(self, parts, timeout_s: float | None = None) -> None:
+    def _commit_before_revoke(self, parts) -> None:
+        """Commit the positions of ``parts`` that changed, synchronously: within request.timeout.ms,
+        and within close()'s deadline while closing."""
         if not self._config.enable_auto_commit:
             return
         with self._lock:
@@ -519,8 +526,8 @@ class GroupConsumer:
         if not data:
             return
         try:
-            timeout = self._config.s("request_timeout_ms")
-            self._commit(data, True, None, timeout if timeout_s is None else min(timeout, timeout_s))
+            timeout = min(self._config.s("request_timeout_ms"), max(0.0, self._close_deadline - time.monotonic()))
+            self._commit(data, True, None, timeout)  # sent at least once, even with no time left
         except cerr.KafkaError as exc:
             log.warning("commit before revocation failed: %s", exc)
 
@@ -584,16 +591,15 @@ class GroupConsumer:
         }
 
     # -- close -------------------------------------------------------------------------------------
-    def _give_up_assignment(self, timeout_s: float | None = None) -> None:
-        """Before leaving: commit positions (auto-commit; within ``timeout_s``), then run
-        on_partitions_revoked."""
+    def _give_up_assignment(self) -> None:
+        """Before leaving: commit positions (auto-commit), then run on_partitions_revoked."""
         with self._lock:
             parts = self._view
         if not parts:
             return
         snap = self._net.snapshot
         if self._config.enable_auto_commit and snap.error is None and snap.stable:
-            self._commit_before_revoke(parts, timeout_s)
+            self._commit_before_revoke(parts)
         self._listener_call("on_partitions_revoked", parts)
         self._forget(parts)
 
@@ -606,12 +612,13 @@ class GroupConsumer:
             self._closing = True  # the consumer stays usable for the revocation callback (Kafka)
         self._events.put(NUDGE)  # a poll waiting in another thread returns now
         deadline = time.monotonic() + max(0.0, timeout_s)
+        self._close_deadline = deadline
         try:
             if not getattr(self._local, "in_callback", False):
                 with self._hold_poll_lock(max(0.0, deadline - time.monotonic())) as held:
                     if held:
                         self._drain_events()
-                        self._give_up_assignment(max(0.0, deadline - time.monotonic()))
+                        self._give_up_assignment()
         except Exception as exc:
             log.warning("error while closing: %s", exc)
         finally:

@@ -80,6 +80,7 @@ __all__ = [
     "PartitionsAssigned",
     "PartitionsLost",
     "GroupFailed",
+    "JoinError",
     "Snapshot",
 ]
 
@@ -190,6 +191,15 @@ class PartitionsLost:
     seq: int
     partitions: frozenset
     epoch: int = 0  # the membership epoch after the loss
+
+
+@dataclass(frozen=True)
+class JoinError:
+    """A JoinGroup failed with an error the client does not expect: raised once by the user's
+    poll (as Kafka's poll raises it); the member joins again after a backoff."""
+
+    seq: int
+    error: BaseException
 
 
 @dataclass(frozen=True)
@@ -929,6 +939,7 @@ class ConsumerCoordinator:
             # fatal.
             if not codes.is_retriable(code):
                 log.warning("JoinGroup failed with %s; joining again after a backoff", name)
+                self._emit(JoinError(self._next_seq(), cerr.error_for_code(code, f"JoinGroup failed: {name}")))
             self._join_failed(now, f"JoinGroup: {name}")
 
     # -- leader ---------------------------------------------------------------------------------
@@ -1282,7 +1293,11 @@ class ConsumerCoordinator:
         pending, self._pending = self._pending, []
         keep = []
         for req in pending:
-            if now >= req.deadline:
+            # A commit is sent at least once when the coordinator is ready, even with no time
+            # left (Kafka's commitSync(Duration.ZERO) and close(0) do the same): only its retries
+            # and the wait for a coordinator are bounded by the deadline.
+            first_chance = req.kind == "commit" and req.attempts == 0 and self.coordinator_ready
+            if now >= req.deadline and not first_chance:
                 err = cerr.KafkaTimeoutError(
                     f"{'commit' if req.kind == 'commit' else 'committed()'} timed out"
                     + (f"; last error: {req.last_error}" if req.last_error else "")

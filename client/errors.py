@@ -115,7 +115,9 @@ class CommitFailedError(KafkaError):
 
 
 class RetriableCommitFailedError(KafkaError):
-    """An asynchronous commit failed with a retriable error; a later commit may succeed."""
+    """A commit failed with a retriable error and was not retried: a later commit may succeed.
+    Also what a commit gets when a later commit of one of its partitions was made before it could
+    be retried: do not re-send the same offsets then (they are older than that later commit)."""
 
 
 class RebalanceInProgressError(KafkaError):

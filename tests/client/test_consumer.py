@@ -13,6 +13,7 @@ import client.consumer as consumer_mod
 from client import GroupConsumer, IllegalStateError, KafkaTimeoutError, OffsetAndMetadata, TopicPartition
 from client.coordinator import (
     GroupFailed,
+    JoinError,
     PartitionsAssigned,
     PartitionsLost,
     PartitionsRevoked,
@@ -464,3 +465,43 @@ def test_commits_carry_the_membership_epoch_of_the_view(fake):
     c.seek(T1, 5)
     c.commit()
     assert net.kwargs[-1] == ("commit", {"epoch": 1}) and net.calls[-1][1][0] == {T1: OffsetAndMetadata(5)}
+
+
+def test_close_with_a_revocation_pending_bounds_that_commit_too(fake):
+    c, net = fake
+    c.subscribe(["t"])
+    assign(c, net, [T0])
+    c.seek(T0, 4)
+    net.events.put(PartitionsRevoked(2, frozenset([T0]), 0))  # not yet polled when close() runs
+    net.calls.clear()
+    t0 = time.monotonic()
+    c.close(timeout_s=0)
+    data, handle, deadline = net.calls[net.names().index("commit")][1]
+    assert data == {T0: OffsetAndMetadata(4)} and deadline <= t0 + 0.5
+
+
+def test_poll_from_inside_a_callback_restarts_the_poll_timer(fake):
+    c, net = fake
+    seen = []
+
+    class Slow:
+        def on_partitions_assigned(self, ps):
+            net.last_poll = 0.0
+            c.poll(0)  # a long callback keeps the member alive by polling
+            seen.append(net.last_poll)
+
+    c.subscribe(["t"], listener=Slow())
+    assign(c, net, [T0])
+    assert seen and seen[0] > 0.0
+
+
+def test_an_unexpected_join_error_is_raised_once_by_poll(fake):
+    from client.errors import KafkaError
+    c, net = fake
+    c.subscribe(["t"])
+    net.events.put(JoinError(1, KafkaError("JoinGroup failed: UNKNOWN_SERVER_ERROR", code=-1)))
+    net.publish(events=1, stable=False, subscribed=True, state="unjoined")
+    with pytest.raises(KafkaError, match="UNKNOWN_SERVER_ERROR"):
+        c.poll(0)
+    net.publish(stable=True, state="stable")
+    assert c.poll(0) == frozenset()  # once: the member goes on

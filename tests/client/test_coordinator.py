@@ -1098,13 +1098,37 @@ def test_subscribing_long_after_construction_does_not_leave_for_a_stale_poll_tim
 
 @pytest.mark.parametrize("code", [E.UNKNOWN_SERVER_ERROR, E.INVALID_REQUEST])
 def test_an_unexpected_join_error_rejoins_after_a_backoff_instead_of_failing_for_good(code):
+    from client.coordinator import JoinError
     h = Harness()
     h.call("subscribe", ["t"])
     h.find_coordinator()
     h.respond(h.take(m.JoinGroupRequest), h.join_response(error=code, member=""))
     assert h.take_events(GroupFailed) == [] and h.core.error is None
+    [ev] = h.take_events(JoinError)  # for the user's poll to raise, once
+    assert ev.error.code == code
     assert h.pending(m.JoinGroupRequest) == []  # backoff first
     h.tick(1.5)
     h.answer_join(member="m1", generation=1, leader="other")
     h.answer_sync([tp("t", 0)])
     assert h.core.state is MemberState.STABLE
+
+
+def test_a_commit_with_no_time_left_is_still_sent_once_when_the_coordinator_is_ready():
+    """As Kafka's commitSync(Duration.ZERO) / close(0): sent once; only waiting is bounded."""
+    h = Harness().stable_member(parts=[tp("t", 0)], generation=3)
+    handle = H()
+    h.call("commit", {tp("t", 0): OffsetAndMetadata(42)}, handle, h.now)
+    s = h.take(m.OffsetCommitRequest)
+    assert _offset_of(s) == 42
+    h.respond(s, _commit_response(E.COORDINATOR_LOAD_IN_PROGRESS))  # no retry: no time left
+    [r] = h.take_replies()
+    assert r.handle is handle and isinstance(r.error, cerr.CoordinatorLoadInProgressError)
+    assert h.pending(m.OffsetCommitRequest) == []
+
+
+def test_a_commit_with_no_time_left_and_no_coordinator_times_out_unsent():
+    h = Harness()
+    handle = H()
+    h.call("commit", {tp("t", 0): OffsetAndMetadata(1)}, handle, h.now)
+    [r] = h.take_replies()
+    assert isinstance(r.error, cerr.KafkaTimeoutError) and h.pending(m.OffsetCommitRequest) == []
