@@ -9,7 +9,7 @@ answers with *actions* collected in ``take_actions()``:
   ``on_response(conn, tag, response_or_exception, now)`` must follow (a stale tag is ignored).
 - ``Emit(event)`` -- something for the user's thread: ``PartitionsRevoked`` (must be acknowledged
   with ``ack(seq)`` before the group goes on), ``PartitionsAssigned``, ``PartitionsLost``,
-  ``GroupFailed``.
+  ``JoinError`` (not fatal: raised once by the user's poll), ``GroupFailed``.
 - ``Reply(handle, value, error)`` -- the answer to a user request (commit, committed, close).
 - ``Stop()`` -- closed; nothing more will happen.
 
