@@ -231,6 +231,12 @@ class Harness:
         self.answer_sync(parts)
         return self
 
+    def first_join_fails(self, code, topics=("t",)):
+        """Subscribe, find the coordinator, and answer the first JoinGroup with error ``code``."""
+        self.call("subscribe", list(topics))
+        self.find_coordinator()
+        return self.respond(self.take(m.JoinGroupRequest), self.join_response(error=code, member=""))
+
     def stable_member(self, topics=("t",), parts=(), member="m1", generation=1):
         self.call("subscribe", list(topics))
         self.find_coordinator()

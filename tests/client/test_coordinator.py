@@ -380,10 +380,7 @@ def test_join_errors_rejoin_immediately(code):
 
 
 def test_join_coordinator_load_in_progress_backs_off():
-    h = Harness()
-    h.call("subscribe", ["t"])
-    h.find_coordinator()
-    h.respond(h.take(m.JoinGroupRequest), h.join_response(error=E.COORDINATOR_LOAD_IN_PROGRESS, member=""))
+    h = Harness().first_join_fails(E.COORDINATOR_LOAD_IN_PROGRESS)
     assert h.pending(m.JoinGroupRequest) == []
     h.tick(0.2)
     assert h.take(m.JoinGroupRequest)
@@ -391,10 +388,7 @@ def test_join_coordinator_load_in_progress_backs_off():
 
 @pytest.mark.parametrize("code", [E.NOT_COORDINATOR, E.COORDINATOR_NOT_AVAILABLE])
 def test_join_not_coordinator_rediscovers(code):
-    h = Harness()
-    h.call("subscribe", ["t"])
-    h.find_coordinator()
-    h.respond(h.take(m.JoinGroupRequest), h.join_response(error=code, member=""))
+    h = Harness().first_join_fails(code)
     assert h.core.coordinator is None
     h.tick(0.01)
     h.find_coordinator(host="c9")
@@ -414,10 +408,7 @@ def test_join_not_coordinator_rediscovers(code):
     ],
 )
 def test_join_fatal_errors(code, exc):
-    h = Harness()
-    h.call("subscribe", ["t"])
-    h.find_coordinator()
-    h.respond(h.take(m.JoinGroupRequest), h.join_response(error=code, member=""))
+    h = Harness().first_join_fails(code)
     [ev] = h.take_events(GroupFailed)
     assert isinstance(ev.error, exc) and isinstance(h.core.snapshot().error, exc)
     h.tick(5.0)
@@ -1099,10 +1090,7 @@ def test_subscribing_long_after_construction_does_not_leave_for_a_stale_poll_tim
 @pytest.mark.parametrize("code", [E.UNKNOWN_SERVER_ERROR, E.INVALID_REQUEST])
 def test_an_unexpected_join_error_rejoins_after_a_backoff_instead_of_failing_for_good(code):
     from client.coordinator import JoinError
-    h = Harness()
-    h.call("subscribe", ["t"])
-    h.find_coordinator()
-    h.respond(h.take(m.JoinGroupRequest), h.join_response(error=code, member=""))
+    h = Harness().first_join_fails(code)
     assert h.take_events(GroupFailed) == [] and h.core.error is None
     [ev] = h.take_events(JoinError)  # for the user's poll to raise, once
     assert ev.error.code == code
