@@ -1,6 +1,7 @@
-"""In-process cost of the TCP edge per Heartbeat (no sockets, no second process).
+"""In-process cost of the TCP edge per Heartbeat and per OffsetCommit (no sockets, no second process).
 
-``python -m bench.edge_micro [--quick] [--groups N] [--heartbeats N] [--batches 1,8,32]``
+``python -m bench.edge_micro [--quick] [--groups N] [--heartbeats N] [--commits N] [--batches 1,8,32]
+[--kinds heartbeat,commit]``
 
 Wires a real ``Runtime`` / ``GroupCoordinator`` / ``Server`` / ``Metrics`` as ``herd serve`` does
 (a ``LogStore`` in a temp dir, ``fsync=never``), joins ``--groups`` one-member groups through a
@@ -10,6 +11,12 @@ members' heartbeats on one connection). Reports the event-loop thread's CPU µs 
 (``time.thread_time``, best of ``--rounds`` passes: robust on a shared machine); the kernel's share
 of a real socket is not included (``bench.server_cost`` measures the whole). The fake transport's
 ``write`` only counts calls and bytes.
+
+``commit``: OffsetCommit v9 frames of 10 partitions each (one per member, as ``bench.loadgen``
+sends them), fed the same way; after each read the loop runs one turn (``asyncio.sleep(0)``), which
+is when the runtime writes the turn's log records (``fsync=never``: to the page cache) and the
+answers leave, so the µs per commit cover decode, the shard, the log records and their ``pwrite``,
+the answers, and one loop turn per read.
 """
 from __future__ import annotations
 
@@ -33,11 +40,12 @@ from coordinator.log import LogStore
 from coordinator.metrics import Metrics
 from coordinator.runtime import Runtime
 from coordinator.server import Connection, Server
-from protocol import errors as E
 from protocol import messages as m
 from protocol.headers import decode_response_header
 
 HEARTBEAT_VERSION = 4
+COMMIT_VERSION = 9
+COMMIT_PARTITIONS = 10
 CLIENT_ID = "edge-micro"
 
 
@@ -124,6 +132,48 @@ def _time(conn: Connection, reads: list[bytes], frames_per_read: int, rounds: in
     return best
 
 
+async def _time_turns(conn: Connection, reads: list[bytes], frames_per_read: int, rounds: int) -> float:
+    """As :func:`_time`, with one loop turn after each read (the runtime's log flush runs then)."""
+    best = float("inf")
+    feed = conn.data_received
+    turn = asyncio.sleep
+    for _ in range(rounds):
+        t0 = time.thread_time()
+        for data in reads:
+            feed(data)
+            await turn(0)
+        dt = time.thread_time() - t0
+        best = min(best, dt * 1e6 / (len(reads) * frames_per_read))
+    return best
+
+
+def _commit_frame(group_id: str, member_id: str, generation: int, correlation_id: int) -> bytes:
+    parts = [m.OffsetCommitRequestPartition(partition_index=p, committed_offset=1000 + p, committed_leader_epoch=-1,
+                                            committed_metadata="") for p in range(COMMIT_PARTITIONS)]
+    req = m.OffsetCommitRequest(group_id=group_id, generation_id_or_member_epoch=generation, member_id=member_id,
+                                group_instance_id=None,
+                                topics=[m.OffsetCommitRequestTopic(name="edge-topic", partitions=parts)])
+    return bytes(encode_frame(req, COMMIT_VERSION, correlation_id, CLIENT_ID))
+
+
+async def _check(conn: Connection, tr: FakeTransport, frames: list[bytes], api_key: int, version: int) -> None:
+    """Send ``frames`` pipelined in one read and check every answer is error-free."""
+    tr.frames.clear()
+    conn.data_received(b"".join(frames))
+    for _ in range(len(frames) // Connection.FRAMES_PER_TURN + 2):
+        await asyncio.sleep(0)  # the rest of a burst longer than FRAMES_PER_TURN, and the log flush
+    answers = _responses(b"".join(tr.frames))
+    if len(answers) != len(frames):
+        raise RuntimeError(f"{len(answers)} answers to {len(frames)} pipelined requests (api key {api_key})")
+    for body in answers:
+        _, pos = decode_response_header(body, api_key, version)
+        resp = m.RESPONSES[api_key].decode(body, version, pos)
+        codes = ([p.error_code for t in resp.topics for p in t.partitions] if api_key == 8
+                 else [resp.error_code])
+        if any(codes):
+            raise RuntimeError(f"api key {api_key}: error codes {codes}")
+
+
 async def run(args) -> dict:
     loop = asyncio.get_running_loop()
     logs.configure("warning", "console")
@@ -147,35 +197,32 @@ async def run(args) -> dict:
         frames = [bytes(encode_frame(m.HeartbeatRequest(group_id=g, generation_id=gen, member_id=mid),
                                      HEARTBEAT_VERSION, i, CLIENT_ID))
                   for i, (g, mid, gen) in enumerate(members)]
+        commits = [_commit_frame(g, mid, gen, len(members) + i) for i, (g, mid, gen) in enumerate(members)]
         # check that they are answered without error before measuring
-        tr.frames.clear()
-        conn.data_received(b"".join(frames))
-        for _ in range(len(frames) // Connection.FRAMES_PER_TURN + 1):
-            await asyncio.sleep(0)  # the rest of a burst longer than FRAMES_PER_TURN
-        answers = _responses(b"".join(tr.frames))
-        if len(answers) != len(frames):
-            raise RuntimeError(f"{len(answers)} answers to {len(frames)} pipelined heartbeats")
-        for body in answers:
-            _, pos = decode_response_header(body, 12, HEARTBEAT_VERSION)
-            code = m.HeartbeatResponse.decode(body, HEARTBEAT_VERSION, pos).error_code
-            if code != E.NONE:
-                raise RuntimeError(f"heartbeat error {code}")
+        await _check(conn, tr, frames, 12, HEARTBEAT_VERSION)
+        await _check(conn, tr, commits, 8, COMMIT_VERSION)
         tr.keep = False
         gc.collect()
         gc.freeze()
-        gc.set_threshold(50_000, 20, 20)  # as herd serve does
+        gc.set_threshold(20_000, 10, 10)  # as herd serve does
         out = {}
-        for batch in args.batches:
-            reps = max(1, args.heartbeats // (len(frames) * 1))
-            reads = [b"".join(frames[i:i + batch]) for i in range(0, len(frames) - batch + 1, batch)] * reps
-            n_reads = len(reads)
-            w0 = tr.writes
-            us = _time(conn, reads, batch, args.rounds)
-            out[str(batch)] = {
-                "us_per_heartbeat": us,
-                "writes_per_read": (tr.writes - w0) / (n_reads * args.rounds),
-                "heartbeats": n_reads * batch,
-            }
+        for kind in args.kinds:
+            src, total = (frames, args.heartbeats) if kind == "heartbeat" else (commits, args.commits)
+            by_batch = out[kind] = {}
+            for batch in args.batches:
+                reps = max(1, total // len(src))
+                reads = [b"".join(src[i:i + batch]) for i in range(0, len(src) - batch + 1, batch)] * reps
+                n_reads = len(reads)
+                w0 = tr.writes
+                if kind == "heartbeat":
+                    us = _time(conn, reads, batch, args.rounds)
+                else:
+                    us = await _time_turns(conn, reads, batch, args.rounds)
+                by_batch[str(batch)] = {
+                    "us_per_request": us,
+                    "writes_per_read": (tr.writes - w0) / (n_reads * args.rounds),
+                    "requests": n_reads * batch,
+                }
         runtime.shutdown()
         store.close()
         if tr.closed or conn.closed:
@@ -189,6 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--groups", type=int, default=64, help="one-member groups joined (default 64)")
     ap.add_argument("--heartbeats", type=int, default=None, help="per pass and batch size (default 200000, "
                     "quick 50000)")
+    ap.add_argument("--commits", type=int, default=None, help="per pass and batch size (default 50000, "
+                    "quick 10000)")
+    ap.add_argument("--kinds", default="heartbeat,commit", help="requests to measure (heartbeat, commit)")
     ap.add_argument("--rounds", type=int, default=5, help="passes; the best is reported")
     ap.add_argument("--batches", default="1,8,32", help="frames per data_received call")
     ap.add_argument("--no-metrics", dest="metrics", action="store_false", help="Server without Metrics")
@@ -199,7 +249,12 @@ def main(argv=None):
     args = U.parse(build_parser(), argv)
     if args.heartbeats is None:
         args.heartbeats = 50_000 if args.quick else 200_000
+    if args.commits is None:
+        args.commits = 10_000 if args.quick else 50_000
     args.batches = [int(b) for b in args.batches.split(",") if b]
+    args.kinds = [k for k in args.kinds.split(",") if k]
+    if not args.kinds or set(args.kinds) - {"heartbeat", "commit"}:
+        raise SystemExit("--kinds: a comma-separated list of heartbeat, commit")
     if any(b > min(args.groups, Connection.FRAMES_PER_TURN) for b in args.batches):
         raise SystemExit(f"every batch must be <= --groups and <= {Connection.FRAMES_PER_TURN} (one loop turn)")
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
@@ -207,14 +262,16 @@ def main(argv=None):
     result = {
         "benchmark": "edge_micro",
         **U.environment(),
-        "params": {"groups": args.groups, "heartbeats": args.heartbeats, "rounds": args.rounds,
-                   "batches": args.batches, "metrics": args.metrics, "heartbeat_version": HEARTBEAT_VERSION,
-                   "quick": args.quick},
-        "by_frames_per_read": res,
+        "params": {"groups": args.groups, "heartbeats": args.heartbeats, "commits": args.commits,
+                   "rounds": args.rounds, "batches": args.batches, "kinds": args.kinds, "metrics": args.metrics,
+                   "heartbeat_version": HEARTBEAT_VERSION, "commit_version": COMMIT_VERSION,
+                   "commit_partitions": COMMIT_PARTITIONS, "quick": args.quick},
+        "by_kind": res,
     }
-    rows = [[b, f"{r['us_per_heartbeat']:.2f}", f"{r['writes_per_read']:.2f}"] for b, r in res.items()]
-    U.emit(result, "edge cost per heartbeat (in process, fake transport)\n"
-           + U.table(rows, ["frames/read", "µs/heartbeat", "writes/read"]))
+    rows = [[kind, b, f"{r['us_per_request']:.2f}", f"{r['writes_per_read']:.2f}"]
+            for kind, by_batch in res.items() for b, r in by_batch.items()]
+    U.emit(result, "edge cost per request (in process, fake transport, fsync=never)\n"
+           + U.table(rows, ["request", "frames/read", "µs/request", "writes/read"]))
 
 
 if __name__ == "__main__":
