@@ -404,8 +404,10 @@ class Shard:
                         ctx.req.session_timeout_ms, ctx.req.protocol_type, ctx.protocols,
                         hb_key=("hb", gid, member_id), joined_wall_ms=wall)
         member.is_new = True
-        if group.state == PREPARING_REBALANCE and group.previous_state == EMPTY:
-            group.new_member_added = True  # extends the initial rebalance delay
+        if group.state == PREPARING_REBALANCE and group.generation == 0:
+            # extends the initial rebalance delay of a brand-new group only (Kafka's
+            # addMemberAndRebalance): a group coming back from Empty waits one delay
+            group.new_member_added = True
         group.add(member)
         group.set_join(member, Parked(ctx.token, ctx.version, now))
         self.timers.cancel(("pending", gid, member_id))

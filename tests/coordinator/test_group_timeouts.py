@@ -51,6 +51,26 @@ def test_initial_delay_is_debounced_by_new_members():
     assert len(h.group("g").members) == 3
 
 
+def test_a_group_back_from_empty_waits_one_initial_delay():
+    """Only a brand-new group (generation 0) debounces its initial delay; a group that was used and
+    emptied waits one delay, however many members arrive meanwhile (Kafka's addMemberAndRebalance)."""
+    h = Harness(initial_rebalance_delay_ms=3_000)
+    a, ta = h.join_dynamic("g", rebalance=10_000)
+    h.advance(3_000)
+    assert h.reply(ta).generation_id == 1
+    h.leave("g", a)
+    assert h.state("g") == "Empty" and h.group("g").generation > 0
+    t0 = h.now
+    b, tb = h.join_dynamic("g", rebalance=10_000)
+    h.advance(2_000)
+    c, tc = h.join_dynamic("g", rebalance=10_000)  # would extend a new group's delay
+    h.advance(999)
+    assert h.state("g") == "PreparingRebalance"
+    h.advance(1)
+    assert h.state("g") == "CompletingRebalance" and h.now - t0 == 3_000
+    assert h.reply(tb).error_code == E.NONE and h.reply(tc).error_code == E.NONE
+
+
 def test_initial_delay_debounce_is_capped_by_the_rebalance_timeout():
     h = Harness(initial_rebalance_delay_ms=3_000)
     t0 = h.now
