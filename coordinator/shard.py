@@ -957,7 +957,8 @@ class Shard:
                 member_assignment=m.assignment if stable else b""))
         return DescribeGroupsResponseDescribedGroup(
             error_code=_NONE, group_id=group_id, group_state=group.state,
-            protocol_type=group.protocol_type or "", protocol_data=group.protocol_name or "",
+            # Kafka names the protocol of a Stable group only (GroupMetadata.summary)
+            protocol_type=group.protocol_type or "", protocol_data=(group.protocol_name or "") if stable else "",
             members=members, authorized_operations=ops)
 
     def delete_group(self, group_id: str, out: Out) -> int:

@@ -62,6 +62,10 @@ def test_describe_groups_batched_and_unknown_is_dead():
     h.join("g", mids[0], protocols=(("range", sub("t", "u")),))
     (d,) = h.describe("g")
     assert d.group_state == "PreparingRebalance" and all(m.member_assignment == b"" for m in d.members)
+    assert d.protocol_data == ""  # the protocol is named for a Stable group only, as Kafka
+    h.join("g", mids[1], protocols=(("range", sub("t", "u")),))
+    (d,) = h.describe("g")
+    assert (d.group_state, d.protocol_type, d.protocol_data) == ("CompletingRebalance", "consumer", "")
 
 
 def test_describe_versions_instance_id_and_authorized_operations():
