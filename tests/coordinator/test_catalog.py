@@ -106,7 +106,11 @@ def test_find_coordinator_single_and_batched():
     r = cat.find_coordinator(m.FindCoordinatorRequest(key="txn", key_type=1), 3)
     assert r.error_code == E.INVALID_REQUEST and "consumer groups only" in r.error_message
     r = cat.find_coordinator(m.FindCoordinatorRequest(coordinator_keys=["a", "", "b"], key_type=0), 4)
-    assert [(c.key, c.error_code) for c in r.coordinators] == [("a", 0), ("", E.INVALID_REQUEST), ("b", 0)]
+    assert [(c.key, c.error_code, c.node_id) for c in r.coordinators] == [("a", 0, 0), ("", 0, 0), ("b", 0, 0)]
+    # the empty group id is a group like any other (Kafka's getCoordinator has no check; OffsetCommit
+    # and OffsetFetch accept it)
+    r = cat.find_coordinator(m.FindCoordinatorRequest(key="", key_type=0), 3)
+    assert (r.error_code, r.node_id, r.port) == (0, 0, 9092)
 
 
 def test_list_offsets_and_fetch_answer_as_an_empty_log():
