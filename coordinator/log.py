@@ -72,20 +72,23 @@ Invariant: a crash at any point never loses an entry reported durable (``fsync="
 and never leaves a later entry of a shard visible while an earlier one is lost; open keeps a
 prefix of what was written.
 
-Writing: on the loop, group commit, fsyncs off the loop
--------------------------------------------------------
+Writing: framed on the loop, written and fsynced off it (fsync="always"), group commit
+--------------------------------------------------------------------------------------
 :meth:`LogStore.submit` stages entries for a shard and returns that shard's next sequence number;
-:meth:`LogStore.flush` (the runtime calls it once per loop iteration) writes everything staged on
-the calling thread: each shard's pending entries in one ``pwrite`` (a page-cache copy of a few KB;
-handing it to a thread cost more than doing it: each cross-thread wake-up is 40-200 µs of a VM's
-CPU). Under ``fsync="never"`` the writes are settled there and then (flush returns them). Under
-``fsync="always"`` the touched files are fdatasync'd on a small pool, never on the loop: up to
-``SYNC_JOBS`` batches sync at once (the disk takes concurrent flushes), a batch written while every
-slot is busy joins the next job (group commit), and jobs are settled in the order they were made,
-so the listener (:meth:`LogStore.set_listener`) hears ``(shard, last sequence number, error or
-None)`` in each shard's sequence order and a failed fsync is never papered over by a later one.
-Because each shard's writes become durable in sequence order, one number per shard says what is
-durable. A write lock orders the writes; while the writer thread holds it (a compaction swap, an
+:meth:`LogStore.flush` (the runtime calls it once per loop iteration) frames everything staged on
+the calling thread, each shard's pending entries as one batch, and takes the batch's place at the
+shard's end. Under ``fsync="never"`` it writes the batch there (one ``pwrite``, a page-cache copy)
+and settles it there and then (flush returns them). Under ``fsync="always"`` the batch's ``pwrite``
+and the file's fdatasync both run on a small pool, never on the loop: a disk that blocks writes (a
+frozen file system, writeback throttling, a stalled device) holds back the answers that wait for
+it, not the event loop. Up to ``SYNC_JOBS`` jobs run at once (the disk takes concurrent flushes) but
+never two of one shard, so a shard's batches reach its file in sequence order; a batch framed while
+its shard syncs or every slot is busy joins the next job (group commit), and jobs are settled in the
+order they were made, so the listener (:meth:`LogStore.set_listener`) hears ``(shard, last sequence
+number, error or None)`` in each shard's sequence order and a failed fsync is never papered over by
+a later one. Because each shard's writes become durable in sequence order, one number per shard
+says what is durable. A compaction snapshots what is in the file (``_Shard.written``), not what is
+framed. A write lock orders the writes; while the writer thread holds it (a compaction swap, an
 :meth:`LogStore.append` from a tool or test: a ``concurrent.futures.Future`` per call, ordered
 behind everything submitted before it) the loop leaves its staged writes to that thread instead of
 waiting.
@@ -572,8 +575,8 @@ class ShardStats:
 class _Shard:
     """Writer-owned state of one shard (the compactor only reads ``path``)."""
 
-    __slots__ = ("id", "dir", "path", "fd", "size", "allocated", "entries", "synced", "sizes", "live_bytes",
-                 "failed",
+    __slots__ = ("id", "dir", "path", "fd", "size", "allocated", "entries", "written", "synced", "sizes",
+                 "live_bytes", "failed",
                  "batches", "fsyncs", "fsync_seconds", "compactions", "compaction_seconds", "compacting",
                  "waiters", "next_waiters", "snapshot", "no_auto_below")
 
@@ -585,6 +588,9 @@ class _Shard:
         self.size = 0  # end of the last entry: where the next batch goes
         self.allocated = 0  # file size: zeros from ``size`` to here (preallocated, fsync="always")
         self.entries = 0
+        # (size, entries) of what is in the file: under fsync="always" a batch is counted in size and
+        # entries when the loop encodes it, and written by the sync thread with its fdatasync
+        self.written = (0, 0)
         self.synced = False  # every byte in the file is known durable
         self.sizes: dict[int, int] = {}
         self.live_bytes = 0
@@ -607,7 +613,7 @@ class _SyncJob:
     __slots__ = ("items", "errors")
 
     def __init__(self, items):
-        self.items = items  # [(shard, slot, size after the write)]
+        self.items = items  # [(shard, slot, size after the write, (data, entries after) or None)]
         self.errors: list | None = None  # once synced, per item: the exception, or None (durable)
 
 
@@ -796,6 +802,7 @@ class LogStore:
             _write_file_atomic(st.path, encode_header(st.id))
             st.fd = os.open(st.path, os.O_RDWR | os.O_CLOEXEC)
             st.size = st.allocated = HEADER_SIZE
+            st.written = (HEADER_SIZE, 0)
             st.synced = True
             return []
         st.fd = os.open(st.path, os.O_RDWR | os.O_CLOEXEC)
@@ -826,6 +833,7 @@ class LogStore:
             st.allocated = sc.size
         st.size = sc.end
         st.entries = len(sc.entries)
+        st.written = (st.size, st.entries)
         st.live_bytes = sum(st.sizes.values())
         if self.fsync == "always" or changed:
             os.fsync(st.fd)  # a cut is durable before anything is appended after it
@@ -1058,9 +1066,12 @@ class LogStore:
         return stop
 
     def _flush_staged(self) -> list:
-        """Write everything staged (the caller holds the write lock): one pwrite per shard; under
-        fsync="always" the touched files are then fdatasync'd on the sync pool. -> the results
-        settled now (under "never": all of them); the rest reach the listener."""
+        """Frame everything staged (the caller holds the write lock), one batch per shard. Under
+        fsync="never" each batch is written here (one pwrite); under "always" its place in the file
+        is taken here and the sync pool writes it and fdatasyncs the file, so a disk that blocks
+        writes (a frozen file system, writeback throttling) never blocks the caller, the event
+        loop. -> the results settled now (under "never": all of them); the rest reach the
+        listener."""
         with self._lock:
             staged, self._staged = self._staged, []
         if not staged:
@@ -1077,7 +1088,9 @@ class LogStore:
             if fut is not None:
                 slot[2].append(fut)
         results = []  # (shard, seq, exc)
-        written: list[tuple[_Shard, list, int]] = []  # (shard, slot, size after the write)
+        # (shard, slot, size after the write, (data, entries after) while the write is pending)
+        written: list[tuple[_Shard, list, int, tuple | None]] = []
+        deferred = self.fsync == "always"
         try:
             for shard_id, slot in pending.items():
                 st = self._shards[shard_id]
@@ -1086,36 +1099,41 @@ class LogStore:
                     continue
                 entries = slot[0]
                 data = encode_entries(entries, PREFIX_DURABLE if st.synced else 0)
-                try:
-                    self._write(st, data)
-                except OSError as exc:
-                    self._fail_shard(st, exc, "write")
-                    self._settle(results, st, slot, exc)
-                    continue
+                if not deferred:
+                    try:
+                        self._write(st, data, st.size)
+                    except OSError as exc:
+                        self._fail_shard(st, exc, "write")
+                        self._settle(results, st, slot, exc)
+                        continue
                 with self._synced_lock:
                     st.size += len(data)
                     st.synced = False
                 st.entries += len(entries)
                 st.batches += 1
                 self._account(st, entries)
-                written.append((st, slot, st.size))
+                if deferred:
+                    written.append((st, slot, st.size, (data, st.entries)))
+                else:
+                    st.written = (st.size, st.entries)
+                    written.append((st, slot, st.size, None))
         except BaseException as exc:  # our bug: fail what is left rather than lose it silently
             log.exception("log.writer_error")
-            done = {sid for sid, _seq, _exc in results} | {st.id for st, _slot, _size in written}
+            done = {sid for sid, _seq, _exc in results} | {item[0].id for item in written}
             for shard_id, slot in pending.items():
                 if shard_id not in done:
                     st = self._shards[shard_id]
                     self._fail_shard(st, exc)
                     self._settle(results, st, slot, exc)
         if written:
-            if self.fsync == "always":
+            if deferred:
                 self._start_sync(written)
             else:
-                for st, slot, _size in written:
+                for st, slot, _size, _pending in written:
                     self._settle(results, st, slot, None)
             if self.auto_compact and self._state == "open":
-                for st, _slot, _size in written:
-                    self._maybe_compact(st)
+                for item in written:
+                    self._maybe_compact(item[0])
         return results
 
     @staticmethod
@@ -1130,7 +1148,7 @@ class LogStore:
     # ---- sync thread -----------------------------------------------------------------------------
 
     def _start_sync(self, written: list) -> None:
-        """Have the fdatasyncs of a batch just written run on the sync threads. Up to
+        """Have the writes and fdatasyncs of a batch just framed run on the sync threads. Up to
         ``sync_jobs`` jobs sync at once (a batch written while another syncs need not wait: the
         disk takes concurrent flushes), but never two of one shard: since Linux 4.13 a writeback
         error is reported to one fdatasync of a file only, so two concurrent ones could hand an
@@ -1159,8 +1177,8 @@ class LogStore:
             return []
         self._unsynced = wait
         job = _SyncJob(ready)
-        for st, _slot, _size in ready:
-            syncing.add(st.id)
+        for item in ready:
+            syncing.add(item[0].id)
         self._active += 1
         self._running.append(job)
         return [job]
@@ -1182,8 +1200,8 @@ class LogStore:
         with self._settle_lock:
             job.errors = errors
             self._active -= 1
-            for st, _slot, _size in job.items:
-                self._syncing.discard(st.id)
+            for item in job.items:
+                self._syncing.discard(item[0].id)
             jobs = self._launch()
             try:
                 results = self._settle_ready()
@@ -1205,30 +1223,45 @@ class LogStore:
         return results
 
     def _sync_files(self, items: list) -> list:
-        """fdatasync each item's file once (a shard failed before is not synced again: a failed
-        fsync is never retried, not even by a later batch). -> per item the exception or None."""
-        if len(items) == 1:
-            st = items[0][0]
-            if st.failed is not None:
-                return [ShardFailedError(st.id, st.failed)]
-            return [self._sync_one(st)]
+        """Write each item's pending batch (in order; one job at a time per shard, so a shard's
+        batches reach its file in sequence order), then fdatasync each item's file once. A shard
+        failed before is neither written nor synced again (a failed fsync is never retried, not
+        even by a later batch); a failed write fails every item of its shard in this job (what was
+        written before it cannot be made durable: no fsync follows). -> per item the exception or
+        None."""
+        write_failed: dict[int, BaseException] = {}
+        for st, _slot, size, pending in items:
+            if pending is None or st.failed is not None:
+                continue
+            data, entries_after = pending
+            try:
+                self._write(st, data, size - len(data))
+            except OSError as exc:
+                self._fail_shard(st, exc, "write")
+                write_failed[st.id] = exc
+                continue
+            st.written = (size, entries_after)
         outcome: dict[int, BaseException | None] = {}
         todo = []
-        for st, _slot, _size in items:
+        for item in items:
+            st = item[0]
             if st.id not in outcome:
                 outcome[st.id] = None
-                if st.failed is not None:
+                if st.id in write_failed:
+                    outcome[st.id] = write_failed[st.id]
+                elif st.failed is not None:
                     outcome[st.id] = ShardFailedError(st.id, st.failed)
                 else:
                     todo.append(st)
-        for st, exc in zip(todo, self._sync(todo), strict=True):
-            outcome[st.id] = exc
-        return [outcome[st.id] for st, _slot, _size in items]
+        if todo:
+            for st, exc in zip(todo, self._sync(todo), strict=True):
+                outcome[st.id] = exc
+        return [outcome[item[0].id] for item in items]
 
     def _sync_results(self, job: _SyncJob) -> list:
         """Settle a job whose syncs are done: -> the (shard, seq, exc) results."""
         results = []
-        for (st, slot, size), exc in zip(job.items, job.errors, strict=True):
+        for (st, slot, size, _pending), exc in zip(job.items, job.errors, strict=True):
             if exc is None and st.failed is not None:
                 # an earlier job's fsync of this file failed (settled just before): a later fsync's
                 # success proves nothing about the pages that one lost
@@ -1251,17 +1284,18 @@ class LogStore:
             while self._running or self._unsynced:
                 self._settle_lock.wait()
 
-    def _write(self, st: _Shard, data: bytes) -> None:
-        """Write ``data`` at the shard's end. Under fsync="always" the file is kept preallocated
-        (zeros written and fsynced ahead of the end), so the fsync of a batch flushes data only, no
-        size change: ~110 µs instead of ~190 µs per fsync on the VM disk measured. The zeros are not
-        entries: open() reads a zero tail as the end of the log."""
-        end = st.size + len(data)
-        _pwrite_all(st.fd, data, st.size)
+    def _write(self, st: _Shard, data: bytes, offset: int) -> None:
+        """Write ``data`` at ``offset`` (the shard's end when its batch was framed). Under
+        fsync="always" the file is kept preallocated (zeros written and fsynced ahead of the end),
+        so the fsync of a batch flushes data only, no size change: ~110 µs instead of ~190 µs per
+        fsync on the VM disk measured. The zeros are not entries: open() reads a zero tail as the
+        end of the log."""
+        end = offset + len(data)
+        _pwrite_all(st.fd, data, offset)
         if end > st.allocated:
             st.allocated = end
             if self.fsync == "always":
-                grow = min(max(st.size // 4, PREALLOC_MIN), PREALLOC_MAX)
+                grow = min(max(offset // 4, PREALLOC_MIN), PREALLOC_MAX)
                 try:
                     _pwrite_all(st.fd, bytes(grow), end)
                     st.allocated = end + grow
@@ -1333,8 +1367,8 @@ class LogStore:
             self._compaction_over(st, LogClosedError("log store closing"))
             return
         st.compacting = True
-        st.snapshot = (st.size, st.entries)
-        self._jobs.put((st.id, st.size))
+        st.snapshot = st.written  # what is in the file; the swap copies the rest, all written by then
+        self._jobs.put((st.id, st.snapshot[0]))
 
     def _swap(self, shard_id: int, tmp_fd: int, tmp_size: int, kept: int, started: float) -> None:
         st = self._shards[shard_id]
@@ -1371,6 +1405,7 @@ class LogStore:
         st.fd = tmp_fd
         st.size = st.allocated = new_size
         st.entries = kept + (st.entries - snap_entries)
+        st.written = (st.size, st.entries)
         st.synced = True
         st.compactions += 1
         seconds = time.perf_counter() - started

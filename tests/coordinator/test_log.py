@@ -220,7 +220,7 @@ def test_group_commit_one_fsync_per_touched_file_per_batch(tmp_path, monkeypatch
     for t in threads:
         t.join()
     with s._settle_lock:  # until the writer has written all 200 (they wait for the sync slot)
-        assert s._settle_lock.wait_for(lambda: sum(len(slot[0]) for _st, slot, _n in s._unsynced) == 200, WAIT)
+        assert s._settle_lock.wait_for(lambda: sum(len(item[1][0]) for item in s._unsynced) == 200, WAIT)
     release.set()
     first.result(WAIT)
     for f in futures:
@@ -937,3 +937,125 @@ def test_flush_leaves_its_writes_to_the_writer_thread_while_that_holds_the_files
     assert heard.wait(WAIT) and got == [(0, 1, None)]  # the writer thread wrote it
     s.close()
     assert reopen(tmp_path, 1)[0] == [kv(1)]
+
+
+def test_under_fsync_always_a_blocked_write_never_blocks_flush_or_other_shards(tmp_path, monkeypatch):
+    # A frozen file system blocks pwrite itself: under fsync="always" flush() (the event loop) only
+    # frames the batch; the sync pool writes it with its fdatasync, so the loop and other shards go on
+    # (answers are still settled in the order the batches were made).
+    s, _ = opened(tmp_path, 2)
+    blocked_fd, other_fd = s._shards[0].fd, s._shards[1].fd
+    entered, release, other_written = threading.Event(), threading.Event(), threading.Event()
+    writers = []
+    real_pwrite = os.pwrite
+
+    def pwrite(fd, data, offset):
+        writers.append(threading.get_ident())
+        if fd == blocked_fd and not release.is_set():
+            entered.set()
+            assert release.wait(WAIT)
+        n = real_pwrite(fd, data, offset)
+        if fd == other_fd:
+            other_written.set()
+        return n
+
+    got, lock = [], threading.Lock()
+    heard = {0: threading.Event(), 1: threading.Event()}
+
+    def listener(results):
+        with lock:
+            got.extend(results)
+        for shard, _seq, _exc in results:
+            heard[shard].set()
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    s.set_listener(listener)
+    s.submit(0, [kv(1)])
+    assert s.flush() == []  # returns at once: nothing is written on this thread
+    assert entered.wait(WAIT)  # shard 0's write hangs in the sync pool
+    s.submit(0, [kv(2)])
+    s.submit(1, [kv(3)])
+    assert s.flush() == []
+    assert other_written.wait(WAIT)  # shard 1 was written while shard 0's disk write hangs
+    assert threading.get_ident() not in writers
+    release.set()
+    assert heard[0].wait(WAIT) and heard[1].wait(WAIT)
+    s.close()
+    with lock:
+        assert all(exc is None for _shard, _seq, exc in got)
+        assert {shard: max(seq for sh, seq, _e in got if sh == shard) for shard, _q, _e in got} == {0: 2, 1: 1}
+    assert reopen(tmp_path) == {0: [kv(1), kv(2)], 1: [kv(3)]}
+
+
+def test_under_fsync_always_a_failed_write_fails_its_shard_through_the_listener(tmp_path, monkeypatch):
+    s, _ = opened(tmp_path, 2)
+    bad_fd = s._shards[1].fd
+    real_pwrite = os.pwrite
+
+    def pwrite(fd, data, offset):
+        if fd == bad_fd:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_pwrite(fd, data, offset)
+
+    got, heard = [], threading.Event()
+
+    def listener(results):
+        got.extend(results)
+        if len(got) >= 2:
+            heard.set()
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    s.set_listener(listener)
+    s.submit(1, [kv(1)])
+    s.submit(0, [kv(2)])
+    assert s.flush() == []
+    assert heard.wait(WAIT)
+    by_shard = {shard: (seq, exc) for shard, seq, exc in got}
+    assert by_shard[0] == (1, None)
+    assert by_shard[1][0] == 1 and isinstance(by_shard[1][1], OSError) and "No space" in str(by_shard[1][1])
+    assert s.stats()[1].failed is not None
+    with pytest.raises(ShardFailedError):  # no more appends to the failed shard
+        s.append(1, [kv(3)]).result(WAIT)
+    s.close()
+    monkeypatch.undo()
+    assert reopen(tmp_path) == {0: [kv(2)], 1: []}
+
+
+def test_under_fsync_always_compaction_reads_only_what_is_written(tmp_path, monkeypatch):
+    # A compaction that starts while a batch is framed but not yet written (its write waits in the
+    # sync pool) must copy it at the swap, not read the unwritten bytes as part of its snapshot.
+    s, _ = opened(tmp_path, 1)
+    for i in range(20):
+        s.append(0, [(b"k", b"old-%d" % i)]).result(WAIT)
+    fd = s._shards[0].fd
+    entered, release = threading.Event(), threading.Event()
+    real_pwrite = os.pwrite
+
+    def pwrite(f, data, offset):
+        if f == fd and not release.is_set():
+            entered.set()
+            assert release.wait(WAIT)
+        return real_pwrite(f, data, offset)
+
+    got, heard = [], threading.Event()
+
+    def listener(results):
+        got.extend(results)
+        heard.set()
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    s.set_listener(listener)
+    s.submit(0, [(b"k", b"new"), (b"j", b"kept")])
+    s.flush()
+    assert entered.wait(WAIT)
+    snapped = threading.Event()
+    s._compaction_written_hook = lambda _shard: snapped.set()
+    done = s.compact(0)  # the compactor snapshots what is written: the 20 old entries
+    assert snapped.wait(WAIT)  # its copy is made; the swap waits for the pending write
+    release.set()
+    info = done.result(WAIT)
+    assert heard.wait(WAIT) and [exc for _s, _q, exc in got] == [None]
+    assert info["entries"] == 3  # the last old value of k (the snapshot) + the batch copied at the swap
+    s.close()
+    monkeypatch.undo()
+    assert reopen(tmp_path, 1)[0] == [(b"k", b"old-19"), (b"k", b"new"), (b"j", b"kept")]
