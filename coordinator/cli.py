@@ -193,7 +193,8 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     http = None
     if config.metrics_port is not None:
         http = HttpEndpoint(metrics, groups.list_groups,
-                            lambda g: groups.group_history(g, runtime.now_ms()))
+                            lambda g: groups.group_history(g, runtime.now_ms()),
+                            failed_shards=lambda: groups.failed_shards)
         try:
             mport = await http.start(config.metrics_host, config.metrics_port)
         except OSError as exc:

@@ -7,7 +7,7 @@ list updates, indexed by api key).
 
 HTTP (``--metrics-port``; off by default):
   GET /metrics                      Prometheus text format 0.0.4
-  GET /healthz                      "ok"
+  GET /healthz                      "ok" (200), or 503 naming the shards stopped by a log failure
   GET /groups                       JSON: every group with state, protocol, members
   GET /groups/<group>/history       JSON: the rebalance flight recorder for that group
 """
@@ -198,10 +198,11 @@ class Metrics:
 class HttpEndpoint:
     """A small HTTP/1.1 server (one request per connection) for /metrics and the JSON views."""
 
-    def __init__(self, metrics: Metrics, groups_view, history_view, max_request=8192):
+    def __init__(self, metrics: Metrics, groups_view, history_view, max_request=8192, failed_shards=None):
         self.metrics = metrics
         self.groups_view = groups_view  # () -> JSON-able
         self.history_view = history_view  # (group_id) -> JSON-able or None
+        self.failed_shards = failed_shards  # () -> [shard ids stopped after a log write failure]
         self.max_request = max_request
         self.server = None
 
@@ -240,6 +241,10 @@ class HttpEndpoint:
         if path == "/metrics":
             return 200, "text/plain; version=0.0.4; charset=utf-8", self.metrics.render().encode()
         if path == "/healthz":
+            failed = self.failed_shards() if self.failed_shards is not None else []
+            if failed:  # those groups get COORDINATOR_NOT_AVAILABLE until a restart replays the log
+                return 503, "text/plain", (f"unhealthy: {len(failed)} shard(s) stopped after a log write "
+                                           f"failure: {', '.join(map(str, failed))}; restart herd\n").encode()
             return 200, "text/plain", b"ok\n"
         if path == "/groups":
             return 200, "application/json", _json(self.groups_view())
@@ -256,7 +261,7 @@ def _json(obj) -> bytes:
     return (json.dumps(obj, indent=2, default=str) + "\n").encode()
 
 
-_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed"}
+_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
 
 
 def _family(name: str, kind: str, help: str, samples) -> list[str]:

@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import resource
@@ -53,7 +54,7 @@ def _start_limited(data_dir, port_file, log_path):
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [sys.executable, "-m", "coordinator", "serve", "--host", "127.0.0.1", "--port", "0",
            "--data-dir", str(data_dir), "--port-file", str(port_file), "--initial-rebalance-delay-ms", "0",
-           "--offsets-partitions", "1", "--log-format", "json"]
+           "--offsets-partitions", "1", "--log-format", "json", "--metrics-port", "0"]
     log = open(log_path, "ab")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO), env=env,
                             preexec_fn=_limit_file_size, start_new_session=True)
@@ -66,6 +67,18 @@ def _start_limited(data_dir, port_file, log_path):
             return proc, int(port_file.read_text())
         time.sleep(0.02)
     raise RuntimeError("herd did not start")
+
+
+def _healthz(log_path) -> tuple[int, bytes]:
+    events = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
+    (port,) = [e["port"] for e in events if e["event"] == "metrics listening"]
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", "/healthz")
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
 
 
 def _commit(c, group, offset, meta):
@@ -102,6 +115,9 @@ def test_disk_full_answers_a_retriable_error_and_restart_replays_what_was_acknow
                     acked[group] = i
             # the failed shard keeps refusing, reads included: it does not serve state it could not persist
             assert _fetch(c, "g0")[0] == E.COORDINATOR_NOT_AVAILABLE
+        # and the health check says so (a supervisor can restart herd, which replays the log)
+        status, body = _healthz(log_path)
+        assert status == 503 and b"1 shard(s) stopped after a log write failure: 0;" in body, body
         assert proc.poll() is None, "the daemon must not die on a full disk"
     finally:
         if proc.poll() is None:
