@@ -136,6 +136,7 @@ the figure; ``open(latest_only=True)`` lets the caller decode each key once.
 from __future__ import annotations
 
 import collections
+import errno
 import gc
 import json
 import os
@@ -738,6 +739,11 @@ class LogStore:
                            f"of a data directory")
         _write_file_atomic(meta_path, json.dumps({"format": FORMAT_VERSION, "num_shards": self.num_shards})
                            .encode() + b"\n")
+        # A new store is right on a first start, and a loud surprise on any other (a volume not
+        # mounted, a directory cleaned by a script): every group starts with no offsets.
+        log.warning("log.new_data_dir", path=str(self.data_dir), shards=self.num_shards,
+                    detail="no herd data here: started an EMPTY store (no groups, no offsets); expected on a "
+                           "first start only")
 
     def _open(self) -> dict[int, list[Entry]]:
         # Replay makes no cyclic garbage; without this, the collections that the new tuples trigger
@@ -1316,6 +1322,10 @@ class LogStore:
         t0 = time.perf_counter()
         try:
             _fdatasync(st.fd)
+            if os.fstat(st.fd).st_nlink == 0:
+                # durable in a file nobody will read again: the next start would not find it
+                raise OSError(errno.ENOENT, f"{st.path} was removed while herd ran (data directory deleted "
+                                            f"or replaced?); restart herd on the right directory")
         except OSError as exc:
             return exc
         st.fsync_seconds += time.perf_counter() - t0

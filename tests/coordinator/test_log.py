@@ -1059,3 +1059,29 @@ def test_under_fsync_always_compaction_reads_only_what_is_written(tmp_path, monk
     s.close()
     monkeypatch.undo()
     assert reopen(tmp_path, 1)[0] == [(b"k", b"old-19"), (b"k", b"new"), (b"j", b"kept")]
+
+
+def test_a_new_data_directory_is_announced_and_an_existing_one_is_not(tmp_path, events):
+    s, _ = opened(tmp_path / "data", 2)
+    s.close()
+    (new,) = events.named("log.new_data_dir")
+    assert new["path"] == str(tmp_path / "data") and "EMPTY" in new["detail"]
+    events.events.clear()
+    reopen(tmp_path / "data")
+    assert events.named("log.new_data_dir") == []
+
+
+def test_a_log_file_removed_under_a_running_store_fails_its_shard_instead_of_acknowledging(tmp_path, events):
+    # rm -rf of the data directory (or a replaced volume) while herd runs: the writes would land in
+    # unlinked files and vanish at the next start, so nothing more is reported durable.
+    s, _ = opened(tmp_path, 2)
+    assert s.append(1, [kv(1)]).result(WAIT) is None
+    os.unlink(log_path(tmp_path, 1))
+    with pytest.raises(OSError, match="was removed while herd ran"):
+        s.append(1, [kv(2)]).result(WAIT)
+    with pytest.raises(ShardFailedError):
+        s.append(1, [kv(3)]).result(WAIT)
+    assert s.append(0, [kv(4)]).result(WAIT) is None  # the other shard's file is still there
+    s.close()
+    (failed,) = events.named("log.shard_failed")
+    assert failed["shard"] == 1 and failed["operation"] == "fsync"

@@ -106,8 +106,9 @@ def test_sigterm_exits_zero_and_logs_json(tmp_path):
     try:
         lines = d.logs().splitlines()
         events = [json.loads(line)["event"] for line in lines]
-        # "listening" once the log is replayed and connections are accepted, not at bind time
-        assert events[:2] == ["replayed", "listening"] and f'"port": {d.port}' in lines[1]
+        # a new data directory is announced; "listening" once the log is replayed and connections
+        # are accepted, not at bind time
+        assert events[:3] == ["log.new_data_dir", "replayed", "listening"] and f'"port": {d.port}' in lines[2]
         port_file = tmp_path / "data.port"
         assert port_file.read_text().strip() == str(d.port)
         assert d.stop() == 0
