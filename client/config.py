@@ -57,6 +57,12 @@ def parse_bootstrap(servers) -> list[tuple[str, int]]:
             item = item.strip()
             if not item:
                 continue
+            scheme, sep, rest = item.partition("://")
+            if sep:  # a listener URL as in server.properties / Spark settings
+                if scheme.upper() != "PLAINTEXT":
+                    raise ValueError(f"bootstrap server {item!r}: only PLAINTEXT is supported (herd has no "
+                                     f"TLS or SASL)")
+                item = rest
             if item.startswith("["):  # [ipv6]:port
                 host, _, rest = item[1:].partition("]")
                 port = rest.lstrip(":") or "9092"
@@ -64,7 +70,13 @@ def parse_bootstrap(servers) -> list[tuple[str, int]]:
                 host, port = item.split(":")
             else:
                 host, port = item, "9092"
-        out.append((host, int(port)))
+        try:
+            number = int(port)
+        except (TypeError, ValueError):
+            number = -1
+        if not 0 < number < 65536:
+            raise ValueError(f"bootstrap server {item!r}: the port must be a number from 1 to 65535")
+        out.append((host, number))
     if not out:
         raise ValueError("bootstrap.servers is empty")
     return out

@@ -280,6 +280,7 @@ class ConsumerCoordinator:
             ),
         }
         self._boot_index = 0
+        self._last_conn_problem = ""  # why the last connection dropped or could not be made
         self.coordinator: tuple | None = None  # (node_id, host, port)
         self._find_backoff = self._backoff(config.retry_backoff_ms, config.retry_backoff_max_ms)
         self._next_find = now
@@ -566,6 +567,7 @@ class ConsumerCoordinator:
         c.versions = {}
         c.next_attempt = now + c.backoff.next_delay()
         self._fail_inflight(conn, cerr.KafkaConnectionError(reason or f"{conn} connection lost"), now)
+        self._last_conn_problem = f"{conn} connection: {reason or 'lost'}"
         if conn == BOOTSTRAP:
             if was != "ready":
                 self._boot_index = (self._boot_index + 1) % len(self.cfg.bootstrap_servers)
@@ -1298,10 +1300,14 @@ class ConsumerCoordinator:
             # and the wait for a coordinator are bounded by the deadline.
             first_chance = req.kind == "commit" and req.attempts == 0 and self.coordinator_ready
             if now >= req.deadline and not first_chance:
-                err = cerr.KafkaTimeoutError(
-                    f"{'commit' if req.kind == 'commit' else 'committed()'} timed out"
-                    + (f"; last error: {req.last_error}" if req.last_error else "")
-                )
+                why = ""
+                if req.last_error:
+                    why = f"; last error: {req.last_error}"
+                elif not self.coordinator_ready and self._last_conn_problem:
+                    # never reached a coordinator: say why (a daemon down, a wrong bootstrap)
+                    servers = ",".join(f"{h}:{p}" for h, p in self.cfg.bootstrap_servers)
+                    why = f"; no coordinator reached (bootstrap {servers}; {self._last_conn_problem})"
+                err = cerr.KafkaTimeoutError(f"{'commit' if req.kind == 'commit' else 'committed()'} timed out{why}")
                 self._actions.append(Reply(req.handle, error=err))
                 continue
             if not self.coordinator_ready or now < req.retry_at:

@@ -8,7 +8,7 @@ Batch jobs -- each Spark task is one member of a consumer group that shares a fi
     job = GroupJob("herd:9092", "etl", {TopicPartition("events", p): n for p, n in enumerate(sizes)},
                    static_membership=True, config={"session.timeout.ms": 10000})
     stats = job.run(spark, process, num_tasks=4)   # process(tp, start, end) handles [start, end)
-    job.wait(timeout_s=60)                         # committed offsets == end offsets, or TimeoutError
+    job.wait(timeout_s=60)                         # committed offsets >= end offsets, or TimeoutError
 
 The work is ``end_offsets``: per topic partition, the offset where it ends (a shard of N records is
 offsets 0..N-1 and ends at N). Every task joins the group for those topics and loops: ``poll`` for
@@ -323,9 +323,11 @@ def _offsets_reader(bootstrap, group_id: str, config: dict | None) -> GroupConsu
 def group_offsets(bootstrap, group_id: str, partitions, timeout_s: float = 30.0,
                   config: dict | None = None) -> dict:
     """The committed offsets of ``partitions`` (an iterable of TopicPartition, or a topic name for
-    all its partitions): ``{tp: offset}`` for those with a commit."""
+    every partition of it the group has committed, whether or not herd knows the topic or all its
+    partitions): ``{tp: offset}`` for those with a commit."""
     if isinstance(partitions, str):
-        partitions = partitions_for(bootstrap, partitions, timeout_s)
+        return {tp: om.offset for tp, om in all_group_offsets(bootstrap, group_id, timeout_s).items()
+                if tp.topic == partitions}
     parts = [_tp(p) for p in partitions]
     with _offsets_reader(bootstrap, group_id, config) as c:
         got = c.committed(parts, timeout_s=timeout_s)
@@ -434,6 +436,28 @@ class GroupJob:
     def total_records(self) -> int:
         return sum(self.end_offsets.values())
 
+    def check_topics(self, timeout_s: float = 10.0) -> None:
+        """Fail at once (ValueError) unless herd has every partition of the work: members are only
+        assigned partitions that exist, so work on a missing one would wait out ``task_timeout_s``
+        in every task. An unreachable bootstrap raises KafkaConnectionError here too."""
+        problems = []
+        for topic in self.topics:
+            wanted = sorted(tp.partition for tp in self.end_offsets if tp.topic == topic)
+            try:
+                have = {tp.partition for tp in partitions_for(self.bootstrap, topic, timeout_s)}
+            except cerr.KafkaError as exc:
+                if exc.code != codes.UNKNOWN_TOPIC_OR_PARTITION:
+                    raise
+                problems.append(f"topic {topic!r} does not exist")
+                continue
+            lost = [p for p in wanted if p not in have]
+            if lost:
+                problems.append(f"topic {topic!r} has {len(have)} partition(s), the work covers partition(s) "
+                                f"{', '.join(map(str, lost))}")
+        if problems:
+            raise ValueError(f"group {self.group_id}: {'; '.join(problems)}; create each topic with all its "
+                             f"partitions first (ensure_topic(bootstrap, topic, partitions))")
+
     def task_fn(self, process, on_start=None):
         """A function for ``rdd.mapPartitionsWithIndex``: each Spark partition runs one member and
         yields its stats dict."""
@@ -454,7 +478,9 @@ class GroupJob:
         return run_task
 
     def run(self, spark, process, num_tasks: int, on_start=None) -> list[dict]:
-        """Run ``num_tasks`` Spark tasks as members until the work is done; their stats dicts."""
+        """Run ``num_tasks`` Spark tasks as members until the work is done; their stats dicts.
+        Checks the topics first (``check_topics``)."""
+        self.check_topics()
         sc = getattr(spark, "sparkContext", spark)
         sc.setJobDescription(f"herd group {self.group_id}: {num_tasks} members, "
                              f"{self.total_records} records")
@@ -471,7 +497,9 @@ def run_member(job: GroupJob, process, spark_partition: int = 0, attempt: int = 
     (usable without Spark too). ``process(tp, start, end)`` handles records [start, end) of ``tp``
     and must make its output durable before returning; ``end`` is committed after it."""
     started = time.monotonic()
-    cfg = {"enable.auto.commit": False, **job.config}
+    job.check_topics()  # fail this task now, not after task_timeout_s (and a down herd says so)
+    # a member must never auto-create a topic of the work with the default partition count
+    cfg = {"enable.auto.commit": False, "allow.auto.create.topics": False, **job.config}
     cfg["client.id"] = f"herd-spark-p{spark_partition}-a{attempt}"
     instance_id = instance_id_for(job.group_id, spark_partition) if job.static_membership else None
     if instance_id is not None:
@@ -542,6 +570,11 @@ def run_member(job: GroupJob, process, spark_partition: int = 0, attempt: int = 
             consumer.poll(job.poll_timeout_s)
         stats["partitions"] = sorted(str(tp) for tp in worked)
         return stats
+    except cerr.FencedInstanceIdError as exc:
+        raise cerr.FencedInstanceIdError(
+            f"group {job.group_id}: instance id {instance_id} is held by another live member: another "
+            f"application running this job with the same group id, or a speculative copy of this task "
+            f"(give each application its own group id; keep spark.speculation off) [{exc}]") from exc
     finally:
         try:
             consumer.close(10.0)
@@ -581,7 +614,8 @@ def offsets_dataframe(spark, bootstrap, group_id: str, end_offsets: dict | None 
                       partitions=None, timeout_s: float = 30.0):
     """A DataFrame (topic, partition, committed, end_offset, lag, metadata) of the group's offsets
     for ``end_offsets``' partitions (or ``partitions``); lag = end_offset - committed. With neither,
-    every partition the group has committed an offset for (end_offset and lag null)."""
+    every partition the group has committed an offset for (end_offset and lag null). A commit past
+    the end counts as lag 0."""
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
     ends = {_tp(tp): int(v) for tp, v in (end_offsets or {}).items()}
@@ -599,7 +633,7 @@ def offsets_dataframe(spark, bootstrap, group_id: str, end_offsets: dict | None 
         om = got.get(tp)
         committed = om.offset if om is not None and om.offset >= 0 else None
         end = ends.get(tp)
-        lag = None if end is None else end - (committed or 0)
+        lag = None if end is None else max(end - (committed or 0), 0)  # never negative
         rows.append((tp.topic, tp.partition, committed, end, lag, om.metadata if om is not None else None))
     schema = StructType([StructField("topic", StringType()), StructField("partition", LongType()),
                          StructField("committed", LongType()), StructField("end_offset", LongType()),
@@ -699,17 +733,25 @@ def skip_committed(df, committed: dict, topic_col: str = "topic", partition_col:
 def starting_offsets_json(bootstrap, group_id: str, topics, default: str | int = "earliest",
                           timeout_s: float = 30.0) -> str:
     """The ``startingOffsets`` option of Spark's Kafka source from the group's committed offsets:
-    ``{"topic": {"0": 42, "1": -2}}``; partitions without a commit get ``default`` ("earliest" = -2,
-    "latest" = -1, or an offset)."""
+    ``{"topic": {"0": 42, "1": -2}}`` over every committed partition and every partition herd's
+    topic catalog lists; partitions without a commit get ``default`` ("earliest" = -2, "latest" =
+    -1, or an offset)."""
     if isinstance(topics, str):
         topics = [topics]
     fallback = {"earliest": -2, "latest": -1}.get(default, default)
     if not isinstance(fallback, int):
         raise ValueError(f"default must be 'earliest', 'latest' or an offset, not {default!r}")
-    parts = [tp for t in topics for tp in partitions_for(bootstrap, t, timeout_s)]
-    committed = group_offsets(bootstrap, group_id, parts, timeout_s)
-    out: dict = {}
-    for tp in parts:
+    committed = {tp: om.offset for tp, om in all_group_offsets(bootstrap, group_id, timeout_s).items()
+                 if tp.topic in topics}
+    parts = set(committed)  # every committed partition, even of a topic herd does not know (yet)
+    for t in topics:
+        try:
+            parts.update(partitions_for(bootstrap, t, timeout_s))
+        except cerr.KafkaError as exc:
+            if exc.code != codes.UNKNOWN_TOPIC_OR_PARTITION:
+                raise
+    out: dict = {t: {} for t in topics}
+    for tp in sorted(parts):
         out.setdefault(tp.topic, {})[str(tp.partition)] = committed.get(tp, fallback)
     return json.dumps(out, sort_keys=True)
 
@@ -794,7 +836,13 @@ class BatchProgressCommitter:
             offsets = {tp: v for tp, v in offsets.items() if v > self.committed.get(tp, -1)}
         if offsets:
             meta = self.metadata.format(batch_id=batch_id)
-            c.commit({tp: (v, meta) for tp, v in offsets.items()}, timeout_s=self.timeout_s)
+            try:
+                c.commit({tp: (v, meta) for tp, v in offsets.items()}, timeout_s=self.timeout_s)
+            except cerr.CommitFailedError as exc:
+                # the committer never joins: Kafka refuses a member-less commit into a group with members
+                raise cerr.CommitFailedError(
+                    f"group {self.group_id} has active members (consumers use this group id): a query's "
+                    f"progress needs a group of its own [{exc}]") from exc
             self.committed.update(offsets)
         if batch_id is not None:
             self.batches.append(batch_id)

@@ -57,3 +57,13 @@ def test_api_version_caps_by_name_or_key():
     assert c.api_versions_max == {11: 5, 14: 3}
     with pytest.raises(ValueError):
         parse_config("h:1", "g", api_versions_max={"Nope": 1})
+
+
+def test_bootstrap_listener_urls_and_bad_ports():
+    # copied from server.properties or a Spark kafka.bootstrap.servers setting
+    assert parse_bootstrap("PLAINTEXT://h1:9092, plaintext://[::1]:9093") == [("h1", 9092), ("::1", 9093)]
+    with pytest.raises(ValueError, match="only PLAINTEXT is supported"):
+        parse_bootstrap("SSL://h:9093")
+    for bad in ("h:9092x", "h:0", "h:70000", "h:"):
+        with pytest.raises(ValueError, match=r"bootstrap server .*the port must be a number from 1 to 65535"):
+            parse_bootstrap(bad)

@@ -1,0 +1,102 @@
+"""client.spark's driver and task helpers against a real daemon, without Spark: resuming from a
+group's committed partitions whatever herd's topic catalog says, failing fast on missing topics or
+a daemon that cannot be reached, and saying why a commit or a lookup failed."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from client import GroupConsumer, TopicPartition
+from client import errors as cerr
+from client.spark import (
+    BatchProgressCommitter,
+    GroupJob,
+    ensure_topic,
+    group_offsets,
+    partitions_for,
+    run_member,
+    starting_offsets_json,
+)
+from tests.support.daemon import Daemon
+
+pytestmark = pytest.mark.integration
+
+REFUSED = "127.0.0.1:1"  # nothing listens on port 1 of the loopback address
+
+
+@pytest.fixture(scope="module")
+def herd(tmp_path_factory):
+    with Daemon(tmp_path_factory.mktemp("spark-helpers") / "data", initial_rebalance_delay_ms=0) as d:
+        yield d
+
+
+def test_resuming_reads_every_committed_partition_even_of_a_topic_herd_lacks(herd):
+    # A streaming query committed 4 partitions of "ticks" without creating the topic; later a
+    # standard client auto-created it with 1 partition. Resuming must still see all four.
+    ticks = {TopicPartition("ticks", p): 10 + p for p in range(4)}
+    with BatchProgressCommitter(herd.bootstrap, "resume-q") as committer:
+        assert committer.commit(ticks, 0) == ticks
+    assert group_offsets(herd.bootstrap, "resume-q", "ticks") == ticks
+    assert json.loads(starting_offsets_json(herd.bootstrap, "resume-q", "ticks")) == {
+        "ticks": {"0": 10, "1": 11, "2": 12, "3": 13}}
+    ensure_topic(herd.bootstrap, "ticks", 1)
+    assert group_offsets(herd.bootstrap, "resume-q", "ticks") == ticks
+    assert json.loads(starting_offsets_json(herd.bootstrap, "resume-q", ["ticks"], default="latest")) == {
+        "ticks": {"0": 10, "1": 11, "2": 12, "3": 13}}
+    # partitions the catalog has but the group never committed get the default
+    ensure_topic(herd.bootstrap, "wide", 3)
+    assert json.loads(starting_offsets_json(herd.bootstrap, "resume-q", ["wide", "none"])) == {
+        "wide": {"0": -2, "1": -2, "2": -2}, "none": {}}
+
+
+def _job(herd_bootstrap, topic, parts, **kw):
+    return GroupJob(herd_bootstrap, f"job-{topic}", {TopicPartition(topic, p): 5 for p in parts},
+                    task_timeout_s=60, **kw)
+
+
+def test_a_job_over_missing_partitions_fails_at_once_naming_them(herd):
+    ensure_topic(herd.bootstrap, "two", 2)
+    for topic, parts, expect in (("absent", [0], "topic 'absent' does not exist"),
+                                 ("two", [0, 1, 2, 3], "topic 'two' has 2 partition(s), the work covers "
+                                                       "partition(s) 2, 3")):
+        job = _job(herd.bootstrap, topic, parts)
+        t0 = time.monotonic()
+        with pytest.raises(ValueError, match="ensure_topic") as err:
+            run_member(job, lambda tp, start, end: None)
+        assert expect in str(err.value)
+        assert time.monotonic() - t0 < 10  # not task_timeout_s
+    # nothing was auto-created by the attempt
+    with pytest.raises(cerr.KafkaError, match="UNKNOWN_TOPIC_OR_PARTITION"):
+        partitions_for(herd.bootstrap, "absent")
+    done = []
+    assert run_member(_job(herd.bootstrap, "two", [0, 1]), lambda tp, s, e: done.append((tp, s, e)))["records"] == 10
+    assert sorted(done) == [(TopicPartition("two", 0), 0, 5), (TopicPartition("two", 1), 0, 5)]
+
+
+def test_a_task_against_an_unreachable_daemon_fails_at_once_saying_so():
+    t0 = time.monotonic()
+    with pytest.raises(cerr.KafkaConnectionError, match="cannot reach any bootstrap server"):
+        run_member(_job(REFUSED, "t", [0]), lambda tp, start, end: None)
+    assert time.monotonic() - t0 < 10
+
+
+def test_a_lookup_that_times_out_says_no_coordinator_was_reached():
+    with GroupConsumer(f"PLAINTEXT://{REFUSED}", "g", {"enable.auto.commit": False}) as c:
+        with pytest.raises(cerr.KafkaTimeoutError) as err:
+            c.committed([TopicPartition("t", 0)], timeout_s=1.0)
+    text = str(err.value)
+    assert "no coordinator reached" in text and REFUSED in text and "ECONNREFUSED" in text
+
+
+def test_the_committer_says_a_group_with_members_is_not_the_querys_own(herd):
+    ensure_topic(herd.bootstrap, "busy", 1)
+    with GroupConsumer(herd.bootstrap, "busy-group", {"enable.auto.commit": False}) as member:
+        member.subscribe(["busy"])
+        deadline = time.monotonic() + 30
+        while not member.poll(0.2):
+            assert time.monotonic() < deadline, "the member got no assignment"
+        with BatchProgressCommitter(herd.bootstrap, "busy-group") as committer:
+            with pytest.raises(cerr.CommitFailedError, match="busy-group has active members"):
+                committer.commit({TopicPartition("busy", 0): 3}, 1)
