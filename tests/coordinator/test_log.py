@@ -289,9 +289,8 @@ def test_fsync_failure_fails_the_batch_and_the_shard_refuses_further_appends(tmp
     assert data[0][0] == kv(0) and data[1] == [kv(3)]
 
 
-def test_write_failure_fails_the_shard(tmp_path, monkeypatch):
-    s, _ = opened(tmp_path, 2)
-    bad_fd = s._shards[1].fd
+def _no_space_on(bad_fd):
+    """An os.pwrite that fails with ENOSPC on ``bad_fd`` and writes everything else."""
     real_pwrite = os.pwrite
 
     def pwrite(fd, data, offset):
@@ -299,6 +298,12 @@ def test_write_failure_fails_the_shard(tmp_path, monkeypatch):
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_pwrite(fd, data, offset)
 
+    return pwrite
+
+
+def test_write_failure_fails_the_shard(tmp_path, monkeypatch):
+    s, _ = opened(tmp_path, 2)
+    pwrite = _no_space_on(s._shards[1].fd)
     monkeypatch.setattr(os, "pwrite", pwrite)
     with pytest.raises(OSError, match="No space"):
         s.append(1, [kv(1)]).result(WAIT)
@@ -989,14 +994,7 @@ def test_under_fsync_always_a_blocked_write_never_blocks_flush_or_other_shards(t
 
 def test_under_fsync_always_a_failed_write_fails_its_shard_through_the_listener(tmp_path, monkeypatch):
     s, _ = opened(tmp_path, 2)
-    bad_fd = s._shards[1].fd
-    real_pwrite = os.pwrite
-
-    def pwrite(fd, data, offset):
-        if fd == bad_fd:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real_pwrite(fd, data, offset)
-
+    pwrite = _no_space_on(s._shards[1].fd)
     got, heard = [], threading.Event()
 
     def listener(results):
