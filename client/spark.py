@@ -295,6 +295,16 @@ def partitions_for(bootstrap, topic: str, timeout_s: float = 10.0) -> list[Topic
     raise cerr.UnknownTopicOrPartitionError(f"no topic {topic!r}")
 
 
+def _known_partitions(bootstrap, topic: str, timeout_s: float) -> list[TopicPartition] | None:
+    """``partitions_for``, or None when herd has no such topic."""
+    try:
+        return partitions_for(bootstrap, topic, timeout_s)
+    except cerr.KafkaError as exc:
+        if exc.code != codes.UNKNOWN_TOPIC_OR_PARTITION:
+            raise
+        return None
+
+
 def ensure_topic(bootstrap, topic: str, partitions: int, timeout_s: float = 10.0) -> list[TopicPartition]:
     """Create ``topic`` with ``partitions`` partitions unless it exists (CreateTopics); returns its
     partitions. An existing topic with another partition count raises ValueError."""
@@ -443,13 +453,11 @@ class GroupJob:
         problems = []
         for topic in self.topics:
             wanted = sorted(tp.partition for tp in self.end_offsets if tp.topic == topic)
-            try:
-                have = {tp.partition for tp in partitions_for(self.bootstrap, topic, timeout_s)}
-            except cerr.KafkaError as exc:
-                if exc.code != codes.UNKNOWN_TOPIC_OR_PARTITION:
-                    raise
+            known = _known_partitions(self.bootstrap, topic, timeout_s)
+            if known is None:
                 problems.append(f"topic {topic!r} does not exist")
                 continue
+            have = {tp.partition for tp in known}
             lost = [p for p in wanted if p not in have]
             if lost:
                 problems.append(f"topic {topic!r} has {len(have)} partition(s), the work covers partition(s) "
@@ -745,11 +753,7 @@ def starting_offsets_json(bootstrap, group_id: str, topics, default: str | int =
                  if tp.topic in topics}
     parts = set(committed)  # every committed partition, even of a topic herd does not know (yet)
     for t in topics:
-        try:
-            parts.update(partitions_for(bootstrap, t, timeout_s))
-        except cerr.KafkaError as exc:
-            if exc.code != codes.UNKNOWN_TOPIC_OR_PARTITION:
-                raise
+        parts.update(_known_partitions(bootstrap, t, timeout_s) or [])
     out: dict = {t: {} for t in topics}
     for tp in sorted(parts):
         out.setdefault(tp.topic, {})[str(tp.partition)] = committed.get(tp, fallback)
