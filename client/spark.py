@@ -78,6 +78,7 @@ import weakref
 from dataclasses import dataclass, field
 
 from client import errors as cerr
+from client.assignors import Assignor, MemberSubscription
 from client.config import parse_bootstrap
 from client.connection import Connection, ConnectionBroken, Ready, Response
 from client.consumer import GroupConsumer
@@ -88,6 +89,7 @@ from protocol.consumer import decode_assignment, decode_subscription
 
 __all__ = [
     "GroupJob",
+    "JobAssignor",
     "TaskInfo",
     "run_member",
     "instance_id_for",
@@ -412,6 +414,36 @@ class TaskInfo:
     instance_id: str | None
 
 
+class JobAssignor(Assignor):
+    """The assignor of a ``GroupJob``'s members (protocol name ``herd-job``): it deals out only the
+    job's partitions, balanced by their records (largest first, each to the member with the fewest
+    records so far). Kafka's range assignor works topic by topic over every partition of a topic:
+    a job over partitions 0-3 of a 16-partition topic would put all of its work on the first member,
+    and a job over several one-partition topics all of it on the first member too."""
+
+    name = "herd-job"
+
+    def __init__(self, end_offsets: dict):
+        self.work = {_tp(tp): max(int(n), 0) for tp, n in dict(end_offsets).items()}
+
+    def assign(self, partitions_per_topic, subscriptions):
+        members = sorted(subscriptions.values(), key=MemberSubscription.sort_key)
+        out = {s.member_id: [] for s in members}
+        load = {s.member_id: [0, 0] for s in members}  # records, partitions
+        topics = {s.member_id: set(s.topics) for s in members}
+        order = {s.member_id: i for i, s in enumerate(members)}
+        work = [(n, tp) for tp, n in self.work.items() if tp.partition < partitions_per_topic.get(tp.topic, 0)]
+        for n, tp in sorted(work, key=lambda w: (-w[0], w[1])):
+            eligible = [mid for mid in out if tp.topic in topics[mid]]
+            if not eligible:
+                continue
+            mid = min(eligible, key=lambda m: (load[m][0], load[m][1], order[m]))
+            out[mid].append(tp)
+            load[mid][0] += n
+            load[mid][1] += 1
+        return {mid: sorted(tps) for mid, tps in out.items()}
+
+
 _REJOIN_ERRORS = (cerr.CommitFailedError, cerr.RebalanceInProgressError, cerr.IllegalGenerationError,
                   cerr.UnknownMemberIdError, cerr.KafkaTimeoutError, cerr.RetriableCommitFailedError)
 
@@ -507,7 +539,9 @@ def run_member(job: GroupJob, process, spark_partition: int = 0, attempt: int = 
     started = time.monotonic()
     job.check_topics()  # fail this task now, not after task_timeout_s (and a down herd says so)
     # a member must never auto-create a topic of the work with the default partition count
-    cfg = {"enable.auto.commit": False, "allow.auto.create.topics": False, **job.config}
+    cfg = {"enable.auto.commit": False, "allow.auto.create.topics": False,
+           # the job's own assignor first; range lets a member of an older herd still join
+           "partition.assignment.strategy": [JobAssignor(job.end_offsets), "range"], **job.config}
     cfg["client.id"] = f"herd-spark-p{spark_partition}-a{attempt}"
     instance_id = instance_id_for(job.group_id, spark_partition) if job.static_membership else None
     if instance_id is not None:

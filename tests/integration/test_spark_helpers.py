@@ -100,3 +100,28 @@ def test_the_committer_says_a_group_with_members_is_not_the_querys_own(herd):
         with BatchProgressCommitter(herd.bootstrap, "busy-group") as committer:
             with pytest.raises(cerr.CommitFailedError, match="busy-group has active members"):
                 committer.commit({TopicPartition("busy", 0): 3}, 1)
+
+
+def test_a_job_over_some_partitions_of_a_topic_shares_them_between_its_members(tmp_path):
+    # Work on partitions 0 and 1 of a 4-partition topic. Under the range assignor the first member
+    # got 0 and 1 (all the work) and the second 2 and 3 (none of it); the job's assignor deals out
+    # only the job's partitions.
+    import threading
+
+    with Daemon(tmp_path / "data", initial_rebalance_delay_ms=1500) as d:  # both join generation 1
+        ensure_topic(d.bootstrap, "wide4", 4)
+        job = GroupJob(d.bootstrap, "subset-job", {TopicPartition("wide4", p): 20 for p in (0, 1)},
+                       chunk_size=5, task_timeout_s=60,
+                       config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
+        started = threading.Barrier(2, timeout=20)
+        out = {}
+        threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, run_member(
+            job, lambda tp, a, b: None, i, on_start=lambda info: started.wait()))) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert sorted(out) == [0, 1]
+        assert sorted(tuple(s["partitions"]) for s in out.values()) == [("wide4-0",), ("wide4-1",)]
+        assert group_offsets(d.bootstrap, "subset-job", "wide4") == {
+            TopicPartition("wide4", 0): 20, TopicPartition("wide4", 1): 20}
