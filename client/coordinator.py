@@ -4,7 +4,10 @@ No sockets, no threads, no clock: every input takes ``now`` (monotonic seconds) 
 answers with *actions* collected in ``take_actions()``:
 
 - ``Connect(conn, host, port)`` / ``Disconnect(conn)`` -- open or drop a logical connection;
-  ``conn`` is ``"bootstrap"`` (any broker: FindCoordinator) or ``"coordinator"``.
+  ``conn`` is ``"bootstrap"`` (any broker: FindCoordinator), ``"coordinator"``, or ``"leave"``
+  (a second coordinator connection, opened only by ``close`` to send LeaveGroup when a JoinGroup or
+  SyncGroup is parked on the first: the coordinator answers a connection's requests in order, so a
+  LeaveGroup queued behind it would wait for the whole rebalance).
 - ``Send(conn, request, version, tag, timeout)`` -- one request; exactly one
   ``on_response(conn, tag, response_or_exception, now)`` must follow (a stale tag is ignored).
 - ``Emit(event)`` -- something for the user's thread: ``PartitionsRevoked`` (must be acknowledged
@@ -69,6 +72,7 @@ __all__ = [
     "ConsumerCoordinator",
     "MemberState",
     "BOOTSTRAP",
+    "LEAVER",
     "COORDINATOR",
     "Connect",
     "Disconnect",
@@ -86,6 +90,7 @@ __all__ = [
 
 BOOTSTRAP = "bootstrap"
 COORDINATOR = "coordinator"
+LEAVER = "leave"
 
 FIND = m.FindCoordinatorRequest.API_KEY
 JOIN = m.JoinGroupRequest.API_KEY
@@ -116,6 +121,7 @@ COORDINATOR_MOVED = frozenset({codes.NOT_COORDINATOR, codes.COORDINATOR_NOT_AVAI
 _REQUIRED = {
     BOOTSTRAP: (FIND,),
     COORDINATOR: (JOIN, SYNC, HEARTBEAT, LEAVE, COMMIT, FETCH, METADATA),
+    LEAVER: (LEAVE,),
 }
 
 
@@ -278,6 +284,7 @@ class ConsumerCoordinator:
             COORDINATOR: _Conn(
                 backoff=self._backoff(config.reconnect_backoff_ms, config.reconnect_backoff_max_ms)
             ),
+            LEAVER: _Conn(backoff=self._backoff(config.reconnect_backoff_ms, config.reconnect_backoff_max_ms)),
         }
         self._boot_index = 0
         self._last_conn_problem = ""  # why the last connection dropped or could not be made
@@ -534,7 +541,15 @@ class ConsumerCoordinator:
             and self.coordinator_ready
             and self.state is not MemberState.UNJOINED
         ):
-            self._send_leave("the consumer is being closed")
+            if any(e.conn == COORDINATOR and e.kind in ("join", "sync") for e in self._inflight.values()):
+                # Parked in a rebalance: a LeaveGroup behind it would wait until the group
+                # completes it. Leave over a second connection; the coordinator then answers the
+                # parked request with UNKNOWN_MEMBER_ID, to nobody (Stop drops both connections).
+                c = self._conns[LEAVER]
+                c.state, c.target = "connecting", self.coordinator[1:]
+                self._actions.append(Connect(LEAVER, self.coordinator[1], self.coordinator[2]))
+            else:
+                self._send_leave("the consumer is being closed")
             self._closing = (self._closing[0], deadline, True)
         self._advance(now)
 
@@ -545,6 +560,14 @@ class ConsumerCoordinator:
         c.state = "ready"
         c.versions = dict(versions)
         c.backoff.reset()
+        if conn == LEAVER:
+            if self._closing is None:
+                return
+            if LEAVE in c.versions:
+                self._send_leave("the consumer is being closed", LEAVER)
+            else:
+                self._finish_close()
+            return
         missing = [k for k in (_REQUIRED[conn]) if k not in c.versions]
         if missing:
             names = ", ".join(m.REQUESTS[k].NAME.removesuffix("Request") for k in missing)
@@ -567,6 +590,9 @@ class ConsumerCoordinator:
         c.versions = {}
         c.next_attempt = now + c.backoff.next_delay()
         self._fail_inflight(conn, cerr.KafkaConnectionError(reason or f"{conn} connection lost"), now)
+        if conn == LEAVER:  # the close's own connection: close without the LeaveGroup
+            self._finish_close()
+            return
         self._last_conn_problem = f"{conn} connection: {reason or 'lost'}"
         if conn == BOOTSTRAP:
             if was != "ready":
@@ -1184,8 +1210,8 @@ class ConsumerCoordinator:
         self.rejoin_reason = reason
         self._drop_owned(now)
 
-    def _send_leave(self, reason: str) -> None:
-        v = self._version(COORDINATOR, LEAVE)
+    def _send_leave(self, reason: str, conn: str = COORDINATOR) -> None:
+        v = self._version(conn, LEAVE)
         if v >= 3:
             req = m.LeaveGroupRequest(
                 group_id=self.group_id,
@@ -1197,7 +1223,7 @@ class ConsumerCoordinator:
             )
         else:
             req = m.LeaveGroupRequest(group_id=self.group_id, member_id=self.member_id)
-        self._send(COORDINATOR, "leave", req)
+        self._send(conn, "leave", req)
 
     def _leave_group(self, now: float, reason: str) -> None:
         """Leave proactively (poll timeout). Static members send nothing: only the session timeout

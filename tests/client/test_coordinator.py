@@ -8,6 +8,7 @@ from client import errors as cerr
 from client.coordinator import (
     BOOTSTRAP,
     COORDINATOR,
+    LEAVER,
     GroupFailed,
     MemberState,
     PartitionsAssigned,
@@ -630,6 +631,54 @@ def test_close_gives_up_waiting_for_leave_at_deadline():
     h = Harness().stable_member(member="m1")
     h.call("close", H(), h.now + 2, True)
     h.take(m.LeaveGroupRequest)
+    h.tick(1.0)
+    assert not h.stopped
+    h.tick(1.5)
+    assert h.stopped
+
+
+def _parked_in_a_rebalance():
+    """A stable member told to rejoin, its JoinGroup sent and not answered (parked)."""
+    h = Harness(partition_assignment_strategy="range").stable_member(parts=[tp("t", 0)], member="m1")
+    h.tick(3.0)
+    h.respond(h.take(m.HeartbeatRequest), m.HeartbeatResponse(error_code=E.REBALANCE_IN_PROGRESS))
+    [rev] = h.take_events(PartitionsRevoked)
+    h.call("ack", rev.seq)
+    return h, h.take(m.JoinGroupRequest)
+
+
+def test_close_while_a_join_is_parked_leaves_over_a_second_connection():
+    # The coordinator answers a connection's requests in order: a LeaveGroup behind the parked
+    # JoinGroup would wait for the whole rebalance (Java's close waits so, up to its timeout).
+    h, join = _parked_in_a_rebalance()
+    handle = H("close")
+    h.call("close", handle, h.now + 10, True)
+    assert h.pending(m.LeaveGroupRequest) == []
+    [conn] = h.connects
+    assert (conn.conn, conn.host, conn.port) == (LEAVER, "c1", 9092)
+    h.connected(LEAVER)
+    leave = h.take(m.LeaveGroupRequest, LEAVER)
+    assert leave.request.members[0].member_id == "m1"
+    assert h.take_replies() == [] and not h.stopped
+    h.respond(leave, m.LeaveGroupResponse())
+    assert [r.handle for r in h.take_replies()] == [handle] and h.stopped
+    h.respond(join, h.join_response(error=E.UNKNOWN_MEMBER_ID))  # the parked join's late answer
+    assert h.take_replies() == [] and h.sends == []
+
+
+def test_close_while_a_join_is_parked_gives_up_when_the_second_connection_fails():
+    h, _join = _parked_in_a_rebalance()
+    handle = H("close")
+    h.call("close", handle, h.now + 10, True)
+    h.connects.clear()
+    h.disconnected(LEAVER, "connect failed: ECONNREFUSED")
+    assert [r.handle for r in h.take_replies()] == [handle] and h.stopped
+    assert h.connects == []  # no retry of the coordinator either
+
+
+def test_close_while_a_join_is_parked_still_ends_at_its_deadline():
+    h, _join = _parked_in_a_rebalance()
+    h.call("close", H(), h.now + 2, True)
     h.tick(1.0)
     assert not h.stopped
     h.tick(1.5)

@@ -116,6 +116,33 @@ def test_leave_hands_over_promptly(herd_daemon):
             c.close(timeout_s=5)
 
 
+def test_close_while_parked_in_a_rebalance_leaves_at_once(herd_daemon):
+    # b's JoinGroup is parked: the rebalance waits for a, who never polls again to give up its
+    # partitions (eager). herd answers a connection's requests in order, so a LeaveGroup sent
+    # behind the parked JoinGroup would wait for the rebalance (here: until the close timeout).
+    from client.spark import describe_group
+
+    g = group()
+    a = consumer(herd_daemon, g, partition_assignment_strategy="range")
+    b = consumer(herd_daemon, g, partition_assignment_strategy="range")
+    try:
+        a.subscribe(["t"])
+        converge([a])
+        b.subscribe(["t"])
+        deadline = time.monotonic() + 10
+        while b.group_state()["state"] != "preparing" or describe_group(herd_daemon, g)["state"] != \
+                "PreparingRebalance":
+            assert time.monotonic() < deadline, (b.group_state(), describe_group(herd_daemon, g))
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        b.close(timeout_s=8)
+        assert time.monotonic() - t0 < 3
+        assert [x["member_id"] for x in describe_group(herd_daemon, g)["members"]] == [a.member_id()]
+    finally:
+        for c in (a, b):
+            c.close(timeout_s=5)
+
+
 CHILD = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {repo!r})
