@@ -22,8 +22,8 @@ File header, 24 bytes, big-endian::
     magic       8 bytes  b"HERDLOG\\x00"
     format      uint16   1
     shard       uint16   the shard this file belongs to (a file copied into the wrong dir is refused)
-    durable_end uint64   every byte before this offset was fsynced before this file became visible
-                         (set by compaction; the header size for a file that never was compacted)
+    durable_end uint64   every byte before this offset was fsynced (set by compaction, and by a
+                         clean stop; the header size for a file that had neither)
     crc         uint32   CRC32C of the 20 bytes above
 
 Entries follow back to back, big-endian::
@@ -50,7 +50,8 @@ tail or corruption in the middle:
   shard opens with every entry before it. A crash mid-write (even one that persisted a later page of
   a batch but not an earlier one) always looks like this: a batch is written in one ``pwrite``
   and fsynced before anything that follows it is written.
-* Corruption in the middle — the damage lies before ``durable_end`` (a compacted region), or a
+* Corruption in the middle — the damage lies before ``durable_end`` (a region a compaction or a
+  clean stop made durable: nothing was being written there when the process last stopped), or a
   valid entry with PREFIX_DURABLE lies after it: those bytes had been fsynced, so this is not a torn
   write but lost data (bit rot, a bad disk, a stray writer). herd REFUSES TO START: ``open()``
   raises :class:`LogCorruptError` naming the file, the byte offset, the reason and where the intact
@@ -464,7 +465,8 @@ def _scan(buf: bytes, shard_id: int | None, path: str, positions: bool, sizes: d
         reason = _frame_problem(buf, stop, size) or "invalid entry"
         evidence = ""
         if stop < durable_end:
-            evidence = f"the bytes before {durable_end} had been made durable by a compaction"
+            evidence = (f"the bytes before {durable_end} had been made durable (by a compaction or a "
+                        f"clean stop), so this is not a torn write")
         else:
             later = _durable_entry_after(buf, stop + 1, size)
             if later is not None:
@@ -474,7 +476,7 @@ def _scan(buf: bytes, shard_id: int | None, path: str, positions: bool, sizes: d
         damage = Damage(shown, path, stop, reason, "corrupt" if evidence else "torn", evidence, size)
     elif size < durable_end:
         damage = Damage(shown, path, size, f"file ends before its durable end {durable_end}", "corrupt",
-                        "the file lost data that a compaction had made durable", size)
+                        "the file lost data that a compaction or a clean stop had made durable", size)
     return _Scan(shard, size, stop, durable_end, entries, damage, header_damage)
 
 
@@ -577,7 +579,7 @@ class _Shard:
     """Writer-owned state of one shard (the compactor only reads ``path``)."""
 
     __slots__ = ("id", "dir", "path", "fd", "size", "allocated", "entries", "written", "synced", "sizes",
-                 "live_bytes", "failed",
+                 "live_bytes", "failed", "durable_end",
                  "batches", "fsyncs", "fsync_seconds", "compactions", "compaction_seconds", "compacting",
                  "waiters", "next_waiters", "snapshot", "no_auto_below")
 
@@ -593,6 +595,7 @@ class _Shard:
         # entries when the loop encodes it, and written by the sync thread with its fdatasync
         self.written = (0, 0)
         self.synced = False  # every byte in the file is known durable
+        self.durable_end = HEADER_SIZE  # what the file's header says
         self.sizes: dict[int, int] = {}
         self.live_bytes = 0
         self.failed: BaseException | None = None
@@ -825,6 +828,7 @@ class LogStore:
                       action="REPAIR: cut the log at the damage; every entry after it is LOST")
             if sc.durable_end > sc.end:
                 _pwrite_all(st.fd, encode_header(st.id, sc.end), 0)
+            st.durable_end = min(sc.durable_end, sc.end)
             changed = True
         elif dmg is not None:
             log.warning("log.tail_truncated", shard=st.id, path=path, offset=sc.end,
@@ -838,6 +842,8 @@ class LogStore:
         else:
             st.allocated = sc.size
         st.size = sc.end
+        if hd is None and (dmg is None or dmg.kind != "corrupt"):
+            st.durable_end = sc.durable_end
         st.entries = len(sc.entries)
         st.written = (st.size, st.entries)
         st.live_bytes = sum(st.sizes.values())
@@ -1022,10 +1028,10 @@ class LogStore:
                 t.join()
         for st in self._shards:
             if st.fd >= 0:
-                if st.allocated > st.size and st.failed is None:
-                    try:  # a clean stop leaves no preallocated zeros behind
-                        os.ftruncate(st.fd, st.size)
-                        os.fsync(st.fd)
+                if self.fsync == "always" and st.failed is None and (
+                        st.allocated > st.size or st.size > st.durable_end):
+                    try:
+                        self._stop_cleanly(st)
                     except OSError as exc:
                         log.warning("log.trim_failed", shard=st.id, error=str(exc))
                 try:
@@ -1033,6 +1039,24 @@ class LogStore:
                 except OSError:
                     pass
                 st.fd = -1
+
+    @staticmethod
+    def _stop_cleanly(st: _Shard) -> None:
+        """A clean stop leaves no preallocated zeros behind, and records in the header that the
+        whole file is durable: damage found there at the next start is then corruption (bit rot,
+        a stray writer), refused, not a torn write cut away with the entries it held. The header
+        is rewritten in place, one 24-byte write in the first sector (as PostgreSQL's pg_control,
+        it relies on a sector being written whole); after a crash during it the next start refuses
+        a bad header and ``--repair`` rewrites it, losing nothing. Only under fsync="always":
+        "never" promises nothing and never fsyncs."""
+        if st.allocated > st.size:
+            os.ftruncate(st.fd, st.size)
+            st.allocated = st.size
+        os.fsync(st.fd)
+        if st.size > st.durable_end:
+            _pwrite_all(st.fd, encode_header(st.id, st.size), 0)
+            os.fsync(st.fd)
+            st.durable_end = st.size
 
     def _discard(self, item, exc: BaseException) -> None:
         kind = item[0]
@@ -1413,7 +1437,7 @@ class LogStore:
             return
         os.close(st.fd)
         st.fd = tmp_fd
-        st.size = st.allocated = new_size
+        st.size = st.allocated = st.durable_end = new_size
         st.entries = kept + (st.entries - snap_entries)
         st.written = (st.size, st.entries)
         st.synced = True

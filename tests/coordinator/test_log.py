@@ -64,9 +64,19 @@ def opened(d, n=2, **kw) -> tuple[LogStore, dict]:
     return s, s.open()
 
 
-def write_batches(d, shard_entries, n=2, fsync="always", **kw) -> None:
-    """Each inner list is one append, awaited before the next (so one batch each)."""
+def _trim_only(st) -> None:
+    if st.allocated > st.size:
+        os.ftruncate(st.fd, st.size)
+        st.allocated = st.size
+
+
+def write_batches(d, shard_entries, n=2, fsync="always", as_if_crashed=True, **kw) -> None:
+    """Each inner list is one append, awaited before the next (so one batch each). By default the
+    files end as after a crash (once the OS wrote everything): the header does not say the whole
+    file is durable, as a clean stop's does, so damage at the tail reads as a torn write."""
     s, _ = opened(d, n, fsync=fsync, **kw)
+    if as_if_crashed:
+        s._stop_cleanly = _trim_only
     try:
         for shard, entries in shard_entries:
             s.append(shard, entries).result(WAIT)
@@ -433,6 +443,39 @@ def test_mid_log_corruption_refuses_to_open_and_changes_nothing(tmp_path, events
         LogStore(tmp_path, 2).open()
 
 
+@pytest.mark.parametrize("damage", [_flip_byte_in_last_entry, _truncate_mid_entry])
+def test_damage_at_the_tail_after_a_clean_stop_is_corruption_not_a_torn_write(tmp_path, events, damage):
+    # Nothing was being written when herd last stopped cleanly, so the last (acknowledged) entry
+    # cannot be torn: cutting it away would silently lose a commit.
+    write_batches(tmp_path, [(0, [kv(i)]) for i in range(4)], as_if_crashed=False)
+    p = log_path(tmp_path)
+    offsets = entry_offsets(tmp_path)
+    assert L.read_log_file(p).durable_end == p.stat().st_size
+    damage(p, offsets)
+    before = p.read_bytes()
+    with pytest.raises(LogCorruptError, match="clean stop") as info:
+        LogStore(tmp_path, 2).open()
+    assert info.value.offset == offsets[-1] and p.read_bytes() == before
+    assert not events.named("log.tail_truncated")
+    s, data = opened(tmp_path, repair=True)  # a human's decision: cut it
+    assert data[0] == [kv(i) for i in range(3)]
+    s.close()
+    assert reopen(tmp_path)[0] == [kv(i) for i in range(3)]
+
+
+def test_a_torn_write_after_a_clean_stop_and_a_restart_is_still_a_torn_tail(tmp_path, events):
+    write_batches(tmp_path, [(0, [kv(i)]) for i in range(3)], as_if_crashed=False)
+    write_batches(tmp_path, [(0, [kv(i)]) for i in range(3, 6)])  # then a crash
+    _truncate_mid_entry(log_path(tmp_path), entry_offsets(tmp_path))
+    assert reopen(tmp_path)[0] == [kv(i) for i in range(5)]
+    assert len(events.named("log.tail_truncated")) == 1
+
+
+def test_a_clean_stop_under_fsync_never_leaves_the_header_alone(tmp_path):
+    write_batches(tmp_path, [(0, [kv(i)]) for i in range(3)], fsync="never", as_if_crashed=False)
+    assert L.read_log_file(log_path(tmp_path)).durable_end == HEADER_SIZE
+
+
 def test_all_corrupt_shards_are_listed(tmp_path):
     write_batches(tmp_path, [(s, [kv(i)]) for i in range(4) for s in (0, 1)])
     for shard in (0, 1):
@@ -527,9 +570,10 @@ def test_compaction_keeps_last_values_drops_tombstones_and_survives_reopen(tmp_p
     assert after.entries == 4 and after.dead_bytes == 0 and after.compactions == 1
     assert after.live_bytes == before.live_bytes
     s.append(0, [(b"f", b"1")]).result(WAIT)
+    assert L.read_log_file(log_path(tmp_path)).durable_end == after.bytes  # the compacted part
     s.close()
     assert reopen(tmp_path)[0] == expected + [(b"f", b"1")]
-    assert L.read_log_file(log_path(tmp_path)).durable_end == after.bytes
+    assert L.read_log_file(log_path(tmp_path)).durable_end == log_path(tmp_path).stat().st_size  # clean stop
 
 
 def test_appends_racing_with_compaction_are_kept_in_order(tmp_path):
@@ -773,7 +817,7 @@ def test_zeros_inside_a_compacted_region_are_corruption(tmp_path):
     buf = bytearray(p.read_bytes())
     buf[HEADER_SIZE + 4:] = bytes(len(buf) - HEADER_SIZE - 4)  # everything after the first entry's length
     p.write_bytes(bytes(buf))
-    with pytest.raises(LogCorruptError, match="durable by a compaction"):
+    with pytest.raises(LogCorruptError, match=r"made durable \(by a compaction"):
         reopen(tmp_path, 1)
 
 

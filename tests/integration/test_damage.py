@@ -1,12 +1,14 @@
 """Damaged log files against the real daemon process.
 
 Every test writes commits through herd (one request each, so one fsynced batch each: with
-``fsync=always`` the first entry of every batch carries PREFIX_DURABLE), stops it, damages
-``<data>/shard-00/current.log`` (one shard, so every group lives there), and starts it again.
+``fsync=always`` the first entry of every batch carries PREFIX_DURABLE), kills it (SIGKILL: a
+crash), damages ``<data>/shard-00/current.log`` (one shard, so every group lives there), and
+starts it again.
 
-* Damage at the tail (cut short, bytes flipped in the last entry, garbage appended, the file cut
-  mid-entry): herd starts, keeps every intact entry before the damage (checked with OffsetFetch),
-  and logs the cut as a JSON ``log.tail_truncated`` line naming the byte offset.
+* Damage at the tail after a crash (cut short, bytes flipped in the last entry, garbage appended,
+  the file cut mid-entry): herd starts, keeps every intact entry before the damage (checked with
+  OffsetFetch), and logs the cut as a JSON ``log.tail_truncated`` line naming the byte offset.
+* The same damage after a clean stop (SIGTERM) is corruption: nothing was being written then.
 * Damage in the middle (an early entry flipped, intact durable entries after it): herd refuses to
   start with exit code 2 and one ``herd: error:`` line naming the file and the offset, and changes
   nothing; ``--repair`` starts, keeps the prefix and logs ``log.repaired`` at error level.
@@ -52,14 +54,18 @@ def _fetch(address, group="g") -> dict[int, int]:
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory):
-    """A data dir holding N acknowledged commits (written once per module, copied per test);
-    -> (data dir, [(entry position, partition)])."""
+    """A data dir holding N acknowledged commits, left by a crash (written once per module, copied
+    per test); -> (data dir, [(entry position, partition)])."""
     data = tmp_path_factory.mktemp("damage-template") / "data"
     with Daemon(data, *ARGS) as d:
         with RawClient(d.address) as c:
             for i in range(N):
                 _commit(c, i, 100 + i)
-    lf = read_log_file(data / "shard-00" / "current.log", 0)
+        d.kill()
+    path = data / "shard-00" / "current.log"
+    os.truncate(path, read_log_file(path, 0).end)  # the preallocated zeros (tested on their own)
+    lf = read_log_file(path, 0)
+    assert lf.durable_end < lf.end, "the header of a crashed herd does not cover the tail"
     assert lf.damage is None and lf.header_damage is None
     entries = []
     for pos, key, _value in lf.entries:
@@ -172,6 +178,22 @@ def test_file_cut_to_exactly_an_entry_boundary_is_not_damage(written):
     with _daemon(data) as d:
         assert _fetch(d.address) == {i: 100 + i for i in range(5)}
         assert not _events(d, "log.tail_truncated")
+
+
+def test_damage_at_the_tail_after_a_clean_stop_refuses_to_start(written):
+    data, path, entries = written
+    with _daemon(data):  # a clean start and stop (SIGTERM): the header now covers every entry
+        pass
+    assert read_log_file(path, 0).durable_end == path.stat().st_size
+    last = entries[-1][0]
+    buf = bytearray(path.read_bytes())
+    buf[last + 20] ^= 0x5A  # bit rot in the last acknowledged commit
+    path.write_bytes(bytes(buf))
+    res = _serve(data)
+    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
+    line = next(x for x in res.stderr.splitlines() if x.startswith("herd: error:"))
+    assert f"byte {last}" in line and "clean stop" in line and "--repair" in line, line
+    assert path.read_bytes() == bytes(buf)
 
 
 # ---- damage in the middle ----------------------------------------------------------------------
