@@ -125,6 +125,14 @@ def serve(config: cfg.Config, repair: bool = False) -> int:
         if not parent.is_dir() or not os.access(parent, os.W_OK):
             raise CliError(f"cannot write port file {config.port_file}: {parent} is not a writable directory")
     lock = _lock_data_dir(Path(config.data_dir))
+    if config.port_file:  # one left by a killed herd would name a dead port until this one is ready
+        try:
+            os.unlink(config.port_file)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            lock.close()
+            raise CliError(f"cannot remove the old port file {config.port_file}: {exc.strerror}") from None
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             return runner.run(_serve(config, repair))
@@ -157,6 +165,16 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
         host, port = await server.bind()
     except OSError as exc:
         raise CliError(f"cannot listen on {config.host}:{config.port}: {exc.strerror}") from None
+    http = None
+    if config.metrics_port is not None:  # bound now, served once replayed: a busy port fails fast
+        http = HttpEndpoint(metrics, groups.list_groups,
+                            lambda g: groups.group_history(g, runtime.now_ms()),
+                            failed_shards=lambda: groups.failed_shards)
+        try:
+            mport = await http.bind(config.metrics_host, config.metrics_port)
+        except OSError as exc:
+            raise CliError(f"cannot listen for metrics on {config.metrics_host}:{config.metrics_port}: "
+                           f"{exc.strerror}") from None
     adv_host = config.advertised_host or (socket.getfqdn() if host in ("0.0.0.0", "::") else host)
     catalog.set_address(adv_host, config.advertised_port or port)
     if config.fsync == "never":
@@ -190,20 +208,19 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     await server.start()
     log.info("listening", host=host, port=port, advertised=f"{adv_host}:{config.advertised_port or port}",
              data_dir=str(config.data_dir), fsync=config.fsync, offsets_partitions=config.offsets_partitions)
-    http = None
-    if config.metrics_port is not None:
-        http = HttpEndpoint(metrics, groups.list_groups,
-                            lambda g: groups.group_history(g, runtime.now_ms()),
-                            failed_shards=lambda: groups.failed_shards)
-        try:
-            mport = await http.start(config.metrics_host, config.metrics_port)
-        except OSError as exc:
-            raise CliError(f"cannot listen for metrics on {config.metrics_host}:{config.metrics_port}: "
-                           f"{exc.strerror}") from None
+    if http is not None:
+        await http.start()
         log.info("metrics listening", host=config.metrics_host, port=mport)
     stop = asyncio.Event()  # handlers first: a SIGTERM right after READY must stop cleanly
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    received: list[str] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        received.append(sig.name)
+        stop.set()
+
+    # SIGHUP too (a closed terminal, as Kafka's LoggingSignalHandler): stop cleanly, not die
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        loop.add_signal_handler(sig, on_signal, sig)
     failure = None
     if config.port_file:
         tmp = Path(str(config.port_file) + ".tmp")
@@ -218,7 +235,7 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
         notifier.start_watchdog(loop)
         await stop.wait()
 
-    log.info("stopping: answering parked requests and flushing the log")
+    log.info("stopping: answering parked requests and flushing the log", signal=received[0] if received else None)
     notifier.stopping()
     notifier.close()
     server.stop_accepting()

@@ -52,7 +52,7 @@ def _escape(s: str) -> str:
 class Counter:
     def __init__(self, name: str, help: str, labels: tuple = ()):
         self.name, self.help, self.label_names = name, help, labels
-        self.values: dict[tuple, float] = {}
+        self.values: dict[tuple, float] = {} if labels else {(): 0}  # an unlabelled counter shows its 0
 
     def inc(self, *labels, by: float = 1) -> None:
         self.values[labels] = self.values.get(labels, 0) + by
@@ -161,6 +161,8 @@ class Metrics:
                                            "Duration of completed rebalances (start to stable).",
                                            buckets=REBALANCE_BUCKETS)
         self.connections_total = Counter("herd_connections_accepted_total", "Connections accepted.")
+        self.connections_refused = Counter("herd_connections_refused_total",
+                                           "Connections closed at once: max_connections reached.")
         self.replay_seconds = 0.0
         self.replay_records = 0
         self.gauges: list[Gauge] = []
@@ -172,7 +174,8 @@ class Metrics:
     def render(self) -> str:
         lines: list[str] = []
         requests = self.request_stats
-        for metric in (requests.counter(), requests.histogram(), self.rebalance_seconds, self.connections_total):
+        for metric in (requests.counter(), requests.histogram(), self.rebalance_seconds, self.connections_total,
+                       self.connections_refused):
             lines += metric.render()
         lines += [
             "# HELP herd_shard_replay_seconds Time spent replaying the logs at start-up.",
@@ -206,8 +209,15 @@ class HttpEndpoint:
         self.max_request = max_request
         self.server = None
 
-    async def start(self, host: str, port: int) -> int:
-        self.server = await asyncio.start_server(self._client, host, port)
+    async def bind(self, host: str, port: int) -> int:
+        """Listen without serving yet (a busy port is found before the logs are replayed)."""
+        self.server = await asyncio.start_server(self._client, host, port, start_serving=False)
+        return self.server.sockets[0].getsockname()[1]
+
+    async def start(self, host: str | None = None, port: int | None = None) -> int:
+        if self.server is None:
+            await self.bind(host, port)
+        await self.server.start_serving()
         return self.server.sockets[0].getsockname()[1]
 
     def close(self) -> None:

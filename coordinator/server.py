@@ -54,6 +54,7 @@ _HeartbeatRequest = m.HeartbeatRequest
 _heartbeat_bodies: dict[tuple[int, int], bytes] = {}  # (version, error code) -> encoded body
 _heartbeat_tails: dict[tuple[int, int], bytes] = {}  # (version, code) -> header tail + body
 HEARTBEAT = 12
+REFUSED_LOG_INTERVAL = 10.0  # seconds between "too many connections" warnings
 
 
 def _heartbeat_tail(version: int, code: int) -> bytes:
@@ -149,7 +150,7 @@ class Connection(asyncio.Protocol):
                 pass
         self.last_active = self.server.loop.time()
         if not self.server.register(self):
-            log.warning("too many connections; refusing", peer=self.peer, limit=self.server.config.max_connections)
+            self.server.refused(self.peer)
             self.closed = True
             transport.abort()
 
@@ -493,6 +494,9 @@ class Server:
         self.api_versions_cache = api_versions_response()
         self._idle_timer = None
         self.port = None
+        self.refused_total = 0
+        self._refused_logged_at = float("-inf")
+        self._refused_logged_total = 0
         # While the runtime releases a batch of answers (what one fsync made durable), each
         # connection's answers collect and leave in one write at the end (hold/write).
         self.holding = False
@@ -520,6 +524,18 @@ class Server:
         if self.metrics is not None:
             self.metrics.connections_total.inc()
         return True
+
+    def refused(self, peer: str) -> None:
+        """A connection over ``max_connections``: counted, and logged at most once per
+        REFUSED_LOG_INTERVAL seconds (a client retrying in a loop must not flood the log)."""
+        self.refused_total += 1
+        if self.metrics is not None:
+            self.metrics.connections_refused.inc()
+        now = self.loop.time()
+        if now >= self._refused_logged_at + REFUSED_LOG_INTERVAL:
+            log.warning("too many connections; refusing", peer=peer, limit=self.config.max_connections,
+                        refused_since_last=self.refused_total - self._refused_logged_total)
+            self._refused_logged_at, self._refused_logged_total = now, self.refused_total
 
     def unregister(self, conn: Connection) -> None:
         self.connections.discard(conn)

@@ -117,6 +117,36 @@ def test_sigterm_exits_zero_and_logs_json(tmp_path):
         d.kill()
 
 
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
+def test_sighup_and_sigint_stop_cleanly_like_sigterm(tmp_path, sig):
+    # SIGHUP's default action killed herd at once (no flush, the port file left naming a dead port)
+    d = Daemon(tmp_path / "data").start()
+    try:
+        d.proc.send_signal(sig)
+        assert d.proc.wait(15) == 0
+        stopping = [json.loads(x) for x in d.logs().splitlines() if '"stopping' in x]
+        assert stopping and stopping[0]["signal"] == sig.name
+        assert not (tmp_path / "data.port").exists()
+    finally:
+        d.kill()
+
+
+def test_a_failed_start_leaves_no_stale_port_file(tmp_path):
+    # a port file left by a killed herd must not name a dead port while the next one replays (or
+    # after it failed to start)
+    port_file = tmp_path / "herd.port"
+    port_file.write_text("40404\n")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        p = run_cli("serve", "--port", "0", "--data-dir", str(tmp_path / "data"), "--port-file",
+                    str(port_file), "--metrics-port", str(busy.getsockname()[1]), "--log-format", "json")
+    assert p.returncode == 2 and "cannot listen for metrics" in p.stderr.strip().splitlines()[-1]
+    assert not port_file.exists()
+    # a busy metrics port is found before the logs are replayed, not after
+    assert '"replayed"' not in p.stderr and '"listening"' not in p.stderr
+
+
 def run_cli(*args, env=None):
     e = dict(os.environ, PYTHONPATH=str(REPO))
     e.update(env or {})

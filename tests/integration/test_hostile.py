@@ -71,12 +71,16 @@ def watched(herd, good):
     assert "Traceback" not in herd.logs(), herd.logs()[-3000:]
 
 
-def _open_connections(herd) -> int:
+def _metric(herd, name: str) -> int:
     with urllib.request.urlopen(f"{herd.metrics}/metrics", timeout=5) as r:
         for line in r.read().decode().splitlines():
-            if line.startswith("herd_connections "):
+            if line.startswith(name + " "):
                 return int(float(line.split()[1]))
-    raise AssertionError("no herd_connections gauge")
+    raise AssertionError(f"no {name} metric")
+
+
+def _open_connections(herd) -> int:
+    return _metric(herd, "herd_connections")
 
 
 def _wait_connections(herd, at_most: int, timeout: float = 10.0) -> int:
@@ -219,9 +223,14 @@ def test_max_connections_is_enforced_and_recovers(watched):
         while _open_connections(herd) < MAX_CONNECTIONS and time.monotonic() < deadline:
             time.sleep(0.05)
         assert _open_connections(herd) == MAX_CONNECTIONS
-        with socket.create_connection(herd.address, timeout=5) as extra:  # one too many: closed at once
-            extra.settimeout(5)
-            assert extra.recv(1) == b""
+        refused = _metric(herd, "herd_connections_refused_total")
+        warned = herd.logs().count("too many connections")
+        for _ in range(20):  # too many: each closed at once, counted, and not one warning each
+            with socket.create_connection(herd.address, timeout=5) as extra:
+                extra.settimeout(5)
+                assert extra.recv(1) == b""
+        assert _metric(herd, "herd_connections_refused_total") == refused + 20
+        assert herd.logs().count("too many connections") - warned <= 1
         assert "too many connections" in herd.logs()
     finally:
         for s in socks:
