@@ -136,6 +136,7 @@ the figure; ``open(latest_only=True)`` lets the caller decode each key once.
 """
 from __future__ import annotations
 
+import bisect
 import collections
 import errno
 import gc
@@ -573,6 +574,7 @@ class ShardStats:
     compactions: int
     compaction_seconds: float
     failed: str | None  # the error that failed the shard
+    fsync_buckets: tuple = ()  # fsyncs per FSYNC_BUCKETS latency bucket (not cumulative), then the rest
 
 
 class _Shard:
@@ -580,7 +582,8 @@ class _Shard:
 
     __slots__ = ("id", "dir", "path", "fd", "size", "allocated", "entries", "written", "synced", "sizes",
                  "live_bytes", "failed", "durable_end",
-                 "batches", "fsyncs", "fsync_seconds", "compactions", "compaction_seconds", "compacting",
+                 "batches", "fsyncs", "fsync_seconds", "fsync_buckets", "compactions", "compaction_seconds",
+                 "compacting",
                  "waiters", "next_waiters", "snapshot", "no_auto_below")
 
     def __init__(self, shard_id: int, directory: Path):
@@ -601,6 +604,7 @@ class _Shard:
         self.failed: BaseException | None = None
         self.batches = self.fsyncs = self.compactions = 0
         self.fsync_seconds = self.compaction_seconds = 0.0
+        self.fsync_buckets = [0] * (len(FSYNC_BUCKETS) + 1)  # one sync job per shard at a time: no race
         self.compacting = False
         self.waiters: list[Future] = []  # futures of the running compaction
         self.next_waiters: list[Future] = []  # compact() calls made while one runs
@@ -609,6 +613,9 @@ class _Shard:
 
 
 _FLUSH, _COMPACT, _SWAP, _SWAP_FAILED, _CHECK_ALL, _STOP = range(6)
+
+# upper bounds (seconds) of the fsync latency buckets (herd_log_fsync_duration_seconds)
+FSYNC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
 
 
 class _SyncJob:
@@ -997,7 +1004,8 @@ class LogStore:
                 live_bytes=st.live_bytes, dead_bytes=max(body - st.live_bytes, 0), batches=st.batches,
                 fsyncs=st.fsyncs, fsync_seconds=st.fsync_seconds, compactions=st.compactions,
                 compaction_seconds=st.compaction_seconds,
-                failed=None if st.failed is None else f"{type(st.failed).__name__}: {st.failed}"))
+                failed=None if st.failed is None else f"{type(st.failed).__name__}: {st.failed}",
+                fsync_buckets=tuple(st.fsync_buckets)))
         return out
 
     # ---- writer thread ---------------------------------------------------------------------------
@@ -1352,8 +1360,10 @@ class LogStore:
                                             f"or replaced?); restart herd on the right directory")
         except OSError as exc:
             return exc
-        st.fsync_seconds += time.perf_counter() - t0
+        took = time.perf_counter() - t0
+        st.fsync_seconds += took
         st.fsyncs += 1
+        st.fsync_buckets[bisect.bisect_left(FSYNC_BUCKETS, took)] += 1
         return None
 
     @staticmethod

@@ -21,7 +21,21 @@ import time
 from urllib.parse import unquote
 
 from coordinator import logs
+from coordinator.log import FSYNC_BUCKETS
 from coordinator.versions import API_NAMES
+from protocol.errors import error_name
+
+_OFFSET_COMMIT = 8
+
+
+def response_error(api_key: int, response) -> int:
+    """The error a response reports, for ``herd_request_errors_total``: its top-level error code,
+    or for an OffsetCommit its first partition's (a group-level refusal gives every partition the
+    same code). APIs whose errors are per item only (DescribeGroups, DeleteGroups, ...) count 0."""
+    if api_key == _OFFSET_COMMIT:
+        topics = response.topics
+        return topics[0].partitions[0].error_code if topics and topics[0].partitions else 0
+    return getattr(response, "error_code", 0) or 0
 
 log = logs.get("herd.metrics")
 
@@ -105,8 +119,12 @@ class RequestStats:
         self.buckets = tuple(buckets)
         self.first_bucket = self.buckets[0]
         self.series: list[list | None] = [None] * (max(api_names) + 1)  # api key -> [buckets..., sum, count]
+        self.errors: dict[tuple[int, int], int] = {}  # (api key, error code) -> answers
 
-    def observe(self, api_key: int, seconds: float) -> None:
+    def observe(self, api_key: int, seconds: float, error: int = 0) -> None:
+        if error:
+            key = (api_key, error)
+            self.errors[key] = self.errors.get(key, 0) + 1
         s = self.series[api_key]
         if s is None:
             s = self.series[api_key] = [0] * (len(self.buckets) + 2)
@@ -126,6 +144,13 @@ class RequestStats:
         c = Counter("herd_requests_total", "Requests answered, by API.", ("api",))
         for labels, s in self._by_name():
             c.inc(*labels, by=s[-1])
+        return c
+
+    def error_counter(self) -> Counter:
+        c = Counter("herd_request_errors_total", "Requests answered with an error code, by API and error.",
+                    ("api", "error"))
+        for (key, code), n in self.errors.items():
+            c.inc(self.api_names.get(key, "?"), error_name(code), by=n)
         return c
 
     def histogram(self) -> Histogram:
@@ -174,8 +199,8 @@ class Metrics:
     def render(self) -> str:
         lines: list[str] = []
         requests = self.request_stats
-        for metric in (requests.counter(), requests.histogram(), self.rebalance_seconds, self.connections_total,
-                       self.connections_refused):
+        for metric in (requests.counter(), requests.error_counter(), requests.histogram(),
+                       self.rebalance_seconds, self.connections_total, self.connections_refused):
             lines += metric.render()
         lines += [
             "# HELP herd_shard_replay_seconds Time spent replaying the logs at start-up.",
@@ -305,8 +330,18 @@ def install_collectors(metrics: Metrics, groups, store, server) -> None:
                          [("", counters.get("offset_commits", 0))])
         lines += _family("herd_offsets_expired_total", "counter", "Offsets removed by retention.",
                          [("", counters.get("offsets_expired", 0))])
-        lines += _family("herd_groups_deleted_total", "counter", "Groups deleted (DeleteGroups or expiry).",
-                         [("", counters.get("groups_deleted", 0) + counters.get("groups_expired", 0))])
+        lines += _family("herd_groups_deleted_total", "counter", "Groups removed: by DeleteGroups (why=\"deleted\") "
+                         "or when their last offset expired (why=\"expired\").",
+                         [('{why="deleted"}', counters.get("groups_deleted", 0)),
+                          ('{why="expired"}', counters.get("groups_expired", 0))])
+        lines += _family("herd_offsets_deleted_total", "counter", "Partition offsets removed by OffsetDelete.",
+                         [("", counters.get("offsets_deleted", 0))])
+        outcome = "rebalances_"
+        lines += _family("herd_rebalance_outcomes_total", "counter", "Rebalances ended, by outcome (stable, "
+                         "empty: completed; the others did not complete).",
+                         [(f'{{outcome="{k[len(outcome):]}"}}', v) for k, v in sorted(counters.items())
+                          if k.startswith(outcome) and not k.startswith(("rebalances_completed_reason_",
+                                                                          "rebalances_started"))])
         removed = "members_removed_"
         lines += _family("herd_members_removed_total", "counter", "Members removed, by why.",
                          [(f'{{why="{k[len(removed):]}"}}', v) for k, v in sorted(counters.items())
@@ -322,6 +357,11 @@ def install_collectors(metrics: Metrics, groups, store, server) -> None:
         lines += _family("herd_log_fsync_seconds_total", "counter", "Time spent in those fsyncs "
                          "(rate of this over rate of herd_log_fsyncs_total is the mean fsync latency).",
                          [("", round(sum(s.fsync_seconds for s in stats), 6))])
+        fsync = Histogram("herd_log_fsync_duration_seconds", "fdatasync latency of appended log data.",
+                          buckets=FSYNC_BUCKETS)
+        fsync.series[()] = [sum(col) for col in zip(*(s.fsync_buckets[:-1] for s in stats), strict=True)] + [
+            round(sum(s.fsync_seconds for s in stats), 6), sum(s.fsyncs for s in stats)]
+        lines += fsync.render()
         lines += _family("herd_log_compactions_total", "counter", "Log compactions.",
                          [("", sum(s.compactions for s in stats))])
         return lines

@@ -30,6 +30,7 @@ import time
 from collections import deque
 
 from coordinator import logs
+from coordinator.metrics import response_error
 from coordinator.versions import API_NAMES, API_VERSIONS, SUPPORTED, api_versions_response
 from protocol import errors as E
 from protocol import messages as m
@@ -327,7 +328,7 @@ class Connection(asyncio.Protocol):
             out += tail
         metrics = self.server.metrics
         if metrics is not None:
-            metrics.request_stats.observe(HEARTBEAT, _now() - started)
+            metrics.request_stats.observe(HEARTBEAT, _now() - started, code)
 
     def produce(self, version: int, correlation_id: int, client_id: str | None, frame: bytes, pos: int) -> None:
         """herd stores no records: every partition gets INVALID_REQUEST (acks=0: no answer)."""
@@ -389,7 +390,8 @@ class Connection(asyncio.Protocol):
         _SIZE.pack_into(out, start, len(out) - start - 4)
         metrics = self.server.metrics
         if metrics is not None:
-            metrics.request_stats.observe(token.api_key, _now() - token.started)
+            metrics.request_stats.observe(token.api_key, _now() - token.started,
+                                          response_error(token.api_key, response))
         if waits:
             self._release_held()
         if not self.processing:  # an answer released later (after a log write, a rebalance, a wait)

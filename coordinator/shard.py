@@ -936,6 +936,9 @@ class Shard:
             topics_out.append(OffsetDeleteResponseTopic(t.name, parts))
         if deleted:
             self._count("offsets_deleted", deleted)
+            # an operator's action (Kafka logs these too): say what went, for the audit trail
+            log.info("offsets_deleted", group_id=gid, offsets=deleted,
+                     topics=sorted({t.name for t in req.topics if not group.is_subscribed_to_topic(t.name)}))
         return OffsetDeleteResponse(error_code=_NONE, topics=topics_out), out
 
     # ==== group admin ============================================================================
@@ -970,12 +973,15 @@ class Shard:
         for pid in list(group.pending_members):
             self.timers.cancel(("pending", group_id, pid))
         stored = self.offsets.get(group_id)
+        offsets = 0
         if stored:
             for topic, parts in list(stored.items()):
                 for p in list(parts):
                     self._delete_offset(out, group_id, topic, p)
+                    offsets += 1
         self._write_group_tombstone(out, group_id)
         self._count("groups_deleted")
+        log.info("group_deleted", group_id=group_id, offsets=offsets)
         return _NONE
 
     def list_groups(self, states: set[str] | None,
@@ -1086,7 +1092,7 @@ class Shard:
         """Tombstone expired offsets; delete Empty groups left with no offsets. Returns the number
         of offsets expired."""
         retention = self.config.offsets_retention_ms
-        expired = 0
+        expired = groups_gone = 0
         for gid, group in list(self.groups.items()):
             all_gone = True
             stored = self.offsets.get(gid)
@@ -1115,8 +1121,11 @@ class Shard:
             if all_gone and group.state == EMPTY and not group.pending_members:
                 self._write_group_tombstone(out, gid)
                 self._count("groups_expired")
+                groups_gone += 1
         if expired:
             self._count("offsets_expired", expired)
+        if expired or groups_gone:
+            log.info("offsets_expired", shard=self.shard_id, offsets=expired, groups_removed=groups_gone)
         return expired
 
     # ==== lifecycle ==============================================================================

@@ -311,6 +311,19 @@ def test_group_gauges_and_rebalance_counters_follow_a_group(herd):
         committed = scrape(herd)
         assert value(committed, "herd_offset_commits_total") == value(stable, "herd_offset_commits_total") + 2
         assert value(committed, "herd_committed_offsets") == value(stable, "herd_committed_offsets") + 2
+        assert (value(committed, "herd_log_fsync_duration_seconds_count", "herd_log_fsync_duration_seconds")
+                > value(stable, "herd_log_fsync_duration_seconds_count", "herd_log_fsync_duration_seconds"))
+
+        # answers with an error are counted by API and error name
+        stale = m.OffsetCommitRequest(group_id=g, generation_id_or_member_epoch=gen + 5, member_id=mid, topics=[
+            m.OffsetCommitRequestTopic("t", [m.OffsetCommitRequestPartition(0, 11)])])
+        assert c.call(stale, 7).topics[0].partitions[0].error_code == E.ILLEGAL_GENERATION
+        hb = c.call(m.HeartbeatRequest(group_id=g, generation_id=gen, member_id="nobody"), 4)
+        assert hb.error_code == E.UNKNOWN_MEMBER_ID
+        errs = scrape(herd)
+        for api, err in (("OffsetCommit", "ILLEGAL_GENERATION"), ("Heartbeat", "UNKNOWN_MEMBER_ID")):
+            assert (value(errs, "herd_request_errors_total", api=api, error=err)
+                    == value(committed, "herd_request_errors_total", api=api, error=err) + 1)
 
         leave = c.call(m.LeaveGroupRequest(group_id=g, members=[m.LeaveGroupRequestMemberIdentity(mid)]), 3)
         assert leave.error_code == 0
@@ -325,12 +338,18 @@ def test_group_gauges_and_rebalance_counters_follow_a_group(herd):
             == value(before, "herd_rebalances_total", reason="member_left") + 1)
     assert (value(empty, "herd_members_removed_total", why="left")
             == value(before, "herd_members_removed_total", why="left") + 1)
+    assert (value(empty, "herd_rebalance_outcomes_total", outcome="empty")
+            == value(before, "herd_rebalance_outcomes_total", outcome="empty") + 1)
 
     with RawClient(herd.address) as c:
         assert c.call(m.DeleteGroupsRequest(groups_names=[g]), 2).results[0].error_code == 0
     deleted = scrape(herd)
     assert state_count(deleted, "Empty") == state_count(before, "Empty")
-    assert value(deleted, "herd_groups_deleted_total") == value(before, "herd_groups_deleted_total") + 1
+    assert (value(deleted, "herd_groups_deleted_total", why="deleted")
+            == value(before, "herd_groups_deleted_total", why="deleted") + 1)
+    # and the operator's action is in the log
+    deletions = [json.loads(x) for x in herd.logs().splitlines() if '"group_deleted"' in x]
+    assert deletions and deletions[-1]["group_id"] == g and deletions[-1]["offsets"] == 2
 
 
 def test_an_expired_session_is_counted_by_reason(herd):
