@@ -34,6 +34,13 @@ _VALUE = struct.Struct(">hi16s")
 _TOPIC_RE = re.compile(r"[a-zA-Z0-9._-]+")
 MAX_TOPIC_LEN = 249
 MAX_PARTITIONS = 100_000
+MAX_TIMESTAMP, LATEST_TIERED_TIMESTAMP = -3, -5  # ListOffsets special timestamps (-1 latest, -2 earliest)
+
+# What a broker without an authorizer reports: every operation the resource type supports (Kafka's
+# AclEntry.supportedOperations; AclOperation codes READ 3, WRITE 4, CREATE 5, DELETE 6, ALTER 7,
+# DESCRIBE 8, CLUSTER_ACTION 9, DESCRIBE_CONFIGS 10, ALTER_CONFIGS 11, IDEMPOTENT_WRITE 12).
+TOPIC_AUTHORIZED_OPERATIONS = sum(1 << op for op in (3, 4, 5, 6, 7, 8, 10, 11))
+CLUSTER_AUTHORIZED_OPERATIONS = sum(1 << op for op in (5, 7, 8, 9, 10, 11, 12))
 
 
 @dataclass
@@ -163,6 +170,16 @@ class Catalog:
                 for p in range(topic.partitions)])
 
     def metadata(self, req: m.MetadataRequest, version: int) -> tuple[list, m.MetadataResponse]:
+        writes, resp = self._metadata(req, version)
+        if req.include_topic_authorized_operations:  # no authorizer: everything a topic supports
+            for t in resp.topics:
+                if t.error_code == E.NONE:
+                    t.topic_authorized_operations = TOPIC_AUTHORIZED_OPERATIONS
+        if req.include_cluster_authorized_operations:
+            resp.cluster_authorized_operations = CLUSTER_AUTHORIZED_OPERATIONS
+        return writes, resp
+
+    def _metadata(self, req: m.MetadataRequest, version: int) -> tuple[list, m.MetadataResponse]:
         writes: list = []
         resp = m.MetadataResponse(
             brokers=[m.MetadataResponseBroker(node_id=self.node_id, host=self.host, port=self.port)],
@@ -196,10 +213,23 @@ class Catalog:
         return writes, resp
 
     def describe_cluster(self, req, version: int) -> m.DescribeClusterResponse:
+        # herd is a broker endpoint (1); Kafka refuses a request meant for controllers (2) or an
+        # unknown endpoint type, as its brokers do (KafkaApis.handleDescribeCluster)
+        if req.endpoint_type == 2:
+            return m.DescribeClusterResponse(
+                error_code=E.MISMATCHED_ENDPOINT_TYPE, endpoint_type=req.endpoint_type,
+                error_message="The request was sent to an endpoint of type BROKER, but we wanted an "
+                              "endpoint of type CONTROLLER")
+        if req.endpoint_type != 1:
+            return m.DescribeClusterResponse(
+                error_code=E.UNSUPPORTED_ENDPOINT_TYPE, endpoint_type=req.endpoint_type,
+                error_message=f"Unsupported endpoint type {req.endpoint_type}")
         return m.DescribeClusterResponse(
             cluster_id=self.config.cluster_id, controller_id=self.node_id,
             brokers=[m.DescribeClusterResponseDescribeClusterBroker(
-                broker_id=self.node_id, host=self.host, port=self.port)])
+                broker_id=self.node_id, host=self.host, port=self.port)],
+            cluster_authorized_operations=(CLUSTER_AUTHORIZED_OPERATIONS
+                                           if req.include_cluster_authorized_operations else -2147483648))
 
     def create_topics(self, req: m.CreateTopicsRequest, version: int) -> tuple[list, m.CreateTopicsResponse]:
         writes: list = []
@@ -248,9 +278,12 @@ class Catalog:
                     pr.error_code = E.UNKNOWN_TOPIC_OR_PARTITION
                 elif version == 0:
                     pr.old_style_offsets = [0] if rp.timestamp < 0 else []
-                elif rp.timestamp >= 0:
-                    # a timestamp lookup in an empty log finds no record: Kafka answers -1
+                elif rp.timestamp >= 0 or rp.timestamp in (MAX_TIMESTAMP, LATEST_TIERED_TIMESTAMP):
+                    # a timestamp lookup in an empty log finds no record, nor does the max-timestamp
+                    # one, and nothing is tiered: Kafka answers offset -1
                     pr.timestamp, pr.offset = -1, -1
+                    if version >= 4:
+                        pr.leader_epoch = -1
                 else:
                     pr.timestamp, pr.offset = -1, 0
                     if version >= 4:

@@ -133,3 +133,45 @@ def test_list_offsets_and_fetch_answer_as_an_empty_log():
     assert cat.fetch(fr13, 13).responses[0].partitions[0].error_code == 0
     fr13.topics[0].topic_id = bytes(range(16))
     assert cat.fetch(fr13, 13).responses[0].partitions[0].error_code == E.UNKNOWN_TOPIC_ID
+
+
+def test_list_offsets_special_timestamps_of_an_empty_log():
+    # latest (-1), earliest (-2), earliest local (-4): offset 0; max timestamp (-3) finds no record
+    # and nothing is tiered (-5): offset -1, as Kafka answers for an empty log
+    cat = catalog(topics=(("t", 1),))
+    cat.configured_topics()
+    want = {-1: (0, 0), -2: (0, 0), -4: (0, 0), -3: (-1, -1), -5: (-1, -1), 1_700_000_000_000: (-1, -1)}
+    for ts, (offset, epoch) in want.items():
+        lo = m.ListOffsetsRequest(topics=[m.ListOffsetsRequestListOffsetsTopic(name="t", partitions=[
+            m.ListOffsetsRequestListOffsetsPartition(partition_index=0, timestamp=ts)])])
+        p = cat.list_offsets(lo, 9).topics[0].partitions[0]
+        assert (p.error_code, p.offset, p.leader_epoch, p.timestamp) == (0, offset, epoch, -1), ts
+
+
+def test_authorized_operations_are_everything_a_resource_supports_when_asked():
+    cat = catalog(topics=(("t", 1),))
+    cat.configured_topics()
+    req = m.MetadataRequest(topics=[m.MetadataRequestTopic(name="t"), m.MetadataRequestTopic(name="gone")],
+                            allow_auto_topic_creation=False, include_topic_authorized_operations=True,
+                            include_cluster_authorized_operations=True)
+    _, r = cat.metadata(req, 10)
+    t, gone = r.topics
+    # READ WRITE CREATE DELETE ALTER DESCRIBE DESCRIBE_CONFIGS ALTER_CONFIGS
+    assert t.topic_authorized_operations == 0b1101_1111_1000
+    assert gone.error_code == E.UNKNOWN_TOPIC_OR_PARTITION and gone.topic_authorized_operations == -2147483648
+    # CREATE ALTER DESCRIBE CLUSTER_ACTION DESCRIBE_CONFIGS ALTER_CONFIGS IDEMPOTENT_WRITE
+    assert r.cluster_authorized_operations == 0b1_1111_1010_0000
+    _, plain = cat.metadata(md("t"), 10)
+    assert plain.topics[0].topic_authorized_operations == -2147483648
+    assert plain.cluster_authorized_operations == -2147483648
+    dc = cat.describe_cluster(m.DescribeClusterRequest(include_cluster_authorized_operations=True), 1)
+    assert dc.error_code == 0 and dc.cluster_authorized_operations == 0b1_1111_1010_0000
+    assert cat.describe_cluster(m.DescribeClusterRequest(), 1).cluster_authorized_operations == -2147483648
+
+
+def test_describe_cluster_refuses_the_controller_endpoint_type():
+    cat = catalog()
+    for endpoint, code in ((1, E.NONE), (2, E.MISMATCHED_ENDPOINT_TYPE), (7, E.UNSUPPORTED_ENDPOINT_TYPE)):
+        r = cat.describe_cluster(m.DescribeClusterRequest(endpoint_type=endpoint), 1)
+        assert r.error_code == code, endpoint
+        assert (r.brokers != []) == (code == E.NONE)
