@@ -9,7 +9,8 @@ protocol, so it works against herd and against a real Kafka cluster alike::
     herd groups reset-offsets   GROUP... | --all-groups  (--topic T[:P,P..]... | --all-topics)
                                 (--to-earliest | --to-latest | --to-offset N | --shift-by N |
                                  --to-datetime ISO8601 | --by-duration PnDTnHnMnS | --to-current)
-                                [--dry-run | --execute] [--no-clamp]
+                                [--dry-run | --execute] [--no-clamp] [--export]
+    herd groups reset-offsets   [GROUP... | --all-groups] --from-file FILE.csv [--dry-run | --execute]
     herd groups delete          --group G [--group G ...]
     herd groups delete-offsets  --group G --topic T[:P,P..] [--topic ...]
     herd groups history         GROUP --http HOST:PORT
@@ -26,9 +27,17 @@ every broker, DescribeGroups / OffsetFetch / OffsetCommit / DeleteGroups / Offse
 coordinator, ListOffsets to the partition leaders. Coordinator moves (NOT_COORDINATOR,
 COORDINATOR_NOT_AVAILABLE, COORDINATOR_LOAD_IN_PROGRESS) are retried until the deadline.
 
-herd keeps no partition data: its ListOffsets answers 0 for earliest and latest. A log-end offset
-below the committed offset therefore means "unknown" and LAG shows "-" instead of a negative number;
-``--data-bootstrap-server`` points the log-end lookups at the cluster that holds the data.
+herd keeps no partition data. It advertises Fetch and Produce (consumers need them) and answers
+ListOffsets as for empty logs, but serves none of the APIs of a server that stores logs
+(``holds_records``), so against it log ends are unknown: ``describe`` shows LOG-END-OFFSET and LAG
+as "-", and ``reset-offsets`` refuses what needs them (--to-latest, --to-datetime, --by-duration,
+--to-current of a partition without a commit) and does not clamp. ``--data-bootstrap-server``
+points those lookups at the cluster that holds the data. A log end below the committed offset
+(a truncated log) also shows LAG "-", never a negative number.
+
+reset-offsets plans every group before it commits any: a group it refuses (active, or no plan can
+be made for it) is reported and the others are reset, as Kafka's tool does; the exit code is 2 if
+any group was not reset.
 
 ``history`` reads the flight recorder of a herd daemon from its HTTP endpoint
 (``herd serve --metrics-port``): per rebalance, what started it, who was waited for and how long,
@@ -37,6 +46,7 @@ the protocol, the members and each phase's duration.
 from __future__ import annotations
 
 import argparse
+import csv
 import datetime as dt
 import json
 import os
@@ -70,6 +80,19 @@ _MAX_RESPONSE = 100 * 1024 * 1024
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 LATEST, EARLIEST = -1, -2  # ListOffsets timestamps
+INT64_MAX = (1 << 63) - 1
+# APIs that only a server storing partition logs serves: DeleteRecords, OffsetForLeaderEpoch,
+# AlterReplicaLogDirs, DescribeLogDirs (every Kafka broker since 1.0 serves all four). Fetch and
+# Produce are no such sign: herd advertises them so that unmodified consumers run, but keeps no
+# records and answers ListOffsets as for empty logs.
+_LOG_APIS = (21, 23, 34, 35)
+_FETCH = 1
+
+
+def holds_records(versions: dict[int, tuple[int, int]]) -> bool:
+    """Whether a server advertising ``versions`` (ApiVersions) stores partition data, so that its
+    ListOffsets answers are real log offsets."""
+    return _FETCH in versions and any(k in versions for k in _LOG_APIS)
 
 
 def _error_text(code: int) -> str:
@@ -286,6 +309,10 @@ class Cluster:
         if len(problems) == 1:
             raise CliError(problems[0])
         raise CliError("cannot connect to any bootstrap server: " + "; ".join(problems))
+
+    def holds_records(self) -> bool:
+        """False for a coordinator that keeps no records (herd): its log offsets mean nothing."""
+        return holds_records(self.any().versions)
 
     def node(self, node_id: int) -> BrokerConnection:
         conn = self.conns.get(node_id)
@@ -569,9 +596,12 @@ def _seconds(text: str) -> float:
 
 def _offset_arg(text: str) -> int:
     try:
-        return int(text)
+        v = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not -INT64_MAX - 1 <= v <= INT64_MAX:
+        raise argparse.ArgumentTypeError(f"out of range: {text} (offsets are 64-bit, at most {INT64_MAX})")
+    return v
 
 
 class _Parser(argparse.ArgumentParser):
@@ -626,7 +656,7 @@ def add_parser(sub) -> None:
                         description="Reset the committed offsets of inactive groups (Empty or unknown). "
                                     "Prints the plan; commits it only with --execute.")
     _group_args(p)
-    scope = p.add_mutually_exclusive_group(required=True)
+    scope = p.add_mutually_exclusive_group()  # required, unless --from-file: checked in cmd_reset
     scope.add_argument("--topic", action="append", metavar="TOPIC[:P,P,...]",
                        help="a topic, or some of its partitions (repeatable)")
     scope.add_argument("--all-topics", action="store_true", help="every topic the group has offsets for")
@@ -642,12 +672,17 @@ def add_parser(sub) -> None:
     spec.add_argument("--by-duration", metavar="PnDTnHnMnS",
                       help="the first offset at or after now minus this duration")
     spec.add_argument("--to-current", action="store_true", help="the committed offset (log end where none)")
+    spec.add_argument("--from-file", metavar="FILE.csv",
+                      help="the offsets in FILE: TOPIC,PARTITION,OFFSET lines for one group, "
+                           "GROUP,TOPIC,PARTITION,OFFSET for several (as written by --export)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="only print the plan (the default)")
     mode.add_argument("--execute", action="store_true", help="commit the plan")
+    p.add_argument("--export", action="store_true",
+                   help="print the plan as CSV (TOPIC,PARTITION,OFFSET; with GROUP first unless one "
+                        "group is named), for --from-file")
     p.add_argument("--no-clamp", action="store_true",
-                   help="keep --to-offset/--shift-by results outside [earliest, log end] (for servers "
-                        "holding no data, like herd, whose logs look empty)")
+                   help="keep --to-offset/--shift-by/--from-file offsets outside [earliest, log end]")
     _common(p)
     p.set_defaults(func=cmd_reset)
 
@@ -726,15 +761,55 @@ def _parse_topic(spec: str) -> tuple[str, list[int] | None]:
     return topic, ps
 
 
-def _resolve_topics(specs: list[str], data: Cluster) -> list[tuple[str, int]]:
+def known_partitions(topics, data: Cluster, cluster: Cluster) -> dict[str, set[int] | None]:
+    """The partitions of each topic, from the data cluster, else from the coordinator's (herd's
+    catalog); None for a topic neither knows."""
+    out: dict[str, set[int] | None] = {}
+    todo = sorted(set(topics))
+    for source in dict.fromkeys([data, cluster]):  # the same cluster once
+        if not todo:
+            break
+        md = source.metadata(todo)
+        for t in todo:
+            info = md.get(t)
+            if info is None or info["error"] == E.UNKNOWN_TOPIC_OR_PARTITION:
+                out[t] = None
+            elif info["error"] != E.NONE:
+                raise CliError(f"cannot read the metadata of topic '{t}': {_error_text(info['error'])}")
+            else:
+                out[t] = set(info["partitions"])
+        todo = [t for t in todo if out[t] is None]
+    return out
+
+
+def _resolve_topics(specs: list[str], data: Cluster, cluster: Cluster) -> list[tuple[str, int]]:
+    """The partitions ``--topic`` names: every partition of a bare topic, the given ones of
+    TOPIC:P,P (which must exist where the topic is known)."""
     parsed = [_parse_topic(s) for s in specs]
-    whole = [t for t, ps in parsed if ps is None]
-    known = data.partitions_of(whole) if whole else {}
+    known = known_partitions([t for t, _ in parsed], data, cluster)
     out = set()
     for t, ps in parsed:
-        for p in (known[t] if ps is None else ps):
-            out.add((t, p))
+        if ps is None:
+            if known[t] is None:
+                raise CliError(f"topic '{t}' does not exist")
+            ps = known[t]
+        out.update((t, p) for p in ps)
+    check_partitions(out, known, _where(data, cluster))
     return sorted(out)
+
+
+def _where(data: Cluster, cluster: Cluster) -> str:
+    return " or ".join(dict.fromkeys(c.any().address for c in (data, cluster)))
+
+
+def check_partitions(tps, known: dict[str, set[int] | None], where: str) -> None:
+    """Kafka's check that every partition to reset exists. A topic no cluster knows is let through
+    with a warning: herd keeps offsets for any topic (the data may live anywhere)."""
+    missing = sorted((t, p) for t, p in tps if known.get(t) is not None and p not in known[t])
+    if missing:
+        raise CliError('The partitions "' + ",".join(f"{t}-{p}" for t, p in missing) + '" do not exist')
+    for t in sorted({t for t, _ in tps if known.get(t) is None}):
+        _note(f"warning: topic '{t}' does not exist on {where}: its partitions are not checked")
 
 
 # ---- output ----------------------------------------------------------------------------------------
@@ -834,7 +909,8 @@ def describe_one(group: str, cluster: Cluster, data: Cluster) -> dict | None:
                         "host": mem.client_host, "client_id": mem.client_id, "partitions": len(tps),
                         "assignment": [{"topic": t, "partitions": ps} for t, ps in sorted(by_topic.items())]})
     tps = sorted(set(committed) | set(owner))
-    log_end = data.list_offsets(tps, LATEST) if tps else {}
+    # a server holding no records (herd) knows no log ends: LOG-END-OFFSET and LAG are unknown
+    log_end = data.list_offsets(tps, LATEST) if tps and data.holds_records() else {}
     rows = []
     for t, p in tps:
         cur = committed.get((t, p), {}).get("offset")
@@ -970,15 +1046,116 @@ def parse_datetime(text: str) -> int:
     return int(when.timestamp() * 1000)
 
 
-def _plan(args, group: str, committed: dict, data: Cluster) -> list[dict]:
-    if args.all_topics:
-        tps = sorted(committed)
-    else:
-        tps = _resolve_topics(args.topic, data)
+class _Refused(Exception):
+    """A group this reset leaves alone (active, or no plan can be made for it); the others go on."""
+
+
+def _no_records(data: Cluster, needs: str) -> str:
+    return (f"{needs}, which {data.any().address} does not have: it holds no records (a coordinator "
+            "like herd); give --data-bootstrap-server, the Kafka cluster that holds the partitions")
+
+
+def _check_reset_args(args) -> int | None:
+    """Argument checks that need no server; returns the timestamp of --to-datetime/--by-duration."""
+    if args.from_file is None and not args.topic and not args.all_topics:
+        raise CliError("one of the arguments --topic --all-topics is required (or --from-file)")
+    if args.from_file is not None and (args.topic or args.all_topics):
+        raise CliError("--from-file takes the partitions from the file: no --topic or --all-topics")
+    if args.export and args.output == "json":
+        raise CliError("--export prints CSV: it does not go with --output json")
+    if args.to_datetime is not None:
+        return parse_datetime(args.to_datetime)
+    if args.by_duration is not None:
+        return int((time.time() - parse_duration(args.by_duration)) * 1000)
+    return None
+
+
+def read_reset_plan(path: str, group: str | None) -> dict[str, dict[tuple[str, int], int]]:
+    """A --from-file CSV, as Kafka's tool reads it (and --export writes it): TOPIC,PARTITION,OFFSET
+    lines for ``group``, the one group named, or GROUP,TOPIC,PARTITION,OFFSET lines."""
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.reader(f))
+    except OSError as exc:
+        raise CliError(f"cannot read --from-file {path}: {_strerror(exc)}") from None
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise CliError(f"cannot read --from-file {path}: {exc}") from None
+    expected = ("TOPIC,PARTITION,OFFSET or " if group is not None else "") + "GROUP,TOPIC,PARTITION,OFFSET"
+    plan: dict[str, dict[tuple[str, int], int]] = {}
+    for n, row in enumerate(rows, 1):
+        row = [x.strip() for x in row]
+        if not any(row):
+            continue
+        if len(row) == 3 and group is not None:
+            g, (t, p, o) = group, row
+        elif len(row) == 4:
+            g, t, p, o = row
+        else:
+            raise CliError(f"invalid --from-file {path} line {n}: expected {expected}")
+        try:
+            p, o = int(p), int(o)
+        except ValueError:
+            raise CliError(f"invalid --from-file {path} line {n}: partition and offset are numbers") from None
+        if not t or p < 0 or not 0 <= o <= INT64_MAX:
+            raise CliError(f"invalid --from-file {path} line {n}: expected a topic, a partition and an "
+                           f"offset from 0 to {INT64_MAX}")
+        plan.setdefault(g, {})[(t, p)] = o
+    if not plan:
+        raise CliError(f"--from-file {path} has no offsets")
+    return plan
+
+
+def _reset_scope(args, names, file_plan, data: Cluster, cluster: Cluster) -> list[tuple[str, int]]:
+    """What holds for every group: whether the data cluster can answer what the reset needs, and
+    the partitions of --topic (checked, as those of --from-file)."""
+    needs = ("--to-latest needs the log-end offsets" if args.to_latest else
+             "--to-datetime needs the records' timestamps" if args.to_datetime is not None else
+             "--by-duration needs the records' timestamps" if args.by_duration is not None else None)
+    if needs and not data.holds_records():
+        raise CliError(_no_records(data, needs))
+    tps: list[tuple[str, int]] = []
+    if args.topic:
+        tps = _resolve_topics(args.topic, data, cluster)
+    elif file_plan is not None:
+        listed = {tp for g in names for tp in file_plan.get(g, {})}
+        check_partitions(listed, known_partitions({t for t, _ in listed}, data, cluster), _where(data, cluster))
+    return tps
+
+
+def _plan_group(args, group: str, cluster: Cluster, data: Cluster, tps, ts, file_plan) -> dict:
+    d, _ = cluster.describe_group(group)
+    res = {"group": group, "state": d.group_state, "error": None, "committed": False, "partitions": []}
+    try:
+        if d.group_state not in INACTIVE:
+            raise _Refused(f"Assignments can only be reset if the group '{group}' is inactive, but the "
+                           f"current state is {d.group_state}.")
+        committed = cluster.committed(group)
+        requested = None
+        if file_plan is not None:
+            requested = file_plan.get(group)
+            if requested is None:
+                raise _Refused(f"No reset plan for group '{group}' found in {args.from_file}.")
+            tps = sorted(requested)
+        elif args.all_topics:
+            tps = sorted(committed)
+        res["partitions"] = _plan(args, group, committed, data, tps, ts, requested)
+        if not res["partitions"]:
+            _note(f"Group '{group}' has no committed offsets to reset.")
+    except _Refused as exc:
+        res["error"] = str(exc)
+    return res
+
+
+def _plan(args, group: str, committed: dict, data: Cluster, tps, ts, requested) -> list[dict]:
+    """The new offset of each of ``tps``; _Refused when one cannot be given."""
     cur = {tp: committed[tp]["offset"] for tp in tps if tp in committed}
+    ends_known = data.holds_records()
     new: dict[tuple[str, int], int | None] = {}
     clamp = False
-    if args.to_earliest:
+    if requested is not None:
+        new = dict(requested)
+        clamp = True
+    elif args.to_earliest:
         new = data.list_offsets(tps, EARLIEST)
     elif args.to_latest:
         new = data.list_offsets(tps, LATEST)
@@ -989,25 +1166,29 @@ def _plan(args, group: str, committed: dict, data: Cluster) -> list[dict]:
         missing = [tp for tp in tps if tp not in cur]
         if missing:
             t, p = missing[0]
-            raise CliError(f"cannot shift the offset of {t}-{p}: group '{group}' has no committed offset "
+            raise _Refused(f"cannot shift the offset of {t}-{p}: group '{group}' has no committed offset "
                            "for it")
         new = {tp: max(0, cur[tp] + args.shift_by) for tp in tps}
         clamp = True
-    elif args.to_datetime is not None or args.by_duration is not None:
-        if args.to_datetime is not None:
-            ts = parse_datetime(args.to_datetime)
-        else:
-            ts = int((time.time() - parse_duration(args.by_duration)) * 1000)
+    elif ts is not None:
         new = data.list_offsets(tps, ts)
         no_match = [tp for tp in tps if new.get(tp) is None]
-        if no_match:  # no message at or after that time: the log end, as Kafka does
-            new.update(data.list_offsets(no_match, LATEST))
+        if no_match:  # no record at or after that time: the log end, as Kafka does
+            latest = data.list_offsets(no_match, LATEST)
+            for t, p in no_match:
+                if latest.get((t, p)) is not None:
+                    _note(f"warning: Partition {p} from topic {t} is empty. Falling back to latest known offset.")
+                    new[(t, p)] = latest[(t, p)]
     elif args.to_current:
         new = dict(cur)
         rest = [tp for tp in tps if tp not in cur]
+        if rest and not ends_known:
+            t, p = rest[0]
+            raise _Refused(_no_records(data, f"--to-current needs the log-end offset of {t}-{p} (group "
+                                             f"'{group}' has no committed offset for it)"))
         if rest:
             new.update(data.list_offsets(rest, LATEST))
-    if clamp and not args.no_clamp and tps:
+    if clamp and not args.no_clamp and tps and ends_known:
         earliest, latest = data.list_offsets(tps, EARLIEST), data.list_offsets(tps, LATEST)
         for tp in tps:
             want, lo, hi = new[tp], earliest.get(tp), latest.get(tp)
@@ -1021,51 +1202,100 @@ def _plan(args, group: str, committed: dict, data: Cluster) -> list[dict]:
     unknown = [tp for tp in tps if new.get(tp) is None]
     if unknown:
         t, p = unknown[0]
-        raise CliError(f"cannot find an offset for {t}-{p}: no such partition, or its leader is unavailable")
-    negative = [(tp, new[tp]) for tp in tps if new[tp] < 0]
-    if negative:  # only --no-clamp gets here: a clamped offset is at least the log start
-        (t, p), want = negative[0]
-        raise CliError(f"cannot reset {t}-{p} to offset {want}: offsets are not negative")
+        raise _Refused(f"cannot find an offset for {t}-{p}: no such partition, or its leader is unavailable")
+    for (t, p) in tps:  # only --no-clamp (or unknown log ends) gets here with such offsets
+        if new[(t, p)] < 0:
+            raise _Refused(f"cannot reset {t}-{p} to offset {new[(t, p)]}: offsets are not negative")
+        if new[(t, p)] > INT64_MAX:
+            raise _Refused(f"cannot reset {t}-{p} to offset {new[(t, p)]}: offsets are at most {INT64_MAX}")
     return [{"topic": t, "partition": p, "current_offset": cur.get((t, p)), "new_offset": new[(t, p)]}
             for t, p in tps]
 
 
+def _commit_plans(cluster: Cluster, results: list[dict]) -> str | None:
+    """Commit each planned group in turn; when one fails to answer (deadline, lost connection),
+    stop and return what was done, for the final error."""
+    for i, res in enumerate(results):
+        if res["error"] is not None or not res["partitions"]:
+            continue
+        for r in res["partitions"]:
+            r["error"] = None
+        try:
+            codes = cluster.commit(res["group"], {(r["topic"], r["partition"]): r["new_offset"]
+                                                  for r in res["partitions"]})
+        except CliError as exc:
+            res["committed"], res["error"] = None, str(exc)  # unknown: the commit may have landed
+            for r in results[i + 1:]:
+                if r["error"] is None and r["partitions"]:
+                    r["error"] = f"not committed: the command stopped at group '{res['group']}'"
+            done = [r["group"] for r in results if r["committed"]]
+            rest = [r["group"] for r in results if r["committed"] is False]
+            return "; ".join([str(exc), "reset: " + (_quoted(done) or "no group"),
+                              f"unknown whether '{res['group']}' was reset"]
+                             + (["not reset: " + _quoted(rest)] if rest else []))
+        failed = []
+        for r in res["partitions"]:
+            code = codes.get((r["topic"], r["partition"]), E.UNKNOWN_SERVER_ERROR)
+            if code != E.NONE:
+                r["error"] = E.error_name(code)
+                failed.append(f"{r['topic']}-{r['partition']}: {_error_text(code)}")
+        res["committed"] = not failed
+        if failed:
+            more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+            res["error"] = f"could not commit {res['group']} {failed[0]}{more}"
+    return None
+
+
+def _quoted(names) -> str:
+    return ", ".join(f"'{n}'" for n in names)
+
+
 def cmd_reset(args) -> int:
+    ts = _check_reset_args(args)
+    named = list(dict.fromkeys([*args.groups, *args.more_groups]))
+    single = named[0] if len(named) == 1 and not args.all_groups else None  # Kafka's CSV without GROUP
+    file_plan = read_reset_plan(args.from_file, single) if args.from_file is not None else None
     cluster, data = _clusters(args)
-    results, failures = [], []
+    stopped = None
     try:
-        names = _selected_groups(args, cluster)
-        for group in names:
-            d, _ = cluster.describe_group(group)
-            if d.group_state not in INACTIVE:
-                raise CliError(f"Assignments can only be reset if the group '{group}' is inactive, but the "
-                               f"current state is {d.group_state}.")
-            committed = cluster.committed(group)
-            plan = _plan(args, group, committed, data)
-            if args.execute and plan:
-                codes = cluster.commit(group, {(r["topic"], r["partition"]): r["new_offset"] for r in plan})
-                for r in plan:
-                    code = codes.get((r["topic"], r["partition"]), E.UNKNOWN_SERVER_ERROR)
-                    r["error"] = None if code == E.NONE else E.error_name(code)
-                    if code != E.NONE:
-                        failures.append(f"{group} {r['topic']}-{r['partition']}: {_error_text(code)}")
-            if not plan:
-                _note(f"Group '{group}' has no committed offsets to reset.")
-            results.append({"group": group, "state": d.group_state, "partitions": plan})
+        if file_plan is not None and not named and not args.all_groups:
+            names = list(file_plan)  # the groups of the file
+        else:
+            names = _selected_groups(args, cluster)
+        tps = _reset_scope(args, names, file_plan, data, cluster)
+        # plan every group before committing any, so that a refused group stops nothing
+        results = [_plan_group(args, g, cluster, data, tps, ts, file_plan) for g in names]
+        clamps = args.to_offset is not None or args.shift_by is not None or args.from_file is not None
+        if clamps and not args.no_clamp and any(res["partitions"] for res in results) and not data.holds_records():
+            _note(f"warning: {data.any().address} holds no records, so the log range is unknown: offsets are "
+                  "not clamped to it (give --data-bootstrap-server to clamp them)")
+        if args.execute:
+            stopped = _commit_plans(cluster, results)
     finally:
         _close(cluster, data)
+    planned = [res for res in results if res["partitions"]]
     if args.output == "json":
         print_json({"executed": bool(args.execute), "groups": results})
-    else:
-        rows = [[res["group"], r["topic"], r["partition"], r["current_offset"], r["new_offset"]]
-                for res in results for r in res["partitions"]]
-        if rows:
-            print_table(["GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "NEW-OFFSET"], rows)
-    if not args.execute:
+    elif args.export:
+        out = csv.writer(sys.stdout, lineterminator="\n")
+        for res in planned:
+            for r in res["partitions"]:
+                out.writerow(([] if single else [res["group"]]) + [r["topic"], r["partition"], r["new_offset"]])
+    elif planned:
+        print_table(["GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "NEW-OFFSET"],
+                    [[res["group"], r["topic"], r["partition"], r["current_offset"], r["new_offset"]]
+                     for res in planned for r in res["partitions"]])
+    if not args.execute and any(res["error"] is None for res in results):
         _note("Dry run: nothing was committed. Add --execute to commit these offsets.")
-    if failures:
-        more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
-        raise CliError(f"could not commit {failures[0]}{more}")
+    if stopped:
+        raise CliError(stopped)
+    bad = [res for res in results if res["error"] is not None]
+    if len(bad) == 1:
+        raise CliError(bad[0]["error"])
+    if bad:
+        for res in bad:
+            _note(res["error"])
+        raise CliError(f"{len(bad)} of {len(results)} groups were not reset: {_quoted(r['group'] for r in bad)}")
     return 0
 
 

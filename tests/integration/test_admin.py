@@ -5,6 +5,7 @@ traceback). Offsets written by reset-offsets are checked with an independent Off
 """
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import queue
@@ -264,7 +265,7 @@ def test_describe_partitions_members_and_state(herd, members):
     wait_stable(herd, g, [a, b])
     owned = {mem.client_id: mem.assignment() for mem in (a, b)}
     assert owned["client-a"] | owned["client-b"] == {("t", 0), ("t", 1), ("t", 2), ("u", 0), ("u", 1)}
-    # the committer owns its partitions: commit 0 on one (lag 0 against herd's empty log), 7 on the others
+    # the committer owns its partitions: commit 0 on one, 7 on the others
     mine = sorted(owned["client-a"])
     offsets = {tp: (0 if i == 0 else 7) for i, tp in enumerate(mine)}
     a.commit(offsets)
@@ -279,12 +280,8 @@ def test_describe_partitions_members_and_state(herd, members):
     for tp, r in by_tp.items():
         owner = "client-a" if tp in owned["client-a"] else "client-b"
         assert r[0] == g and r[8] == owner and r[7] == "/127.0.0.1"
-        assert r[4] == "0"  # herd holds no data: log end 0
-        if tp in offsets:
-            assert r[3] == str(offsets[tp])
-            assert r[5] == ("0" if offsets[tp] == 0 else "-")  # LOG-END < CURRENT: unknown, not negative
-        else:
-            assert r[3] == "-" and r[5] == "-"
+        assert r[4] == "-" and r[5] == "-"  # herd holds no records: log end and lag unknown, even at 0
+        assert r[3] == (str(offsets[tp]) if tp in offsets else "-")
 
     doc = js(herd, "describe", g)
     (info,) = doc["groups"]
@@ -299,8 +296,7 @@ def test_describe_partitions_members_and_state(herd, members):
         assert set(p) == {"topic", "partition", "current_offset", "log_end_offset", "lag", "consumer_id",
                           "group_instance_id", "host", "client_id"}
         assert p["current_offset"] == offsets.get(tp)
-        assert p["log_end_offset"] == 0
-        assert p["lag"] == (0 if offsets.get(tp) == 0 else None)
+        assert p["log_end_offset"] is None and p["lag"] is None
         assert p["client_id"] == ("client-a" if tp in owned["client-a"] else "client-b")
     by_client = {x["client_id"]: x for x in info["members"]}
     for cid, tps in owned.items():
@@ -338,7 +334,7 @@ def test_describe_an_empty_group_and_errors(herd):
     assert r.returncode == 0
     assert r.stderr.strip() == "Consumer group 'desc-empty' has no active members."
     rows = table(r.stdout)
-    assert rows[1] == ["desc-empty", "t", "1", "4", "0", "-", "-", "-", "-"]
+    assert rows[1] == ["desc-empty", "t", "1", "4", "-", "-", "-", "-", "-"]
     (info,) = js(herd, "describe", "desc-empty")["groups"]
     assert info["state"] == "Empty" and info["members"] == [] and info["partitions"][0]["consumer_id"] is None
 
@@ -412,13 +408,14 @@ def test_reset_offsets_dry_run_and_execute(herd, members):
                                [g, "u", "0", "8", "0"]]
     assert "Dry run" in r.stderr
     doc = js(herd, "reset-offsets", g, "--topic", "t:1", "--to-offset", "3", "--dry-run")
-    assert doc == {"executed": False, "groups": [{"group": g, "state": "Empty", "partitions": [
-        {"topic": "t", "partition": 1, "current_offset": 6, "new_offset": 0}]}]}  # clamped to the log end
+    assert doc == {"executed": False, "groups": [{"group": g, "state": "Empty", "error": None, "committed": False,
+                                                  "partitions": [{"topic": "t", "partition": 1,
+                                                                  "current_offset": 6, "new_offset": 3}]}]}
     assert fetch_offsets(herd, g) == before
 
     # --execute commits the plan
     doc = js(herd, "reset-offsets", g, "--topic", "t:0,2", "--to-offset", "42", "--no-clamp", "--execute")
-    assert doc["executed"] is True
+    assert doc["executed"] is True and doc["groups"][0]["committed"] is True
     assert [(p["partition"], p["current_offset"], p["new_offset"], p["error"])
             for p in doc["groups"][0]["partitions"]] == [(0, 5, 42, None), (2, 7, 42, None)]
     assert fetch_offsets(herd, g) == {**before, ("t", 0): 42, ("t", 2): 42}
@@ -427,19 +424,11 @@ def test_reset_offsets_dry_run_and_execute(herd, members):
     assert [p["new_offset"] for p in doc["groups"][0]["partitions"]] == [40, 4, 40]
     assert fetch_offsets(herd, g) == {("t", 0): 40, ("t", 1): 4, ("t", 2): 40, ("u", 0): 8}
 
-    # clamped (as Kafka) without --no-clamp: herd's log end is 0; a warning says so
-    r = run("reset-offsets", g, "--topic", "u:0", "--shift-by", "1", "--execute",
-            "--bootstrap-server", herd.bootstrap)
-    assert r.returncode == 0 and "warning: u-0: offset 9 is outside the log range [0, 0]; using 0" in r.stderr
-    assert "Dry run" not in r.stderr
-
-    ok(herd, "reset-offsets", g, "--all-topics", "--to-latest", "--execute")
+    for spec in (["--to-current"], ["--to-earliest"]):
+        doc = js(herd, "reset-offsets", g, "--topic", "t:0", *spec)
+        assert doc["groups"][0]["partitions"][0]["new_offset"] == (40 if spec == ["--to-current"] else 0)
+    ok(herd, "reset-offsets", g, "--all-topics", "--to-earliest", "--execute")
     assert fetch_offsets(herd, g) == {("t", 0): 0, ("t", 1): 0, ("t", 2): 0, ("u", 0): 0}
-
-    for spec in (["--to-datetime", "2024-05-01T12:00:00.000"], ["--to-datetime", "2024-05-01T12:00:00Z"],
-                 ["--by-duration", "PT1H30M"], ["--to-current"], ["--to-earliest"]):
-        doc = js(herd, "reset-offsets", g, "--topic", "t:0", *spec, "--execute")
-        assert doc["groups"][0]["partitions"][0]["new_offset"] == 0, spec
 
     # a group that does not exist yet: the reset creates its offsets (as Kafka)
     ok(herd, "reset-offsets", "reset-new", "--topic", "u:1", "--to-offset", "9", "--no-clamp", "--execute")
@@ -464,7 +453,155 @@ def test_reset_offsets_errors(herd):
     assert "not an integer" in fails(herd, *base, "--all-topics", "--to-offset", "ten")
     assert fails(herd, *base, "--all-topics", "--to-offset", "-5", "--no-clamp", "--execute") == (
         "cannot reset t-0 to offset -5: offsets are not negative")
+    assert fails(herd, *base, "--all-topics", "--shift-by", str(2**63 - 1), "--no-clamp", "--execute") == (
+        f"cannot reset t-0 to offset {2**63 + 4}: offsets are at most {2**63 - 1}")
     assert fetch_offsets(herd, "reset-err") == {("t", 0): 5}
+
+
+def test_reset_offsets_without_a_data_cluster_never_takes_herd_s_empty_logs_for_real_ones(herd):
+    """herd holds no records: what needs a log end is refused, and nothing is clamped to [0, 0]."""
+    g = "reset-noends"
+    commit_raw(herd, g, {("t", 0): 1000, ("t", 1): 1000})
+    hint = (f"which {herd.bootstrap} does not have: it holds no records (a coordinator like herd); give "
+            "--data-bootstrap-server, the Kafka cluster that holds the partitions")
+    for spec, needs in ((["--to-latest"], "the log-end offsets"),
+                        (["--to-datetime", "2024-05-01T12:00:00Z"], "the records' timestamps"),
+                        (["--by-duration", "PT1H"], "the records' timestamps")):
+        for data in ([], ["--data-bootstrap-server", herd.bootstrap]):  # herd as the data cluster: the same
+            assert fails(herd, "reset-offsets", g, "--topic", "t", *spec, "--execute", *data) == (
+                f"{spec[0]} needs {needs}, {hint}")
+    # --to-current keeps the committed offsets, but has no log end for a partition without one
+    assert fails(herd, "reset-offsets", g, "--topic", "t", "--to-current", "--execute") == (
+        f"--to-current needs the log-end offset of t-2 (group '{g}' has no committed offset for it), {hint}")
+    assert fetch_offsets(herd, g) == {("t", 0): 1000, ("t", 1): 1000}
+
+    # --to-offset and --shift-by are not clamped to a range nobody knows
+    r = run("reset-offsets", g, "--topic", "t:0,1", "--to-offset", "5000", "--execute",
+            "--bootstrap-server", herd.bootstrap)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == (f"warning: {herd.bootstrap} holds no records, so the log range is unknown: offsets are "
+                        "not clamped to it (give --data-bootstrap-server to clamp them)\n")
+    assert fetch_offsets(herd, g) == {("t", 0): 5000, ("t", 1): 5000}
+    ok(herd, "reset-offsets", g, "--topic", "t:0", "--shift-by", "10", "--execute")
+    ok(herd, "reset-offsets", g, "--topic", "t:0,1", "--to-current", "--execute")
+    assert fetch_offsets(herd, g) == {("t", 0): 5010, ("t", 1): 5000}
+
+
+def test_reset_offsets_checks_that_the_partitions_exist(herd):
+    g = "reset-parts"
+    commit_raw(herd, g, {("t", 0): 3})
+    assert fails(herd, "reset-offsets", g, "--topic", "t:1,7", "--topic", "u:2", "--to-offset", "5", "--no-clamp",
+                 "--execute") == 'The partitions "t-7,u-2" do not exist'
+    assert fetch_offsets(herd, g) == {("t", 0): 3}
+    # a topic no cluster knows: herd keeps offsets for any topic, and a warning says they were not checked
+    r = run("reset-offsets", g, "--topic", "elsewhere:0,5", "--to-offset", "9", "--no-clamp", "--execute",
+            "--bootstrap-server", herd.bootstrap)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == (f"warning: topic 'elsewhere' does not exist on {herd.bootstrap}: its partitions are not "
+                        "checked\n")
+    assert fetch_offsets(herd, g) == {("t", 0): 3, ("elsewhere", 0): 9, ("elsewhere", 5): 9}
+
+
+def test_reset_offsets_of_several_groups_resets_the_inactive_ones_and_reports_the_others(herd, members):
+    a = Member(herd, "multi-b", "c-multi")
+    members.append(a)
+    wait_stable(herd, "multi-b", [a])
+    a.commit({("t", 0): 5})
+    commit_raw(herd, "multi-a", {("t", 0): 7})
+    commit_raw(herd, "multi-c", {("t", 1): 8})
+    names = ["multi-a", "multi-b", "multi-c"]
+    before = {g: fetch_offsets(herd, g) for g in names}
+    refused = "Assignments can only be reset if the group 'multi-b' is inactive, but the current state is Stable."
+
+    # a dry run shows the plan of the inactive groups and reports the active one
+    r = run("reset-offsets", *names, "--all-topics", "--to-offset", "1", "--no-clamp",
+            "--bootstrap-server", herd.bootstrap)
+    assert r.returncode == 2
+    assert table(r.stdout) == [["GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "NEW-OFFSET"],
+                               ["multi-a", "t", "0", "7", "1"], ["multi-c", "t", "1", "8", "1"]]
+    assert r.stderr.splitlines() == ["Dry run: nothing was committed. Add --execute to commit these offsets.",
+                                     f"herd: error: {refused}"]
+    assert {g: fetch_offsets(herd, g) for g in names} == before
+
+    # --execute commits the inactive groups; the JSON tells each group's state, outcome and error
+    r = run("reset-offsets", *names, "--all-topics", "--to-offset", "1", "--no-clamp", "--execute",
+            "--output", "json", "--bootstrap-server", herd.bootstrap)
+    assert r.returncode == 2 and r.stderr == f"herd: error: {refused}\n"
+    doc = json.loads(r.stdout)
+    assert doc["executed"] is True
+    assert [(x["group"], x["state"], x["committed"], x["error"]) for x in doc["groups"]] == [
+        ("multi-a", "Empty", True, None), ("multi-b", "Stable", False, refused), ("multi-c", "Empty", True, None)]
+    assert doc["groups"][1]["partitions"] == []
+    assert {g: fetch_offsets(herd, g) for g in names} == {
+        "multi-a": {("t", 0): 1}, "multi-b": {("t", 0): 5}, "multi-c": {("t", 1): 1}}
+
+    # several refused: one line each, then how many
+    r = run("reset-offsets", "multi-b", "multi-a", "--topic", "t:1", "--shift-by", "1", "--execute",
+            "--bootstrap-server", herd.bootstrap)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.splitlines() == [
+        refused, "cannot shift the offset of t-1: group 'multi-a' has no committed offset for it",
+        "herd: error: 2 of 2 groups were not reset: 'multi-b', 'multi-a'"]
+
+
+def test_a_deadline_while_committing_several_groups_tells_what_was_reset(herd):
+    names = ["stall-a", "stall-b", "stall-c"]
+    for g in names:
+        commit_raw(herd, g, {("t", 0): 5})
+    proxy = StallingProxy(herd.address, "stall-b")
+    try:
+        r = run("reset-offsets", *names, "--topic", "t:0", "--to-offset", "1", "--no-clamp", "--execute",
+                "--output", "json", "--timeout", "3", "--bootstrap-server", proxy.address)
+    finally:
+        proxy.close()
+    assert r.returncode == 2
+    assert r.stderr == (f"herd: error: timed out after 3s waiting for {proxy.address} (OffsetCommit); "
+                        "reset: 'stall-a'; unknown whether 'stall-b' was reset; not reset: 'stall-c'\n")
+    doc = json.loads(r.stdout)
+    assert [(x["group"], x["committed"]) for x in doc["groups"]] == [
+        ("stall-a", True), ("stall-b", None), ("stall-c", False)]
+    assert doc["groups"][2]["error"] == "not committed: the command stopped at group 'stall-b'"
+    assert [fetch_offsets(herd, g) for g in names] == [{("t", 0): 1}, {("t", 0): 5}, {("t", 0): 5}]
+
+
+def test_reset_offsets_export_and_from_file(herd, tmp_path):
+    commit_raw(herd, "csv-a", {("t", 0): 5, ("t", 1): 6})
+    commit_raw(herd, "csv-b", {("u", 0): 7})
+    shift = ["--all-topics", "--shift-by", "2", "--no-clamp", "--export"]
+    # as Kafka's tool: TOPIC,PARTITION,OFFSET for the one group named, else GROUP first
+    assert ok(herd, "reset-offsets", "csv-a", *shift) == "t,0,7\nt,1,8\n"
+    both = ok(herd, "reset-offsets", "csv-a", "--group", "csv-b", *shift)
+    assert both == "csv-a,t,0,7\ncsv-a,t,1,8\ncsv-b,u,0,9\n"
+    assert fetch_offsets(herd, "csv-a") == {("t", 0): 5, ("t", 1): 6}  # --export alone is a dry run
+
+    plan = tmp_path / "plan.csv"
+    plan.write_text(both)
+    ok(herd, "reset-offsets", "--from-file", plan, "--execute")  # no group named: the file's groups
+    assert fetch_offsets(herd, "csv-a") == {("t", 0): 7, ("t", 1): 8}
+    assert fetch_offsets(herd, "csv-b") == {("u", 0): 9}
+    one = tmp_path / "one.csv"
+    one.write_text("t,1,3\n\n")
+    doc = js(herd, "reset-offsets", "csv-a", "--from-file", one, "--no-clamp", "--execute")
+    assert [(p["topic"], p["partition"], p["current_offset"], p["new_offset"])
+            for p in doc["groups"][0]["partitions"]] == [("t", 1, 8, 3)]
+    assert fetch_offsets(herd, "csv-a") == {("t", 0): 7, ("t", 1): 3}
+
+    assert fails(herd, "reset-offsets", "--from-file", one) == (
+        f"invalid --from-file {one} line 1: expected GROUP,TOPIC,PARTITION,OFFSET")
+    assert fails(herd, "reset-offsets", "csv-c", "--from-file", plan) == (
+        f"No reset plan for group 'csv-c' found in {plan}.")
+    bad = tmp_path / "bad.csv"
+    bad.write_text("csv-a,t,9,1\n")
+    assert fails(herd, "reset-offsets", "--from-file", bad) == 'The partitions "t-9" do not exist'
+    bad.write_text("csv-a,t,0,-1\n")
+    assert fails(herd, "reset-offsets", "--from-file", bad).startswith(f"invalid --from-file {bad} line 1: ")
+    assert fails(herd, "reset-offsets", "--from-file", tmp_path / "nope.csv") == (
+        f"cannot read --from-file {tmp_path / 'nope.csv'}: No such file or directory")
+    assert fails(herd, "reset-offsets", "csv-a", "--from-file", plan, "--topic", "t") == (
+        "--from-file takes the partitions from the file: no --topic or --all-topics")
+    assert fails(herd, "reset-offsets", "csv-a", "--all-topics", "--to-earliest", "--export", "--output",
+                 "json") == "--export prints CSV: it does not go with --output json"
+    assert fetch_offsets(herd, "csv-a") == {("t", 0): 7, ("t", 1): 3}
 
 
 # ---- delete / delete-offsets ------------------------------------------------------------------------
@@ -627,7 +764,7 @@ def test_bootstrap_from_the_environment_and_several_servers(herd):
     assert r.returncode == 2
     assert r.stderr == "herd: error: cannot connect to 127.0.0.1:1: Connection refused\n"
     doc = js(herd, "describe", "env-group", "--data-bootstrap-server", herd.bootstrap)
-    assert doc["groups"][0]["partitions"][0]["log_end_offset"] == 0
+    assert doc["groups"][0]["partitions"][0]["log_end_offset"] is None  # herd as data: still unknown
 
 
 def test_a_server_that_never_answers_times_out():
@@ -676,6 +813,9 @@ def test_a_server_that_is_not_kafka():
     (["bogus"], "invalid choice: 'bogus'"),
     (["list", "--bogus"], "unrecognized arguments: --bogus"),
     (["describe", "g", "--topic", "t"], "unrecognized arguments: --topic t"),
+    (["reset-offsets", "g", "--all-topics", "--to-offset", "99999999999999999999"],
+     "argument --to-offset: out of range: 99999999999999999999 (offsets are 64-bit, at most 9223372036854775807)"),
+    (["reset-offsets", "g", "--all-topics", "--shift-by", "-9223372036854775809"], "argument --shift-by: out of range"),
 ])
 def test_invalid_arguments(args, message):
     r = run(*args)
@@ -818,6 +958,9 @@ class OldBrokerProxy:
                     client.sendall(frame(encode_response_header(cid, 18, 0) + body))
                     continue
                 assert version <= self.CAPS.get(key, 99), (key, version)
+                if self.hold(key, version, req):  # never answered: the client gives up at its deadline
+                    self._frame(client)
+                    return
                 upstream.sendall(frame(req))
                 resp = self._frame(upstream)
                 client.sendall(frame(self._rewrite(key, version, cid, resp)))
@@ -826,6 +969,9 @@ class OldBrokerProxy:
         finally:
             upstream.close()
             client.close()
+
+    def hold(self, key, version, req) -> bool:
+        return False
 
     def _rewrite(self, key, version, cid, data):
         from protocol.headers import decode_response_header, encode_response_header
@@ -876,3 +1022,158 @@ def test_an_old_broker_gets_old_versions(herd, members):
             assert used[key] == {OldBrokerProxy.CAPS[key]}, (key, used[key])
     finally:
         proxy.close()
+
+
+class StallingProxy(OldBrokerProxy):
+    """Forwards to herd at every version, but never answers the OffsetCommit of one group."""
+
+    CAPS = {18: m.ApiVersionsRequest.MAX_VERSION, 10: 3}  # FindCoordinator: one host to rewrite
+
+    def __init__(self, target, group: str):
+        super().__init__(target)
+        self.group = group
+
+    def hold(self, key, version, req) -> bool:
+        from protocol.headers import decode_request_header
+        if key != m.OffsetCommitRequest.API_KEY:
+            return False
+        _, pos = decode_request_header(req)
+        return m.OffsetCommitRequest.decode(req, version, pos).group_id == self.group
+
+
+# ---- a data cluster that holds records ------------------------------------------------------------
+
+class DataCluster:
+    """A one-broker cluster holding records, as a Kafka broker answers about them: it advertises the
+    APIs of a server that stores logs, and answers Metadata and ListOffsets from ``topics``:
+    {topic: [(log start, log end, timestamps of the records from the log start), ...]}."""
+
+    LOG_APIS = {0: (3, 8), 21: (0, 2), 23: (0, 4), 34: (0, 2), 35: (0, 4)}  # Produce, DeleteRecords, ...
+
+    def __init__(self, topics: dict[str, list[tuple[int, int, list[int]]]]):
+        self.topics = topics
+        self.srv = socket.socket()
+        self.srv.bind(("127.0.0.1", 0))
+        self.srv.listen(16)
+        self.port = self.srv.getsockname()[1]
+        self.address = f"127.0.0.1:{self.port}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self):
+        self.srv.close()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client):
+        from protocol.framing import frame
+        from protocol.headers import decode_request_header, encode_response_header
+        with client:
+            while (req := OldBrokerProxy._frame(client)) is not None:
+                header, pos = decode_request_header(req)
+                key, version = header.api_key, header.api_version
+                body = getattr(self, f"_api{key}")(m.REQUESTS[key].decode(req, version, pos))
+                client.sendall(frame(encode_response_header(header.correlation_id, key, version)
+                                     + body.encode(version)))
+
+    def _api18(self, req):  # ApiVersions
+        apis = {**{c.API_KEY: (c.MIN_VERSION, c.MAX_VERSION) for c in (
+            m.ApiVersionsRequest, m.MetadataRequest, m.ListOffsetsRequest, m.FetchRequest)}, **self.LOG_APIS}
+        return m.ApiVersionsResponse(api_keys=[m.ApiVersionsResponseApiVersion(k, lo, hi)
+                                               for k, (lo, hi) in sorted(apis.items())])
+
+    def _api3(self, req):  # Metadata
+        names = list(self.topics) if req.topics is None else [t.name for t in req.topics]
+        topics = []
+        for name in names:
+            parts = self.topics.get(name)
+            if parts is None:
+                topics.append(m.MetadataResponseTopic(error_code=3, name=name))
+                continue
+            topics.append(m.MetadataResponseTopic(name=name, partitions=[
+                m.MetadataResponsePartition(partition_index=p, leader_id=1, leader_epoch=0, replica_nodes=[1],
+                                            isr_nodes=[1], offline_replicas=[]) for p in range(len(parts))]))
+        return m.MetadataResponse(brokers=[m.MetadataResponseBroker(node_id=1, host="127.0.0.1", port=self.port)],
+                                  cluster_id="data", controller_id=1, topics=topics)
+
+    def _api2(self, req):  # ListOffsets
+        resp = m.ListOffsetsResponse()
+        for rt in req.topics:
+            out = m.ListOffsetsResponseListOffsetsTopicResponse(name=rt.name)
+            resp.topics.append(out)
+            parts = self.topics.get(rt.name, [])
+            for rp in rt.partitions:
+                pr = m.ListOffsetsResponseListOffsetsPartitionResponse(partition_index=rp.partition_index)
+                out.partitions.append(pr)
+                if not 0 <= rp.partition_index < len(parts):
+                    pr.error_code = 3
+                    continue
+                start, end, stamps = parts[rp.partition_index]
+                if rp.timestamp == -1:
+                    pr.offset = end
+                elif rp.timestamp == -2:
+                    pr.offset = start
+                else:  # the first record at or after the time; none: -1
+                    pr.offset = next((start + i for i, ts in enumerate(stamps) if ts >= rp.timestamp), -1)
+        return resp
+
+
+def test_herd_is_known_to_hold_no_records():
+    from coordinator.admin import holds_records
+    from coordinator.versions import SUPPORTED
+    assert not holds_records(SUPPORTED)  # herd advertises Fetch and Produce, but no API of a log store
+    kafka = {**SUPPORTED, **DataCluster.LOG_APIS}
+    assert holds_records(kafka)
+    assert not holds_records({k: v for k, v in kafka.items() if k != m.FetchRequest.API_KEY})
+
+
+def test_describe_and_reset_against_a_data_cluster_that_holds_records(herd):
+    t0 = 1_700_000_000_000
+    data = DataCluster({"t": [(10, 100, [t0 + 1000 * i for i in range(90)]),  # a record a second from t0
+                              (0, 50, [t0 - 1000] * 50),  # every record older than t0
+                              (0, 0, [])]})
+    g = "with-data"
+    commit_raw(herd, g, {("t", 0): 40, ("t", 1): 60})
+    at = ["--bootstrap-server", herd.bootstrap, "--data-bootstrap-server", data.address]
+
+    def cli(*args):
+        r = run(*args, *at)
+        assert r.returncode == 0, r.stderr
+        return r
+
+    try:
+        rows = table(cli("describe", g).stdout)
+        assert [r[1:6] for r in rows[1:]] == [["t", "0", "40", "100", "60"],
+                                             ["t", "1", "60", "50", "-"]]  # log end below: lag unknown
+
+        def plan(*args):
+            r = cli("reset-offsets", g, *args, "--output", "json")
+            notes = r.stderr.removesuffix("Dry run: nothing was committed. Add --execute to commit these offsets.\n")
+            return [p["new_offset"] for p in json.loads(r.stdout)["groups"][0]["partitions"]], notes
+        assert plan("--topic", "t", "--to-latest") == ([100, 50, 0], "")
+        assert plan("--topic", "t", "--to-earliest") == ([10, 0, 0], "")
+        assert plan("--topic", "t", "--to-current") == ([40, 60, 0], "")
+        # clamped to the log range, as Kafka
+        assert plan("--topic", "t:0,1", "--to-offset", "70") == ([70, 50], (
+            "warning: t-1: offset 70 is outside the log range [0, 50]; using 50 (--no-clamp keeps 70)\n"))
+        assert plan("--topic", "t:0", "--shift-by", "-35") == ([10], (
+            "warning: t-0: offset 5 is outside the log range [10, 100]; using 10 (--no-clamp keeps 5)\n"))
+        # by time: the first record at or after it; none (t-1, t-2): the log end, with Kafka's warning
+        when = dt.datetime.fromtimestamp((t0 + 5000) / 1000, dt.UTC).isoformat()
+        assert plan("--topic", "t", "--to-datetime", when) == ([15, 50, 0], (
+            "warning: Partition 1 from topic t is empty. Falling back to latest known offset.\n"
+            "warning: Partition 2 from topic t is empty. Falling back to latest known offset.\n"))
+        assert plan("--topic", "t:0", "--by-duration", "PT1S")[0] == [100]
+
+        # the partitions are those of the data cluster
+        r = run("reset-offsets", g, "--topic", "t:3", "--to-earliest", "--execute", *at)
+        assert r.returncode == 2 and r.stderr == 'herd: error: The partitions "t-3" do not exist\n'
+        cli("reset-offsets", g, "--topic", "t:0", "--to-latest", "--execute")
+        assert fetch_offsets(herd, g) == {("t", 0): 100, ("t", 1): 60}
+    finally:
+        data.close()
