@@ -25,6 +25,10 @@ SERVE_HELP = {
     "data_dir": "where the per-shard logs live",
     "port_file": "write the bound port to this file once listening",
     "fsync": "always: acknowledge commits after fsync (default); never: for benchmarks only",
+    "advertised_host": "the host Metadata and FindCoordinator give clients (default: --host, or the "
+                       "machine's FQDN when listening on 0.0.0.0 or ::)",
+    "advertised_port": "the port given to clients (default: the bound port)",
+    "metrics_port": "serve /metrics, /healthz and the JSON views on this port (default: off)",
 }
 
 
