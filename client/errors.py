@@ -1,7 +1,10 @@
 """Exceptions raised by the client, mapped from Kafka error codes.
 
 Every exception is a :class:`KafkaError`. Those that come from a Kafka error code carry it in
-``.code`` (and its name in ``.name``); ``.retriable`` says whether Kafka marks the code retriable.
+``.code`` (and its name in ``.name``); ``.retriable`` says whether Kafka marks the code retriable, or,
+for the client's own errors, whether Kafka's Java equivalent is a ``RetriableException``
+(``KafkaTimeoutError``: ``TimeoutException``; ``KafkaConnectionError``: ``DisconnectException``;
+``RetriableCommitFailedError``: ``RetriableCommitFailedException``): trying again may succeed.
 :func:`error_for_code` builds the exception for a code: a named class below when the client treats
 that code specially, otherwise a generic :class:`KafkaError` carrying the code.
 
@@ -64,6 +67,7 @@ class KafkaError(Exception):
     """Base of every client exception. ``code`` is the Kafka error code, or None."""
 
     code: int | None = None
+    always_retriable = False  # True: retriable whatever the code (Kafka's RetriableException)
 
     def __init__(self, message: str | None = None, *, code: int | None = None):
         if code is not None:
@@ -78,7 +82,7 @@ class KafkaError(Exception):
 
     @property
     def retriable(self) -> bool:
-        return self.code is not None and codes.is_retriable(self.code)
+        return self.always_retriable or (self.code is not None and codes.is_retriable(self.code))
 
     def default_message(self) -> str:
         if self.code is None:
@@ -91,9 +95,13 @@ class KafkaError(Exception):
 class KafkaTimeoutError(KafkaError):
     """A blocking call did not complete in time."""
 
+    always_retriable = True
+
 
 class KafkaConnectionError(KafkaError):
     """A connection broke, or could not be set up."""
+
+    always_retriable = True
 
 
 class IllegalStateError(KafkaError):
@@ -118,6 +126,8 @@ class RetriableCommitFailedError(KafkaError):
     """A commit failed with a retriable error and was not retried: a later commit may succeed.
     Also what a commit gets when a later commit of one of its partitions was made before it could
     be retried: do not re-send the same offsets then (they are older than that later commit)."""
+
+    always_retriable = True
 
 
 class RebalanceInProgressError(KafkaError):
