@@ -35,7 +35,11 @@ it then fails with ``RetriableCommitFailedError``. A commit carries the membersh
 assignment came from: once the member has lost its partitions (kicked out, session expired,
 generation reset), commits fail with ``CommitFailedError`` until a ``poll`` has run
 ``on_partitions_lost``, even though the background thread may already have rejoined, so a member
-never commits over the new owner of a partition.
+never commits over the new owner of a partition. A commit retried after a rebalance completed is
+not re-sent under the new generation (``CommitFailedError``, or ``RebalanceInProgressError`` while
+the next rebalance is under way). During a rebalance -- including while a JoinGroup or SyncGroup
+lost to a dropped connection is retried, when the member keeps its partitions -- commits fail with
+``RebalanceInProgressError``.
 
 ``poll(timeout_s)`` runs the group on the caller's side: it runs due rebalance-listener callbacks
 (``on_partitions_revoked`` / ``on_partitions_assigned`` / ``on_partitions_lost``, on the polling

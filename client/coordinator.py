@@ -28,9 +28,16 @@ Member states (Kafka's MemberState)::
 
     UNJOINED --JoinGroup sent--> PREPARING_REBALANCE --joined--> COMPLETING_REBALANCE
         ^                               |                              |  SyncGroup ok
-        +------ error / reset ----------+------------------------------+--> STABLE
+        +-- generation reset, leave ----+------------------------------+--> STABLE
     STABLE --rejoin needed (heartbeat REBALANCE_IN_PROGRESS, subscription or metadata change,
              cooperative revocation)--> (revoke callbacks acknowledged) --> PREPARING_REBALANCE
+
+A JoinGroup or SyncGroup that fails without resetting the generation (a dropped connection, a
+coordinator error, REBALANCE_IN_PROGRESS, ...) leaves the state as it is and only asks for a new
+JoinGroup (Kafka's ``requestRejoin``): the member is still rebalancing, keeps its generation and
+(cooperative) its partitions, and a commit meanwhile gets ``RebalanceInProgressError``. Only a lost
+membership (UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION, a leave) goes back to UNJOINED, where commits get
+``CommitFailedError``.
 
 Heartbeats flow in COMPLETING_REBALANCE and STABLE. Revocation is the one place the machine waits
 for the user: in the eager protocol every owned partition is revoked before JoinGroup; in the
@@ -116,6 +123,7 @@ FATAL_GROUP_ERRORS = frozenset(
     }
 )
 COORDINATOR_MOVED = frozenset({codes.NOT_COORDINATOR, codes.COORDINATOR_NOT_AVAILABLE})
+_REBALANCE_STEPS = ("join", "leader_metadata", "sync")  # the requests of one rebalance, in order
 
 
 _REQUIRED = {
@@ -252,6 +260,7 @@ class _OffsetReq:
     last_error: BaseException | None = None
     seq: int = 0  # commit: submission order (see _superseded)
     epoch: int | None = None  # commit: the membership epoch of the user's view (see _send_commit)
+    sent_as: tuple | None = None  # commit: (generation, member id) of its first attempt
 
 
 @dataclass
@@ -822,12 +831,12 @@ class ConsumerCoordinator:
     def _maybe_join(self, now: float) -> None:
         if self.subscription is None or self.error is not None or self._poll_expired:
             return
-        if self.state in (MemberState.PREPARING_REBALANCE, MemberState.COMPLETING_REBALANCE):
-            return
-        if self.state is MemberState.STABLE and not self.rejoin_needed:
-            return
+        if self.state is not MemberState.UNJOINED and not self.rejoin_needed:
+            return  # stable, or a rebalance under way
         if self._awaiting_ack is not None or not self.coordinator_ready:
             return
+        if any(e.kind in _REBALANCE_STEPS for e in self._inflight.values()):
+            return  # the rebalance under way ends first (a rejoin asked meanwhile follows it)
         if now < self._next_join:
             self._wake_at(self._next_join)
             return
@@ -901,8 +910,13 @@ class ConsumerCoordinator:
         return [cls(topic=t, partitions=sorted(ps)) for t, ps in sorted(by_topic.items())]
 
     def _join_failed(self, now: float, why: str, backoff: bool = True) -> None:
-        self.state = MemberState.UNJOINED
+        """A step of the rebalance failed: send a new JoinGroup (after a backoff). As Kafka's
+        ``requestRejoin``, the state is left as it is: a member in PREPARING_REBALANCE or
+        COMPLETING_REBALANCE is still rebalancing (its commits get RebalanceInProgressError), with
+        its generation and, cooperative, its partitions; only a generation reset (done by the
+        caller) makes it UNJOINED."""
         self._leader_subs = None
+        self.rejoin_needed = True
         delay = self._join_backoff.next_delay() if backoff else 0.0
         self._next_join = now + delay
         if why:
@@ -1351,10 +1365,17 @@ class ConsumerCoordinator:
                 self._send_fetch(req, now)
         self._pending.extend(keep)
 
-    def _commit_generation(self):
-        """(generation, member id) to commit with, or an exception when a member cannot commit now."""
+    def _commit_generation(self, epoch: int | None = None):
+        """(generation, member id, None) to commit with, or (None, None, the exception) when the
+        member cannot commit now. ``epoch``: the membership epoch of the user's view (None: any)."""
         if self.subscription is None and self.generation < 0:
             return -1, "", None  # standalone commit (no group membership)
+        if epoch is not None and epoch != self.epoch:
+            # The member lost its partitions (and maybe rejoined) after the user's view was made:
+            # committing now would write under a generation whose assignment the user has not seen,
+            # over the offsets of the partitions' new owner. Kafka: CommitFailedException (it
+            # answers so until the poll that runs onPartitionsLost).
+            return None, None, cerr.CommitFailedError()
         if self.state is MemberState.STABLE:
             return self.generation, self.member_id, None
         if self.state in (MemberState.PREPARING_REBALANCE, MemberState.COMPLETING_REBALANCE):
@@ -1380,12 +1401,16 @@ class ConsumerCoordinator:
         )
 
     def _send_commit(self, req: _OffsetReq, now: float) -> None:
-        gen, member, err = self._commit_generation()
-        if err is None and gen >= 0 and req.epoch is not None and req.epoch != self.epoch:
-            # The member lost its partitions (and maybe rejoined) after the user's view was made:
-            # committing now would write under a generation whose assignment the user has not seen,
-            # over the offsets of the partitions' new owner. Kafka: CommitFailedException.
-            err = cerr.CommitFailedError()
+        gen, member, err = self._commit_generation(req.epoch)
+        if err is None and req.sent_as is not None and req.sent_as != (gen, member):
+            # A retry, and a rebalance completed since the first attempt: the offsets were made for
+            # the assignment of that attempt's generation, and a partition may have moved since.
+            # Not re-sent under the new generation; Kafka answers a commit of a stale generation
+            # from a member not rebalancing with CommitFailedException.
+            err = cerr.CommitFailedError(
+                f"commit not retried after {req.last_error}: the group rebalanced since its first "
+                f"attempt (generation {req.sent_as[0]} -> {gen}); commit again from the current assignment"
+            )
         if err is not None:
             self._actions.append(Reply(req.handle, error=err))
             return
@@ -1409,6 +1434,7 @@ class ConsumerCoordinator:
             topics=[m.OffsetCommitRequestTopic(name=t, partitions=ps) for t, ps in by_topic.items()],
         )
         req.attempts += 1
+        req.sent_as = (gen, member)
         self._send(COORDINATOR, "commit", request, ctx=(req, gen))
 
     def _retry_or_fail(self, req: _OffsetReq, error: BaseException, now: float) -> None:

@@ -159,7 +159,7 @@ def test_connection_loss_during_join_rejoins():
     h.find_coordinator()
     h.take(m.JoinGroupRequest)
     h.disconnected(COORDINATOR)
-    assert h.core.state is MemberState.UNJOINED
+    assert h.core.state is MemberState.PREPARING_REBALANCE and h.core.rejoin_needed  # as Kafka
     h.tick(1.0)
     h.find_coordinator()
     h.tick(1.0)
@@ -1169,3 +1169,139 @@ def test_a_commit_with_no_time_left_and_no_coordinator_times_out_unsent():
     h.call("commit", {tp("t", 0): OffsetAndMetadata(1)}, handle, h.now)
     [r] = h.take_replies()
     assert isinstance(r.error, cerr.KafkaTimeoutError) and h.pending(m.OffsetCommitRequest) == []
+
+
+# ---- a failed rebalance step keeps the member rebalancing (Kafka's requestRejoin) ---------------
+
+
+def _cooperative_member_rejoining():
+    """A cooperative member stable at generation 3 with t-0 and t-1, told to rejoin: its JoinGroup
+    is in flight. (A commit it made before is not in the way.)"""
+    h = Harness(partition_assignment_strategy="cooperative-sticky")
+    h.stable_member(parts=[tp("t", 0), tp("t", 1)], member="m1", generation=3)
+    h.take_events()
+    h.tick(3.0)
+    h.respond(h.take(m.HeartbeatRequest), m.HeartbeatResponse(error_code=E.REBALANCE_IN_PROGRESS))
+    return h, h.take(m.JoinGroupRequest)
+
+
+def _fail(h, send, how):
+    if how == "dropped":
+        h.disconnected(COORDINATOR, "reset by peer")
+    elif isinstance(send.request, m.JoinGroupRequest):
+        h.respond(send, h.join_response(error=how, member="m1"))
+    else:
+        h.respond(send, m.SyncGroupResponse(error_code=how))
+
+
+@pytest.mark.parametrize(
+    "step,how",
+    [
+        ("join", "dropped"),
+        ("join", E.NOT_COORDINATOR),
+        ("join", E.COORDINATOR_LOAD_IN_PROGRESS),
+        ("sync", "dropped"),
+        ("sync", E.COORDINATOR_NOT_AVAILABLE),
+    ],
+)
+def test_a_rebalance_step_lost_keeps_the_member_rebalancing_and_commits_get_rebalance_in_progress(step, how):
+    """The member keeps its generation and partitions, so a commit during the rebalance is
+    RebalanceInProgressError (poll and commit again), not CommitFailedError (partitions gone)."""
+    h, join = _cooperative_member_rejoining()
+    send = join
+    if step == "sync":
+        h.respond(join, h.join_response(member="m1", generation=4, leader="m0"))
+        send = h.take(m.SyncGroupRequest)
+    _fail(h, send, how)
+    expected = MemberState.PREPARING_REBALANCE if step == "join" else MemberState.COMPLETING_REBALANCE
+    assert h.core.state is expected and h.core.rejoin_needed
+    assert h.core.owned == tps("t", 0, 1) and h.core.generation == (3 if step == "join" else 4)
+    assert h.take_events() == []  # nothing lost
+    handle = H()
+    h.call("commit", {tp("t", 0): OffsetAndMetadata(5)}, handle, h.now + 30, epoch=0)
+    if h.core.coordinator is None:
+        h.tick(0.01)
+        h.find_coordinator()
+    assert h.pending(m.OffsetCommitRequest) == []
+    [r] = h.take_replies()
+    assert r.handle is handle and isinstance(r.error, cerr.RebalanceInProgressError)
+    # ...and the member joins again, as the owner of its partitions, then commits.
+    h.tick(1.5)
+    rejoin = h.take(m.JoinGroupRequest)
+    _, sub = decode_join_subscription(rejoin)
+    assert sorted(p for x in sub.owned_partitions for p in x.partitions) == [0, 1]
+    assert rejoin.request.member_id == "m1"
+    h.respond(rejoin, h.join_response(member="m1", generation=5, leader="m0"))
+    h.answer_sync([tp("t", 0), tp("t", 1)])
+    assert h.core.stable
+    h.call("commit", {tp("t", 0): OffsetAndMetadata(5)}, H(), h.now + 30, epoch=0)
+    assert h.take(m.OffsetCommitRequest).request.generation_id_or_member_epoch == 5
+
+
+def test_a_failed_join_sends_one_join_at_a_time_even_when_a_rejoin_is_asked_meanwhile():
+    h, join = _cooperative_member_rejoining()
+    h.call("subscribe", ["t", "u"])  # a rejoin asked while the JoinGroup is in flight
+    assert h.pending(m.JoinGroupRequest) == []
+    h.respond(join, h.join_response(error=E.REBALANCE_IN_PROGRESS, member="m1"))
+    [again] = h.pending(m.JoinGroupRequest)
+    assert decode_join_subscription(again)[1].topics == ["t", "u"]
+
+
+def test_a_commit_made_before_a_loss_fails_with_commit_failed_even_while_the_member_rejoins():
+    """CommitFailedError stays the answer for a real loss: the heartbeat says the generation is gone,
+    the member rejoins at once (PREPARING_REBALANCE), and a commit from the user's old view (epoch 0)
+    must not be told to just retry after a poll."""
+    h = Harness().stable_member(parts=[tp("t", 0)], generation=2)
+    h.take_events()
+    h.tick(3.0)
+    h.respond(h.take(m.HeartbeatRequest), m.HeartbeatResponse(error_code=E.ILLEGAL_GENERATION))
+    assert h.core.state is MemberState.PREPARING_REBALANCE  # rejoining already
+    h.call("commit", {tp("t", 0): OffsetAndMetadata(9)}, H(), h.now + 10, epoch=0)
+    [r] = h.take_replies()
+    assert isinstance(r.error, cerr.CommitFailedError)
+    h.call("commit", {tp("t", 0): OffsetAndMetadata(9)}, H(), h.now + 10, epoch=h.core.epoch)
+    [r] = h.take_replies()
+    assert isinstance(r.error, cerr.RebalanceInProgressError)  # the loss was seen: just rebalancing
+
+
+# ---- a retry never goes out under a newer generation ---------------------------------------------
+
+
+def test_a_retried_commit_is_not_sent_under_the_generation_of_a_rebalance_completed_meanwhile():
+    """t-0's commit fails retriably at generation 3; before the retry, a cooperative
+    rebalance completes at generation 4 and moves t-0 away. The retry must not write t-0's old
+    offset under generation 4: it fails with CommitFailedError (Kafka's answer to a commit of a
+    stale generation from a member that is not rebalancing)."""
+    h = Harness(partition_assignment_strategy="cooperative-sticky")
+    h.stable_member(parts=[tp("t", 0), tp("t", 1)], member="m1", generation=3)
+    h.take_events()
+    h.tick(3.0)
+    hb = h.take(m.HeartbeatRequest)
+    handle = H()
+    h.call("commit", {tp("t", 0): OffsetAndMetadata(10)}, handle, h.now + 60, epoch=0)
+    h.respond(h.take(m.OffsetCommitRequest), _commit_response(E.COORDINATOR_LOAD_IN_PROGRESS))
+    h.respond(hb, m.HeartbeatResponse(error_code=E.REBALANCE_IN_PROGRESS))
+    h.respond(h.take(m.JoinGroupRequest), h.join_response(member="m1", generation=4, leader="m0"))
+    h.answer_sync([tp("t", 1)])
+    [rev] = h.take_events(PartitionsRevoked)
+    assert rev.partitions == tps("t", 0) and h.core.generation == 4 and h.core.epoch == 0
+    h.tick(2.0)
+    assert h.pending(m.OffsetCommitRequest) == []
+    [r] = h.take_replies()
+    assert r.handle is handle and isinstance(r.error, cerr.CommitFailedError)
+    assert "generation 3 -> 4" in str(r.error)
+
+
+def test_a_retried_commit_during_the_rebalance_that_followed_gets_rebalance_in_progress():
+    h = Harness(partition_assignment_strategy="cooperative-sticky")
+    h.stable_member(parts=[tp("t", 0)], member="m1", generation=3)
+    h.tick(3.0)
+    hb = h.take(m.HeartbeatRequest)
+    handle = H()
+    h.call("commit", {tp("t", 0): OffsetAndMetadata(10)}, handle, h.now + 60, epoch=0)
+    h.respond(h.take(m.OffsetCommitRequest), _commit_response(E.COORDINATOR_LOAD_IN_PROGRESS))
+    h.respond(hb, m.HeartbeatResponse(error_code=E.REBALANCE_IN_PROGRESS))
+    h.take(m.JoinGroupRequest)  # parked
+    h.tick(2.0)
+    [r] = h.take_replies()
+    assert r.handle is handle and isinstance(r.error, cerr.RebalanceInProgressError)
