@@ -67,8 +67,10 @@ Errors (``client.errors``): ``CommitFailedError`` (the member lost its generatio
 ``poll`` and reprocess from the committed offsets), ``RebalanceInProgressError`` (commit during a
 rebalance: poll, then commit again), ``FencedInstanceIdError`` (another process took this
 ``group.instance.id``: fatal), ``KafkaTimeoutError``, ``IllegalStateError``; fatal group errors are
-raised by ``poll`` and every later call. An exception from a listener callback is raised by the
-``poll`` that ran it, after the rebalance step it belongs to has been acknowledged.
+raised by ``poll`` and every later call, while a JoinGroup error the group may outgrow (e.g.
+``GroupMaxSizeReachedError``) is raised once by ``poll`` and the member joins again after a backoff.
+An exception from a listener callback is raised by the ``poll`` that ran it, after the rebalance
+step it belongs to has been acknowledged.
 
 Static membership: with ``group.instance.id`` set, ``close()`` does not send LeaveGroup; a restart
 within ``session.timeout.ms`` gets the same partitions back without a rebalance.

@@ -12,7 +12,8 @@ answers with *actions* collected in ``take_actions()``:
   ``on_response(conn, tag, response_or_exception, now)`` must follow (a stale tag is ignored).
 - ``Emit(event)`` -- something for the user's thread: ``PartitionsRevoked`` (must be acknowledged
   with ``ack(seq)`` before the group goes on), ``PartitionsAssigned``, ``PartitionsLost``,
-  ``JoinError`` (not fatal: raised once by the user's poll), ``GroupFailed``.
+  ``JoinError`` (not fatal: raised once by the user's poll; the member joins again after a backoff),
+  ``GroupFailed``.
 - ``Reply(handle, value, error)`` -- the answer to a user request (commit, committed, close).
 - ``Stop()`` -- closed; nothing more will happen.
 
@@ -109,17 +110,27 @@ FETCH = m.OffsetFetchRequest.API_KEY
 METADATA = m.MetadataRequest.API_KEY
 SUBSCRIPTION_VERSION = 3
 
-# JoinGroup/SyncGroup/Heartbeat errors after which the member cannot go on.
+# JoinGroup/SyncGroup/Heartbeat errors after which the member cannot go on: another process owns
+# its group.instance.id (KIP-345: fatal), it may not use the group, the group id is invalid, or the
+# broker lacks what its configuration needs (static membership). Kafka's poll raises them too.
 FATAL_GROUP_ERRORS = frozenset(
     {
         codes.FENCED_INSTANCE_ID,
+        codes.GROUP_AUTHORIZATION_FAILED,
+        codes.INVALID_GROUP_ID,
+        codes.UNSUPPORTED_VERSION,
+    }
+)
+# JoinGroup/SyncGroup errors Kafka's poll raises once, joining again on the next poll (they are not
+# fatal there): the group may outgrow them (a member leaves a full group, the members speaking
+# another protocol leave, an old static member's session ends) or the broker's configuration may
+# change. The member rejoins after a backoff; the user's poll raises the error once (``JoinError``).
+REJOIN_ERRORS = frozenset(
+    {
+        codes.GROUP_MAX_SIZE_REACHED,
         codes.INCONSISTENT_GROUP_PROTOCOL,
         codes.INVALID_SESSION_TIMEOUT,
-        codes.INVALID_GROUP_ID,
-        codes.GROUP_AUTHORIZATION_FAILED,
-        codes.GROUP_MAX_SIZE_REACHED,
         codes.UNRELEASED_INSTANCE_ID,
-        codes.UNSUPPORTED_VERSION,
     }
 )
 COORDINATOR_MOVED = frozenset({codes.NOT_COORDINATOR, codes.COORDINATOR_NOT_AVAILABLE})
@@ -976,13 +987,20 @@ class ConsumerCoordinator:
         elif code in FATAL_GROUP_ERRORS:
             self._fatal(cerr.error_for_code(code), now)
         else:
-            # Retriable, or an error Kafka's client does not expect either (it raises it from that
-            # poll and joins again on the next): rejoin after a backoff; only the codes above are
-            # fatal.
+            # Retriable, one of REJOIN_ERRORS, or an error Kafka's client does not expect either
+            # (it raises those from that poll and joins again on the next): rejoin after a backoff.
+            if code == codes.GROUP_MAX_SIZE_REACHED:
+                # The coordinator turned this member away (and forgot it): join as a new member.
+                self._reset_generation(now, f"JoinGroup: {name}", reset_member_id=True)
             if not codes.is_retriable(code):
-                log.warning("JoinGroup failed with %s; joining again after a backoff", name)
-                self._emit(JoinError(self._next_seq(), cerr.error_for_code(code, f"JoinGroup failed: {name}")))
+                self._join_error(code, "JoinGroup")
             self._join_failed(now, f"JoinGroup: {name}")
+
+    def _join_error(self, code: int, api: str) -> None:
+        """Raise ``code`` once from the user's poll; the member goes on (rejoins after a backoff)."""
+        name = codes.error_name(code)
+        log.warning("%s failed with %s; joining again after a backoff", api, name)
+        self._emit(JoinError(self._next_seq(), cerr.error_for_code(code, f"{api} failed: {name}")))
 
     # -- leader ---------------------------------------------------------------------------------
     def _lead(self, resp, now: float) -> None:
@@ -1162,6 +1180,8 @@ class ConsumerCoordinator:
             self._fatal(cerr.error_for_code(code), now)
         else:
             # Includes INVALID_REQUEST from brokers that mishandle a late follower: rejoin.
+            if code in REJOIN_ERRORS:
+                self._join_error(code, "SyncGroup")
             self._join_failed(now, f"SyncGroup: {name}")
 
     def _complete(self, assigned: frozenset, user_data, now: float) -> None:

@@ -20,10 +20,12 @@ What the consumer raises, and when:
 - :class:`KafkaTimeoutError` -- a blocking call did not complete within its timeout.
 - :class:`IllegalStateError` -- the call does not make sense now (closed consumer, seek on a
   partition that is not assigned, ...).
-- Fatal group errors (raised by ``poll`` and every later call): ``GroupAuthorizationError``,
-  ``InconsistentGroupProtocolError``, ``InvalidSessionTimeoutError``, ``InvalidGroupIdError``,
-  ``GroupMaxSizeReachedError``, ``UnsupportedVersionError``, ``FencedInstanceIdError``,
-  ``UnreleasedInstanceIdError``.
+- Errors of a JoinGroup or SyncGroup that the group may outgrow (``GroupMaxSizeReachedError``,
+  ``InconsistentGroupProtocolError``, ``InvalidSessionTimeoutError``, ``UnreleasedInstanceIdError``,
+  and codes the client does not expect): raised once by ``poll``, as Kafka's poll raises them; the
+  member joins again after a backoff.
+- Fatal group errors (raised by ``poll`` and every later call): ``FencedInstanceIdError``,
+  ``GroupAuthorizationError``, ``InvalidGroupIdError``, ``UnsupportedVersionError``.
 """
 
 from __future__ import annotations

@@ -401,11 +401,9 @@ def test_join_not_coordinator_rediscovers(code):
     "code,exc",
     [
         (E.FENCED_INSTANCE_ID, cerr.FencedInstanceIdError),
-        (E.INCONSISTENT_GROUP_PROTOCOL, cerr.InconsistentGroupProtocolError),
-        (E.INVALID_SESSION_TIMEOUT, cerr.InvalidSessionTimeoutError),
         (E.GROUP_AUTHORIZATION_FAILED, cerr.GroupAuthorizationError),
-        (E.GROUP_MAX_SIZE_REACHED, cerr.GroupMaxSizeReachedError),
         (E.INVALID_GROUP_ID, cerr.InvalidGroupIdError),
+        (E.UNSUPPORTED_VERSION, cerr.UnsupportedVersionError),
     ],
 )
 def test_join_fatal_errors(code, exc):
@@ -1262,6 +1260,57 @@ def test_a_commit_made_before_a_loss_fails_with_commit_failed_even_while_the_mem
     h.call("commit", {tp("t", 0): OffsetAndMetadata(9)}, H(), h.now + 10, epoch=h.core.epoch)
     [r] = h.take_replies()
     assert isinstance(r.error, cerr.RebalanceInProgressError)  # the loss was seen: just rebalancing
+
+
+# ---- join errors the group may outgrow: raised once, then the member joins again ----------------
+
+
+@pytest.mark.parametrize(
+    "code,exc",
+    [
+        (E.GROUP_MAX_SIZE_REACHED, cerr.GroupMaxSizeReachedError),
+        (E.INCONSISTENT_GROUP_PROTOCOL, cerr.InconsistentGroupProtocolError),
+        (E.INVALID_SESSION_TIMEOUT, cerr.InvalidSessionTimeoutError),
+        (E.UNRELEASED_INSTANCE_ID, cerr.UnreleasedInstanceIdError),
+    ],
+)
+def test_join_errors_the_group_may_outgrow_are_raised_once_and_the_member_joins_again(code, exc):
+    """As Kafka's joinGroupIfNeeded: thrown from that poll, and the next poll joins again."""
+    from client.coordinator import JoinError
+
+    h = Harness()
+    h.call("subscribe", ["t"])
+    h.find_coordinator()
+    h.respond(h.take(m.JoinGroupRequest), h.join_response(member="minted-1", error=E.MEMBER_ID_REQUIRED))
+    h.respond(h.take(m.JoinGroupRequest), h.join_response(member="", error=code))
+    assert h.take_events(GroupFailed) == [] and h.core.error is None
+    [ev] = h.take_events(JoinError)
+    assert isinstance(ev.error, exc)
+    assert h.pending(m.JoinGroupRequest) == []  # after a backoff
+    h.tick(1.5)
+    join = h.take(m.JoinGroupRequest)
+    # GROUP_MAX_SIZE_REACHED: the coordinator forgot the member; it joins as a new one.
+    assert join.request.member_id == ("" if code == E.GROUP_MAX_SIZE_REACHED else "minted-1")
+    h.respond(join, h.join_response(member="m9", generation=1, leader="other"))
+    h.answer_sync([tp("t", 0)])
+    assert h.core.stable and h.core.owned == tps("t", 0)
+    h.call("commit", {tp("t", 0): OffsetAndMetadata(1)}, H(), h.now + 5)
+    assert h.take(m.OffsetCommitRequest)
+
+
+def test_a_sync_error_the_group_may_outgrow_is_raised_once_and_the_member_joins_again():
+    from client.coordinator import JoinError
+
+    h = Harness()
+    h.call("subscribe", ["t"])
+    h.find_coordinator()
+    h.answer_join(member="m2", leader="m1", generation=5)
+    h.answer_sync([], error=E.INCONSISTENT_GROUP_PROTOCOL)
+    assert h.core.error is None and h.take_events(GroupFailed) == []
+    [ev] = h.take_events(JoinError)
+    assert isinstance(ev.error, cerr.InconsistentGroupProtocolError)
+    h.tick(1.5)
+    assert h.take(m.JoinGroupRequest).request.member_id == "m2"
 
 
 # ---- a retry never goes out under a newer generation ---------------------------------------------

@@ -419,3 +419,42 @@ def test_a_member_removed_while_busy_cannot_commit_over_its_lost_partitions(herd
         assert a.committed([TopicPartition("t", 0)])[TopicPartition("t", 0)].offset == 7
     finally:
         a.close(timeout_s=5)
+
+
+def _own_daemon(tmp_path, *extra):
+    d = Daemon(tmp_path / "data", "--topic", f"t:{PARTITIONS}", "--min-session-timeout-ms", "1000", *extra,
+               initial_rebalance_delay_ms=0, fsync="never")
+    return d.start()
+
+
+def test_a_full_group_is_raised_once_by_poll_and_joined_once_there_is_room(tmp_path):
+    """GROUP_MAX_SIZE_REACHED is not fatal: as Kafka's, the poll after a refused JoinGroup raises
+    it, and the member joins again (after a backoff) until the group has room."""
+    from client.errors import GroupMaxSizeReachedError
+
+    d = _own_daemon(tmp_path, "--group-max-size", "1")
+    g = group()
+    a = consumer(d.bootstrap, g)
+    b = consumer(d.bootstrap, g)
+    try:
+        a.subscribe(["t"])
+        converge([a])
+        b.subscribe(["t"])
+        with pytest.raises(GroupMaxSizeReachedError):
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                b.poll(0.2)
+        a.close(timeout_s=5)
+        deadline = time.monotonic() + 20
+        while True:
+            assert time.monotonic() < deadline, b.group_state()
+            try:
+                if b.poll(0.2) == ALL:
+                    break
+            except GroupMaxSizeReachedError:
+                pass  # a JoinGroup refused before a left
+    finally:
+        for c in (a, b):
+            c.close(timeout_s=5)
+        d.stop()
+        d.kill()
