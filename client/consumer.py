@@ -25,7 +25,10 @@ you pass, whether or not you use positions (this is what a Spark task does). Wit
 ``enable.auto.commit`` (default true) ``poll`` commits changed positions asynchronously every
 ``auto.commit.interval.ms``, and positions are committed synchronously before partitions are
 revoked (before your ``on_partitions_revoked`` runs, as Kafka does: a commit made there is the last
-word) and on ``close`` (bounded by its timeout; the listener may still commit there). Positions of
+word) and on ``close`` (bounded by its timeout; the listener may still commit there). ``close``
+also sends the asynchronous commits still pending (within its timeout) and runs their callbacks
+before it returns; a commit or ``committed()`` call made during ``close`` gets no more time than
+the close has left. Positions of
 partitions that leave the assignment are forgotten. Without a subscription, commits are standalone
 (generation -1, as Kafka allows for a group with no members).
 
@@ -218,7 +221,11 @@ class GroupConsumer:
         return seq
 
     def _default_timeout(self, timeout_s) -> float:
-        return self._config.s("default_api_timeout_ms") if timeout_s is None else max(0.0, float(timeout_s))
+        t = self._config.s("default_api_timeout_ms") if timeout_s is None else max(0.0, float(timeout_s))
+        if self._closing:
+            # close(timeout_s) bounds what its revocation callback does (Kafka: the close timer).
+            t = min(t, max(0.0, self._close_deadline - time.monotonic()))
+        return t
 
     def _call(self, fn_factory, timeout_s: float, what: str):
         """Submit a request carrying a future and wait for it, at most ``timeout_s`` (+ a little)."""
@@ -611,14 +618,17 @@ class GroupConsumer:
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Leave the group (dynamic members) and stop the background thread; idempotent. Runs
-        on_partitions_revoked for the current assignment and commits positions if auto-commit is on."""
+        on_partitions_revoked for the current assignment and commits positions if auto-commit is
+        on; asynchronous commits still pending are sent before the LeaveGroup, and their callbacks
+        run here (with KafkaTimeoutError for those ``timeout_s`` did not leave time for). A commit
+        or committed() call from the listener gets no more than what is left of ``timeout_s``."""
+        deadline = time.monotonic() + max(0.0, timeout_s)
         with self._lock:
             if self._closing:
                 return
+            self._close_deadline = deadline
             self._closing = True  # the consumer stays usable for the revocation callback (Kafka)
         self._events.put(NUDGE)  # a poll waiting in another thread returns now
-        deadline = time.monotonic() + max(0.0, timeout_s)
-        self._close_deadline = deadline
         try:
             if not getattr(self._local, "in_callback", False):
                 with self._hold_poll_lock(max(0.0, deadline - time.monotonic())) as held:
@@ -646,4 +656,27 @@ class GroupConsumer:
                     self._net.stop()
                     self._net.join(1.0)
                 self._finalizer.detach()
+        self._run_commit_callbacks(deadline)
         self._callback_errors.clear()
+
+    def _run_commit_callbacks(self, deadline: float) -> None:
+        """After close: run the callbacks of the asynchronous commits, every one answered by now
+        (Kafka's close runs invokeCompletedOffsetCommitCallbacks; the commits it had no time for
+        never get theirs, here they get their KafkaTimeoutError). Rebalance events left are moot."""
+        if getattr(self._local, "in_callback", False):  # closed from a callback: run them here
+            self._drain_commit_callbacks()
+            return
+        with self._hold_poll_lock(max(0.5, deadline - time.monotonic())) as held:
+            if held:
+                self._drain_commit_callbacks()
+            else:
+                log.warning("close: another thread kept running callbacks; commit callbacks not run")
+
+    def _drain_commit_callbacks(self) -> None:
+        while True:
+            try:
+                ev = self._events.get_nowait()
+            except queue.Empty:
+                return
+            if type(ev) is CommitCallback:
+                self._run_callback(ev.callback, ev.offsets, ev.error)

@@ -25,6 +25,11 @@ JoinGroup, a new JoinGroup after a failed one, a metadata change) is taken by th
 its own; only revocation waits for the user's ``ack``, and a rejoin after a poll timeout for ``poll``.
 ``next_deadline()`` says when ``tick`` is next needed; ``snapshot()`` is an immutable summary.
 
+``close`` works as Kafka's ``ConsumerCoordinator.close``: commits (and ``committed()`` lookups)
+still pending go out first, within the close's deadline, while the member keeps heartbeating; then a
+dynamic member sends LeaveGroup and waits for its answer, up to the same deadline; then ``Stop``.
+Whatever is still unanswered at the deadline fails with ``KafkaTimeoutError``.
+
 Member states (Kafka's MemberState)::
 
     UNJOINED --JoinGroup sent--> PREPARING_REBALANCE --joined--> COMPLETING_REBALANCE
@@ -99,6 +104,7 @@ __all__ = [
 BOOTSTRAP = "bootstrap"
 COORDINATOR = "coordinator"
 LEAVER = "leave"
+_CLOSE = "close"  # the ctx of close()'s own LeaveGroup: its answer ends the close
 
 FIND = m.FindCoordinatorRequest.API_KEY
 JOIN = m.JoinGroupRequest.API_KEY
@@ -275,6 +281,15 @@ class _OffsetReq:
 
 
 @dataclass
+class _Closing:
+    handles: list  # close() calls to answer
+    deadline: float
+    leave: bool  # a dynamic member sends LeaveGroup once its offset requests are done
+    leaving: bool = False  # the LeaveGroup step has begun (offset requests done, or out of time)
+    waiting: bool = False  # ...and its answer is awaited
+
+
+@dataclass
 class _Inflight:
     conn: str
     kind: str
@@ -344,7 +359,7 @@ class ConsumerCoordinator:
         self._commit_seq = 0
         self._latest_commit: dict[TopicPartition, int] = {}  # partition -> seq of its latest commit
         self._inflight: dict[int, _Inflight] = {}
-        self._closing: tuple | None = None  # (handle, deadline)
+        self._closing: _Closing | None = None
         self.closed = False
         self.error: BaseException | None = None
         self.epoch = 0
@@ -543,34 +558,19 @@ class ConsumerCoordinator:
         self._advance(now)
 
     def close(self, handle, deadline: float, leave: bool, now: float) -> None:
+        """Close (see the module docstring): pending offset requests first, then LeaveGroup (``leave``,
+        dynamic members), all within ``deadline``; ``handle`` is answered when done."""
         if self.closed:
             self._actions.append(Reply(handle))
             return
         if self._closing is not None:
             # A second close: answer it together with the first.
-            self._closing = (self._closing[0] + [handle], min(self._closing[1], deadline), self._closing[2])
-            return
-        self._closing = ([handle], deadline, False)
-        for req in self._pending:
-            self._actions.append(Reply(req.handle, error=cerr.IllegalStateError("the consumer was closed")))
-        self._pending.clear()
-        if (
-            leave
-            and self.instance_id is None
-            and self.member_id
-            and self.coordinator_ready
-            and self.state is not MemberState.UNJOINED
-        ):
-            if any(e.conn == COORDINATOR and e.kind in ("join", "sync") for e in self._inflight.values()):
-                # Parked in a rebalance: a LeaveGroup behind it would wait until the group
-                # completes it. Leave over a second connection; the coordinator then answers the
-                # parked request with UNKNOWN_MEMBER_ID, to nobody (Stop drops both connections).
-                c = self._conns[LEAVER]
-                c.state, c.target = "connecting", self.coordinator[1:]
-                self._actions.append(Connect(LEAVER, self.coordinator[1], self.coordinator[2]))
-            else:
-                self._send_leave("the consumer is being closed")
-            self._closing = (self._closing[0], deadline, True)
+            self._closing.handles.append(handle)
+            self._closing.deadline = min(self._closing.deadline, deadline)
+            return self._advance(now)
+        self._closing = _Closing([handle], deadline, leave)
+        for req in self._offset_requests():
+            req.deadline = min(req.deadline, deadline)
         self._advance(now)
 
     # ---------------------------------------------------------------------------------------------
@@ -584,7 +584,7 @@ class ConsumerCoordinator:
             if self._closing is None:
                 return
             if LEAVE in c.versions:
-                self._send_leave("the consumer is being closed", LEAVER)
+                self._send_leave("the consumer is being closed", LEAVER, ctx=_CLOSE)
             else:
                 self._finish_close()
             return
@@ -645,7 +645,7 @@ class ConsumerCoordinator:
                 out.append(Reply(self._request_of(entry).handle, error=error))
                 del self._inflight[tag]
         if self._closing is not None:
-            for h in self._closing[0]:
+            for h in self._closing.handles:
                 out.append(Reply(h))
             self._closing = None
         self.closed = True
@@ -654,6 +654,11 @@ class ConsumerCoordinator:
     @staticmethod
     def _request_of(entry: _Inflight) -> _OffsetReq:
         return entry.ctx[0] if entry.kind == "commit" else entry.ctx
+
+    def _offset_requests(self) -> list[_OffsetReq]:
+        """Every commit and committed() lookup not yet answered: waiting, or in flight."""
+        inflight = [self._request_of(e) for e in self._inflight.values() if e.kind in ("commit", "fetch")]
+        return self._pending + inflight
 
     def _fail_inflight(self, conn: str, error: BaseException, now: float) -> None:
         for tag in [t for t, e in self._inflight.items() if e.conn == conn]:
@@ -1244,7 +1249,7 @@ class ConsumerCoordinator:
         self.rejoin_reason = reason
         self._drop_owned(now)
 
-    def _send_leave(self, reason: str, conn: str = COORDINATOR) -> None:
+    def _send_leave(self, reason: str, conn: str = COORDINATOR, ctx=None) -> None:
         v = self._version(conn, LEAVE)
         if v >= 3:
             req = m.LeaveGroupRequest(
@@ -1257,7 +1262,7 @@ class ConsumerCoordinator:
             )
         else:
             req = m.LeaveGroupRequest(group_id=self.group_id, member_id=self.member_id)
-        self._send(conn, "leave", req)
+        self._send(conn, "leave", req, ctx=ctx)
 
     def _leave_group(self, now: float, reason: str) -> None:
         """Leave proactively (poll timeout). Static members send nothing: only the session timeout
@@ -1274,7 +1279,7 @@ class ConsumerCoordinator:
     def _on_leave(self, entry: _Inflight, resp, now: float) -> None:
         if not isinstance(resp, BaseException) and resp.error_code != codes.NONE:
             log.info("LeaveGroup answered %s", codes.error_name(resp.error_code))
-        if self._closing is not None:
+        if entry.ctx == _CLOSE and self._closing is not None:
             self._finish_close()
 
     def _fatal(self, error: BaseException, now: float) -> None:
@@ -1291,25 +1296,66 @@ class ConsumerCoordinator:
 
     # -- close ----------------------------------------------------------------------------------
     def _advance_close(self, now: float) -> None:
-        handles, deadline, waiting = self._closing
-        if not waiting or now >= deadline:
-            self._finish_close()
+        c = self._closing
+        if not c.leaving:
+            if now < c.deadline and self._offset_requests():
+                # As Kafka's ConsumerCoordinator.close: the commits still pending go out first
+                # (within the deadline); the member heartbeats meanwhile, and rejoins nothing.
+                self._ensure_coordinator(now)
+                self._maybe_heartbeat(now)
+                self._send_offset_requests(now)
+                if self._offset_requests():
+                    self._wake_at(c.deadline)
+                    return
+            c.leaving = True
+            c.waiting = self._close_leave(now)
+            if self._closing is None:
+                return
+        if c.waiting and now < c.deadline:
+            self._wake_at(c.deadline)
         else:
-            self._wake_at(deadline)
+            self._finish_close()
+
+    def _close_leave(self, now: float) -> bool:
+        """A closing dynamic member leaves the group: True while the LeaveGroup's answer is worth
+        waiting for. Out of time, it is still sent when it can go at once (best effort)."""
+        c = self._closing
+        if not (
+            c.leave
+            and self.instance_id is None
+            and self.member_id
+            and self.coordinator_ready
+            and self.state is not MemberState.UNJOINED
+        ):
+            return False
+        if any(e.conn == COORDINATOR and e.kind in ("join", "sync") for e in self._inflight.values()):
+            # Parked in a rebalance: a LeaveGroup behind it would wait until the group completes
+            # it. Leave over a second connection; the coordinator then answers the parked request
+            # with UNKNOWN_MEMBER_ID, to nobody (Stop drops both connections).
+            if now >= c.deadline:
+                return False
+            conn = self._conns[LEAVER]
+            conn.state, conn.target = "connecting", self.coordinator[1:]
+            self._actions.append(Connect(LEAVER, self.coordinator[1], self.coordinator[2]))
+            return True
+        self._send_leave("the consumer is being closed", ctx=_CLOSE)
+        return now < c.deadline
 
     def _finish_close(self) -> None:
         if self._closing is None:
             return
-        handles = self._closing[0]
+        handles = self._closing.handles
         self._closing = None
-        for entry in list(self._inflight.values()):
-            if entry.kind in ("commit", "fetch"):
-                self._actions.append(
-                    Reply(
-                        self._request_of(entry).handle,
-                        error=cerr.IllegalStateError("the consumer was closed"),
-                    )
+        for req in self._offset_requests():
+            what = "commit" if req.kind == "commit" else "committed()"
+            why = f"; last error: {req.last_error}" if req.last_error else ""
+            self._actions.append(
+                Reply(
+                    req.handle,
+                    error=cerr.KafkaTimeoutError(f"{what} did not complete before close()'s deadline{why}"),
                 )
+            )
+        self._pending.clear()
         self._inflight.clear()
         self.closed = True
         self.state = MemberState.UNJOINED

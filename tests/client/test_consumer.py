@@ -55,10 +55,15 @@ class StubCore:
             self.net.kwargs.append((name, kw))
             if name == "commit":
                 data, handle = args[0], args[1]
-                self.net.reply(handle, data)
+                if self.net.defer_commits:
+                    self.net.deferred.append((handle, data))  # answered when the core closes
+                else:
+                    self.net.reply(handle, data)
             elif name == "fetch_committed":
                 self.net.reply(args[1], {tp: OffsetAndMetadata(1) for tp in args[0]})
             elif name == "close":
+                for handle, data in self.net.deferred:
+                    self.net.reply(handle, data)
                 self.net.reply(args[0], None)
 
         return record
@@ -77,6 +82,8 @@ class FakeNet:
         self.kwargs = []
         self.alive = False
         self.commit_error = None
+        self.defer_commits = False
+        self.deferred = []
         self.last_poll = 0.0
         FakeNet.instances.append(self)
 
@@ -499,3 +506,42 @@ def test_an_unexpected_join_error_is_raised_once_by_poll(fake):
         c.poll(0)
     net.publish(stable=True, state="stable")
     assert c.poll(0) == frozenset()  # once: the member goes on
+
+
+# ---- close and unsubscribe ---------------------------------------------------------------------
+
+
+def test_close_runs_the_callbacks_of_async_commits_that_complete_during_close(fake):
+    """As Kafka's close (invokeCompletedOffsetCommitCallbacks): the callback of an async commit the
+    core answers while closing runs on the closing thread before close() returns."""
+    c, net = fake
+    c.subscribe(["t"])
+    assign(c, net, [T0])
+    net.defer_commits = True
+    seen = []
+    c.commit({T0: 77}, sync=False, callback=lambda o, e: seen.append((o, e, threading.current_thread())))
+    assert seen == []
+    c.close(timeout_s=2)
+    assert seen == [({T0: OffsetAndMetadata(77)}, None, threading.current_thread())]
+
+
+@pytest.mark.parametrize("call", ["commit", "committed"])
+def test_calls_from_the_revocation_listener_during_close_are_bounded_by_its_timeout(fake, call):
+    """close(timeout_s=2) with the listener committing (default.api.timeout.ms: 60 s): the listener's
+    call gets at most what is left of the 2 s, so close stays bounded (it took 65 s, daemon down)."""
+    c, net = fake
+
+    class Listener:
+        def on_partitions_revoked(self, ps):
+            if call == "commit":
+                c.commit({T0: 5})
+            else:
+                c.committed([T0])
+
+    c.subscribe(["t"], listener=Listener())
+    assign(c, net, [T0])
+    net.calls.clear()
+    t0 = time.monotonic()
+    c.close(timeout_s=2)
+    [args] = [a for n, a in net.calls if n == ("commit" if call == "commit" else "fetch_committed")]
+    assert args[2] <= t0 + 2.5  # (offsets or partitions, handle, deadline)

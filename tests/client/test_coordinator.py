@@ -903,13 +903,17 @@ def test_fetch_committed_load_in_progress_retries():
     assert h.take(m.OffsetFetchRequest)
 
 
-def test_pending_requests_fail_at_close():
+def test_a_commit_that_cannot_go_out_before_the_close_deadline_times_out_then():
+    """No coordinator reachable: close waits for it up to its deadline, for the pending commit."""
     h = Harness()
-    handle = H()
+    handle, closing = H(), H("c")
     h.call("commit", {tp("t", 0): OffsetAndMetadata(1)}, handle, h.now + 10)
-    h.call("close", H("c"), h.now + 1, True)
-    errors = [r for r in h.take_replies() if r.handle is handle]
-    assert errors and isinstance(errors[0].error, cerr.IllegalStateError)
+    h.call("close", closing, h.now + 1, True)
+    assert h.take_replies() == [] and not h.stopped
+    h.tick(1.0)
+    replies = {r.handle: r.error for r in h.take_replies()}
+    assert isinstance(replies[handle], cerr.KafkaTimeoutError) and replies[closing] is None
+    assert h.stopped and h.pending(m.OffsetCommitRequest) == []
 
 
 def test_abandon_answers_everything():
@@ -1354,3 +1358,84 @@ def test_a_retried_commit_during_the_rebalance_that_followed_gets_rebalance_in_p
     h.tick(2.0)
     [r] = h.take_replies()
     assert r.handle is handle and isinstance(r.error, cerr.RebalanceInProgressError)
+
+
+# ---- close sends pending commits first (Kafka's ConsumerCoordinator.close) ------------------------
+
+
+def test_close_waits_for_a_commit_in_flight_then_leaves():
+    h = Harness().stable_member(parts=[tp("t", 0)], member="m1", generation=3)
+    commit, closing = H("commit"), H("close")
+    h.call("commit", {tp("t", 0): OffsetAndMetadata(77)}, commit, h.now + 60)
+    s = h.take(m.OffsetCommitRequest)
+    h.call("close", closing, h.now + 5, True)
+    assert h.pending(m.LeaveGroupRequest) == [] and h.take_replies() == []  # the commit first
+    h.respond(s, _commit_response())
+    [r] = h.take_replies()
+    assert r.handle is commit and r.error is None
+    leave = h.take(m.LeaveGroupRequest)
+    assert not h.stopped
+    h.respond(leave, m.LeaveGroupResponse())
+    assert [r.handle for r in h.take_replies()] == [closing] and h.stopped
+
+
+def test_close_retries_a_pending_commit_within_its_deadline():
+    h = Harness().stable_member(parts=[tp("t", 0)], member="m1", generation=3)
+    commit = H("commit")
+    h.call("commit", {tp("t", 0): OffsetAndMetadata(77)}, commit, h.now + 60)
+    h.respond(h.take(m.OffsetCommitRequest), _commit_response(E.COORDINATOR_LOAD_IN_PROGRESS))
+    h.call("close", H("close"), h.now + 5, True)
+    assert h.take_replies() == []
+    h.tick(1.0)
+    retry = h.take(m.OffsetCommitRequest)
+    assert _offset_of(retry) == 77
+    h.tick(3.0)
+    assert not h.stopped and h.pending(m.HeartbeatRequest)  # still a member, heartbeating
+    h.respond(retry, _commit_response())
+    assert [(r.handle, r.error) for r in h.take_replies()] == [(commit, None)]
+    h.respond(h.take(m.LeaveGroupRequest), m.LeaveGroupResponse())
+    assert h.stopped
+
+
+def test_close_finds_the_coordinator_again_for_a_pending_commit():
+    h = Harness().stable_member(parts=[tp("t", 0)], member="m1", generation=3)
+    commit = H("commit")
+    h.call("commit", {tp("t", 0): OffsetAndMetadata(77)}, commit, h.now + 60)
+    h.take(m.OffsetCommitRequest)
+    h.disconnected(COORDINATOR, "reset by peer")
+    h.call("close", H("close"), h.now + 5, True)
+    h.tick(0.5)
+    h.find_coordinator()
+    h.tick(0.5)
+    h.respond(h.take(m.OffsetCommitRequest), _commit_response())
+    assert [(r.handle, r.error) for r in h.take_replies()] == [(commit, None)]
+    h.respond(h.take(m.LeaveGroupRequest), m.LeaveGroupResponse())
+    assert h.stopped
+
+
+def test_close_at_its_deadline_fails_the_commit_in_flight_and_still_sends_leave():
+    h = Harness().stable_member(parts=[tp("t", 0)], member="m1", generation=3)
+    commit, closing = H("commit"), H("close")
+    h.call("commit", {tp("t", 0): OffsetAndMetadata(77)}, commit, h.now + 60)
+    h.take(m.OffsetCommitRequest)  # never answered
+    h.call("close", closing, h.now + 2, True)
+    h.tick(1.0)
+    assert not h.stopped and h.pending(m.LeaveGroupRequest) == []
+    h.tick(1.0)
+    replies = {r.handle: r.error for r in h.take_replies()}
+    assert isinstance(replies[commit], cerr.KafkaTimeoutError) and replies[closing] is None
+    assert h.stopped and h.take(m.LeaveGroupRequest)  # best effort, not awaited
+
+
+def test_a_stray_leave_answer_does_not_end_the_close_early():
+    h = Harness(max_poll_interval_ms=5000).stable_member(parts=[tp("t", 0)], member="m1")
+    h.tick(5.5)  # no poll: the member leaves (poll timeout)
+    stray = h.take(m.LeaveGroupRequest)
+    handle = H()
+    h.call("fetch_committed", [tp("t", 0)], handle, h.now + 30)
+    fetch = h.take(m.OffsetFetchRequest)
+    h.call("close", H("close"), h.now + 5, True)
+    h.respond(stray, m.LeaveGroupResponse())
+    assert not h.stopped
+    h.respond(fetch, m.OffsetFetchResponse(groups=[m.OffsetFetchResponseGroup(group_id="g", topics=[])]))
+    assert [r.handle for r in h.take_replies()][0] is handle and h.stopped

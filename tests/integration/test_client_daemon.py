@@ -421,6 +421,28 @@ def test_a_member_removed_while_busy_cannot_commit_over_its_lost_partitions(herd
         a.close(timeout_s=5)
 
 
+def test_close_sends_a_pending_async_commit_and_runs_its_callback(herd_daemon):
+    """As Kafka's close: an async commit made just before close() is sent (not failed unsent),
+    and its callback runs before close() returns."""
+    g = group()
+    tp = TopicPartition("t", 0)
+    seen = []
+    a = consumer(herd_daemon, g, enable_auto_commit=False)
+    try:
+        a.subscribe(["t"])
+        converge([a])
+        a.commit({tp: 1})
+        a.commit({tp: 77}, sync=False, callback=lambda offsets, error: seen.append((offsets, error)))
+    finally:
+        a.close(timeout_s=5)
+    assert len(seen) == 1 and seen[0][1] is None and seen[0][0][tp].offset == 77
+    b = consumer(herd_daemon, g)
+    try:
+        assert b.committed([tp])[tp].offset == 77
+    finally:
+        b.close(timeout_s=5)
+
+
 def _own_daemon(tmp_path, *extra):
     d = Daemon(tmp_path / "data", "--topic", f"t:{PARTITIONS}", "--min-session-timeout-ms", "1000", *extra,
                initial_rebalance_delay_ms=0, fsync="never")
@@ -457,4 +479,37 @@ def test_a_full_group_is_raised_once_by_poll_and_joined_once_there_is_room(tmp_p
         for c in (a, b):
             c.close(timeout_s=5)
         d.stop()
+        d.kill()
+
+
+def test_close_with_the_daemon_down_is_bounded_even_when_the_listener_commits(tmp_path):
+    """The listener's commit (default.api.timeout.ms 60 s here) is bounded by close's timeout."""
+    from client.errors import KafkaTimeoutError
+
+    d = _own_daemon(tmp_path)
+    g = group()
+    outcome = []
+    a = consumer(d.bootstrap, g, default_api_timeout_ms=60000, reconnect_backoff_ms=20,
+                 reconnect_backoff_max_ms=100)
+
+    class Listener:
+        def on_partitions_revoked(self, ps):
+            try:
+                a.commit({tp: 99 for tp in ps})
+                outcome.append("committed")
+            except KafkaTimeoutError as exc:
+                outcome.append(exc)
+
+    try:
+        a.subscribe(["t"], listener=Listener())
+        for tp in converge([a])[0]:
+            a.seek(tp, 10)
+        d.proc.kill()
+        d.proc.wait(10)
+        t0 = time.monotonic()
+        a.close(timeout_s=2)
+        assert time.monotonic() - t0 < 5  # was 2 s + 60 s
+        assert len(outcome) == 1 and isinstance(outcome[0], KafkaTimeoutError)
+    finally:
+        a.close(timeout_s=2)
         d.kill()
