@@ -73,7 +73,8 @@ rebalance: poll, then commit again), ``FencedInstanceIdError`` (another process 
 raised by ``poll`` and every later call, while a JoinGroup error the group may outgrow (e.g.
 ``GroupMaxSizeReachedError``) is raised once by ``poll`` and the member joins again after a backoff.
 An exception from a listener callback is raised by the ``poll`` that ran it, after the rebalance
-step it belongs to has been acknowledged.
+step it belongs to has been acknowledged. Closing or unsubscribing during a rebalance (or without a
+generation) runs ``on_partitions_lost`` rather than ``on_partitions_revoked``, as Kafka does.
 
 Static membership: with ``group.instance.id`` set, ``close()`` does not send LeaveGroup; a restart
 within ``session.timeout.ms`` gets the same partitions back without a rebalance.
@@ -95,6 +96,7 @@ from client.coordinator import (
     ConsumerCoordinator,
     GroupFailed,
     JoinError,
+    MemberState,
     PartitionsAssigned,
     PartitionsLost,
     PartitionsRevoked,
@@ -105,6 +107,8 @@ from client.types import OffsetAndMetadata, TopicPartition
 log = logging.getLogger("herd.client")
 
 __all__ = ["GroupConsumer", "RebalanceListener"]
+
+_REBALANCING = frozenset({MemberState.PREPARING_REBALANCE.value, MemberState.COMPLETING_REBALANCE.value})
 
 
 class RebalanceListener:
@@ -605,23 +609,29 @@ class GroupConsumer:
 
     # -- close -------------------------------------------------------------------------------------
     def _give_up_assignment(self) -> None:
-        """Before leaving: commit positions (auto-commit), then run on_partitions_revoked."""
+        """Before leaving: commit positions (auto-commit), then run on_partitions_revoked; or, as
+        Kafka's onLeavePrepare, on_partitions_lost when the member has no generation or is in the
+        middle of a rebalance (the partitions may already be another member's)."""
         with self._lock:
             parts = self._view
         if not parts:
             return
         snap = self._net.snapshot
-        if self._config.enable_auto_commit and snap.error is None and snap.stable:
-            self._commit_before_revoke(parts)
-        self._listener_call("on_partitions_revoked", parts)
+        if snap.generation < 0 or not snap.member_id or snap.state in _REBALANCING:
+            self._listener_call("on_partitions_lost", parts)
+        else:
+            if self._config.enable_auto_commit and snap.error is None and snap.stable:
+                self._commit_before_revoke(parts)
+            self._listener_call("on_partitions_revoked", parts)
         self._forget(parts)
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Leave the group (dynamic members) and stop the background thread; idempotent. Runs
-        on_partitions_revoked for the current assignment and commits positions if auto-commit is
-        on; asynchronous commits still pending are sent before the LeaveGroup, and their callbacks
-        run here (with KafkaTimeoutError for those ``timeout_s`` did not leave time for). A commit
-        or committed() call from the listener gets no more than what is left of ``timeout_s``."""
+        on_partitions_revoked for the current assignment (on_partitions_lost during a rebalance)
+        and commits positions if auto-commit is on; asynchronous commits still pending are sent
+        before the LeaveGroup, and their callbacks run here (with KafkaTimeoutError for those
+        ``timeout_s`` did not leave time for). A commit or committed() call from the listener gets
+        no more than what is left of ``timeout_s``."""
         deadline = time.monotonic() + max(0.0, timeout_s)
         with self._lock:
             if self._closing:

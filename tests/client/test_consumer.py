@@ -545,3 +545,28 @@ def test_calls_from_the_revocation_listener_during_close_are_bounded_by_its_time
     c.close(timeout_s=2)
     [args] = [a for n, a in net.calls if n == ("commit" if call == "commit" else "fetch_committed")]
     assert args[2] <= t0 + 2.5  # (offsets or partitions, handle, deadline)
+
+
+@pytest.mark.parametrize(
+    "snapshot",
+    [
+        dict(state="preparing", stable=False),
+        dict(state="completing", stable=False, generation=2),
+        dict(state="unjoined", stable=False, generation=-1, member_id=""),
+    ],
+    ids=["preparing", "completing", "no-generation"],
+)
+@pytest.mark.parametrize("how", ["close", "unsubscribe"])
+def test_giving_up_the_assignment_during_a_rebalance_reports_it_lost(fake, snapshot, how):
+    """As Kafka's onLeavePrepare: with no generation, or a rebalance in progress, the partitions may
+    be someone else's already: on_partitions_lost, and no commit of the positions first."""
+    c, net = fake
+    rec = Rec()
+    c.subscribe(["t"], listener=rec)
+    assign(c, net, [T0])
+    c.seek(T0, 4)
+    net.publish(**snapshot)
+    net.calls.clear()
+    getattr(c, how)()
+    assert rec.calls[-1] == ("lost", {T0}) and ("revoked", {T0}) not in rec.calls
+    assert "commit" not in net.names()
