@@ -28,6 +28,10 @@ pytestmark = pytest.mark.integration
 PARTITIONS = 12
 ALL = frozenset(TopicPartition("t", p) for p in range(PARTITIONS))
 SESSION_MS = 2000
+# The mixed-client tests: long, as three clients share this process (kafka-python's heartbeat thread
+# competes with the polling loop for the GIL); on a loaded machine a 6 s session expired kafka-python
+# now and then (no member is meant to expire there, and nothing waits for a session to end).
+MIXED_SESSION_MS = 20000
 _groups = itertools.count()
 
 
@@ -286,7 +290,7 @@ def _confluent(bootstrap, g):
             "bootstrap.servers": bootstrap,
             "group.id": g,
             "partition.assignment.strategy": "range",
-            "session.timeout.ms": 6000,
+            "session.timeout.ms": MIXED_SESSION_MS,
             "heartbeat.interval.ms": 300,
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
@@ -305,7 +309,7 @@ def _kafka_python(bootstrap, g):
         "t",
         bootstrap_servers=bootstrap,
         group_id=g,
-        session_timeout_ms=6000,
+        session_timeout_ms=MIXED_SESSION_MS,
         heartbeat_interval_ms=300,
         enable_auto_commit=False,
         partition_assignment_strategy=[RangePartitionAssignor],
@@ -355,7 +359,7 @@ def _herd(bootstrap, g):
     c = consumer(
         bootstrap,
         g,
-        session_timeout_ms=6000,
+        session_timeout_ms=MIXED_SESSION_MS,
         heartbeat_interval_ms=300,
         partition_assignment_strategy="range",
     )
