@@ -895,21 +895,15 @@ def test_durations_datetimes_servers_and_cells():
 
 # ---- an older broker: every API capped at a low version --------------------------------------------
 
-class OldBrokerProxy:
-    """Forwards to herd, but advertises (and so gets) only old versions of each API, answers a too
-    new ApiVersions with UNSUPPORTED_VERSION as Kafka does, and points Metadata/FindCoordinator at
-    itself. One request at a time per connection, as the admin tool sends them."""
+class _LoopbackServer:
+    """A TCP server on a free loopback port; each connection is served by ``_serve`` in a thread."""
 
-    CAPS = {18: 2, 3: 1, 10: 2, 16: 2, 15: 0, 9: 3, 2: 0, 8: 2, 42: 0, 47: 0}
-
-    def __init__(self, target):
-        self.target = target
+    def __init__(self):
         self.srv = socket.socket()
         self.srv.bind(("127.0.0.1", 0))
         self.srv.listen(16)
         self.port = self.srv.getsockname()[1]
         self.address = f"127.0.0.1:{self.port}"
-        self.seen: list[tuple[int, int]] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
     def close(self):
@@ -922,6 +916,22 @@ class OldBrokerProxy:
             except OSError:
                 return
             threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client):
+        raise NotImplementedError
+
+
+class OldBrokerProxy(_LoopbackServer):
+    """Forwards to herd, but advertises (and so gets) only old versions of each API, answers a too
+    new ApiVersions with UNSUPPORTED_VERSION as Kafka does, and points Metadata/FindCoordinator at
+    itself. One request at a time per connection, as the admin tool sends them."""
+
+    CAPS = {18: 2, 3: 1, 10: 2, 16: 2, 15: 0, 9: 3, 2: 0, 8: 2, 42: 0, 47: 0}
+
+    def __init__(self, target):
+        self.target = target
+        self.seen: list[tuple[int, int]] = []
+        super().__init__()
 
     @staticmethod
     def _frame(sock):
@@ -1030,8 +1040,8 @@ class StallingProxy(OldBrokerProxy):
     CAPS = {18: m.ApiVersionsRequest.MAX_VERSION, 10: 3}  # FindCoordinator: one host to rewrite
 
     def __init__(self, target, group: str):
-        super().__init__(target)
         self.group = group
+        super().__init__(target)
 
     def hold(self, key, version, req) -> bool:
         from protocol.headers import decode_request_header
@@ -1043,7 +1053,7 @@ class StallingProxy(OldBrokerProxy):
 
 # ---- a data cluster that holds records ------------------------------------------------------------
 
-class DataCluster:
+class DataCluster(_LoopbackServer):
     """A one-broker cluster holding records, as a Kafka broker answers about them: it advertises the
     APIs of a server that stores logs, and answers Metadata and ListOffsets from ``topics``:
     {topic: [(log start, log end, timestamps of the records from the log start), ...]}."""
@@ -1052,23 +1062,7 @@ class DataCluster:
 
     def __init__(self, topics: dict[str, list[tuple[int, int, list[int]]]]):
         self.topics = topics
-        self.srv = socket.socket()
-        self.srv.bind(("127.0.0.1", 0))
-        self.srv.listen(16)
-        self.port = self.srv.getsockname()[1]
-        self.address = f"127.0.0.1:{self.port}"
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def close(self):
-        self.srv.close()
-
-    def _accept(self):
-        while True:
-            try:
-                client, _ = self.srv.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+        super().__init__()
 
     def _serve(self, client):
         from protocol.framing import frame
