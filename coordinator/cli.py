@@ -222,8 +222,11 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
         received.append(sig.name)
         stop.set()
 
-    # SIGHUP too (a closed terminal, as Kafka's LoggingSignalHandler): stop cleanly, not die
+    # SIGHUP too (a closed terminal, as Kafka's LoggingSignalHandler): stop cleanly, not die; unless
+    # it was ignored when herd started (nohup), which the JVM respects too
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+            continue
         loop.add_signal_handler(sig, on_signal, sig)
     failure = None
     if config.port_file:

@@ -147,8 +147,9 @@ class RequestStats:
         return c
 
     def error_counter(self) -> Counter:
-        c = Counter("herd_request_errors_total", "Requests answered with an error code, by API and error.",
-                    ("api", "error"))
+        c = Counter("herd_request_errors_total", "Requests answered with an error code, by API and error "
+                    "(the top-level code; an OffsetCommit's first partition's; per-item errors of batched "
+                    "requests are not counted).", ("api", "error"))
         for (key, code), n in self.errors.items():
             c.inc(self.api_names.get(key, "?"), error_name(code), by=n)
         return c
@@ -359,8 +360,9 @@ def install_collectors(metrics: Metrics, groups, store, server) -> None:
                          [("", round(sum(s.fsync_seconds for s in stats), 6))])
         fsync = Histogram("herd_log_fsync_duration_seconds", "fdatasync latency of appended log data.",
                           buckets=FSYNC_BUCKETS)
-        fsync.series[()] = [sum(col) for col in zip(*(s.fsync_buckets[:-1] for s in stats), strict=True)] + [
-            round(sum(s.fsync_seconds for s in stats), 6), sum(s.fsyncs for s in stats)]
+        counts = [sum(col) for col in zip(*(s.fsync_buckets for s in stats), strict=True)]
+        # the count from the same snapshot as the buckets (a sync thread may count one meanwhile)
+        fsync.series[()] = counts[:-1] + [round(sum(s.fsync_seconds for s in stats), 6), sum(counts)]
         lines += fsync.render()
         lines += _family("herd_log_compactions_total", "counter", "Log compactions.",
                          [("", sum(s.compactions for s in stats))])

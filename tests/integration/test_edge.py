@@ -131,6 +131,27 @@ def test_sighup_and_sigint_stop_cleanly_like_sigterm(tmp_path, sig):
         d.kill()
 
 
+def test_sighup_ignored_at_start_stays_ignored(tmp_path, monkeypatch):
+    # started under nohup (SIGHUP ignored): a closed terminal must not stop herd
+    real_popen = subprocess.Popen
+
+    def popen_ignoring_hup(*a, **kw):
+        return real_popen(*a, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN), **kw)
+
+    monkeypatch.setattr(subprocess, "Popen", popen_ignoring_hup)
+    d = Daemon(tmp_path / "data").start()
+    monkeypatch.undo()
+    try:
+        d.proc.send_signal(signal.SIGHUP)
+        with RawClient(d.address) as c:  # still serving
+            assert c.call(m.ApiVersionsRequest(), 0).error_code == 0
+        assert d.stop() == 0
+        stopping = [json.loads(x) for x in d.logs().splitlines() if '"stopping' in x]
+        assert [e["signal"] for e in stopping] == ["SIGTERM"]  # the SIGHUP did nothing
+    finally:
+        d.kill()
+
+
 def test_a_failed_start_leaves_no_stale_port_file(tmp_path):
     # a port file left by a killed herd must not name a dead port while the next one replays (or
     # after it failed to start)
