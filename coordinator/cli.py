@@ -29,6 +29,14 @@ SERVE_HELP = {
                        "machine's FQDN when listening on 0.0.0.0 or ::)",
     "advertised_port": "the port given to clients (default: the bound port)",
     "metrics_port": "serve /metrics, /healthz and the JSON views on this port (default: off)",
+    "security_protocol": "PLAINTEXT (default), SSL, SASL_PLAINTEXT or SASL_SSL",
+    "ssl_certfile": "the server's certificate chain, PEM (SSL, SASL_SSL)",
+    "ssl_keyfile": "its private key, PEM (default: in the certificate file)",
+    "ssl_key_password": "the private key's password (prefer HERD_SSL_KEY_PASSWORD: flags show in ps)",
+    "ssl_cafile": "CA certificates, PEM, that sign client certificates",
+    "ssl_client_auth": "none (default), requested or required: ask clients for a certificate",
+    "sasl_mechanisms": "enabled SASL mechanisms (default: PLAIN,SCRAM-SHA-256,SCRAM-SHA-512)",
+    "sasl_users_file": "user:password per line (SASL_PLAINTEXT, SASL_SSL); keep it mode 600",
 }
 
 
@@ -154,16 +162,22 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     from coordinator.metrics import HttpEndpoint, Metrics, install_collectors
     from coordinator.notify import Notifier
     from coordinator.runtime import Runtime
+    from coordinator.security import SecurityError
+    from coordinator.security import load as load_security
     from coordinator.server import Server
 
     log = logs.get("herd")
     loop = asyncio.get_running_loop()
+    try:
+        security = load_security(config)
+    except SecurityError as exc:
+        raise CliError(str(exc)) from None
     store = LogStore(Path(config.data_dir), config.offsets_partitions, fsync=config.fsync, repair=repair)
     groups = GroupCoordinator(config, node_id=config.node_id)
     catalog = Catalog(config, node_id=config.node_id)
     runtime = Runtime(config, groups, catalog, store)
     metrics = Metrics()
-    server = Server(config, runtime, metrics)
+    server = Server(config, runtime, metrics, security)
     install_collectors(metrics, groups, store, server)
     try:
         host, port = await server.bind()
@@ -211,7 +225,8 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     metrics.collectors.append(lag.metric_lines)
     await server.start()
     log.info("listening", host=host, port=port, advertised=f"{adv_host}:{config.advertised_port or port}",
-             data_dir=str(config.data_dir), fsync=config.fsync, offsets_partitions=config.offsets_partitions)
+             data_dir=str(config.data_dir), fsync=config.fsync, offsets_partitions=config.offsets_partitions,
+             security_protocol=config.security_protocol)
     if http is not None:
         await http.start()
         log.info("metrics listening", host=config.metrics_host, port=mport)

@@ -11,7 +11,7 @@ import difflib
 import os
 import re
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 INT32_MAX = 2**31 - 1
 
@@ -54,6 +54,16 @@ class Config:
     max_pending_bytes_per_connection: int = 16 * 1024 * 1024
     fsync: str = "always"  # always | never
 
+    # security of the listener (Kafka: listeners=<protocol>://..., ssl.*, sasl.enabled.mechanisms)
+    security_protocol: str = "PLAINTEXT"  # PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
+    ssl_certfile: str | None = None  # PEM: the server's certificate chain (and key, if no keyfile)
+    ssl_keyfile: str | None = None  # PEM private key
+    ssl_key_password: str | None = field(default=None, repr=False)  # ssl.key.password
+    ssl_cafile: str | None = None  # PEM CAs that sign client certificates (ssl.truststore)
+    ssl_client_auth: str = "none"  # ssl.client.auth: none | requested | required
+    sasl_mechanisms: str = "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512"  # sasl.enabled.mechanisms
+    sasl_users_file: str | None = None  # user:password per line
+
     # operating
     log_level: str = "info"
     log_format: str = "auto"  # auto (json unless a TTY) | json | console
@@ -91,6 +101,7 @@ class Config:
                 raise ConfigError(f"{name} must not be empty (leave it unset for the default)")
         if self.fsync not in ("always", "never"):
             raise ConfigError(f"fsync must be 'always' or 'never', got {self.fsync!r}")
+        self._validate_security()
         if self.log_format not in ("auto", "json", "console"):
             raise ConfigError(f"log_format must be auto, json or console, got {self.log_format!r}")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
@@ -101,6 +112,40 @@ class Config:
             if parts <= 0:
                 raise ConfigError(f"topic {name} needs a positive partition count, got {parts}")
         return self
+
+    def _validate_security(self) -> None:
+        protocols = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+        if self.security_protocol not in protocols:
+            raise ConfigError(f"security_protocol must be one of {', '.join(protocols)}, "
+                              f"got {self.security_protocol!r}")
+        if self.ssl_client_auth not in ("none", "requested", "required"):
+            raise ConfigError(f"ssl_client_auth must be none, requested or required, got {self.ssl_client_auth!r}")
+        tls = self.security_protocol in ("SSL", "SASL_SSL")
+        if tls and not self.ssl_certfile:
+            raise ConfigError(f"security_protocol {self.security_protocol} needs ssl_certfile "
+                              "(the server's certificate, PEM)")
+        if tls and self.ssl_client_auth != "none" and not self.ssl_cafile:
+            raise ConfigError(f"ssl_client_auth {self.ssl_client_auth} needs ssl_cafile (the CAs that "
+                              "sign client certificates)")
+        if not tls:
+            given = [n for n in ("ssl_certfile", "ssl_keyfile", "ssl_cafile") if getattr(self, n)]
+            if given or self.ssl_client_auth != "none":
+                raise ConfigError(f"{(given or ['ssl_client_auth'])[0]} is set but security_protocol is "
+                                  f"{self.security_protocol} (use SSL or SASL_SSL for TLS)")
+        from protocol.sasl import MECHANISMS
+
+        mechs = self.enabled_mechanisms
+        unknown = [x for x in mechs if x not in MECHANISMS]
+        if unknown or not mechs:
+            raise ConfigError(f"sasl_mechanisms: {', '.join(unknown) or 'none given'}: herd has "
+                              f"{', '.join(MECHANISMS)}")
+        if self.security_protocol.startswith("SASL_") and not self.sasl_users_file:
+            raise ConfigError(f"security_protocol {self.security_protocol} needs sasl_users_file "
+                              "(user:password per line)")
+
+    @property
+    def enabled_mechanisms(self) -> list[str]:
+        return [x.strip().upper() for x in self.sasl_mechanisms.split(",") if x.strip()]
 
     @property
     def offsets_retention_ms(self) -> int:

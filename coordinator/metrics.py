@@ -189,6 +189,9 @@ class Metrics:
         self.connections_total = Counter("herd_connections_accepted_total", "Connections accepted.")
         self.connections_refused = Counter("herd_connections_refused_total",
                                            "Connections closed at once: max_connections reached.")
+        self.authentications = Counter("herd_sasl_authentications_total",
+                                       "SASL authentications, by mechanism and result (ok, failed).",
+                                       ("mechanism", "result"))
         self.replay_seconds = 0.0
         self.replay_records = 0
         self.gauges: list[Gauge] = []
@@ -201,7 +204,8 @@ class Metrics:
         lines: list[str] = []
         requests = self.request_stats
         for metric in (requests.counter(), requests.error_counter(), requests.histogram(),
-                       self.rebalance_seconds, self.connections_total, self.connections_refused):
+                       self.rebalance_seconds, self.connections_total, self.connections_refused,
+                       self.authentications):
             lines += metric.render()
         lines += [
             "# HELP herd_shard_replay_seconds Time spent replaying the logs at start-up.",

@@ -6,6 +6,12 @@ parked request (a JoinGroup waiting for the rest of its group, a SyncGroup for t
 long poll) holds its connection's later requests until it is answered. Malformed input closes
 that connection only; the process never dies from input.
 
+On a SASL listener a connection starts unauthenticated: it may send ApiVersions, SaslHandshake and
+SaslAuthenticate (or, after a v0 SaslHandshake, bare SASL tokens) and nothing else; any other
+request closes it, as Kafka does. A failed authentication is answered SASL_AUTHENTICATION_FAILED
+and the connection closed after ``FAILED_AUTH_DELAY`` (Kafka's
+connection.failed.authentication.delay.ms), which slows a password-guessing client down.
+
 A client may pipeline: the frames of one read are handled in order (at most ``FRAMES_PER_TURN``
 per event-loop turn), and the answers given meanwhile leave together in one ``transport.write``
 at the end. A request whose work is done but whose answer waits for the log (an OffsetCommit
@@ -37,6 +43,7 @@ from protocol import messages as m
 from protocol import produce
 from protocol.framing import FrameDecoder
 from protocol.headers import read_request_header, response_header_version
+from protocol.sasl import SaslError, server_mechanism
 from protocol.wire import EncodeError, ProtocolError
 
 log = logs.get("herd.server")
@@ -55,6 +62,11 @@ _HeartbeatRequest = m.HeartbeatRequest
 _heartbeat_bodies: dict[tuple[int, int], bytes] = {}  # (version, error code) -> encoded body
 _heartbeat_tails: dict[tuple[int, int], bytes] = {}  # (version, code) -> header tail + body
 HEARTBEAT = 12
+SASL_HANDSHAKE = m.SaslHandshakeRequest.API_KEY
+SASL_AUTHENTICATE = m.SaslAuthenticateRequest.API_KEY
+_SASL_APIS = frozenset({SASL_HANDSHAKE, SASL_AUTHENTICATE})
+FAILED_AUTH_DELAY = 0.1  # seconds between a failed authentication's answer and the close
+TLS_HANDSHAKE_TIMEOUT = 10.0
 REFUSED_LOG_INTERVAL = 10.0  # seconds between "too many connections" warnings
 
 
@@ -134,6 +146,11 @@ class Connection(asyncio.Protocol):
         self.dirty = False  # in server.dirty: answers released in a batch, written at its end
         self.closing = False  # close() waits for the answers in ``held``, then aborts
         self.last_active = 0.0
+        # SASL listener: until authenticated every frame goes to authenticate()
+        self.unauthenticated = server.security is not None and server.security.sasl
+        self.sasl = None  # the ServerMechanism chosen by SaslHandshake
+        self.sasl_raw = False  # after a v0 SaslHandshake the tokens come as bare frames
+        self.principal = None  # the authenticated user
 
     # ---- asyncio callbacks ---------------------------------------------------------------------
 
@@ -262,6 +279,9 @@ class Connection(asyncio.Protocol):
             self.transport.resume_reading()
 
     def handle(self, frame: bytes) -> None:
+        if self.unauthenticated:
+            self.authenticate(frame)
+            return
         try:
             api_key, version, correlation_id, client_id, _, pos = read_request_header(frame)
         except ProtocolError as exc:
@@ -283,6 +303,9 @@ class Connection(asyncio.Protocol):
             return
         if api_key == produce.API_KEY:
             self.produce(version, correlation_id, client_id, frame, pos)
+            return
+        if api_key in _SASL_APIS:
+            self.sasl_not_expected(api_key, version, correlation_id, client_id, frame, pos)
             return
         cls = _REQUESTS[api_key]
         try:
@@ -359,6 +382,140 @@ class Connection(asyncio.Protocol):
             self.send_response(token, api_versions_response(E.INVALID_REQUEST))
             return
         self.send_response(token, self.server.api_versions_cache)
+
+    # ---- SASL ----------------------------------------------------------------------------------
+
+    def authenticate(self, frame: bytes) -> None:
+        """A frame of a connection that has not authenticated yet (SASL listener)."""
+        if self.sasl_raw:  # a bare token after a v0 SaslHandshake, answered bare
+            answer = self._sasl_step(frame, None)
+            if answer is not None:
+                self.out += _SIZE.pack(len(answer))
+                self.out += answer
+            return
+        try:
+            api_key, version, correlation_id, client_id, _, pos = read_request_header(frame)
+        except ProtocolError as exc:
+            self.fail("malformed request header", exc)
+            return
+        if api_key == API_VERSIONS:
+            self.api_versions(version, correlation_id, frame, pos)
+            return
+        if api_key not in _SASL_APIS:
+            log.warning("request before SASL authentication; closing connection", peer=self.peer,
+                        client_id=client_id, api=API_NAMES.get(api_key, api_key))
+            self.close()
+            return
+        lo, hi = SUPPORTED[api_key]
+        cls = _REQUESTS[api_key]
+        if not lo <= version <= hi:
+            log.warning("unsupported api or version; closing connection", peer=self.peer,
+                        client_id=client_id, api=cls.NAME, api_version=version)
+            self.close()
+            return
+        try:
+            request = cls.decode_from(frame, pos, version)[0]
+        except ProtocolError as exc:
+            self.fail(f"malformed {cls.NAME} v{version}", exc, client_id=client_id)
+            return
+        token = self.inflight = Reply(self, correlation_id, api_key, version, request)
+        if api_key == SASL_HANDSHAKE:
+            self._sasl_handshake(token, request.mechanism, client_id)
+            return
+        if self.sasl is None:
+            self.send_response(token, m.SaslAuthenticateResponse(
+                error_code=E.ILLEGAL_SASL_STATE, error_message="SaslAuthenticate before SaslHandshake"))
+            self.close()
+            return
+        answer = self._sasl_step(request.auth_bytes, token)
+        if answer is not None:
+            self.send_response(token, m.SaslAuthenticateResponse(auth_bytes=answer, session_lifetime_ms=0))
+
+    def _sasl_handshake(self, token: Reply, mechanism: str, client_id) -> None:
+        security = self.server.security
+        enabled = security.mechanisms
+        if self.sasl is not None:
+            self.send_response(token, m.SaslHandshakeResponse(error_code=E.ILLEGAL_SASL_STATE, mechanisms=enabled))
+            self.close()
+            return
+        if mechanism not in enabled:
+            log.warning("unsupported SASL mechanism; closing connection", peer=self.peer, client_id=client_id,
+                        mechanism=mechanism, enabled=",".join(enabled))
+            self.send_response(token, m.SaslHandshakeResponse(error_code=E.UNSUPPORTED_SASL_MECHANISM,
+                                                              mechanisms=enabled))
+            self.close()
+            return
+        self.sasl = server_mechanism(mechanism, security.users)
+        self.sasl_raw = token.api_version == 0
+        self.send_response(token, m.SaslHandshakeResponse(mechanisms=enabled))
+
+    def _sasl_step(self, client_token: bytes, token: Reply | None) -> bytes | None:
+        """Feed the mechanism; -> the answer token, or None when the connection failed (answered
+        and closing)."""
+        mech = self.sasl
+        metrics = self.server.metrics
+        try:
+            answer = mech.step(client_token)
+        except SaslError as exc:
+            log.info("SASL authentication failed", peer=self.peer, mechanism=mech.name,
+                     user=mech.username, reason=str(exc))
+            if metrics is not None:
+                metrics.authentications.inc(mech.name, "failed")
+            if token is not None:
+                self.send_response(token, m.SaslAuthenticateResponse(
+                    error_code=E.SASL_AUTHENTICATION_FAILED, error_message=str(exc)))
+            self._close_after_failed_auth()
+            return None
+        if mech.done:
+            self.unauthenticated = False
+            self.sasl_raw = False
+            self.principal = mech.username
+            log.debug("SASL authenticated", peer=self.peer, mechanism=mech.name, user=mech.username)
+            if metrics is not None:
+                metrics.authentications.inc(mech.name, "ok")
+        return answer
+
+    def _close_after_failed_auth(self) -> None:
+        """Answer, read nothing more, and close after FAILED_AUTH_DELAY (gracefully, so the answer
+        is not lost to a reset)."""
+        self.flush()
+        self.inflight = None
+        self.queue.clear()
+        self.queued_bytes = 0
+        self.closing = True
+        if not self.paused:
+            self.paused = True
+            self.transport.pause_reading()
+        self.server.loop.call_later(FAILED_AUTH_DELAY, self._finish_failed_auth)
+
+    def _finish_failed_auth(self) -> None:
+        if self.closed:
+            return
+        self.flush()
+        self.closed = True
+        self.closing = False
+        self.transport.close()
+
+    def sasl_not_expected(self, api_key: int, version: int, correlation_id: int, client_id, frame: bytes,
+                          pos: int) -> None:
+        """SaslHandshake/SaslAuthenticate on a connection without SASL or already authenticated:
+        ILLEGAL_SASL_STATE, as Kafka answers (herd does not re-authenticate, KIP-368)."""
+        cls = _REQUESTS[api_key]
+        try:
+            cls.decode_from(frame, pos, version)
+        except ProtocolError as exc:
+            self.fail(f"malformed {cls.NAME} v{version}", exc, client_id=client_id)
+            return
+        token = self.inflight = Reply(self, correlation_id, api_key, version, None)
+        if api_key == SASL_HANDSHAKE:
+            security = self.server.security
+            enabled = security.mechanisms if security is not None and security.sasl else []
+            self.send_response(token, m.SaslHandshakeResponse(error_code=E.ILLEGAL_SASL_STATE, mechanisms=enabled))
+        else:
+            self.send_response(token, m.SaslAuthenticateResponse(
+                error_code=E.ILLEGAL_SASL_STATE,
+                error_message="SaslAuthenticate request received after successful authentication"
+                if self.principal is not None else "this listener does not use SASL"))
 
     # ---- responses ---------------------------------------------------------------------------
 
@@ -486,10 +643,11 @@ class Connection(asyncio.Protocol):
 
 
 class Server:
-    def __init__(self, config, runtime, metrics=None):
+    def __init__(self, config, runtime, metrics=None, security=None):
         self.config = config
         self.runtime = runtime
         self.metrics = metrics
+        self.security = security  # coordinator.security.Security, None: PLAINTEXT
         self.loop: asyncio.AbstractEventLoop | None = None
         self.connections: set[Connection] = set()
         self.server: asyncio.base_events.Server | None = None
@@ -544,9 +702,11 @@ class Server:
 
     async def bind(self) -> tuple[str, int]:
         self.loop = asyncio.get_running_loop()
+        ctx = self.security.ssl_context if self.security is not None else None
         self.server = await self.loop.create_server(
             lambda: Connection(self), self.config.host, self.config.port,
-            start_serving=False, reuse_address=True, backlog=1024)
+            start_serving=False, reuse_address=True, backlog=1024, ssl=ctx,
+            ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT if ctx is not None else None)
         addr = self.server.sockets[0].getsockname()
         self.port = addr[1]
         return addr[0], addr[1]

@@ -1,7 +1,8 @@
 """The APIs and versions herd serves: what ApiVersions advertises and what the server accepts.
 
-Only what is implemented is advertised. KIP-848's ConsumerGroupHeartbeat/Describe, transactions
-(TxnOffsetCommit) and SASL are not served yet.
+Only what is implemented is advertised. KIP-848's ConsumerGroupHeartbeat/Describe and transactions
+(TxnOffsetCommit) are not served. SaslHandshake/SaslAuthenticate are advertised on every listener,
+as Kafka does (on one without SASL they answer ILLEGAL_SASL_STATE).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
         m.OffsetFetchRequest, m.FindCoordinatorRequest, m.JoinGroupRequest, m.HeartbeatRequest,
         m.LeaveGroupRequest, m.SyncGroupRequest, m.DescribeGroupsRequest, m.ListGroupsRequest,
         m.ApiVersionsRequest, m.CreateTopicsRequest, m.DeleteGroupsRequest, m.OffsetDeleteRequest,
-        m.DescribeClusterRequest,
+        m.DescribeClusterRequest, m.SaslHandshakeRequest, m.SaslAuthenticateRequest,
     )
 }
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
 
 from protocol import messages as m
@@ -10,9 +11,11 @@ from protocol.headers import decode_response_header, encode_request_header
 
 
 class RawClient:
-    def __init__(self, address, client_id="herd-test", timeout=10.0):
+    def __init__(self, address, client_id="herd-test", timeout=10.0, ssl_context=None):
         self.sock = socket.create_connection(address, timeout=timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if ssl_context is not None:
+            self.sock = ssl_context.wrap_socket(self.sock, server_hostname=address[0])
         self.client_id = client_id
         self.correlation_id = 0
 
@@ -54,7 +57,7 @@ class RawClient:
         self.sock.settimeout(timeout)
         try:
             return self.sock.recv(1) == b""
-        except (ConnectionResetError, BrokenPipeError):
+        except (ConnectionResetError, BrokenPipeError, ssl.SSLEOFError):
             return True
         except TimeoutError:
             return False

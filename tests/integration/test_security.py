@@ -1,0 +1,332 @@
+"""TLS and SASL on herd's listener, against the real daemon, with unmodified Kafka clients and raw
+requests: who gets in, what the others are told, and that the daemon keeps serving."""
+from __future__ import annotations
+
+import asyncio
+import os
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from protocol import errors as E
+from protocol import messages as m
+from protocol.sasl import client_mechanism
+from tests.support.daemon import REPO, Daemon
+from tests.support.kafka import RawClient
+
+pytestmark = pytest.mark.integration
+trustme = pytest.importorskip("trustme")
+
+PASSWORD = "alice-secret: with spaces"
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pki")
+    ca = trustme.CA()
+    ca.issue_cert("127.0.0.1", "localhost").private_key_and_cert_chain_pem.write_to_path(str(d / "server.pem"))
+    ca.cert_pem.write_to_path(str(d / "ca.pem"))
+    client = ca.issue_cert("client.example")
+    client.cert_chain_pems[0].write_to_path(str(d / "client.crt"))
+    client.private_key_pem.write_to_path(str(d / "client.key"))
+    other = trustme.CA()  # a CA nobody trusts
+    other.issue_cert("client.example").private_key_and_cert_chain_pem.write_to_path(str(d / "stranger.pem"))
+    users = d / "users"
+    users.write_text(f"# herd users\nalice:{PASSWORD}\nbob:bob-pw\n")
+    users.chmod(0o600)
+    return d
+
+
+def _topic_args():
+    return ["--topic", "t:2"]
+
+
+@pytest.fixture(scope="module")
+def sasl_ssl(pki, tmp_path_factory):
+    d = Daemon(tmp_path_factory.mktemp("sasl-ssl") / "data", "--security-protocol", "SASL_SSL",
+               "--ssl-certfile", pki / "server.pem", "--sasl-users-file", pki / "users", "--metrics-port", "0",
+               *_topic_args())
+    with d:
+        yield d
+
+
+def _tls(pki, cert=None) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+    if cert is not None:
+        ctx.load_cert_chain(*cert)
+    return ctx
+
+
+def _confluent(bootstrap, group, **conf):
+    ck = pytest.importorskip("confluent_kafka")
+    errors = []
+    c = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+                     "session.timeout.ms": 6000, "error_cb": errors.append, "log_level": 0, **conf})
+    return c, errors
+
+
+def _confluent_commit_round_trip(bootstrap, group, **conf):
+    ck = pytest.importorskip("confluent_kafka")
+    c, errors = _confluent(bootstrap, group, **conf)
+    try:
+        c.subscribe(["t"])
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not c.assignment() and not errors:
+            c.poll(0.1)
+        assert not errors, errors
+        assert len(c.assignment()) == 2
+        c.commit(offsets=[ck.TopicPartition("t", 0, 42)], asynchronous=False)
+        [got] = c.committed([ck.TopicPartition("t", 0)], timeout=10)
+        assert got.offset == 42
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])
+def test_confluent_kafka_joins_and_commits_over_sasl_ssl(sasl_ssl, pki, mechanism):
+    _confluent_commit_round_trip(sasl_ssl.bootstrap, f"ck-{mechanism}", **{
+        "security.protocol": "SASL_SSL", "sasl.mechanisms": mechanism, "sasl.username": "alice",
+        "sasl.password": PASSWORD, "ssl.ca.location": str(pki / "ca.pem")})
+
+
+@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-512"])
+def test_a_wrong_password_is_refused_with_kafkas_error_and_the_daemon_keeps_serving(sasl_ssl, pki, mechanism):
+    c, errors = _confluent(sasl_ssl.bootstrap, "ck-bad", **{
+        "security.protocol": "SASL_SSL", "sasl.mechanisms": mechanism, "sasl.username": "alice",
+        "sasl.password": "guess", "ssl.ca.location": str(pki / "ca.pem")})
+    try:
+        c.subscribe(["t"])
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not errors:
+            c.poll(0.1)
+    finally:
+        c.close()
+    assert errors, "no error reported"
+    assert "_AUTHENTICATION" in str(errors[0].name()) or errors[0].code() == -169, errors[0]
+    assert "Authentication failed" in errors[0].str()
+    assert sasl_ssl.proc.poll() is None
+    with urllib.request.urlopen(f"http://127.0.0.1:{_metrics_port(sasl_ssl)}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    assert f'herd_sasl_authentications_total{{mechanism="{mechanism}",result="failed"}}' in text
+    assert "guess" not in sasl_ssl.logs() and PASSWORD not in sasl_ssl.logs()
+
+
+def _metrics_port(d: Daemon) -> int:
+    import json
+
+    for line in d.logs().splitlines():
+        if '"metrics listening"' in line:
+            return json.loads(line)["port"]
+    raise AssertionError("no metrics port in the log")
+
+
+def test_kafka_python_joins_and_commits_with_scram(sasl_ssl, pki):
+    kafka = pytest.importorskip("kafka")
+    k = kafka.KafkaConsumer("t", bootstrap_servers=sasl_ssl.bootstrap, group_id="kp-scram",
+                            security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512",
+                            sasl_plain_username="bob", sasl_plain_password="bob-pw",
+                            ssl_cafile=str(pki / "ca.pem"), enable_auto_commit=False, metadata_max_age_ms=500)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            k.poll(100)
+            if len(k.assignment()) == 2:
+                try:
+                    k.commit({kafka.TopicPartition("t", 1): kafka.OffsetAndMetadata(7, "", -1)})
+                    break
+                except kafka.errors.RebalanceInProgressError:
+                    continue  # kafka-python rejoins once its metadata for t arrives
+        assert k.committed(kafka.TopicPartition("t", 1)) == 7
+    finally:
+        k.close()
+
+
+def test_aiokafka_joins_and_commits_with_plain(sasl_ssl, pki):
+    aiokafka = pytest.importorskip("aiokafka")
+
+    async def run():
+        c = aiokafka.AIOKafkaConsumer("t", bootstrap_servers=sasl_ssl.bootstrap, group_id="aio-plain",
+                                      security_protocol="SASL_SSL", sasl_mechanism="PLAIN",
+                                      sasl_plain_username="alice", sasl_plain_password=PASSWORD,
+                                      ssl_context=_tls(pki), enable_auto_commit=False)
+        await c.start()
+        try:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and len(c.assignment()) < 2:
+                await c.getmany(timeout_ms=100)
+            await c.commit({aiokafka.TopicPartition("t", 0): 5})
+            return await c.committed(aiokafka.TopicPartition("t", 0))
+        finally:
+            await c.stop()
+
+    assert asyncio.run(run()) == 5
+
+
+# ---- the exchange, request by request ---------------------------------------------------------
+
+
+def _handshake(c: RawClient, mechanism: str, version: int = 1):
+    return c.call(m.SaslHandshakeRequest(mechanism=mechanism), version)
+
+
+def test_api_versions_is_answered_before_authentication_and_advertises_sasl(sasl_ssl, pki):
+    with RawClient(sasl_ssl.address, ssl_context=_tls(pki)) as c:
+        resp = c.call(m.ApiVersionsRequest(client_software_name="t", client_software_version="1"), 3)
+        keys = {k.api_key for k in resp.api_keys}
+        assert {17, 36} <= keys
+        assert _handshake(c, "SCRAM-SHA-256").mechanisms == ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+
+
+@pytest.mark.parametrize("first", [
+    m.MetadataRequest(topics=None), m.FindCoordinatorRequest(key="g"),
+    m.OffsetFetchRequest(group_id="g", topics=None),
+])
+def test_a_group_or_metadata_request_before_authentication_closes_the_connection(sasl_ssl, pki, first):
+    version = {m.MetadataRequest: 1, m.FindCoordinatorRequest: 1, m.OffsetFetchRequest: 2}[type(first)]
+    with RawClient(sasl_ssl.address, ssl_context=_tls(pki)) as c:
+        c.send(first, version)
+        assert c.closed_by_peer()
+    with RawClient(sasl_ssl.address, ssl_context=_tls(pki)) as c:  # after the handshake, still not in
+        _handshake(c, "PLAIN")
+        c.send(first, version)
+        assert c.closed_by_peer()
+
+
+def test_an_unknown_mechanism_is_answered_with_the_enabled_ones_then_closed(sasl_ssl, pki):
+    with RawClient(sasl_ssl.address, ssl_context=_tls(pki)) as c:
+        resp = _handshake(c, "GSSAPI")
+        assert resp.error_code == E.UNSUPPORTED_SASL_MECHANISM
+        assert resp.mechanisms == ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+        assert c.closed_by_peer()
+
+
+def test_authenticate_before_handshake_is_an_illegal_state(sasl_ssl, pki):
+    with RawClient(sasl_ssl.address, ssl_context=_tls(pki)) as c:
+        resp = c.call(m.SaslAuthenticateRequest(auth_bytes=b"\0alice\0x"), 1)
+        assert resp.error_code == E.ILLEGAL_SASL_STATE
+        assert c.closed_by_peer()
+
+
+def test_scram_over_raw_requests_then_group_requests_and_no_second_authentication(sasl_ssl, pki):
+    with RawClient(sasl_ssl.address, ssl_context=_tls(pki)) as c:
+        assert _handshake(c, "SCRAM-SHA-256").error_code == 0
+        client = client_mechanism("SCRAM-SHA-256", "alice", PASSWORD)
+        token = client.first()
+        while token is not None:
+            resp = c.call(m.SaslAuthenticateRequest(auth_bytes=token), 2)
+            assert resp.error_code == 0, resp.error_message
+            assert resp.session_lifetime_ms == 0  # no re-authentication asked (KIP-368)
+            token = client.step(resp.auth_bytes)
+        assert client.done  # the server proved it knows the password too
+        found = c.call(m.FindCoordinatorRequest(key="g"), 1)
+        assert found.error_code == 0 and found.port == sasl_ssl.port
+        again = _handshake(c, "PLAIN")
+        assert again.error_code == E.ILLEGAL_SASL_STATE
+        assert c.call(m.FindCoordinatorRequest(key="g"), 1).error_code == 0  # still usable
+
+
+def test_a_v0_handshake_takes_bare_tokens(sasl_ssl, pki):
+    """SaslHandshake v0 (clients before Kafka 1.0): the token and its answer are bare frames."""
+    with RawClient(sasl_ssl.address, ssl_context=_tls(pki)) as c:
+        assert _handshake(c, "PLAIN", version=0).error_code == 0
+        c.send_raw(b"\0alice\0" + PASSWORD.encode())
+        assert c.recv_frame() == b""  # PLAIN's empty answer: authenticated
+        assert c.call(m.FindCoordinatorRequest(key="g"), 1).error_code == 0
+    with RawClient(sasl_ssl.address, ssl_context=_tls(pki)) as c:
+        _handshake(c, "PLAIN", version=0)
+        c.send_raw(b"\0alice\0nope")
+        assert c.closed_by_peer()
+
+
+def test_a_failed_authentication_is_answered_before_the_close(sasl_ssl, pki):
+    with RawClient(sasl_ssl.address, ssl_context=_tls(pki)) as c:
+        _handshake(c, "PLAIN")
+        cid = c.send(m.SaslAuthenticateRequest(auth_bytes=b"\0mallory\0x"), 1)
+        c.send(m.FindCoordinatorRequest(key="g"), 1)  # pipelined behind it: never answered
+        started = time.monotonic()
+        resp = c.receive(36, 1, cid)
+        assert resp.error_code == E.SASL_AUTHENTICATION_FAILED
+        assert resp.error_message == "Authentication failed: Invalid username or password"
+        assert c.closed_by_peer()
+        assert time.monotonic() - started >= 0.05  # Kafka's delay before closing after a failure
+
+
+def test_plaintext_client_on_a_tls_listener_is_dropped_and_the_daemon_keeps_serving(sasl_ssl, pki):
+    with RawClient(sasl_ssl.address) as c:
+        c.send(m.ApiVersionsRequest(), 0)
+        assert c.closed_by_peer(timeout=15)
+    with RawClient(sasl_ssl.address, ssl_context=_tls(pki)) as c:
+        assert c.call(m.ApiVersionsRequest(), 0).error_code == 0
+
+
+# ---- other listener kinds ---------------------------------------------------------------------
+
+
+def test_sasl_without_tls_with_kafka_python(pki, tmp_path):
+    kafka = pytest.importorskip("kafka")
+    with Daemon(tmp_path / "data", "--security-protocol", "SASL_PLAINTEXT", "--sasl-mechanisms", "SCRAM-SHA-256",
+                "--sasl-users-file", pki / "users", *_topic_args()) as d:
+        with RawClient(d.address) as c:
+            resp = _handshake(c, "PLAIN")
+            assert resp.error_code == E.UNSUPPORTED_SASL_MECHANISM and resp.mechanisms == ["SCRAM-SHA-256"]
+        admin = kafka.KafkaAdminClient(bootstrap_servers=d.bootstrap, security_protocol="SASL_PLAINTEXT",
+                                       sasl_mechanism="SCRAM-SHA-256", sasl_plain_username="bob",
+                                       sasl_plain_password="bob-pw")
+        try:
+            assert list(admin.list_groups()) == []
+        finally:
+            admin.close()
+
+
+def test_tls_with_client_certificates_required(pki, tmp_path):
+    with Daemon(tmp_path / "data", "--security-protocol", "SSL", "--ssl-certfile", pki / "server.pem",
+                "--ssl-cafile", pki / "ca.pem", "--ssl-client-auth", "required", *_topic_args()) as d:
+        cert = (str(pki / "client.crt"), str(pki / "client.key"))
+        with RawClient(d.address, ssl_context=_tls(pki, cert)) as c:
+            assert c.call(m.FindCoordinatorRequest(key="g"), 1).error_code == 0
+            assert _handshake(c, "PLAIN").error_code == E.ILLEGAL_SASL_STATE  # no SASL on this listener
+        for who in (None, (str(pki / "stranger.pem"),)):
+            with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+                with RawClient(d.address, ssl_context=_tls(pki, who)) as c:
+                    c.call(m.ApiVersionsRequest(), 0)  # TLS 1.3: the refusal arrives after the handshake
+        _confluent_commit_round_trip(d.bootstrap, "ck-mtls", **{
+            "security.protocol": "SSL", "ssl.ca.location": str(pki / "ca.pem"),
+            "ssl.certificate.location": cert[0], "ssl.key.location": cert[1]})
+
+
+def test_plaintext_listener_answers_sasl_requests_illegal_state(tmp_path):
+    with Daemon(tmp_path / "data") as d, RawClient(d.address) as c:
+        assert _handshake(c, "PLAIN").error_code == E.ILLEGAL_SASL_STATE
+        resp = c.call(m.SaslAuthenticateRequest(auth_bytes=b"x"), 1)
+        assert resp.error_code == E.ILLEGAL_SASL_STATE
+        assert c.call(m.FindCoordinatorRequest(key="g"), 1).error_code == 0
+
+
+# ---- configuration mistakes: one line, exit 2, before the port opens --------------------------
+
+
+@pytest.mark.parametrize("args,expect", [
+    (["--security-protocol", "SASL_SSL", "--sasl-users-file", "{pki}/users"], "needs ssl_certfile"),
+    (["--security-protocol", "SASL_PLAINTEXT"], "needs sasl_users_file"),
+    (["--security-protocol", "TLS"], "security_protocol must be one of"),
+    (["--security-protocol", "SSL", "--ssl-certfile", "{pki}/missing.pem"], "missing.pem: no such file"),
+    (["--security-protocol", "SSL", "--ssl-certfile", "{pki}/ca.pem"], "not a usable PEM certificate"),
+    (["--security-protocol", "SASL_PLAINTEXT", "--sasl-users-file", "{pki}/nope"], "nope: no such file"),
+    (["--security-protocol", "SASL_PLAINTEXT", "--sasl-users-file", "{pki}/ca.pem"], "expected user:password"),
+    (["--sasl-mechanisms", "PLAIN,GSSAPI"], "sasl_mechanisms: GSSAPI"),
+    (["--ssl-certfile", "{pki}/server.pem"], "ssl_certfile is set but security_protocol is PLAINTEXT"),
+    (["--security-protocol", "SSL", "--ssl-certfile", "{pki}/server.pem", "--ssl-client-auth", "required"],
+     "needs ssl_cafile"),
+])
+def test_security_mistakes_are_one_line(pki, tmp_path, args, expect):
+    cmd = [sys.executable, "-m", "coordinator", "serve", "--port", "0", "--data-dir", str(tmp_path / "d"),
+           *[a.format(pki=pki) for a in args]]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=str(REPO), env=env)
+    assert r.returncode == 2, r.stderr
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and expect in lines[0], r.stderr
