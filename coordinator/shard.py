@@ -297,6 +297,12 @@ class Shard:
                 self._remove_member_and_update(group, member, "over_capacity",
                                                "member rejected: group_max_size reached", now, wall, out)
             out.reply(token, join_response(version, errors.GROUP_MAX_SIZE_REACHED, ""))
+            if mid in group.pending_members:
+                # the client resets its id: a kept pending id would hold the join phase until it
+                # expires (Kafka's group.remove forgets pending ids too)
+                group.pending_members.discard(mid)
+                self.timers.cancel(("pending", gid, mid))
+                self._maybe_complete_join_phase(group, now, wall, out)
             return
         protocols = [(p.name, p.metadata) for p in req.protocols]
         rebalance_timeout = req.session_timeout_ms if version == 0 else req.rebalance_timeout_ms

@@ -142,6 +142,23 @@ def test_group_max_size_in_preparing_rebalance_kicks_the_last_rejoiner():
     assert h.state("g") == "CompletingRebalance"  # everyone left has joined: completes at once
 
 
+def test_a_pending_member_refused_for_group_max_size_is_forgotten_at_once():
+    """Kafka's join removes a refused member id from the group, pending (KIP-394) ones included
+    (``group.remove``): the client resets its id, so a kept pending id would only hold the join
+    phase until that id's session timeout."""
+    h = Harness(group_max_size=2)
+    a, b, gen = stable_two(h)
+    ta = h.join("g", a, protocols=(("range", sub("t", "u")),))  # PreparingRebalance, 1 awaiting
+    pid = h.reply(h.join("g")).member_id  # 1 < 2 awaiting: a pending member
+    tb = h.join("g", b)  # 2 awaiting: everyone but the pending member has rejoined
+    assert h.state("g") == "PreparingRebalance"
+    r = h.reply(h.join("g", pid))  # 2 awaiting: the pending member is refused
+    assert r.error_code == E.GROUP_MAX_SIZE_REACHED and r.member_id == ""
+    assert pid not in h.group("g").pending_members
+    assert h.state("g") == "CompletingRebalance"  # nothing left to wait for
+    assert h.reply(ta).generation_id == h.reply(tb).generation_id == gen + 1
+
+
 # ---- join completion ------------------------------------------------------------------------------
 
 def test_join_completes_as_soon_as_every_member_rejoined():
