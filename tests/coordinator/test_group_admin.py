@@ -68,6 +68,24 @@ def test_describe_groups_batched_and_unknown_is_dead():
     assert (d.group_state, d.protocol_type, d.protocol_data) == ("CompletingRebalance", "consumer", "")
 
 
+def test_a_group_created_by_a_member_id_required_join_is_empty_not_dead():
+    """Kafka creates the group before answering MEMBER_ID_REQUIRED: it exists, Empty, with no
+    protocol type, until its pending member joins, or until it is cleaned up as an Empty group
+    with no offsets."""
+    h = Harness()
+    pid = h.reply(h.join("fresh", session=1_000)).member_id
+    assert h.group("fresh").pending_members == {pid}
+    listed = {g.group_id: (g.group_state, g.protocol_type) for g in h.list_groups().groups}
+    assert listed == {"fresh": ("Empty", "")}
+    (d,) = h.describe("fresh")
+    assert (d.error_code, d.group_state, d.protocol_type, d.members) == (E.NONE, "Empty", "", [])
+    assert h.fetch("fresh", {"t": [0]}) == (E.NONE, {("t", 0): (-1, "")})
+    h.advance(1_000)  # the pending member never came back: still an Empty group
+    assert not h.group("fresh").pending_members
+    (d,) = h.describe("fresh")
+    assert d.group_state == "Empty"
+
+
 def test_describe_versions_instance_id_and_authorized_operations():
     h = Harness()
     h.join("g", instance="i1")
