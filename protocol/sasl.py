@@ -248,7 +248,10 @@ class _ScramServer(ServerMechanism):
         if not sep:
             raise SaslError("Invalid SCRAM client final message")
         attrs = _attributes(without_proof)
-        if attrs.get("r") != self.nonce:
+        # Kafka checks that the nonce ENDS with the server's (not RFC 5802's equality): librdkafka
+        # before 2.x sends its own nonce again in front of it, and Kafka accepts that client. The
+        # proof covers this message as sent, and the server's fresh part is still required.
+        if not attrs.get("r", "").endswith(self.nonce):
             raise SaslError("Invalid SCRAM client final message: nonce mismatch")
         if attrs.get("c") not in ("biws", "eSws"):  # base64 of "n,," and "y,,"
             raise SaslError("Invalid SCRAM client final message: channel binding is not supported")

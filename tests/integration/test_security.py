@@ -330,3 +330,65 @@ def test_security_mistakes_are_one_line(pki, tmp_path, args, expect):
     assert r.returncode == 2, r.stderr
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and expect in lines[0], r.stderr
+
+
+# ---- kcat and KafkaJS (other SASL/TLS implementations) -----------------------------------------
+
+
+def test_kcat_lists_metadata_over_sasl_ssl_and_is_told_a_wrong_password(sasl_ssl, pki):
+    import json
+    import shutil
+
+    if shutil.which("kcat") is None:
+        pytest.fail("kcat is not installed: run `make conformance-deps` as root", pytrace=False)
+    base = ["kcat", "-L", "-J", "-b", sasl_ssl.bootstrap, "-m", "10", "-X", "security.protocol=SASL_SSL",
+            "-X", "sasl.mechanisms=SCRAM-SHA-256", "-X", "sasl.username=alice",
+            "-X", f"ssl.ca.location={pki / 'ca.pem'}"]
+    ok = subprocess.run([*base, "-X", f"sasl.password={PASSWORD}"], capture_output=True, text=True, timeout=30)
+    assert ok.returncode == 0, ok.stderr
+    assert "t" in {t["topic"] for t in json.loads(ok.stdout)["topics"]}
+    bad = subprocess.run([*base, "-X", "sasl.password=guess"], capture_output=True, text=True, timeout=30)
+    assert bad.returncode != 0 and "Authentication failed" in bad.stderr, bad.stderr
+
+
+KAFKAJS_SCRIPT = r"""
+const fs = require('fs');
+const { Kafka, logLevel } = require('kafkajs');
+const [bootstrap, ca, mechanism, password] = process.argv.slice(1);
+const kafka = new Kafka({ clientId: 'sec', brokers: [bootstrap], logLevel: logLevel.NOTHING,
+  ssl: { ca: [fs.readFileSync(ca, 'utf-8')] }, sasl: { mechanism, username: 'alice', password } });
+(async () => {
+  const admin = kafka.admin();
+  try {
+    await admin.connect();
+    await admin.setOffsets({ groupId: 'kjs', topic: 't', partitions: [{ partition: 0, offset: '11' }] });
+    const [got] = await admin.fetchOffsets({ groupId: 'kjs', topics: ['t'] });
+    console.log(JSON.stringify({ ok: got.partitions.find(p => p.partition === 0).offset }));
+  } catch (e) {
+    console.log(JSON.stringify({ error: e.name, message: e.message }));
+  } finally {
+    await admin.disconnect();
+  }
+})();
+"""
+
+
+@pytest.mark.parametrize("mechanism", ["plain", "scram-sha-512"])
+def test_kafkajs_authenticates_and_commits_over_sasl_ssl(sasl_ssl, pki, mechanism):
+    import json
+    import shutil
+
+    js = REPO / "tests" / "conformance" / "js"
+    if shutil.which("node") is None:
+        pytest.skip("node not installed")
+    if not (js / "node_modules" / "kafkajs").exists():
+        pytest.fail("KafkaJS is not installed: run `make conformance-deps`", pytrace=False)
+
+    def run(password):
+        r = subprocess.run(["node", "-e", KAFKAJS_SCRIPT, sasl_ssl.bootstrap, str(pki / "ca.pem"), mechanism,
+                            password], capture_output=True, text=True, timeout=60, cwd=str(js))
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    assert run(PASSWORD) == {"ok": "11"}
+    bad = run("guess")
+    assert bad["error"] == "KafkaJSSASLAuthenticationError" and "Authentication failed" in bad["message"], bad

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 
 import pytest
 from hypothesis import given, settings
@@ -89,6 +91,24 @@ def test_scram_server_refuses_a_replayed_or_tampered_final_message():
     server2.step(client2.first())
     with pytest.raises(SaslError, match="invalid credentials"):  # a proof made for another exchange
         server2.step(b"c=biws,r=" + server2.nonce.encode() + b",p=" + proof)
+
+
+def test_scram_server_accepts_the_old_librdkafka_nonce_as_kafka_does():
+    """librdkafka 1.x (Debian's kcat) sends r=<its nonce><the server's r> in its final message;
+    Kafka checks endsWith, not equality, so herd does too. The proof still has to verify."""
+    server = server_mechanism("SCRAM-SHA-256", USERS)
+    cnonce = "abc123"
+    bare = f"n=alice,r={cnonce}"
+    server_first = server.step(("n,," + bare).encode()).decode()
+    attrs = dict(x.split("=", 1) for x in server_first.split(","))
+    salted = hashlib.pbkdf2_hmac("sha256", b"alice-secret", base64.b64decode(attrs["s"]), int(attrs["i"]))
+    client_key = hmac.digest(salted, b"Client Key", "sha256")
+    stored = hashlib.sha256(client_key).digest()
+    without_proof = f"c=biws,r={cnonce}{attrs['r']}"  # the doubled client nonce
+    auth = f"{bare},{server_first},{without_proof}".encode()
+    proof = sasl._xor(client_key, hmac.digest(stored, auth, "sha256"))
+    final = server.step(f"{without_proof},p={base64.b64encode(proof).decode()}".encode())
+    assert final.startswith(b"v=") and server.done
 
 
 @pytest.mark.parametrize("first", [
