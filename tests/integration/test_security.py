@@ -392,3 +392,15 @@ def test_kafkajs_authenticates_and_commits_over_sasl_ssl(sasl_ssl, pki, mechanis
     assert run(PASSWORD) == {"ok": "11"}
     bad = run("guess")
     assert bad["error"] == "KafkaJSSASLAuthenticationError" and "Authentication failed" in bad["message"], bad
+
+
+def test_a_users_file_others_can_read_is_warned_about(pki, tmp_path):
+    users = tmp_path / "users"
+    users.write_text(f"alice:{PASSWORD}\n")
+    users.chmod(0o644)
+    with Daemon(tmp_path / "data", "--security-protocol", "SASL_PLAINTEXT", "--sasl-users-file", users) as d:
+        assert "the SASL users file is readable by other users" in d.logs()
+        assert PASSWORD not in d.logs()
+    users.chmod(0o600)
+    with Daemon(tmp_path / "data2", "--security-protocol", "SASL_PLAINTEXT", "--sasl-users-file", users) as d:
+        assert "readable by other users" not in d.logs()
