@@ -3,11 +3,16 @@
 ``{"session.timeout.ms": 6000}`` and ``session_timeout_ms=6000`` mean the same thing (a Pythonic
 name is the Kafka name with dots written as underscores). Unknown names raise ``ValueError`` so a
 typo does not silently fall back to a default. Defaults are Kafka's consumer defaults.
+
+TLS and SASL take librdkafka's names (``security.protocol``, ``ssl.ca.location``,
+``sasl.username``, ...): see ``client/security.py``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from client.security import ALIASES, PROTOCOLS, SECURITY_DEFAULTS, SecurityConfig, parse_security
 
 __all__ = ["ClientConfig", "DEFAULTS", "parse_config", "parse_bootstrap"]
 
@@ -38,14 +43,19 @@ DEFAULTS: dict[str, object] = {
     # Not a Kafka name: {api name or key: highest version to use}, for brokers that advertise
     # versions they cannot parse (librdkafka's mock cluster: {"JoinGroup": 5, "SyncGroup": 3}).
     "api.versions.max": None,
+    **SECURITY_DEFAULTS,
 }
 
 _INT_KEYS = {k for k, v in DEFAULTS.items() if isinstance(v, int) and not isinstance(v, bool)}
 _BOOL_KEYS = {"enable.auto.commit", "allow.auto.create.topics"}
 
 
-def parse_bootstrap(servers) -> list[tuple[str, int]]:
-    """``"h1:9092,h2:9093"`` or ``["h1:9092", ("h2", 9093)]`` -> ``[(host, port), ...]``."""
+def parse_bootstrap(servers, security_protocol: str | None = None) -> list[tuple[str, int]]:
+    """``"h1:9092,h2:9093"`` or ``["h1:9092", ("h2", 9093)]`` -> ``[(host, port), ...]``.
+
+    A listener URL (``SASL_SSL://h1:9093``) names its security protocol, which must be
+    ``security_protocol`` (default PLAINTEXT): the connections use that one."""
+    expected = (security_protocol or "PLAINTEXT").upper()
     if servers is None:
         raise ValueError("bootstrap.servers is required")
     items = servers.split(",") if isinstance(servers, str) else list(servers)
@@ -59,9 +69,12 @@ def parse_bootstrap(servers) -> list[tuple[str, int]]:
                 continue
             scheme, sep, rest = item.partition("://")
             if sep:  # a listener URL as in server.properties / Spark settings
-                if scheme.upper() != "PLAINTEXT":
-                    raise ValueError(f"bootstrap server {item!r}: only PLAINTEXT is supported (herd has no "
-                                     f"TLS or SASL)")
+                if scheme.upper() not in PROTOCOLS:
+                    raise ValueError(f"bootstrap server {item!r}: unknown security protocol {scheme!r} (one of "
+                                     f"{', '.join(PROTOCOLS)})")
+                if scheme.upper() != expected:
+                    raise ValueError(f"bootstrap server {item!r} names {scheme.upper()} but security.protocol "
+                                     f"is {expected}: set security.protocol={scheme.upper()}")
                 item = rest
             if item.startswith("["):  # [ipv6]:port
                 host, _, rest = item[1:].partition("]")
@@ -133,6 +146,7 @@ class ClientConfig:
     connections_max_idle_ms: int = 540000
     max_frame_bytes: int = 100 * 1024 * 1024
     api_versions_max: dict = field(default_factory=dict)  # api key -> highest version
+    security: SecurityConfig = field(default_factory=SecurityConfig)  # TLS / SASL (passwords not in repr)
 
     def s(self, name: str) -> float:
         """A ``*_ms`` setting in seconds: ``cfg.s("session_timeout_ms")``."""
@@ -144,6 +158,7 @@ def parse_config(bootstrap_servers=None, group_id=None, config: dict | None = No
     for source in (config or {}), kwargs:
         for key, value in source.items():
             name = key.replace("_", ".")
+            name = ALIASES.get(name, name)
             if name not in DEFAULTS:
                 raise ValueError(f"unknown consumer config {key!r}")
             merged[name] = value
@@ -173,8 +188,9 @@ def parse_config(bootstrap_servers=None, group_id=None, config: dict | None = No
     iso = values["isolation.level"]
     if iso not in ("read_uncommitted", "read_committed"):
         raise ValueError(f"isolation.level must be read_uncommitted or read_committed, not {iso!r}")
+    security = parse_security({k: values[k] for k in SECURITY_DEFAULTS})
     cfg = ClientConfig(
-        bootstrap_servers=parse_bootstrap(values["bootstrap.servers"]),
+        bootstrap_servers=parse_bootstrap(values["bootstrap.servers"], security.protocol),
         group_id=group,
         client_id=values["client.id"],
         group_instance_id=values["group.instance.id"] or None,
@@ -198,6 +214,7 @@ def parse_config(bootstrap_servers=None, group_id=None, config: dict | None = No
         connections_max_idle_ms=values["connections.max.idle.ms"],
         max_frame_bytes=values["max.frame.bytes"],
         api_versions_max=_api_caps(values["api.versions.max"]),
+        security=security,
     )
     if cfg.session_timeout_ms <= 0 or cfg.heartbeat_interval_ms <= 0 or cfg.max_poll_interval_ms <= 0:
         raise ValueError(

@@ -16,6 +16,12 @@ highest version both know. A response that does not decode at the version asked 
 the flexible versions wrong) is retried at v0, which every broker answers. The version used per API
 afterwards is the highest both sides support (``negotiate``).
 
+With ``sasl=(mechanism, username, password)`` the handshake goes on, as Kafka's clients do, after
+ApiVersions: SaslHandshake v1 names the mechanism, then SaslAuthenticate (at the highest version
+both sides know) carries the mechanism's tokens (``protocol.sasl``) until the mechanism is done;
+only then ``Ready``. A refusal raises :class:`AuthenticationFailed` (a ``ConnectionBroken``) with
+the broker's error message: trying again with the same credentials cannot succeed.
+
 Any broken framing, unknown correlation id or failed handshake raises :class:`ConnectionBroken`;
 the owner then closes the socket. A single response that does not decode is reported as a
 ``Response`` whose ``error`` is set, so that one request fails and the connection stays usable.
@@ -33,6 +39,7 @@ from protocol.headers import decode_response_header, encode_request_header
 from protocol.wire import ProtocolError
 
 __all__ = [
+    "AuthenticationFailed",
     "CLIENT_VERSIONS",
     "Connection",
     "ConnectionBroken",
@@ -46,6 +53,8 @@ __all__ = [
 SOFTWARE_NAME = "herd-python"
 SOFTWARE_VERSION = "0.1.0"
 API_VERSIONS = messages.ApiVersionsRequest.API_KEY
+SASL_HANDSHAKE = messages.SaslHandshakeRequest.API_KEY
+SASL_AUTHENTICATE = messages.SaslAuthenticateRequest.API_KEY
 
 # The APIs the client sends, and the versions whose semantics the coordinator code handles.
 CLIENT_VERSIONS: dict[int, tuple[int, int]] = {
@@ -80,6 +89,11 @@ class ConnectionBroken(Exception):
     """The connection cannot go on (bad frame, unexpected correlation id, failed handshake)."""
 
 
+class AuthenticationFailed(ConnectionBroken):
+    """The SASL handshake failed for good: wrong credentials, a mechanism the broker does not
+    enable, a broker listener without SASL. ``str()`` says why (the broker's message if it sent one)."""
+
+
 @dataclass(frozen=True)
 class Ready:
     """The handshake finished: ``versions`` maps api key -> negotiated version."""
@@ -105,6 +119,8 @@ class Connection:
         client_id: str | None = "herd",
         max_frame_size: int = 100 * 1024 * 1024,
         api_versions_version: int = messages.ApiVersionsRequest.MAX_VERSION,
+        sasl: tuple[str, str, str] | None = None,
+        mechanism_factory=None,
     ):
         self.client_id = client_id
         self._decoder = FrameDecoder(max_frame_size)
@@ -116,6 +132,16 @@ class Connection:
         self._handshake_attempts = 0
         self.versions: dict[int, int] | None = None
         self.broker_versions: dict[int, tuple[int, int]] | None = None
+        self._sasl = sasl  # (mechanism, username, password)
+        self._mechanism_factory = mechanism_factory
+        self._mechanism = None
+        self._sasl_corr: int | None = None
+        self._sasl_auth_version = 0
+        self._pending_versions: dict[int, int] | None = None
+
+    def __repr__(self) -> str:  # never the password
+        mech = f" sasl={self._sasl[0]}" if self._sasl else ""
+        return f"<Connection client_id={self.client_id!r}{mech} ready={self.ready}>"
 
     # -- state -------------------------------------------------------------------------------
     @property
@@ -125,7 +151,7 @@ class Connection:
     @property
     def in_flight(self) -> list[int]:
         """Correlation ids of user requests awaiting a response (handshake excluded)."""
-        return [c for c in self._inflight if c != self._handshake_corr]
+        return [c for c in self._inflight if c != self._handshake_corr and c != self._sasl_corr]
 
     def data_to_send(self) -> bytes:
         data = bytes(self._out)
@@ -179,6 +205,11 @@ class Connection:
             if entry is None:
                 raise ConnectionBroken(f"response with unknown correlation id {corr}")
             api_key, version = entry
+            if corr == self._sasl_corr:
+                ev = self._on_sasl(payload, api_key, version)
+                if ev is not None:
+                    events.append(ev)
+                continue
             if corr == self._handshake_corr:
                 ev = self._on_handshake(payload, version)
                 if ev is not None:
@@ -225,5 +256,63 @@ class Connection:
         if resp.error_code != codes.NONE:
             raise ConnectionBroken(f"ApiVersions failed: {codes.error_name(resp.error_code)}")
         self.broker_versions = {k.api_key: (k.min_version, k.max_version) for k in resp.api_keys}
+        if self._sasl is not None:
+            self._pending_versions = negotiate(self.broker_versions)
+            self._start_sasl()
+            return None
         self.versions = negotiate(self.broker_versions)
+        return Ready(dict(self.versions), dict(self.broker_versions))
+
+    # -- SASL --------------------------------------------------------------------------------
+    def _start_sasl(self) -> None:
+        hs = self.broker_versions.get(SASL_HANDSHAKE)
+        auth = self.broker_versions.get(SASL_AUTHENTICATE)
+        if hs is None or hs[1] < 1 or auth is None:
+            raise AuthenticationFailed(
+                "the broker does not offer SASL authentication (SaslHandshake v1 and SaslAuthenticate): "
+                "is its listener SASL_PLAINTEXT or SASL_SSL? (check security.protocol)"
+            )
+        self._sasl_auth_version = min(auth[1], messages.SaslAuthenticateRequest.MAX_VERSION)
+        self._sasl_corr = self._queue(messages.SaslHandshakeRequest(mechanism=self._sasl[0]), 1)
+
+    def _send_token(self, token: bytes) -> None:
+        req = messages.SaslAuthenticateRequest(auth_bytes=token)
+        self._sasl_corr = self._queue(req, self._sasl_auth_version)
+
+    def _on_sasl(self, payload: bytes, api_key: int, version: int):
+        self._sasl_corr = None
+        mech_name, username, password = self._sasl
+        try:
+            _, pos = decode_response_header(payload, api_key, version)
+            resp = messages.RESPONSES[api_key].decode(payload, version, pos)
+        except ProtocolError as exc:
+            raise ConnectionBroken(f"undecodable {messages.RESPONSES[api_key].NAME} v{version}: {exc}") from None
+        if api_key == SASL_HANDSHAKE:
+            if resp.error_code == codes.UNSUPPORTED_SASL_MECHANISM:
+                enabled = ", ".join(resp.mechanisms) or "none"
+                raise AuthenticationFailed(
+                    f"the broker does not enable SASL mechanism {mech_name} (it enables: {enabled}); "
+                    f"check sasl.mechanism"
+                )
+            if resp.error_code != codes.NONE:
+                raise AuthenticationFailed(f"SaslHandshake failed: {codes.error_name(resp.error_code)}")
+            factory = self._mechanism_factory
+            if factory is None:
+                from protocol.sasl import client_mechanism as factory
+            self._mechanism = factory(mech_name, username, password)
+            self._send_token(self._mechanism.first())
+            return None
+        if resp.error_code != codes.NONE:
+            why = resp.error_message or codes.error_name(resp.error_code)
+            raise AuthenticationFailed(f"SASL {mech_name} authentication of {username!r} failed: {why}")
+        from protocol.sasl import SaslError
+
+        try:
+            token = self._mechanism.step(bytes(resp.auth_bytes or b""))
+        except SaslError as exc:
+            raise AuthenticationFailed(f"SASL {mech_name} authentication of {username!r} failed: {exc}") from None
+        if token is not None:
+            self._send_token(token)
+            return None
+        self.versions, self._pending_versions = self._pending_versions, None
         return Ready(dict(self.versions), dict(self.broker_versions))

@@ -547,7 +547,9 @@ class ConsumerCoordinator:
 
     def fetch_committed(self, partitions, handle, deadline: float, now: float) -> None:
         parts = {TopicPartition(*tp): None for tp in partitions}
-        if self.error is not None and isinstance(self.error, cerr.GroupAuthorizationError):
+        if self.error is not None and isinstance(
+            self.error, (cerr.GroupAuthorizationError, cerr.AuthenticationFailedError)
+        ):
             self._actions.append(Reply(handle, error=self.error))
         elif self._closing is not None or self.closed:
             self._actions.append(Reply(handle, error=cerr.IllegalStateError("the consumer is closing")))
@@ -621,6 +623,21 @@ class ConsumerCoordinator:
             if self.coordinator is not None:
                 log.info("coordinator connection lost (%s); looking for the coordinator again", reason)
                 self._mark_coordinator_unknown(now, reason or "connection lost", disconnect=False)
+        self._advance(now)
+
+    def on_auth_failed(self, conn: str, error: BaseException, now: float) -> None:
+        """``conn`` could not authenticate (SASL refused, TLS certificate not verified): as Kafka's
+        consumer, fail for good with ``error`` rather than reconnect with the same credentials."""
+        c = self._conns[conn]
+        c.state = "down"
+        c.versions = {}
+        c.next_attempt = now + c.backoff.next_delay()
+        self._fail_inflight(conn, error, now)
+        self._last_conn_problem = f"{conn} connection: {error}"
+        if conn == LEAVER:
+            self._finish_close()
+            return
+        self._fatal(error, now)
         self._advance(now)
 
     def on_response(self, conn: str, tag: int, response, now: float) -> None:

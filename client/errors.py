@@ -26,6 +26,10 @@ What the consumer raises, and when:
   member joins again after a backoff.
 - Fatal group errors (raised by ``poll`` and every later call): ``FencedInstanceIdError``,
   ``GroupAuthorizationError``, ``InvalidGroupIdError``, ``UnsupportedVersionError``.
+- :class:`AuthenticationFailedError` -- the broker refused the SASL credentials (its message says
+  why), or (:class:`SslAuthenticationError`) a TLS handshake failed for good: the broker's
+  certificate did not verify, or the broker refused ours. Fatal like the group errors: the consumer
+  does not reconnect, ``poll`` and every later call raise it.
 """
 
 from __future__ import annotations
@@ -61,6 +65,8 @@ __all__ = [
     "UnknownTopicOrPartitionError",
     "UnstableOffsetCommitError",
     "RequestTimedOutError",
+    "AuthenticationFailedError",
+    "SslAuthenticationError",
     "error_for_code",
 ]
 
@@ -216,6 +222,20 @@ class RequestTimedOutError(KafkaError):
     code = codes.REQUEST_TIMED_OUT
 
 
+class AuthenticationFailedError(KafkaError):
+    """The broker refused to authenticate this client (SASL_AUTHENTICATION_FAILED, or a SASL
+    exchange that could not complete). Not retriable: fix the credentials."""
+
+    code = codes.SASL_AUTHENTICATION_FAILED
+
+
+class SslAuthenticationError(AuthenticationFailedError):
+    """A TLS handshake that retrying cannot fix: the broker's certificate does not verify, or the
+    broker refused the client's."""
+
+    code = None
+
+
 _BY_CODE: dict[int, type[KafkaError]] = {
     cls.code: cls
     for cls in (
@@ -240,6 +260,7 @@ _BY_CODE: dict[int, type[KafkaError]] = {
         UnknownTopicOrPartitionError,
         UnstableOffsetCommitError,
         RequestTimedOutError,
+        AuthenticationFailedError,
     )
 }
 

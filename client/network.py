@@ -18,6 +18,12 @@ through exactly four things, none of which can make it wait:
 Replies travel in ``concurrent.futures.Future`` objects that are never handed to user code, so no
 user callback is ever attached to them (``set_result`` would otherwise run it on this thread).
 
+TLS (``security.protocol`` SSL / SASL_SSL) runs over the plain non-blocking socket through a
+sans-IO ``TlsLayer`` (memory buffers): the bytes ``recv`` returns are decrypted at once and all of
+the plaintext is handed on, so nothing waits inside an SSL object while the socket is not readable.
+An authentication failure (SASL refused, a certificate that does not verify) is not retried: the
+core fails the consumer with it (``on_auth_failed``), and ``poll`` raises it.
+
 This thread blocks only in ``selector.select(timeout)``; it never takes a lock that user code can
 hold, never waits for a future, and never runs user code (listeners, commit callbacks and
 assignors all run elsewhere -- except an assignor, which is a pure function of its inputs). The one
@@ -33,13 +39,21 @@ import logging
 import queue
 import selectors
 import socket
+import ssl
 import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 
 from client import errors as cerr
-from client.connection import CLIENT_VERSIONS, Connection, ConnectionBroken, Ready, Response
+from client.connection import (
+    CLIENT_VERSIONS,
+    AuthenticationFailed,
+    Connection,
+    ConnectionBroken,
+    Ready,
+    Response,
+)
 from client.coordinator import (
     Connect,
     ConsumerCoordinator,
@@ -50,6 +64,7 @@ from client.coordinator import (
     Snapshot,
     Stop,
 )
+from client.security import tls_failure
 
 log = logging.getLogger("herd.client.network")
 
@@ -100,9 +115,10 @@ class _Sock:
         "setup_deadline",
         "target",
         "registered",
+        "tls",
     )
 
-    def __init__(self, conn_id, sock, proto, target, setup_deadline):
+    def __init__(self, conn_id, sock, proto, target, setup_deadline, tls=None):
         self.conn_id = conn_id
         self.sock = sock
         self.proto = proto
@@ -112,6 +128,7 @@ class _Sock:
         self.setup_deadline = setup_deadline
         self.target = target
         self.registered = 0
+        self.tls = tls  # a TlsLayer, or None for PLAINTEXT / SASL_PLAINTEXT
 
 
 class NetworkThread(threading.Thread):
@@ -317,9 +334,20 @@ class NetworkThread(threading.Thread):
                 a.conn, now, f"connect to {a.host}:{a.port} failed: {errno.errorcode.get(err, err)}"
             )
             return
-        proto = Connection(client_id=self.cfg.client_id, max_frame_size=self.cfg.max_frame_bytes)
+        security = self.cfg.security
+        proto = Connection(
+            client_id=self.cfg.client_id,
+            max_frame_size=self.cfg.max_frame_bytes,
+            sasl=security.sasl_credentials(),
+        )
+        try:
+            tls = security.tls_layer(a.host)
+        except (ValueError, ssl.SSLError) as exc:
+            sock.close()
+            self._auth_failed(a.conn, (a.host, a.port), cerr.SslAuthenticationError(str(exc)), now)
+            return
         s = _Sock(
-            a.conn, sock, proto, (a.host, a.port), now + self.cfg.s("socket_connection_setup_timeout_ms")
+            a.conn, sock, proto, (a.host, a.port), now + self.cfg.s("socket_connection_setup_timeout_ms"), tls
         )
         self._socks[a.conn] = s
         self._io_deadline = min(self._io_deadline, s.setup_deadline)
@@ -383,8 +411,22 @@ class NetworkThread(threading.Thread):
         s.inflight[corr] = (a.tag, now + a.timeout, a.request.API_KEY, a.version)
         if now + a.timeout < self._io_deadline:
             self._io_deadline = now + a.timeout
-        s.out += s.proto.data_to_send()
+        self._pull(s)
         self._flush(s, now)
+
+    def _pull(self, s: _Sock) -> None:
+        """Move what the protocol queued to the socket's buffer (through TLS when on)."""
+        data = s.proto.data_to_send()
+        if s.tls is None:
+            s.out += data
+            return
+        s.tls.write(data)
+        s.out += s.tls.data_to_send()
+
+    def _auth_failed(self, conn_id: str, target, error: BaseException, now: float) -> None:
+        log.error("%s connection to %s:%s: %s", conn_id, target[0], target[1], error)
+        self._drop(conn_id, str(error), notify=False, now=now)
+        self.core.on_auth_failed(conn_id, error, now)
 
     def _flush(self, s: _Sock, now: float) -> None:
         if s.out and s.state != "connecting":
@@ -411,8 +453,10 @@ class NetworkThread(threading.Thread):
                     )
                     return
                 s.state = "handshake"
+                if s.tls is not None:
+                    s.tls.start()  # the ClientHello; ApiVersions waits in the layer until it is done
                 s.proto.initiate()
-                s.out += s.proto.data_to_send()
+                self._pull(s)
                 self._flush(s, now)
             return
         if mask & selectors.EVENT_READ:
@@ -424,16 +468,38 @@ class NetworkThread(threading.Thread):
                 self._drop(s.conn_id, f"recv failed: {exc}", notify=True, now=now)
                 return
             if data == b"":
-                self._drop(s.conn_id, HUNG_UP, notify=True, now=now)
+                if s.tls is not None and not s.tls.handshake_done:
+                    why = f"{HUNG_UP} during the TLS handshake (is its listener SSL or SASL_SSL?)"
+                    self._drop(s.conn_id, why, notify=True, now=now)
+                else:
+                    self._drop(s.conn_id, HUNG_UP, notify=True, now=now)
                 return
+            if data and s.tls is not None:
+                try:
+                    data = s.tls.feed(data)
+                except ssl.SSLError as exc:
+                    fatal, why = tls_failure(exc, *s.target)
+                    if fatal and s.state != "ready":
+                        self._auth_failed(s.conn_id, s.target, cerr.SslAuthenticationError(why), now)
+                    else:
+                        self._drop(s.conn_id, why, notify=True, now=now)
+                    return
+                s.out += s.tls.data_to_send()  # the handshake's next flight
+                if s.tls.closed and not data:
+                    self._drop(s.conn_id, HUNG_UP, notify=True, now=now)
+                    return
             if data:
                 try:
                     events = s.proto.receive(data)
+                except AuthenticationFailed as exc:
+                    self._auth_failed(s.conn_id, s.target, cerr.AuthenticationFailedError(str(exc)), now)
+                    return
                 except ConnectionBroken as exc:
                     self._drop(s.conn_id, str(exc), notify=True, now=now)
                     return
-                # The handshake may have queued a retry at a lower ApiVersions version.
-                s.out += s.proto.data_to_send()
+                # The handshake may have queued a retry at a lower ApiVersions version, or the next
+                # SASL token.
+                self._pull(s)
                 for ev in events:
                     if self._socks.get(s.conn_id) is not s:
                         return

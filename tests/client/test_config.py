@@ -62,8 +62,15 @@ def test_api_version_caps_by_name_or_key():
 def test_bootstrap_listener_urls_and_bad_ports():
     # copied from server.properties or a Spark kafka.bootstrap.servers setting
     assert parse_bootstrap("PLAINTEXT://h1:9092, plaintext://[::1]:9093") == [("h1", 9092), ("::1", 9093)]
-    with pytest.raises(ValueError, match="only PLAINTEXT is supported"):
+    # a listener URL's protocol must be security.protocol's
+    assert parse_bootstrap("SSL://h:9093", "SSL") == [("h", 9093)]
+    assert parse_bootstrap("sasl_ssl://h:9093,SASL_SSL://g:1", "SASL_SSL") == [("h", 9093), ("g", 1)]
+    with pytest.raises(ValueError, match="names SSL but security.protocol is PLAINTEXT: set security.protocol=SSL"):
         parse_bootstrap("SSL://h:9093")
+    with pytest.raises(ValueError, match="names SASL_PLAINTEXT but security.protocol is SASL_SSL"):
+        parse_bootstrap("SASL_SSL://h:1,SASL_PLAINTEXT://g:2", "SASL_SSL")
+    with pytest.raises(ValueError, match="unknown security protocol 'HTTP'"):
+        parse_bootstrap("HTTP://h:1")
     for bad in ("h:9092x", "h:0", "h:70000", "h:"):
         with pytest.raises(ValueError, match=r"bootstrap server .*the port must be a number from 1 to 65535"):
             parse_bootstrap(bad)
