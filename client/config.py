@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from client.security import ALIASES, PROTOCOLS, SECURITY_DEFAULTS, SecurityConfig, parse_security
 
-__all__ = ["ClientConfig", "DEFAULTS", "parse_config", "parse_bootstrap"]
+__all__ = ["ClientConfig", "DEFAULTS", "parse_config", "parse_bootstrap", "security_of"]
 
 DEFAULTS: dict[str, object] = {
     "bootstrap.servers": None,
@@ -93,6 +93,18 @@ def parse_bootstrap(servers, security_protocol: str | None = None) -> list[tuple
     if not out:
         raise ValueError("bootstrap.servers is empty")
     return out
+
+
+def security_of(config: dict | None) -> SecurityConfig:
+    """The TLS / SASL settings among a consumer config's (Kafka or Pythonic names; the others are
+    left alone): what a helper that opens its own connections needs."""
+    picked = {}
+    for key, value in (config or {}).items():
+        name = key.replace("_", ".")
+        name = ALIASES.get(name, name)
+        if name in SECURITY_DEFAULTS:
+            picked[name] = value
+    return parse_security(picked)
 
 
 def _api_caps(value) -> dict[int, int]:

@@ -69,6 +69,7 @@ import json
 import os
 import re
 import socket
+import ssl
 import threading
 import time
 import urllib.error
@@ -79,9 +80,10 @@ from dataclasses import dataclass, field
 
 from client import errors as cerr
 from client.assignors import Assignor, MemberSubscription
-from client.config import parse_bootstrap
-from client.connection import Connection, ConnectionBroken, Ready, Response
+from client.config import parse_bootstrap, security_of
+from client.connection import AuthenticationFailed, Connection, ConnectionBroken, Ready, Response
 from client.consumer import GroupConsumer
+from client.security import SecurityConfig, tls_failure
 from client.types import OffsetAndMetadata, TopicPartition
 from protocol import errors as codes
 from protocol import messages as m
@@ -149,18 +151,32 @@ def instance_id_for(group_id: str, spark_partition: int) -> str:
 
 
 class _Broker:
-    """One blocking connection (ApiVersions handshake, then request/response)."""
+    """One blocking connection (TLS when configured; ApiVersions and SASL handshakes, then
+    request/response). ``security``: the consumer config's TLS / SASL settings (``security_of``)."""
 
-    def __init__(self, host: str, port: int, timeout_s: float, client_id: str = "herd-spark"):
+    def __init__(self, host: str, port: int, timeout_s: float, client_id: str = "herd-spark",
+                 security: SecurityConfig | None = None):
+        security = security or SecurityConfig()
         self.timeout_s = timeout_s
+        self.target = (host, port)
         self.sock = socket.create_connection((host, port), timeout=timeout_s)
-        self.conn = Connection(client_id=client_id)
-        self.conn.initiate()
+        self.conn = Connection(client_id=client_id, sasl=security.sasl_credentials())
         try:
+            ctx = security.ssl_context()
+            if ctx is not None:
+                try:
+                    self.sock = ctx.wrap_socket(self.sock, server_hostname=host)
+                except ssl.SSLError as exc:
+                    raise self._tls_error(exc) from None
+            self.conn.initiate()
             self._exchange(lambda ev: isinstance(ev, Ready))
         except BaseException:
             self.close()
             raise
+
+    def _tls_error(self, exc: ssl.SSLError) -> cerr.KafkaError:
+        fatal, why = tls_failure(exc, *self.target)
+        return cerr.SslAuthenticationError(why) if fatal else cerr.KafkaConnectionError(why)
 
     def _exchange(self, done):
         self.sock.sendall(self.conn.data_to_send())
@@ -168,11 +184,16 @@ class _Broker:
         while True:
             if time.monotonic() > deadline:
                 raise cerr.KafkaTimeoutError("no response from the broker")
-            data = self.sock.recv(1 << 16)
+            try:
+                data = self.sock.recv(1 << 16)
+            except ssl.SSLError as exc:  # TLS 1.3: a refused client certificate shows up here
+                raise self._tls_error(exc) from None
             if not data:
                 raise cerr.KafkaConnectionError("the broker closed the connection")
             try:
                 events = self.conn.receive(data)
+            except AuthenticationFailed as exc:
+                raise cerr.AuthenticationFailedError(str(exc)) from None
             except ConnectionBroken as exc:
                 raise cerr.KafkaConnectionError(str(exc)) from None
             out = self.conn.data_to_send()  # an ApiVersions retry at a lower version
@@ -209,21 +230,24 @@ class _Broker:
         self.close()
 
 
-def _bootstrap_broker(bootstrap, timeout_s: float) -> _Broker:
+def _bootstrap_broker(bootstrap, timeout_s: float, config: dict | None = None) -> _Broker:
+    security = security_of(config)
     last = None
-    for host, port in parse_bootstrap(bootstrap):
+    for host, port in parse_bootstrap(bootstrap, security.protocol):
         try:
-            return _Broker(host, port, timeout_s)
+            return _Broker(host, port, timeout_s, security=security)
+        except cerr.AuthenticationFailedError:
+            raise  # the next server would refuse the same credentials
         except (OSError, cerr.KafkaError) as exc:
             last = exc
     raise cerr.KafkaConnectionError(f"cannot reach any bootstrap server {bootstrap!r}: {last}")
 
 
-def _coordinator(bootstrap, group_id: str, timeout_s: float) -> _Broker:
+def _coordinator(bootstrap, group_id: str, timeout_s: float, config: dict | None = None) -> _Broker:
     """A connection to ``group_id``'s coordinator (FindCoordinator, retried until ``timeout_s``)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        with _bootstrap_broker(bootstrap, timeout_s) as b:
+        with _bootstrap_broker(bootstrap, timeout_s, config) as b:
             v = b.version(m.FindCoordinatorRequest)
             if v >= 4:
                 resp, _ = b.request(m.FindCoordinatorRequest(key_type=0, coordinator_keys=[group_id]), v)
@@ -233,17 +257,18 @@ def _coordinator(bootstrap, group_id: str, timeout_s: float) -> _Broker:
                 resp, _ = b.request(m.FindCoordinatorRequest(key=group_id, key_type=0), v)
                 err, host, port = resp.error_code, resp.host, resp.port
         if err == codes.NONE:
-            return _Broker(host, port, timeout_s)
+            return _Broker(host, port, timeout_s, security=security_of(config))
         if time.monotonic() > deadline or not codes.is_retriable(err):
             raise cerr.KafkaError(f"FindCoordinator({group_id}): {codes.error_name(err)}", code=err)
         time.sleep(0.1)
 
 
-def describe_group(bootstrap, group_id: str, timeout_s: float = 10.0) -> dict:
+def describe_group(bootstrap, group_id: str, timeout_s: float = 10.0, config: dict | None = None) -> dict:
     """DescribeGroups: ``{"group_id", "state", "protocol_type", "protocol", "members": [{"member_id",
     "group_instance_id", "client_id", "client_host", "topics", "assignment": [TopicPartition]}]}``.
-    An unknown group is state "Dead" with no members (as Kafka answers)."""
-    with _coordinator(bootstrap, group_id, timeout_s) as b:
+    An unknown group is state "Dead" with no members (as Kafka answers). ``config``: a consumer
+    config whose TLS / SASL settings the connections use (the helpers below take it too)."""
+    with _coordinator(bootstrap, group_id, timeout_s, config) as b:
         resp, _ = b.request(m.DescribeGroupsRequest(groups=[group_id]))
     g = resp.groups[0]
     if g.error_code != codes.NONE:
@@ -266,11 +291,12 @@ def describe_group(bootstrap, group_id: str, timeout_s: float = 10.0) -> dict:
             "protocol": g.protocol_data, "members": members}
 
 
-def remove_static_members(bootstrap, group_id: str, instance_ids, timeout_s: float = 10.0) -> dict:
+def remove_static_members(bootstrap, group_id: str, instance_ids, timeout_s: float = 10.0,
+                          config: dict | None = None) -> dict:
     """Remove static members by ``group.instance.id`` (LeaveGroup v3+, as Kafka's
     ``removeMembersFromConsumerGroup``): instance id -> error name ("NONE" when removed)."""
     ids = list(instance_ids)
-    with _coordinator(bootstrap, group_id, timeout_s) as b:
+    with _coordinator(bootstrap, group_id, timeout_s, config) as b:
         if b.version(m.LeaveGroupRequest) < 3:
             raise cerr.UnsupportedVersionError("removing static members needs LeaveGroup v3+")
         resp, _ = b.request(m.LeaveGroupRequest(group_id=group_id, members=[
@@ -283,9 +309,10 @@ def remove_static_members(bootstrap, group_id: str, instance_ids, timeout_s: flo
     return {r.group_instance_id: codes.error_name(r.error_code) for r in resp.members}
 
 
-def partitions_for(bootstrap, topic: str, timeout_s: float = 10.0) -> list[TopicPartition]:
+def partitions_for(bootstrap, topic: str, timeout_s: float = 10.0,
+                   config: dict | None = None) -> list[TopicPartition]:
     """The partitions of ``topic`` (Metadata; the topic is not auto-created)."""
-    with _bootstrap_broker(bootstrap, timeout_s) as b:
+    with _bootstrap_broker(bootstrap, timeout_s, config) as b:
         resp, _ = b.request(m.MetadataRequest(topics=[m.MetadataRequestTopic(name=topic)],
                                               allow_auto_topic_creation=False))
     for t in resp.topics:
@@ -297,20 +324,22 @@ def partitions_for(bootstrap, topic: str, timeout_s: float = 10.0) -> list[Topic
     raise cerr.UnknownTopicOrPartitionError(f"no topic {topic!r}")
 
 
-def _known_partitions(bootstrap, topic: str, timeout_s: float) -> list[TopicPartition] | None:
+def _known_partitions(bootstrap, topic: str, timeout_s: float,
+                      config: dict | None = None) -> list[TopicPartition] | None:
     """``partitions_for``, or None when herd has no such topic."""
     try:
-        return partitions_for(bootstrap, topic, timeout_s)
+        return partitions_for(bootstrap, topic, timeout_s, config)
     except cerr.KafkaError as exc:
         if exc.code != codes.UNKNOWN_TOPIC_OR_PARTITION:
             raise
         return None
 
 
-def ensure_topic(bootstrap, topic: str, partitions: int, timeout_s: float = 10.0) -> list[TopicPartition]:
+def ensure_topic(bootstrap, topic: str, partitions: int, timeout_s: float = 10.0,
+                 config: dict | None = None) -> list[TopicPartition]:
     """Create ``topic`` with ``partitions`` partitions unless it exists (CreateTopics); returns its
     partitions. An existing topic with another partition count raises ValueError."""
-    with _bootstrap_broker(bootstrap, timeout_s) as b:
+    with _bootstrap_broker(bootstrap, timeout_s, config) as b:
         resp, _ = b.request(m.CreateTopicsRequest(
             topics=[m.CreateTopicsRequestCreatableTopic(name=topic, num_partitions=partitions,
                                                         replication_factor=1)],
@@ -318,7 +347,7 @@ def ensure_topic(bootstrap, topic: str, partitions: int, timeout_s: float = 10.0
     err = resp.topics[0].error_code
     if err not in (codes.NONE, codes.TOPIC_ALREADY_EXISTS):
         raise cerr.KafkaError(f"CreateTopics({topic}): {codes.error_name(err)}", code=err)
-    parts = partitions_for(bootstrap, topic, timeout_s)
+    parts = partitions_for(bootstrap, topic, timeout_s, config)
     if len(parts) != partitions:
         raise ValueError(f"topic {topic!r} exists with {len(parts)} partitions, not {partitions}")
     return parts
@@ -338,7 +367,7 @@ def group_offsets(bootstrap, group_id: str, partitions, timeout_s: float = 30.0,
     every partition of it the group has committed, whether or not herd knows the topic or all its
     partitions): ``{tp: offset}`` for those with a commit."""
     if isinstance(partitions, str):
-        return {tp: om.offset for tp, om in all_group_offsets(bootstrap, group_id, timeout_s).items()
+        return {tp: om.offset for tp, om in all_group_offsets(bootstrap, group_id, timeout_s, config).items()
                 if tp.topic == partitions}
     parts = [_tp(p) for p in partitions]
     with _offsets_reader(bootstrap, group_id, config) as c:
@@ -346,10 +375,10 @@ def group_offsets(bootstrap, group_id: str, partitions, timeout_s: float = 30.0,
     return {tp: om.offset for tp, om in got.items() if om is not None and om.offset >= 0}
 
 
-def all_group_offsets(bootstrap, group_id: str, timeout_s: float = 30.0) -> dict:
+def all_group_offsets(bootstrap, group_id: str, timeout_s: float = 30.0, config: dict | None = None) -> dict:
     """Every committed offset of ``group_id`` (OffsetFetch for all topics): ``{tp:
     OffsetAndMetadata}``; empty for a group with none (or none known)."""
-    with _coordinator(bootstrap, group_id, timeout_s) as b:
+    with _coordinator(bootstrap, group_id, timeout_s, config) as b:
         v = b.version(m.OffsetFetchRequest)
         if v < 2:
             raise cerr.UnsupportedVersionError("listing all of a group's offsets needs OffsetFetch v2+")
@@ -457,7 +486,9 @@ class GroupJob:
     group_id: str
     end_offsets: dict
     static_membership: bool = False
-    config: dict = field(default_factory=dict)  # consumer config for the members (Kafka names)
+    # consumer config for the members (Kafka names), TLS / SASL settings included: kept out of the
+    # repr, which would show sasl.password
+    config: dict = field(default_factory=dict, repr=False)
     chunk_size: int = 500  # records per process() call and per commit
     task_timeout_s: float = 600.0  # a task that has not seen the group's work done by then fails
     poll_timeout_s: float = 1.0  # how long an idle member waits in poll between checks
@@ -485,7 +516,7 @@ class GroupJob:
         problems = []
         for topic in self.topics:
             wanted = sorted(tp.partition for tp in self.end_offsets if tp.topic == topic)
-            known = _known_partitions(self.bootstrap, topic, timeout_s)
+            known = _known_partitions(self.bootstrap, topic, timeout_s, self.config)
             if known is None:
                 problems.append(f"topic {topic!r} does not exist")
                 continue
@@ -529,6 +560,7 @@ class GroupJob:
 
     def wait(self, timeout_s: float = 300.0, **kwargs) -> dict:
         """Block until the group has committed every end offset (see ``wait_for_offsets``)."""
+        kwargs.setdefault("config", self.config)
         return wait_for_offsets(self.bootstrap, self.group_id, self.end_offsets, timeout_s, **kwargs)
 
 
@@ -625,7 +657,7 @@ def run_member(job: GroupJob, process, spark_partition: int = 0, attempt: int = 
                 _LIVE.discard(consumer)
         if finished and instance_id is not None and job.leave_on_finish:
             try:
-                res = remove_static_members(job.bootstrap, job.group_id, [instance_id])
+                res = remove_static_members(job.bootstrap, job.group_id, [instance_id], config=job.config)
                 stats["left"] = res.get(instance_id) == "NONE"
             except (OSError, cerr.KafkaError):
                 pass
@@ -653,7 +685,7 @@ def fetch_history(metrics_url: str, group_id: str, timeout_s: float = 10.0) -> l
 
 
 def offsets_dataframe(spark, bootstrap, group_id: str, end_offsets: dict | None = None,
-                      partitions=None, timeout_s: float = 30.0):
+                      partitions=None, timeout_s: float = 30.0, config: dict | None = None):
     """A DataFrame (topic, partition, committed, end_offset, lag, metadata) of the group's offsets
     for ``end_offsets``' partitions (or ``partitions``); lag = end_offset - committed. With neither,
     every partition the group has committed an offset for (end_offset and lag null). A commit past
@@ -663,10 +695,10 @@ def offsets_dataframe(spark, bootstrap, group_id: str, end_offsets: dict | None 
     ends = {_tp(tp): int(v) for tp, v in (end_offsets or {}).items()}
     parts = sorted(set(ends) | {_tp(p) for p in (partitions or [])})
     if parts:
-        with _offsets_reader(bootstrap, group_id, None) as c:
+        with _offsets_reader(bootstrap, group_id, config) as c:
             got = c.committed(parts, timeout_s=timeout_s)
     elif end_offsets is None and partitions is None:
-        got = all_group_offsets(bootstrap, group_id, timeout_s)
+        got = all_group_offsets(bootstrap, group_id, timeout_s, config)
         parts = sorted(got)
     else:
         got = {}
@@ -683,12 +715,12 @@ def offsets_dataframe(spark, bootstrap, group_id: str, end_offsets: dict | None 
     return spark.createDataFrame(rows, schema)
 
 
-def members_dataframe(spark, bootstrap, group_id: str, timeout_s: float = 10.0):
+def members_dataframe(spark, bootstrap, group_id: str, timeout_s: float = 10.0, config: dict | None = None):
     """A DataFrame (state, member_id, group_instance_id, client_id, client_host, assignment) from
     DescribeGroups; one row with null member columns when the group has no members."""
     from pyspark.sql.types import StringType, StructField, StructType
 
-    d = describe_group(bootstrap, group_id, timeout_s)
+    d = describe_group(bootstrap, group_id, timeout_s, config)
     rows = [(d["state"], mm["member_id"], mm["group_instance_id"], mm["client_id"], mm["client_host"],
              ",".join(str(tp) for tp in mm["assignment"])) for mm in d["members"]]
     if not rows:
@@ -773,7 +805,7 @@ def skip_committed(df, committed: dict, topic_col: str = "topic", partition_col:
 
 
 def starting_offsets_json(bootstrap, group_id: str, topics, default: str | int = "earliest",
-                          timeout_s: float = 30.0) -> str:
+                          timeout_s: float = 30.0, config: dict | None = None) -> str:
     """The ``startingOffsets`` option of Spark's Kafka source from the group's committed offsets:
     ``{"topic": {"0": 42, "1": -2}}`` over every committed partition and every partition herd's
     topic catalog lists; partitions without a commit get ``default`` ("earliest" = -2, "latest" =
@@ -783,11 +815,11 @@ def starting_offsets_json(bootstrap, group_id: str, topics, default: str | int =
     fallback = {"earliest": -2, "latest": -1}.get(default, default)
     if not isinstance(fallback, int):
         raise ValueError(f"default must be 'earliest', 'latest' or an offset, not {default!r}")
-    committed = {tp: om.offset for tp, om in all_group_offsets(bootstrap, group_id, timeout_s).items()
+    committed = {tp: om.offset for tp, om in all_group_offsets(bootstrap, group_id, timeout_s, config).items()
                  if tp.topic in topics}
     parts = set(committed)  # every committed partition, even of a topic herd does not know (yet)
     for t in topics:
-        parts.update(_known_partitions(bootstrap, t, timeout_s) or [])
+        parts.update(_known_partitions(bootstrap, t, timeout_s, config) or [])
     out: dict = {t: {} for t in topics}
     for tp in sorted(parts):
         out.setdefault(tp.topic, {})[str(tp.partition)] = committed.get(tp, fallback)

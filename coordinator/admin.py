@@ -18,7 +18,8 @@ protocol, so it works against herd and against a real Kafka cluster alike::
 Common options: ``--bootstrap-server HOST:PORT[,HOST:PORT]`` (default ``$HERD_BOOTSTRAP`` or
 127.0.0.1:9092), ``--data-bootstrap-server`` (where the partitions live, for log-end offsets and
 timestamp lookups; default: the bootstrap server), ``--timeout SECONDS`` (the whole command,
-default 10), ``--output table|json``.
+default 10), ``--output table|json``, ``--command-config FILE`` (TLS and SASL for every
+connection, as Kafka's tool: a client properties file, see ``coordinator/command_config.py``).
 
 How it talks to the server, as Kafka's admin client does: bootstrap, ApiVersions on every connection
 (each request uses the highest version both sides support), Metadata for the brokers and the
@@ -52,6 +53,7 @@ import json
 import os
 import re
 import socket
+import ssl
 import struct
 import sys
 import time
@@ -59,6 +61,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+from client.security import SecurityConfig, tls_failure
 from coordinator.cli import CliError
 from protocol import errors as E
 from protocol import messages as m
@@ -104,12 +107,18 @@ def _addr(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def parse_servers(text: str, flag: str = "--bootstrap-server") -> list[tuple[str, int]]:
+def parse_servers(text: str, flag: str = "--bootstrap-server", protocol: str = "PLAINTEXT") -> list[tuple[str, int]]:
     out = []
     for item in text.split(","):
         item = item.strip()
         if not item:
             continue
+        scheme, sep, rest = item.partition("://")
+        if sep:  # a listener URL, e.g. SASL_SSL://host:9093
+            if scheme.upper() != protocol:
+                raise CliError(f"{flag} {item!r} names {scheme.upper()} but security.protocol is {protocol} "
+                               f"(set it in --command-config)")
+            item = rest
         if item.startswith("["):
             host, _, rest = item[1:].partition("]")
             port = rest.removeprefix(":")
@@ -123,6 +132,11 @@ def parse_servers(text: str, flag: str = "--bootstrap-server") -> list[tuple[str
     if not out:
         raise CliError(f"{flag} is empty")
     return out
+
+
+class AuthError(CliError):
+    """The server refused this tool's credentials or certificate (or it would not verify): no
+    other server of the cluster is tried, they would refuse too."""
 
 
 # ---- the wire ------------------------------------------------------------------------------------
@@ -145,8 +159,10 @@ class Deadline:
 class BrokerConnection:
     """One blocking connection: ApiVersions on connect, then one request at a time."""
 
-    def __init__(self, host: str, port: int, deadline: Deadline, node_id: int | None = None):
+    def __init__(self, host: str, port: int, deadline: Deadline, node_id: int | None = None,
+                 security: SecurityConfig | None = None):
         self.host, self.port, self.node_id = host, port, node_id
+        security = security or SecurityConfig()
         self.deadline = deadline
         self.address = _addr(host, port)
         self.correlation_id = 0
@@ -160,10 +176,67 @@ class BrokerConnection:
             raise CliError(f"cannot connect to {self.address}: {_strerror(exc)}") from None
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
+            ctx = security.ssl_context()
+            if ctx is not None:
+                self._tls(ctx)
             self._negotiate()
+            if security.uses_sasl:
+                self._authenticate(*security.sasl_credentials())
         except BaseException:
             self.close()
             raise
+
+    def _tls(self, ctx: ssl.SSLContext) -> None:
+        try:
+            self.sock.settimeout(self.deadline.check(f"connecting to {self.address} (TLS)"))
+            self.sock = ctx.wrap_socket(self.sock, server_hostname=self.host)
+        except ssl.SSLError as exc:
+            raise self._tls_error(exc) from None
+        except TimeoutError:
+            raise CliError(f"timed out after {self.deadline.seconds:g}s in the TLS handshake with "
+                           f"{self.address}") from None
+        except OSError as exc:
+            raise CliError(f"TLS handshake with {self.address} failed: {_strerror(exc)} (is it a TLS "
+                           f"listener? check security.protocol)") from None
+
+    def _tls_error(self, exc: ssl.SSLError) -> CliError:
+        fatal, why = tls_failure(exc, self.host, self.port)
+        return AuthError(why) if fatal else CliError(why)
+
+    # SASL as Kafka's clients: after ApiVersions, SaslHandshake v1 names the mechanism, then
+    # SaslAuthenticate carries its tokens until it is done.
+    def _authenticate(self, mechanism: str, username: str, password: str) -> None:
+        from protocol.sasl import SaslError, client_mechanism
+
+        hs = self.versions.get(m.SaslHandshakeRequest.API_KEY)
+        auth = self.versions.get(m.SaslAuthenticateRequest.API_KEY)
+        if hs is None or hs[1] < 1 or auth is None:
+            raise AuthError(f"{self.address} does not offer SASL authentication: is its listener "
+                            f"SASL_PLAINTEXT or SASL_SSL? (check security.protocol)")
+        data = self._roundtrip(m.SaslHandshakeRequest(mechanism=mechanism), 1, "SaslHandshake")
+        pos = self._body_pos(data, m.SaslHandshakeRequest.API_KEY, 1, "SaslHandshake")
+        resp = self._decode(m.SaslHandshakeResponse, data, 1, pos, "SaslHandshake")
+        if resp.error_code == E.UNSUPPORTED_SASL_MECHANISM:
+            raise AuthError(f"{self.address} does not enable SASL mechanism {mechanism} (it enables: "
+                            f"{', '.join(resp.mechanisms) or 'none'}); check sasl.mechanism")
+        if resp.error_code != E.NONE:
+            raise AuthError(f"{self.address} refused SaslHandshake: {_error_text(resp.error_code)}")
+        mech = client_mechanism(mechanism, username, password)
+        version = min(auth[1], m.SaslAuthenticateRequest.MAX_VERSION)
+        token = mech.first()
+        while token is not None:
+            req = m.SaslAuthenticateRequest(auth_bytes=token)
+            data = self._roundtrip(req, version, "SaslAuthenticate")
+            pos = self._body_pos(data, req.API_KEY, version, "SaslAuthenticate")
+            resp = self._decode(m.SaslAuthenticateResponse, data, version, pos, "SaslAuthenticate")
+            if resp.error_code != E.NONE:
+                why = resp.error_message or _error_text(resp.error_code)
+                raise AuthError(f"{self.address}: SASL {mechanism} authentication of {username!r} failed: {why}")
+            try:
+                token = mech.step(bytes(resp.auth_bytes or b""))
+            except SaslError as exc:
+                raise AuthError(f"{self.address}: SASL {mechanism} authentication of {username!r} failed: "
+                                f"{exc}") from None
 
     # ApiVersions: ask at our highest version; a server that does not know it answers v0 with
     # UNSUPPORTED_VERSION and its range, and we ask again at the highest version it knows.
@@ -240,6 +313,8 @@ class BrokerConnection:
             data = self._read(size, what, name)
         except TimeoutError:
             raise CliError(f"timed out after {self.deadline.seconds:g}s {what}") from None
+        except ssl.SSLError as exc:  # TLS 1.3: a refused client certificate shows up at the first read
+            raise self._tls_error(exc) from None
         except OSError as exc:
             raise CliError(f"connection to {self.address} failed during {name}: {_strerror(exc)}") from None
         cid, = _I32.unpack_from(data, 0) if len(data) >= 4 else (None,)
@@ -274,9 +349,10 @@ def _strerror(exc: OSError) -> str:
 class Cluster:
     """Connections to one Kafka-compatible cluster, found from its bootstrap servers."""
 
-    def __init__(self, servers: list[tuple[str, int]], deadline: Deadline):
+    def __init__(self, servers: list[tuple[str, int]], deadline: Deadline, security: SecurityConfig | None = None):
         self.servers = servers
         self.deadline = deadline
+        self.security = security or SecurityConfig()
         self.conns: dict[object, BrokerConnection] = {}
         self.brokers: dict[int, tuple[str, int]] = {}
         self.coordinators: dict[str, int] = {}
@@ -299,7 +375,9 @@ class Cluster:
         problems = []
         for host, port in self.servers:
             try:
-                conn = BrokerConnection(host, port, self.deadline)
+                conn = BrokerConnection(host, port, self.deadline, security=self.security)
+            except AuthError:
+                raise
             except CliError as exc:
                 problems.append(str(exc))
                 continue
@@ -329,7 +407,7 @@ class Cluster:
             if conn.node_id is None:
                 conn.node_id = node_id
         else:
-            conn = BrokerConnection(host, port, self.deadline, node_id)
+            conn = BrokerConnection(host, port, self.deadline, node_id, self.security)
         self.conns[node_id] = conn
         return conn
 
@@ -582,6 +660,10 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="give up after this long (the whole command; default %(default)s)")
     p.add_argument("--output", choices=("table", "json"), default="table",
                    help="table (aligned columns, default) or json (stable keys, for scripts)")
+    p.add_argument("--command-config", metavar="FILE", default=None,
+                   help="client properties for every connection (TLS, SASL), as Kafka's tool: "
+                        "security.protocol, sasl.mechanism, sasl.jaas.config, ssl.truststore.location "
+                        "(PEM), or librdkafka's ssl.ca.location, sasl.username, ...")
 
 
 def _seconds(text: str) -> float:
@@ -717,11 +799,30 @@ def _group_args(p) -> None:
     p.add_argument("--all-groups", action="store_true", help="every group")
 
 
+def command_security(path: str | None) -> SecurityConfig:
+    """``--command-config FILE`` -> the connections' TLS / SASL settings (PLAINTEXT without one)."""
+    if path is None:
+        return SecurityConfig()
+    from coordinator.command_config import load_command_config
+
+    try:
+        security, ignored = load_command_config(path)
+    except OSError as exc:
+        raise CliError(f"--command-config {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    if ignored:
+        _note(f"--command-config {path}: not used by herd groups: {', '.join(ignored)}")
+    return security
+
+
 def _clusters(args):
     deadline = Deadline(args.timeout)
-    groups = Cluster(parse_servers(args.bootstrap_server), deadline)
+    security = command_security(args.command_config)  # one config for every connection, as Kafka's tool
+    groups = Cluster(parse_servers(args.bootstrap_server, protocol=security.protocol), deadline, security)
     if args.data_bootstrap_server:
-        data = Cluster(parse_servers(args.data_bootstrap_server, "--data-bootstrap-server"), deadline)
+        data = Cluster(parse_servers(args.data_bootstrap_server, "--data-bootstrap-server", security.protocol),
+                       deadline, security)
     else:
         data = groups
     return groups, data

@@ -1,0 +1,121 @@
+"""``herd groups --command-config``: Kafka's client properties (Java and librdkafka names) -> the
+connections' TLS / SASL settings, and one clear line for what herd cannot do."""
+
+from __future__ import annotations
+
+import pytest
+import trustme
+
+from coordinator.admin import CliError, command_security, parse_servers
+from coordinator.command_config import parse_properties, security_from_properties
+
+
+@pytest.fixture(scope="module")
+def ca_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("pki") / "ca.pem"
+    trustme.CA().cert_pem.write_to_path(str(path))
+    return str(path)
+
+
+def test_properties_syntax():
+    text = "\n".join([
+        "# a comment",
+        "! another",
+        "security.protocol=SASL_SSL",
+        "  sasl.mechanism : SCRAM-SHA-256",
+        "client.id herd-admin",
+        "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required \\",
+        "    username=\"alice\" \\",
+        "    password=\"p=w \\\\\"q\\\\\"\";",
+        "a\\=b=c",
+        "empty=",
+    ])
+    props = parse_properties(text)
+    assert props["security.protocol"] == "SASL_SSL" and props["sasl.mechanism"] == "SCRAM-SHA-256"
+    assert props["client.id"] == "herd-admin" and props["a=b"] == "c" and props["empty"] == ""
+    assert props["sasl.jaas.config"].startswith("org.apache.kafka.common.security.scram.ScramLoginModule required "
+                                                'username="alice" password=')
+    sec, ignored = security_from_properties({k: v for k, v in props.items() if "." in k})
+    assert sec.sasl_credentials() == ("SCRAM-SHA-256", "alice", 'p=w "q"') and ignored == ["client.id"]
+
+
+def test_java_settings(ca_file):
+    sec, ignored = security_from_properties({
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.jaas.config": 'org.apache.kafka.common.security.scram.ScramLoginModule required username="alice" '
+                            'password="s3 \\"cr\\"et";',
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": ca_file,
+        "ssl.truststore.password": "ignored for PEM",
+        "client.id": "x",
+        "request.timeout.ms": "5000",
+    })
+    assert sec.protocol == "SASL_SSL" and sec.ca_location == ca_file
+    assert sec.sasl_credentials() == ("SCRAM-SHA-512", "alice", 's3 "cr"et')
+    assert ignored == ["client.id", "request.timeout.ms"]
+    assert "s3" not in repr(sec)
+    sec, _ = security_from_properties({"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+                                       "sasl.jaas.config": "org.apache.kafka.common.security.plain.PlainLoginModule "
+                                                           "required username=bob password=pw;"})
+    assert sec.sasl_credentials() == ("PLAIN", "bob", "pw")
+    # Java's empty endpoint identification algorithm: no host name check
+    sec, _ = security_from_properties({"security.protocol": "SSL", "ssl.truststore.type": "PEM",
+                                       "ssl.truststore.location": ca_file, "ssl.endpoint.identification.algorithm": ""})
+    assert not sec.check_hostname and not sec.ssl_context().check_hostname
+
+
+def test_librdkafka_settings(ca_file):
+    sec, ignored = security_from_properties({"security.protocol": "sasl_ssl", "ssl.ca.location": ca_file,
+                                             "sasl.mechanisms": "PLAIN", "sasl.username": "u", "sasl.password": "p"})
+    assert sec.protocol == "SASL_SSL" and sec.sasl_credentials() == ("PLAIN", "u", "p") and ignored == []
+
+
+@pytest.mark.parametrize(
+    "props,message",
+    [
+        ({"security.protocol": "SSL", "ssl.truststore.location": "/t.jks"},
+         "ssl.truststore.location without ssl.truststore.type=PEM: JKS and PKCS12 stores are not supported"),
+        ({"security.protocol": "SSL", "ssl.truststore.type": "JKS", "ssl.truststore.location": "/t.jks"},
+         "ssl.truststore.type=JKS is not supported: herd groups reads PEM files only"),
+        ({"security.protocol": "SSL", "ssl.keystore.type": "PKCS12"}, "ssl.keystore.type=PKCS12 is not supported"),
+        ({"security.protocol": "SASL_SSL", "sasl.mechanism": "GSSAPI"}, "sasl.mechanism=GSSAPI is not supported"),
+        ({"security.protocol": "SASL_SSL", "sasl.jaas.config": "com.sun.security.auth.module.Krb5LoginModule "
+                                                                "required useKeyTab=true;"},
+         "login module com.sun.security.auth.module.Krb5LoginModule is not supported"),
+        ({"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-256",
+          "sasl.jaas.config": 'org.apache.kafka.common.security.plain.PlainLoginModule required username="u" '
+                              'password="p";'}, "PlainLoginModule does not go with sasl.mechanism=SCRAM-SHA-256"),
+        ({"security.protocol": "SASL_PLAINTEXT", "sasl.jaas.config": "org.apache.kafka.common.security.plain."
+                                                                      "PlainLoginModule required username=\"u\";"},
+         "needs username=\"...\" and password=\"...\""),
+        ({"security.protocol": "SASL_PLAINTEXT"}, "needs sasl.username and sasl.password"),
+        ({"sasl.login.callback.handler.class": "x.Y"}, "sasl.login.callback.handler.class is not supported"),
+        ({"security.protocol": "PLAINTEXTX"}, "security.protocol must be one of"),
+    ],
+)
+def test_what_herd_cannot_do_is_one_clear_error(props, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        security_from_properties(props)
+
+
+def test_command_security_reads_the_file_and_notes_ignored_keys(tmp_path, ca_file, capsys):
+    f = tmp_path / "client.properties"
+    f.write_text(f"security.protocol=SSL\nssl.truststore.type=PEM\nssl.truststore.location={ca_file}\n"
+                 "client.id=admin\n")
+    sec = command_security(str(f))
+    assert sec.protocol == "SSL" and sec.ca_location == ca_file
+    assert "not used by herd groups: client.id" in capsys.readouterr().err
+    assert command_security(None).protocol == "PLAINTEXT"
+    with pytest.raises(CliError, match="--command-config .*missing.properties: No such file"):
+        command_security(str(tmp_path / "missing.properties"))
+    f.write_text("security.protocol=SSL\nssl.truststore.location=/x.jks\n")
+    with pytest.raises(CliError, match=r"--command-config .*client.properties: ssl.truststore.location without"):
+        command_security(str(f))
+
+
+def test_listener_urls_in_servers_must_match_the_protocol():
+    assert parse_servers("SASL_SSL://h:9093,sasl_ssl://g:1", protocol="SASL_SSL") == [("h", 9093), ("g", 1)]
+    assert parse_servers("h:9093", protocol="SSL") == [("h", 9093)]
+    with pytest.raises(CliError, match="names SSL but security.protocol is PLAINTEXT"):
+        parse_servers("SSL://h:9093")
