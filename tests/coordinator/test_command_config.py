@@ -119,3 +119,68 @@ def test_listener_urls_in_servers_must_match_the_protocol():
     assert parse_servers("h:9093", protocol="SSL") == [("h", 9093)]
     with pytest.raises(CliError, match="names SSL but security.protocol is PLAINTEXT"):
         parse_servers("SSL://h:9093")
+
+
+# -- the admin's blocking connections over TLS and SASL (a scripted loopback broker) ---------------
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory):
+    import ssl
+
+    d = tmp_path_factory.mktemp("srv")
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(d / "ca.pem"))
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ca.issue_cert("127.0.0.1").configure_cert(ctx)
+    return str(d / "ca.pem"), ctx
+
+
+@pytest.fixture
+def broker(tls_server):
+    from protocol.sasl import Users
+    from tests.support.secure_broker import Broker
+
+    b = Broker(tls=tls_server[1], users=Users({"alice": "s3cret"}))
+    yield b
+    b.close()
+
+
+def _security(ca, password="s3cret", mechanism="SCRAM-SHA-512"):
+    sec, _ = security_from_properties({
+        "security.protocol": "SASL_SSL", "sasl.mechanism": mechanism, "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": ca,
+        "sasl.jaas.config": f'org.apache.kafka.common.security.scram.ScramLoginModule required username="alice" '
+                            f'password="{password}";'})
+    return sec
+
+
+def test_admin_connection_over_tls_and_scram(tls_server, broker):
+    from coordinator.admin import BrokerConnection, Deadline
+    from protocol import messages as m
+
+    conn = BrokerConnection("127.0.0.1", broker.port, Deadline(10), security=_security(tls_server[0]))
+    try:
+        resp, _ = conn.call(lambda v: m.FindCoordinatorRequest(key="g"))
+    finally:
+        conn.close()
+    assert (resp.host, resp.port) == ("127.0.0.1", broker.port) and broker.authenticated == ["alice"]
+
+
+def test_admin_wrong_password_is_one_line_and_no_other_server_is_tried(tls_server, broker):
+    from coordinator.admin import AuthError, Cluster, Deadline
+
+    cluster = Cluster([("127.0.0.1", broker.port), ("127.0.0.1", broker.port)], Deadline(10),
+                      _security(tls_server[0], password="nope"))
+    with pytest.raises(AuthError, match=r"127.0.0.1:\d+: SASL SCRAM-SHA-512 authentication of 'alice' failed: "
+                                        r"\S"):  # then the broker's reason
+        cluster.any()
+    assert broker.connections == 1
+
+
+def test_admin_certificate_that_does_not_verify(tmp_path, broker):
+    from coordinator.admin import AuthError, BrokerConnection, Deadline
+
+    trustme.CA().cert_pem.write_to_path(str(tmp_path / "other.pem"))
+    with pytest.raises(AuthError, match=r"TLS certificate verification of 127.0.0.1:\d+ failed"):
+        BrokerConnection("127.0.0.1", broker.port, Deadline(10), security=_security(str(tmp_path / "other.pem")))
