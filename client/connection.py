@@ -294,6 +294,11 @@ class Connection:
                     f"the broker does not enable SASL mechanism {mech_name} (it enables: {enabled}); "
                     f"check sasl.mechanism"
                 )
+            if resp.error_code == codes.ILLEGAL_SASL_STATE:
+                raise AuthenticationFailed(
+                    "the broker's listener does not take SASL (SaslHandshake: ILLEGAL_SASL_STATE): check "
+                    "security.protocol"
+                )
             if resp.error_code != codes.NONE:
                 raise AuthenticationFailed(f"SaslHandshake failed: {codes.error_name(resp.error_code)}")
             factory = self._mechanism_factory

@@ -471,6 +471,12 @@ class NetworkThread(threading.Thread):
                 if s.tls is not None and not s.tls.handshake_done:
                     why = f"{HUNG_UP} during the TLS handshake (is its listener SSL or SASL_SSL?)"
                     self._drop(s.conn_id, why, notify=True, now=now)
+                elif s.tls is not None and s.state == "handshake" and not self.cfg.security.certificate_location:
+                    # TLS 1.3: a broker that wants a client certificate refuses it after the client's
+                    # side of the handshake; one that closes without its alert looks like this.
+                    why = (f"{HUNG_UP} right after the TLS handshake (does it require a client certificate? "
+                           f"see ssl.certificate.location)")
+                    self._drop(s.conn_id, why, notify=True, now=now)
                 else:
                     self._drop(s.conn_id, HUNG_UP, notify=True, now=now)
                 return

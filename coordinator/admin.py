@@ -219,6 +219,9 @@ class BrokerConnection:
         if resp.error_code == E.UNSUPPORTED_SASL_MECHANISM:
             raise AuthError(f"{self.address} does not enable SASL mechanism {mechanism} (it enables: "
                             f"{', '.join(resp.mechanisms) or 'none'}); check sasl.mechanism")
+        if resp.error_code == E.ILLEGAL_SASL_STATE:
+            raise AuthError(f"{self.address}'s listener does not take SASL (SaslHandshake: ILLEGAL_SASL_STATE): "
+                            f"check security.protocol")
         if resp.error_code != E.NONE:
             raise AuthError(f"{self.address} refused SaslHandshake: {_error_text(resp.error_code)}")
         mech = client_mechanism(mechanism, username, password)
