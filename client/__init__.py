@@ -6,7 +6,8 @@ Layout: ``connection`` (sans-IO Kafka connection), ``heartbeat`` (timers taking 
 ``coordinator`` (the pure group state machine returning actions), ``assignors`` (range, roundrobin,
 sticky, cooperative-sticky, and the registry), ``network`` (the one background thread that owns the
 sockets), ``consumer`` (the blocking user API, talking to that thread only through queues and
-futures), ``errors``, ``config``, ``types``.
+futures), ``errors``, ``config``, ``security`` (TLS / SASL settings, the sans-IO TLS layer),
+``types``.
 """
 
 from client.assignors import (
