@@ -184,7 +184,7 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     except OSError as exc:
         raise CliError(f"cannot listen on {config.host}:{config.port}: {exc.strerror}") from None
     http = None
-    if config.metrics_port is not None:  # bound now, served once replayed: a busy port fails fast
+    if config.metrics_port is not None:  # bound first: a busy port fails before the replay
         http = HttpEndpoint(metrics, groups.list_groups,
                             lambda g: groups.group_history(g, runtime.now_ms()),
                             failed_shards=lambda: groups.failed_shards)
@@ -197,6 +197,26 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     catalog.set_address(adv_host, config.advertised_port or port)
     if config.fsync == "never":
         log.warning("fsync=never: acknowledged commits can be lost on a crash; use only for benchmarks")
+    # The signal handlers go in before the log is opened and replayed: as PID 1 in a container a
+    # signal without a handler is ignored (a `docker stop` during a long replay waited for SIGKILL),
+    # and a SIGTERM right after READY must stop cleanly.
+    stop = asyncio.Event()
+    received: list[str] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        received.append(sig.name)
+        stop.set()
+
+    # SIGHUP too (a closed terminal, as Kafka's LoggingSignalHandler): stop cleanly, not die; unless
+    # it was ignored when herd started (nohup), which the JVM respects too
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+            continue
+        loop.add_signal_handler(sig, on_signal, sig)
+    if http is not None:  # served from now on: /healthz answers "starting" while the log is replayed
+        http.ready = False
+        await http.start()
+        log.info("metrics listening", host=config.metrics_host, port=mport)
     try:
         shards = await loop.run_in_executor(None, functools.partial(store.open, latest_only=True))
     except LogCorruptError as exc:
@@ -206,12 +226,28 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     except OSError as exc:  # e.g. a shard file this user may not write
         where = f" ({exc.filename})" if exc.filename else ""
         raise CliError(f"cannot open the logs in {config.data_dir}{where}: {exc.strerror}") from None
+    stats = None
     gc.disable()  # replay builds millions of long-lived objects: no point scanning them meanwhile
     try:
-        stats = runtime.replay(shards)
-        del shards
+        steps = runtime.replay_steps(shards)
+        while not stop.is_set():
+            try:
+                next(steps)
+            except StopIteration as done:
+                stats = done.value
+                break
+            await asyncio.sleep(0)  # a turn of the loop: /healthz, signals
+        del shards, steps
     finally:
         gc.enable()
+    if stats is None:  # stopped before the replay ended: nothing was served, nothing is written
+        log.info("stopping before the replay ended", signal=received[0])
+        if http is not None:
+            http.close()
+        server.stop_accepting()
+        await loop.run_in_executor(None, store.close)
+        log.info("stopped")
+        return 0
     gc.freeze()  # and keep them out of every later collection
     # Requests allocate many short-lived objects and almost no cycles: collect the young
     # generation every 20,000 allocations instead of 700 (measured: GC was ~20% of commit CPU at
@@ -228,21 +264,7 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
              data_dir=str(config.data_dir), fsync=config.fsync, offsets_partitions=config.offsets_partitions,
              security_protocol=config.security_protocol)
     if http is not None:
-        await http.start()
-        log.info("metrics listening", host=config.metrics_host, port=mport)
-    stop = asyncio.Event()  # handlers first: a SIGTERM right after READY must stop cleanly
-    received: list[str] = []
-
-    def on_signal(sig: signal.Signals) -> None:
-        received.append(sig.name)
-        stop.set()
-
-    # SIGHUP too (a closed terminal, as Kafka's LoggingSignalHandler): stop cleanly, not die; unless
-    # it was ignored when herd started (nohup), which the JVM respects too
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
-            continue
-        loop.add_signal_handler(sig, on_signal, sig)
+        http.ready = True
     failure = None
     if config.port_file:
         tmp = Path(str(config.port_file) + ".tmp")

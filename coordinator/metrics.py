@@ -7,7 +7,10 @@ list updates, indexed by api key).
 
 HTTP (``--metrics-port``; off by default):
   GET /metrics                      Prometheus text format 0.0.4
-  GET /healthz                      "ok" (200), or 503 naming the shards stopped by a log failure
+  GET /healthz                      liveness: "ok" (200), "starting" (200) while the log is replayed,
+                                    or 503 naming the shards stopped by a log failure
+  GET /readyz                       readiness: "ready" (200) once Kafka requests are served; 503 while
+                                    starting, or with shards stopped by a log failure
   GET /groups                       JSON: every group with state, protocol, members
   GET /groups/<group>/history       JSON: the rebalance flight recorder for that group
 """
@@ -238,6 +241,9 @@ class HttpEndpoint:
         self.failed_shards = failed_shards  # () -> [shard ids stopped after a log write failure]
         self.max_request = max_request
         self.server = None
+        # False while herd starts (the log is replayed): /healthz says "starting", /readyz, /metrics
+        # and the views answer 503 (the group state is not whole yet)
+        self.ready = True
 
     async def bind(self, host: str, port: int) -> int:
         """Listen without serving yet (a busy port is found before the logs are replayed)."""
@@ -278,14 +284,19 @@ class HttpEndpoint:
 
     def route(self, target: str) -> tuple[int, str, bytes]:
         path = unquote(target.split("?", 1)[0])
-        if path == "/metrics":
-            return 200, "text/plain; version=0.0.4; charset=utf-8", self.metrics.render().encode()
-        if path == "/healthz":
+        if path in ("/healthz", "/readyz"):
             failed = self.failed_shards() if self.failed_shards is not None else []
             if failed:  # those groups get COORDINATOR_NOT_AVAILABLE until a restart replays the log
                 return 503, "text/plain", (f"unhealthy: {len(failed)} shard(s) stopped after a log write "
                                            f"failure: {', '.join(map(str, failed))}; restart herd\n").encode()
-            return 200, "text/plain", b"ok\n"
+            if path == "/healthz":  # alive: a restart during the replay would only start it again
+                return 200, "text/plain", b"ok\n" if self.ready else b"starting: replaying the log\n"
+            if self.ready:
+                return 200, "text/plain", b"ready\n"
+        if not self.ready:
+            return 503, "text/plain", b"not ready: starting (replaying the log)\n"
+        if path == "/metrics":
+            return 200, "text/plain; version=0.0.4; charset=utf-8", self.metrics.render().encode()
         if path == "/groups":
             return 200, "application/json", _json(self.groups_view())
         if path.startswith("/groups/") and path.endswith("/history"):

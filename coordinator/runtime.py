@@ -31,6 +31,9 @@ from protocol import messages as m
 log = logs.get("herd.runtime")
 
 FETCH_WAIT_CAP_MS = 30_000
+# Records replayed between two turns of the event loop at start-up (~30 ms of replay): /healthz and
+# the signal handlers are answered during a replay of any length.
+REPLAY_STEP = 20_000
 
 
 def monotonic_ms() -> int:
@@ -105,8 +108,20 @@ class Runtime:
 
     def replay(self, shards) -> dict:
         """Feed every shard's entries to the cores. ``shards``: shard id -> iterable of (key, value)."""
+        steps = self.replay_steps(shards)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def replay_steps(self, shards, every: int = REPLAY_STEP):
+        """:meth:`replay` as a generator that pauses after every ``every`` records, so that the
+        caller can let the event loop run between steps (``herd serve`` answers /healthz and
+        signals during a long replay); returns the stats as :meth:`replay` does."""
         started = time.perf_counter()
         count = 0
+        pause_at = every
         groups_replay = self.groups.replay
         catalog_replay = self.catalog.replay
         for shard_id, entries in shards.items():
@@ -116,6 +131,9 @@ class Runtime:
                 else:
                     groups_replay(shard_id, key, value)
                 count += 1
+                if count == pause_at:
+                    pause_at += every
+                    yield count
         self.groups.loaded(self.now_ms())
         return {"records": count, "seconds": round(time.perf_counter() - started, 3)}
 

@@ -37,7 +37,12 @@ class Daemon:
         return ("127.0.0.1", self.port)
 
     def start(self) -> Daemon:
-        port_file = self.data_dir.parent / f"{self.data_dir.name}.port"
+        self.spawn()
+        return self.wait_ready()
+
+    def spawn(self) -> Daemon:
+        """Start the process without waiting for it to be ready (see :meth:`wait_ready`)."""
+        port_file = self.port_file
         if port_file.exists():
             port_file.unlink()
         env = dict(os.environ)
@@ -52,14 +57,21 @@ class Daemon:
             self._log.close()
         self._log = open(self.log_path, "ab")
         # The daemon says READY=1 on a notify socket once it listens (systemd's protocol), after
-        # writing the port file: wait for that datagram, or for the process to exit.
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
-            notify.bind("\0herd-test-%d-%d" % (os.getpid(), id(self)))
-            env["NOTIFY_SOCKET"] = "@" + notify.getsockname()[1:].decode()
-            self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=str(REPO),
-                                         env=env)
+        # writing the port file: wait_ready waits for that datagram, or for the process to exit.
+        self._notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._notify.bind("\0herd-test-%d-%d" % (os.getpid(), id(self)))
+        env["NOTIFY_SOCKET"] = "@" + self._notify.getsockname()[1:].decode()
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=str(REPO), env=env)
+        return self
+
+    @property
+    def port_file(self) -> Path:
+        return self.data_dir.parent / f"{self.data_dir.name}.port"
+
+    def wait_ready(self) -> Daemon:
+        with self._notify as notify:
             if self._wait_ready(notify):
-                self.port = int(port_file.read_text())
+                self.port = int(self.port_file.read_text())
                 return self
         if self.proc.poll() is not None:
             raise RuntimeError(f"herd exited with {self.proc.returncode} during start-up:\n{self.logs()}")
@@ -113,10 +125,11 @@ class Daemon:
         return self.start()
 
     def __enter__(self):
-        return self.start()
+        return self.start() if self.proc is None else self  # ``with Daemon(...).spawn() as d``
 
     def __exit__(self, *exc):
         self.stop()
         if self.proc is not None and self.proc.poll() is None:
             self.kill()
         self._log.close()
+        self._notify.close()
