@@ -20,7 +20,17 @@ RUN pip install -q . \
 VOLUME /data
 USER herd
 WORKDIR /data
-EXPOSE 9092
 
-# Exec form: herd is the process that receives SIGTERM.
-CMD ["herd", "serve", "--host", "0.0.0.0", "--port", "9092", "--data-dir", "/data"]
+# The image's settings are environment variables, not flags in CMD: flags win over HERD_*
+# variables, so `docker run -e HERD_PORT=...` (or a Kubernetes env:) would be silently ignored.
+# The HTTP endpoint (/healthz, /readyz, /metrics) listens on every interface so that probes and
+# Prometheus can reach it; HERD_ADVERTISED_HOST must be set for clients outside the container.
+ENV HERD_HOST=0.0.0.0 \
+    HERD_PORT=9092 \
+    HERD_DATA_DIR=/data \
+    HERD_METRICS_HOST=0.0.0.0 \
+    HERD_METRICS_PORT=9404
+EXPOSE 9092 9404
+
+# Exec form: herd is the process that receives SIGTERM (as PID 1 it handles it from its start).
+CMD ["herd", "serve"]

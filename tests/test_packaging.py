@@ -104,15 +104,57 @@ def test_compose_file_is_valid_for_docker_compose():
     assert done.returncode == 0, done.stderr
 
 
-def test_dockerfile_cmd_uses_the_compose_volume(compose):
+def dockerfile_env() -> dict[str, str]:
+    """The image's ENV (``KEY=value`` pairs; the last instruction wins)."""
+    env = {}
+    for word, args in dockerfile_instructions():
+        if word == "ENV":
+            for pair in shlex.split(args):
+                key, sep, value = pair.partition("=")
+                assert sep, f"ENV {args!r}: use the KEY=value form"
+                env[key] = value
+    return env
+
+
+def image_config(extra_env: dict | None = None):
+    """The settings ``herd serve`` starts with in the image: its CMD's flags, its ENV and ``extra_env``
+    (what an operator adds with ``docker run -e`` or a Kubernetes ``env:``)."""
+    from coordinator import cli
+
     cmd = dockerfile_cmd()
     assert cmd[:2] == ["herd", "serve"]
-    data_dir = cmd[cmd.index("--data-dir") + 1]
-    assert data_dir in volume_targets(compose["services"]["herd"])
-    assert cmd[cmd.index("--port") + 1] == "9092"
+    args = cli.build_parser().parse_args(cmd[1:])
+    with pytest.MonkeyPatch.context() as mp:
+        for key in [k for k in os.environ if k.startswith("HERD_")]:
+            mp.delenv(key)
+        for key, value in {**dockerfile_env(), **(extra_env or {})}.items():
+            mp.setenv(key, value)
+        return cli.load_config(args)
+
+
+def test_dockerfile_settings_use_the_compose_volume(compose):
+    config = image_config()
+    assert config.data_dir in volume_targets(compose["services"]["herd"])
+    assert (config.host, config.port) == ("0.0.0.0", 9092)
     instructions = dockerfile_instructions()
-    assert ("VOLUME", data_dir) in instructions
-    assert ("EXPOSE", "9092") in instructions
+    assert ("VOLUME", config.data_dir) in instructions
+    exposed = {p for word, args in instructions if word == "EXPOSE" for p in args.split()}
+    assert {"9092", str(config.metrics_port)} <= exposed
+    assert config.metrics_host == "0.0.0.0"  # probes and Prometheus come from outside the container
+
+
+@pytest.mark.parametrize("key,value,setting", [
+    ("HERD_PORT", "19092", 19092), ("HERD_HOST", "127.0.0.1", "127.0.0.1"),
+    ("HERD_DATA_DIR", "/var/lib/herd", "/var/lib/herd"), ("HERD_METRICS_PORT", "19404", 19404),
+])
+def test_an_operators_environment_variable_wins_in_the_image(key, value, setting):
+    # the README: every setting is a HERD_* variable; a flag in CMD would silently override it
+    assert getattr(image_config({key: value}), key[5:].lower()) == setting
+
+
+def test_compose_healthcheck_asks_readyz_on_the_images_metrics_port(compose):
+    test = " ".join(compose["services"]["herd"]["healthcheck"]["test"])
+    assert f"127.0.0.1:{image_config().metrics_port}/readyz" in test
 
 
 def requirement_name(req: str) -> str:
