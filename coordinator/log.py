@@ -747,8 +747,20 @@ class LogStore:
             raise LogError(f"{self.data_dir} has a shard directory {shard_dir_name(existing[-1])} but only "
                            f"{self.num_shards} shards were asked for; the shard count is fixed for the life "
                            f"of a data directory")
+        if existing and existing != list(range(self.num_shards)):
+            # shard directories without their herd-log.json (a partial restore, a lost file): with
+            # another shard count, groups would hash to other shards than their records are in, and
+            # a commit made now would lose to the older record at the next replay (shard order)
+            raise LogError(f"{self.data_dir} has {len(existing)} shard directories ({shard_dir_name(existing[0])} "
+                           f"to {shard_dir_name(existing[-1])}) but no {META_NAME}, and {self.num_shards} shards "
+                           f"were asked for: restore the whole data directory, or start with the "
+                           f"offsets_partitions it was written with")
         _write_file_atomic(meta_path, json.dumps({"format": FORMAT_VERSION, "num_shards": self.num_shards})
                            .encode() + b"\n")
+        if existing:
+            log.warning("log.meta_recreated", path=str(meta_path), shards=self.num_shards,
+                        detail=f"{META_NAME} was missing; the shard directories match the shard count asked for")
+            return
         # A new store is right on a first start, and a loud surprise on any other (a volume not
         # mounted, a directory cleaned by a script): every group starts with no offsets.
         log.warning("log.new_data_dir", path=str(self.data_dir), shards=self.num_shards,

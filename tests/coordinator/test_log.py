@@ -195,6 +195,18 @@ def test_shard_count_is_fixed_for_a_data_dir(tmp_path):
     assert reopen(tmp_path, 2)[0] == [kv(1)]
 
 
+def test_shard_dirs_without_their_meta_file_need_their_own_shard_count(tmp_path):
+    # a restore that copied the shard directories but not herd-log.json: started with more shards,
+    # groups hash elsewhere and a new commit loses to the old record at the next replay
+    write_batches(tmp_path, [(0, [kv(1)]), (1, [kv(2)])], n=2)
+    (tmp_path / L.META_NAME).unlink()
+    with pytest.raises(LogError, match="shard directories .*but no herd-log.json, and 3 shards"):
+        LogStore(tmp_path, 3).open()
+    assert not (tmp_path / L.META_NAME).exists()
+    assert reopen(tmp_path, 2) == {0: [kv(1)], 1: [kv(2)]}  # its own count: the file is written again
+    assert (tmp_path / L.META_NAME).exists()
+
+
 # ---- group commit and fsync modes --------------------------------------------------------------
 
 
