@@ -798,7 +798,12 @@ class LogStore:
                 continue
             with open(st.path, "rb") as f:
                 buf = f.read()
-            scans.append(_scan(buf, shard_id, str(st.path), positions=False, sizes=st.sizes))
+            try:
+                scans.append(_scan(buf, shard_id, str(st.path), positions=False, sizes=st.sizes))
+            except LogFormatError as exc:  # an entry's error names its offset, not its file
+                if str(exc).startswith(str(st.path)):
+                    raise
+                raise LogFormatError(f"{st.path}: {exc}") from None
             del buf
         if created_dirs:
             _fsync_dir(self.data_dir)

@@ -560,8 +560,9 @@ def test_unknown_entry_version_is_refused_not_truncated(tmp_path):
     with open(p, "ab") as f:
         f.write(struct.pack(">II", len(payload), L.crc32c(payload)) + payload)
     size = p.stat().st_size
-    with pytest.raises(LogFormatError, match="version 1"):
+    with pytest.raises(LogFormatError, match="version 1") as raised:
         LogStore(tmp_path, 2).open()
+    assert str(raised.value).startswith(f"{p}: entry at byte ")  # which file, for the operator
     assert p.stat().st_size == size
 
 
