@@ -230,6 +230,17 @@ def _int(name: str, value) -> int:
 OTHER_ENV = frozenset({"HERD_BOOTSTRAP", "HERD_DATA_BOOTSTRAP", "HERD_HTTP"})
 
 
+# Kubernetes gives every pod <SERVICE>_PORT=tcp://10.96.0.7:9092 (and <SERVICE>_SERVICE_HOST, ...)
+# for each Service of its namespace (enableServiceLinks, on by default): a Service named "herd" sets
+# HERD_PORT to that. It is not a port setting; taken for one, every herd pod failed to start.
+_SERVICE_LINK = re.compile(r"(tcp|udp|sctp)://\S+:\d+")
+
+
+def service_link(key: str, value: str) -> bool:
+    """True for ``HERD_PORT=tcp://IP:PORT``, the variable Kubernetes sets for a Service named herd."""
+    return key == "HERD_PORT" and _SERVICE_LINK.fullmatch(str(value).strip()) is not None
+
+
 def unknown_env(env) -> list[tuple[str, str]]:
     """(variable, the setting it was probably meant to be) for each HERD_* variable that is not a
     setting but is close to one: a misspelt setting is otherwise silently ignored."""
@@ -273,7 +284,7 @@ def load(toml_path: str | None = None, env: dict | None = None, overrides: dict 
         if not key.startswith("HERD_"):
             continue
         name = key[5:].lower()
-        if name in FIELDS:
+        if name in FIELDS and not service_link(key, value):
             sources[name] = key
             values[name] = _coerce(name, value, key)
     for name, value in (overrides or {}).items():

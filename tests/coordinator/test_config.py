@@ -90,3 +90,15 @@ def test_a_herd_table_with_settings_outside_it_is_refused(tmp_path):
         load(str(path), env={})
     path.write_text('[herd]\nport = 1234\n')
     assert load(str(path), env={}).port == 1234
+
+
+def test_a_kubernetes_service_link_named_herd_is_not_the_port_setting():
+    # a Service named "herd" puts these in every pod of its namespace (enableServiceLinks)
+    env = {"HERD_PORT": "tcp://10.96.12.7:9092", "HERD_SERVICE_HOST": "10.96.12.7", "HERD_SERVICE_PORT": "9092",
+           "HERD_PORT_9092_TCP": "tcp://10.96.12.7:9092", "HERD_PORT_9092_TCP_PORT": "9092"}
+    from coordinator.config import unknown_env
+
+    assert load(None, env).port == 9092
+    assert load(None, env, {"port": "19092"}).port == 19092
+    assert load(None, {**env, "HERD_PORT": "19092"}).port == 19092  # a real port still counts
+    assert unknown_env(env) == []
