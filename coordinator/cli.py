@@ -28,7 +28,7 @@ SERVE_HELP = {
     "advertised_host": "the host Metadata and FindCoordinator give clients (default: --host, or the "
                        "machine's FQDN when listening on 0.0.0.0 or ::)",
     "advertised_port": "the port given to clients (default: the bound port)",
-    "metrics_port": "serve /metrics, /healthz and the JSON views on this port (default: off)",
+    "metrics_port": "serve /metrics, /healthz, /readyz and the JSON views on this port (default: off)",
     "security_protocol": "PLAINTEXT (default), SSL, SASL_PLAINTEXT or SASL_SSL",
     "ssl_certfile": "the server's certificate chain, PEM (SSL, SASL_SSL)",
     "ssl_keyfile": "its private key, PEM (default: in the certificate file)",
