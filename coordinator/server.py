@@ -279,8 +279,8 @@ class Connection(asyncio.Protocol):
             self.transport.resume_reading()
 
     def handle(self, frame: bytes) -> None:
-        if self.unauthenticated:
-            self.authenticate(frame)
+        if self.sasl_raw:  # a bare token after a v0 SaslHandshake, answered bare
+            self.raw_sasl_token(frame)
             return
         try:
             api_key, version, correlation_id, client_id, _, pos = read_request_header(frame)
@@ -289,6 +289,9 @@ class Connection(asyncio.Protocol):
             return
         if api_key == API_VERSIONS:
             self.api_versions(version, correlation_id, frame, pos)
+            return
+        if self.unauthenticated:
+            self.authenticate(api_key, version, correlation_id, client_id, frame, pos)
             return
         rng = SUPPORTED.get(api_key)
         if rng is None or not rng[0] <= version <= rng[1]:
@@ -385,22 +388,15 @@ class Connection(asyncio.Protocol):
 
     # ---- SASL ----------------------------------------------------------------------------------
 
-    def authenticate(self, frame: bytes) -> None:
-        """A frame of a connection that has not authenticated yet (SASL listener)."""
-        if self.sasl_raw:  # a bare token after a v0 SaslHandshake, answered bare
-            answer = self._sasl_step(frame, None)
-            if answer is not None:
-                self.out += _SIZE.pack(len(answer))
-                self.out += answer
-            return
-        try:
-            api_key, version, correlation_id, client_id, _, pos = read_request_header(frame)
-        except ProtocolError as exc:
-            self.fail("malformed request header", exc)
-            return
-        if api_key == API_VERSIONS:
-            self.api_versions(version, correlation_id, frame, pos)
-            return
+    def raw_sasl_token(self, frame: bytes) -> None:
+        answer = self._sasl_step(frame, None)
+        if answer is not None:
+            self.out += _SIZE.pack(len(answer))
+            self.out += answer
+
+    def authenticate(self, api_key: int, version: int, correlation_id: int, client_id, frame: bytes,
+                     pos: int) -> None:
+        """A request (not ApiVersions) of a connection that has not authenticated yet."""
         if api_key not in _SASL_APIS:
             log.warning("request before SASL authentication; closing connection", peer=self.peer,
                         client_id=client_id, api=API_NAMES.get(api_key, api_key))

@@ -17,6 +17,7 @@ from client import GroupConsumer, TopicPartition
 from client import errors as cerr
 from client.spark import GroupJob, describe_group, partitions_for, run_member
 from tests.support.daemon import REPO, Daemon
+from tests.support.pki import make_pki
 
 pytestmark = pytest.mark.integration
 trustme = pytest.importorskip("trustme")
@@ -27,18 +28,7 @@ ALL = {TopicPartition("t", 0), TopicPartition("t", 1)}
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
-    d = tmp_path_factory.mktemp("pki")
-    ca = trustme.CA()
-    ca.issue_cert("127.0.0.1", "localhost").private_key_and_cert_chain_pem.write_to_path(str(d / "server.pem"))
-    ca.cert_pem.write_to_path(str(d / "ca.pem"))
-    client = ca.issue_cert("client.example")
-    client.cert_chain_pems[0].write_to_path(str(d / "client.crt"))
-    client.private_key_pem.write_to_path(str(d / "client.key"))
-    trustme.CA().cert_pem.write_to_path(str(d / "other-ca.pem"))
-    users = d / "users"
-    users.write_text(f"alice:{PASSWORD}\n")
-    users.chmod(0o600)
-    return d
+    return make_pki(tmp_path_factory.mktemp("pki"), {"alice": PASSWORD})
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from protocol import messages as m
 from protocol.sasl import client_mechanism
 from tests.support.daemon import REPO, Daemon
 from tests.support.kafka import RawClient
+from tests.support.pki import make_pki
 
 pytestmark = pytest.mark.integration
 trustme = pytest.importorskip("trustme")
@@ -26,19 +27,7 @@ PASSWORD = "alice-secret: with spaces"
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
-    d = tmp_path_factory.mktemp("pki")
-    ca = trustme.CA()
-    ca.issue_cert("127.0.0.1", "localhost").private_key_and_cert_chain_pem.write_to_path(str(d / "server.pem"))
-    ca.cert_pem.write_to_path(str(d / "ca.pem"))
-    client = ca.issue_cert("client.example")
-    client.cert_chain_pems[0].write_to_path(str(d / "client.crt"))
-    client.private_key_pem.write_to_path(str(d / "client.key"))
-    other = trustme.CA()  # a CA nobody trusts
-    other.issue_cert("client.example").private_key_and_cert_chain_pem.write_to_path(str(d / "stranger.pem"))
-    users = d / "users"
-    users.write_text(f"# herd users\nalice:{PASSWORD}\nbob:bob-pw\n")
-    users.chmod(0o600)
-    return d
+    return make_pki(tmp_path_factory.mktemp("pki"), {"alice": PASSWORD, "bob": "bob-pw"})
 
 
 def _topic_args():
