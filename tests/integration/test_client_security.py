@@ -20,7 +20,6 @@ from tests.support.daemon import REPO, Daemon
 from tests.support.pki import make_pki
 
 pytestmark = pytest.mark.integration
-trustme = pytest.importorskip("trustme")
 
 PASSWORD = "alice: secret with spaces"
 ALL = {TopicPartition("t", 0), TopicPartition("t", 1)}

@@ -20,7 +20,6 @@ from tests.support.kafka import RawClient
 from tests.support.pki import make_pki
 
 pytestmark = pytest.mark.integration
-trustme = pytest.importorskip("trustme")
 
 PASSWORD = "alice-secret: with spaces"
 
