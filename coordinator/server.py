@@ -66,6 +66,10 @@ SASL_HANDSHAKE = m.SaslHandshakeRequest.API_KEY
 SASL_AUTHENTICATE = m.SaslAuthenticateRequest.API_KEY
 _SASL_APIS = frozenset({SASL_HANDSHAKE, SASL_AUTHENTICATE})
 FAILED_AUTH_DELAY = 0.1  # seconds between a failed authentication's answer and the close
+# The largest frame a connection may send before it has authenticated (Kafka's
+# sasl.server.max.receive.size): ApiVersions and SASL tokens are small, and a client that has not
+# proved who it is must not make herd buffer max_frame_size bytes (8 MiB) per connection.
+SASL_MAX_RECEIVE_SIZE = 512 * 1024
 TLS_HANDSHAKE_TIMEOUT = 10.0
 REFUSED_LOG_INTERVAL = 10.0  # seconds between "too many connections" warnings
 
@@ -151,6 +155,8 @@ class Connection(asyncio.Protocol):
         self.sasl = None  # the ServerMechanism chosen by SaslHandshake
         self.sasl_raw = False  # after a v0 SaslHandshake the tokens come as bare frames
         self.principal = None  # the authenticated user
+        if self.unauthenticated:
+            self.decoder.max_frame_size = min(self.decoder.max_frame_size, SASL_MAX_RECEIVE_SIZE)
 
     # ---- asyncio callbacks ---------------------------------------------------------------------
 
@@ -466,6 +472,9 @@ class Connection(asyncio.Protocol):
             self.unauthenticated = False
             self.sasl_raw = False
             self.principal = mech.username
+            # from the next read on (frames already split came under the pre-authentication
+            # limit; Kafka's clients wait for this answer before they send another request)
+            self.decoder.max_frame_size = self.server.config.max_frame_size
             log.debug("SASL authenticated", peer=self.peer, mechanism=mech.name, user=mech.username)
             if metrics is not None:
                 metrics.authentications.inc(mech.name, "ok")

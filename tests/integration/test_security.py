@@ -243,6 +243,23 @@ def test_a_failed_authentication_is_answered_before_the_close(sasl_ssl, pki):
         assert time.monotonic() - started >= 0.05  # Kafka's delay before closing after a failure
 
 
+def test_a_large_frame_before_authentication_closes_the_connection(sasl_ssl, pki):
+    """Kafka's sasl.server.max.receive.size (512 KiB): a peer that has not authenticated cannot
+    make herd buffer a max_frame_size (8 MiB) request; once authenticated it can send one."""
+    import struct
+
+    size = 600 * 1024
+    with RawClient(sasl_ssl.address, ssl_context=_tls(pki)) as c:
+        _handshake(c, "PLAIN")
+        c.sock.sendall(struct.pack(">i", size) + b"\0" * 1024)
+        assert c.closed_by_peer()
+    with RawClient(sasl_ssl.address, ssl_context=_tls(pki)) as c:
+        _handshake(c, "PLAIN")
+        assert c.call(m.SaslAuthenticateRequest(auth_bytes=b"\0alice\0" + PASSWORD.encode()), 1).error_code == 0
+        c.sock.sendall(struct.pack(">i", size) + b"\0" * 1024)
+        assert not c.closed_by_peer(timeout=1.0)  # waits for the rest of the frame
+
+
 def test_plaintext_client_on_a_tls_listener_is_dropped_and_the_daemon_keeps_serving(sasl_ssl, pki):
     with RawClient(sasl_ssl.address) as c:
         c.send(m.ApiVersionsRequest(), 0)
