@@ -99,6 +99,10 @@ def _jaas(value: str, mechanism: str | None) -> tuple[str, str]:
     if module not in _JAAS_MODULES:
         raise ValueError(f"sasl.jaas.config: login module {module} is not supported (herd groups does "
                          f"PlainLoginModule and ScramLoginModule)")
+    if mechanism is None and module.endswith(".ScramLoginModule"):
+        # not PLAIN, the default otherwise: that would send the password itself (in the clear on
+        # SASL_PLAINTEXT); Kafka's tool would take GSSAPI, its default, and fail
+        raise ValueError("sasl.jaas.config: ScramLoginModule needs sasl.mechanism=SCRAM-SHA-256 or SCRAM-SHA-512")
     if mechanism is not None and mechanism not in _JAAS_MODULES[module]:
         raise ValueError(f"sasl.jaas.config: {module.rsplit('.', 1)[1]} does not go with sasl.mechanism={mechanism}")
     opts = {}

@@ -90,6 +90,12 @@ def test_librdkafka_settings(ca_file):
                                                                       "PlainLoginModule required username=\"u\";"},
          "needs username=\"...\" and password=\"...\""),
         ({"security.protocol": "SASL_PLAINTEXT"}, "needs sasl.username and sasl.password"),
+        # without sasl.mechanism a SCRAM login must not become PLAIN (its password in the clear on
+        # SASL_PLAINTEXT); Kafka's tool would use its default, GSSAPI, and fail too
+        ({"security.protocol": "SASL_PLAINTEXT", "sasl.jaas.config": "org.apache.kafka.common.security.scram."
+                                                                      "ScramLoginModule required username=\"u\" "
+                                                                      "password=\"p\";"},
+         "ScramLoginModule needs sasl.mechanism=SCRAM-SHA-256 or SCRAM-SHA-512"),
         ({"sasl.login.callback.handler.class": "x.Y"}, "sasl.login.callback.handler.class is not supported"),
         ({"security.protocol": "PLAINTEXTX"}, "security.protocol must be one of"),
     ],
