@@ -132,8 +132,9 @@ def serve(config: cfg.Config, repair: bool = False) -> int:
     log = logs.get("herd")
     for key, meant in cfg.unknown_env(os.environ):
         log.warning("ignoring an environment variable that is not a setting", variable=key, did_you_mean=meant)
-    if cfg.service_link("HERD_PORT", os.environ.get("HERD_PORT", "")):
-        log.info("ignoring HERD_PORT: it is a Kubernetes service link, not a port", value=os.environ["HERD_PORT"])
+    for key, value in sorted(os.environ.items()):
+        if key[5:].lower() in cfg.FIELDS and cfg.service_link(key, value):
+            log.info(f"ignoring {key}: it is a Kubernetes service link, not a port", value=value)
     if config.port_file:
         parent = Path(config.port_file).resolve().parent
         if not parent.is_dir() or not os.access(parent, os.W_OK):

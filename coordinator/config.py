@@ -237,8 +237,11 @@ _SERVICE_LINK = re.compile(r"(tcp|udp|sctp)://\S+:\d+")
 
 
 def service_link(key: str, value: str) -> bool:
-    """True for ``HERD_PORT=tcp://IP:PORT``, the variable Kubernetes sets for a Service named herd."""
-    return key == "HERD_PORT" and _SERVICE_LINK.fullmatch(str(value).strip()) is not None
+    """True for ``HERD_PORT=tcp://IP:PORT``, the variable Kubernetes sets for a Service named herd,
+    and for the other port settings' names: a Service named herd-metrics sets
+    ``HERD_METRICS_PORT=tcp://IP:PORT`` (herd-advertised: ``HERD_ADVERTISED_PORT``)."""
+    return key.startswith("HERD_") and key.endswith("_PORT") and \
+        _SERVICE_LINK.fullmatch(str(value).strip()) is not None
 
 
 def unknown_env(env) -> list[tuple[str, str]]:

@@ -102,3 +102,11 @@ def test_a_kubernetes_service_link_named_herd_is_not_the_port_setting():
     assert load(None, env, {"port": "19092"}).port == 19092
     assert load(None, {**env, "HERD_PORT": "19092"}).port == 19092  # a real port still counts
     assert unknown_env(env) == []
+
+
+def test_a_kubernetes_service_link_named_herd_metrics_is_not_the_metrics_port_setting():
+    # a Service named "herd-metrics" (for Prometheus) sets HERD_METRICS_PORT in every pod
+    env = {"HERD_METRICS_PORT": "tcp://10.96.12.8:9404", "HERD_METRICS_SERVICE_HOST": "10.96.12.8"}
+    assert load(None, env).metrics_port is None
+    assert load(None, {**env, "HERD_ADVERTISED_PORT": "tcp://10.96.12.9:9092"}).advertised_port is None
+    assert load(None, {"HERD_METRICS_PORT": "9404"}).metrics_port == 9404  # a real port still counts
