@@ -180,13 +180,26 @@ def _build_context(cfg: SecurityConfig) -> ssl.SSLContext:
                          f"{exc.strerror or exc}") from None
     if cfg.certificate_location:
         try:
-            ctx.load_cert_chain(cfg.certificate_location, cfg.key_location, cfg.key_password)
+            ctx.load_cert_chain(cfg.certificate_location, cfg.key_location,
+                                cfg.key_password if cfg.key_password is not None else _no_password)
+        except _KeyNeedsPassword:
+            raise ValueError(f"ssl.key.location {cfg.key_location or cfg.certificate_location!r}: the key is "
+                             "encrypted: set ssl.key.password") from None
         except (OSError, ssl.SSLError) as exc:
             raise ValueError(
                 f"ssl.certificate.location {cfg.certificate_location!r} / ssl.key.location "
                 f"{cfg.key_location!r}: cannot load the client certificate and key: {exc.strerror or exc}"
             ) from None
     return ctx
+
+
+class _KeyNeedsPassword(Exception):
+    pass
+
+
+def _no_password():
+    """Without a callback OpenSSL would ask for an encrypted key's pass phrase on the terminal."""
+    raise _KeyNeedsPassword
 
 
 class TlsLayer:

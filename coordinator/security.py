@@ -47,11 +47,24 @@ def load(config) -> Security:
     )
 
 
+class _KeyNeedsPassword(Exception):
+    pass
+
+
+def _no_password():
+    """OpenSSL asks for an encrypted key's pass phrase on the terminal unless given a callback: a
+    daemon must fail with one line instead of waiting for keyboard input."""
+    raise _KeyNeedsPassword
+
+
 def server_context(config) -> ssl.SSLContext:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2  # Kafka's ssl.enabled.protocols: TLSv1.2,TLSv1.3
     try:
-        ctx.load_cert_chain(config.ssl_certfile, config.ssl_keyfile, config.ssl_key_password)
+        ctx.load_cert_chain(config.ssl_certfile, config.ssl_keyfile,
+                            config.ssl_key_password if config.ssl_key_password is not None else _no_password)
+    except _KeyNeedsPassword:
+        raise SecurityError("the private key is encrypted: set ssl_key_password (HERD_SSL_KEY_PASSWORD)") from None
     except FileNotFoundError as exc:
         raise SecurityError(f"cannot read {exc.filename or config.ssl_certfile}: no such file") from None
     except PermissionError as exc:

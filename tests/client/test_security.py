@@ -96,6 +96,20 @@ def test_client_certificate_files_load_or_fail_clearly(pki):
         parse_config("h:1", "g", security_protocol="SSL", ssl_certificate_location=str(d / "ca.pem"))
 
 
+def test_an_encrypted_client_key_without_its_password_fails_clearly_not_a_prompt(pki):
+    from cryptography.hazmat.primitives import serialization
+
+    d = pki["dir"]
+    key = serialization.load_pem_private_key((d / "client-key.pem").read_bytes(), None)
+    (d / "client-key-enc.pem").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.BestAvailableEncryption(b"pw")))
+    common = dict(security_protocol="SSL", ssl_ca_location=str(d / "ca.pem"),
+                  ssl_certificate_location=str(d / "client-cert.pem"), ssl_key_location=str(d / "client-key-enc.pem"))
+    with pytest.raises(ValueError, match="the key is encrypted: set ssl.key.password"):
+        parse_config("h:1", "g", **common).security.ssl_context()
+    assert parse_config("h:1", "g", ssl_key_password="pw", **common).security.ssl_context() is not None
+
+
 def test_passwords_never_in_reprs_and_config_pickles(pki):
     cfg = parse_config("h:1", "g", security_protocol="SASL_SSL", ssl_ca_location=str(pki["dir"] / "ca.pem"),
                        sasl_username="alice", sasl_password="hunter2-secret")

@@ -409,3 +409,34 @@ def test_a_users_file_others_can_read_is_warned_about(pki, tmp_path):
     users.chmod(0o600)
     with Daemon(tmp_path / "data2", "--security-protocol", "SASL_PLAINTEXT", "--sasl-users-file", users) as d:
         assert "readable by other users" not in d.logs()
+
+
+def test_an_encrypted_key_without_its_password_is_one_line_not_a_prompt(pki, tmp_path):
+    """OpenSSL would read the pass phrase from the terminal; herd must fail at once instead."""
+    from cryptography.hazmat.primitives import serialization
+
+    pem = (pki / "server.pem").read_bytes()
+    key = serialization.load_pem_private_key(pem[:pem.index(b"-----BEGIN CERTIFICATE-----")], None)
+    (tmp_path / "key.pem").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(b"key-pw")))
+    (tmp_path / "cert.pem").write_bytes(pem[pem.index(b"-----BEGIN CERTIFICATE-----"):])
+    base = [sys.executable, "-m", "coordinator", "serve", "--port", "0", "--security-protocol", "SSL",
+            "--ssl-certfile", str(tmp_path / "cert.pem"), "--ssl-keyfile", str(tmp_path / "key.pem")]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    # a pseudo-terminal as stdin: where OpenSSL's prompt would wait for an answer
+    import pty
+
+    leader, follower = pty.openpty()
+    try:
+        r = subprocess.run([*base, "--data-dir", str(tmp_path / "d")], stdin=follower, capture_output=True,
+                           text=True, timeout=60, cwd=str(REPO), env=env)
+    finally:
+        os.close(leader)
+        os.close(follower)
+    assert r.returncode == 2 and "the private key is encrypted: set ssl_key_password" in r.stderr, r.stderr
+    with Daemon(tmp_path / "data", "--security-protocol", "SSL", "--ssl-certfile", tmp_path / "cert.pem",
+                "--ssl-keyfile", tmp_path / "key.pem", env={"HERD_SSL_KEY_PASSWORD": "key-pw"}) as d:
+        with RawClient(d.address, ssl_context=_tls(pki)) as c:
+            assert c.call(m.FindCoordinatorRequest(key="g"), 1).error_code == 0
+        assert "key-pw" not in d.logs()
