@@ -427,7 +427,7 @@ class Connection(asyncio.Protocol):
         if self.sasl is None:
             self.send_response(token, m.SaslAuthenticateResponse(
                 error_code=E.ILLEGAL_SASL_STATE, error_message="SaslAuthenticate before SaslHandshake"))
-            self.close()
+            self._close_after_failed_auth()
             return
         answer = self._sasl_step(request.auth_bytes, token)
         if answer is not None:
@@ -438,14 +438,14 @@ class Connection(asyncio.Protocol):
         enabled = security.mechanisms
         if self.sasl is not None:
             self.send_response(token, m.SaslHandshakeResponse(error_code=E.ILLEGAL_SASL_STATE, mechanisms=enabled))
-            self.close()
+            self._close_after_failed_auth()
             return
         if mechanism not in enabled:
             log.warning("unsupported SASL mechanism; closing connection", peer=self.peer, client_id=client_id,
                         mechanism=mechanism, enabled=",".join(enabled))
             self.send_response(token, m.SaslHandshakeResponse(error_code=E.UNSUPPORTED_SASL_MECHANISM,
                                                               mechanisms=enabled))
-            self.close()
+            self._close_after_failed_auth()
             return
         self.sasl = server_mechanism(mechanism, security.users)
         self.sasl_raw = token.api_version == 0
@@ -482,7 +482,7 @@ class Connection(asyncio.Protocol):
 
     def _close_after_failed_auth(self) -> None:
         """Answer, read nothing more, and close after FAILED_AUTH_DELAY (gracefully, so the answer
-        is not lost to a reset)."""
+        is not lost to a reset when the client sent more behind the refused request)."""
         self.flush()
         self.inflight = None
         self.queue.clear()
