@@ -490,7 +490,7 @@ class GroupJob:
     # repr, which would show sasl.password
     config: dict = field(default_factory=dict, repr=False)
     chunk_size: int = 500  # records per process() call and per commit
-    task_timeout_s: float = 600.0  # a task that has not seen the group's work done by then fails
+    task_timeout_s: float = 600.0  # a task that sees no progress (no chunk committed by anyone) that long fails
     poll_timeout_s: float = 1.0  # how long an idle member waits in poll between checks
     leave_on_finish: bool = True  # static members remove themselves once the group's work is done
 
@@ -589,13 +589,17 @@ def run_member(job: GroupJob, process, spark_partition: int = 0, attempt: int = 
         if on_start is not None:
             on_start(TaskInfo(job.group_id, spark_partition, attempt, os.getpid(), cfg["client.id"],
                               instance_id))
+        # task_timeout_s bounds a task that sees no progress (neither its own commits nor the
+        # group's committed offsets moving): a job that just takes long is not stopped by it.
         deadline = started + job.task_timeout_s
+        group_progress = -1  # records of the work the group has committed, as last fetched
         positions: dict = {}
         seen_key = None
         worked: set = set()
         while True:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"group {job.group_id}: work not finished after {job.task_timeout_s}s")
+                raise TimeoutError(f"group {job.group_id}: no progress for {job.task_timeout_s}s (no chunk "
+                                   f"committed by this task or by the rest of the group)")
             assigned = consumer.poll(0.0)
             generation = consumer.generation()
             key = (generation, assigned)
@@ -626,6 +630,7 @@ def run_member(job: GroupJob, process, spark_partition: int = 0, attempt: int = 
                 try:
                     consumer.commit({tp: (end, f"spark p{spark_partition} a{attempt}")}, timeout_s=30.0)
                     positions[tp] = end
+                    deadline = time.monotonic() + job.task_timeout_s
                 except _REJOIN_ERRORS:
                     # the partition may have moved: the next owner redoes this chunk (at least once)
                     stats["commit_failures"] += 1
@@ -641,6 +646,11 @@ def run_member(job: GroupJob, process, spark_partition: int = 0, attempt: int = 
             if all(done[tp] >= end for tp, end in targets.items()):
                 finished = True
                 break
+            progress = sum(min(done[tp], end) for tp, end in targets.items())
+            if progress > group_progress:
+                if group_progress >= 0:
+                    deadline = time.monotonic() + job.task_timeout_s
+                group_progress = progress
             consumer.poll(job.poll_timeout_s)
         stats["partitions"] = sorted(str(tp) for tp in worked)
         return stats

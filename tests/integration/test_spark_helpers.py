@@ -125,3 +125,91 @@ def test_a_job_over_some_partitions_of_a_topic_shares_them_between_its_members(t
         assert sorted(tuple(s["partitions"]) for s in out.values()) == [("wide4-0",), ("wide4-1",)]
         assert group_offsets(d.bootstrap, "subset-job", "wide4") == {
             TopicPartition("wide4", 0): 20, TopicPartition("wide4", 1): 20}
+
+
+class _ManualTime:
+    """Stands in for the ``time`` module of client.spark: ``monotonic()`` is a manual clock that the
+    test moves; ``sleep`` moves it instead of sleeping."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_a_task_making_progress_is_not_stopped_by_task_timeout(herd, monkeypatch):
+    # task_timeout_s bounds a task that makes no progress. A job that simply takes longer than it
+    # (each chunk 4 s here, 5 chunks, timeout 10 s) used to fail every task with TimeoutError
+    # "work not finished after 10s", though it was committing a chunk every 4 s.
+    import client.spark as spark_mod
+
+    clock = _ManualTime()
+    monkeypatch.setattr(spark_mod, "time", clock)
+    ensure_topic(herd.bootstrap, "long", 1)
+    tp = TopicPartition("long", 0)
+    job = GroupJob(herd.bootstrap, "long-job", {tp: 50}, chunk_size=10, task_timeout_s=10)
+    done = []
+
+    def process(tp, start, end):
+        clock.advance(4.0)
+        done.append((start, end))
+
+    stats = run_member(job, process)
+    assert done == [(0, 10), (10, 20), (20, 30), (30, 40), (40, 50)]
+    assert stats["records"] == 50 and group_offsets(herd.bootstrap, "long-job", [tp]) == {tp: 50}
+
+
+def test_a_task_waiting_for_work_that_makes_no_progress_times_out(herd, monkeypatch):
+    # The work of partition 1 is held by a member that never commits (a plain consumer of the
+    # group, so the group uses range): the job's member finishes partition 0, then gives up after
+    # task_timeout_s without progress, saying so.
+    import threading
+
+    import client.spark as spark_mod
+
+    clock = _ManualTime()
+    monkeypatch.setattr(spark_mod, "time", clock)
+
+    class IdleTicks(GroupConsumer):  # each idle wait of the job's member moves the clock 5 s
+        def poll(self, timeout_s=None):
+            if timeout_s:
+                clock.advance(5.0)
+            return super().poll(timeout_s)
+
+    monkeypatch.setattr(spark_mod, "GroupConsumer", IdleTicks)
+    ensure_topic(herd.bootstrap, "held", 2)
+    ends = {TopicPartition("held", 0): 20, TopicPartition("held", 1): 20}
+    stop = threading.Event()
+    holder = GroupConsumer(herd.bootstrap, "held-job", {"enable.auto.commit": False, "client.id": "zz-holder",
+                                                         "partition.assignment.strategy": ["range"],
+                                                         "session.timeout.ms": 10000})
+    holder.subscribe(["held"])
+
+    def keep_polling():
+        while not stop.is_set():
+            holder.poll(0.2)
+
+    t = threading.Thread(target=keep_polling)
+    t.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not holder.assignment():
+            assert time.monotonic() < deadline, "the holder got no assignment"
+            time.sleep(0.05)
+        job = GroupJob(herd.bootstrap, "held-job", ends, chunk_size=10, task_timeout_s=30,
+                       poll_timeout_s=0.1, config={"session.timeout.ms": 10000})
+        done = []
+        with pytest.raises(TimeoutError, match="no progress for 30"):
+            run_member(job, lambda tp, s, e: done.append((tp.partition, s, e)))
+        assert done == [(0, 0, 10), (0, 10, 20)]  # its own partition was done first
+    finally:
+        stop.set()
+        t.join(10)
+        holder.close(5)
