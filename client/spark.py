@@ -493,6 +493,9 @@ class GroupJob:
     task_timeout_s: float = 600.0  # a task that sees no progress (no chunk committed by anyone) that long fails
     poll_timeout_s: float = 1.0  # how long an idle member waits in poll between checks
     leave_on_finish: bool = True  # static members remove themselves once the group's work is done
+    # how long a task keeps trying to reach herd as it starts (herd restarting while tasks start or
+    # are retried); the driver's check in run() does not wait
+    connect_retry_s: float = 30.0
 
     def __post_init__(self):
         self.end_offsets = {_tp(tp): int(n) for tp, n in dict(self.end_offsets).items()}
@@ -564,12 +567,28 @@ class GroupJob:
         return wait_for_offsets(self.bootstrap, self.group_id, self.end_offsets, timeout_s, **kwargs)
 
 
+def _check_topics_retrying(job: GroupJob) -> None:
+    """``job.check_topics()``, retried while herd cannot be reached, for ``job.connect_retry_s``: a
+    task started (or retried by Spark, within a second) while herd restarts waits for it, instead
+    of failing with every retry and aborting the job. Missing topics fail at once."""
+    deadline = time.monotonic() + job.connect_retry_s
+    backoff = 0.1
+    while True:
+        try:
+            return job.check_topics()
+        except (cerr.KafkaConnectionError, OSError) as exc:
+            if time.monotonic() + backoff > deadline:
+                raise cerr.KafkaConnectionError(f"{exc} (retried for {job.connect_retry_s:g}s)") from exc
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 1.0)
+
+
 def run_member(job: GroupJob, process, spark_partition: int = 0, attempt: int = 0, on_start=None) -> dict:
     """Be one member of ``job``'s group until the group's work is done: the body of a Spark task
     (usable without Spark too). ``process(tp, start, end)`` handles records [start, end) of ``tp``
     and must make its output durable before returning; ``end`` is committed after it."""
     started = time.monotonic()
-    job.check_topics()  # fail this task now, not after task_timeout_s (and a down herd says so)
+    _check_topics_retrying(job)  # fail this task now, not after task_timeout_s (a down herd says so)
     # a member must never auto-create a topic of the work with the default partition count
     cfg = {"enable.auto.commit": False, "allow.auto.create.topics": False,
            # the job's own assignor first; range lets a member of an older herd still join

@@ -75,11 +75,59 @@ def test_a_job_over_missing_partitions_fails_at_once_naming_them(herd):
     assert sorted(done) == [(TopicPartition("two", 0), 0, 5), (TopicPartition("two", 1), 0, 5)]
 
 
-def test_a_task_against_an_unreachable_daemon_fails_at_once_saying_so():
+def test_a_task_against_an_unreachable_daemon_fails_saying_so(monkeypatch):
+    # The driver's check (what GroupJob.run does before it starts any task) fails at once. A task
+    # retries for connect_retry_s (herd may be restarting as tasks start), then fails saying so.
     t0 = time.monotonic()
     with pytest.raises(cerr.KafkaConnectionError, match="cannot reach any bootstrap server"):
-        run_member(_job(REFUSED, "t", [0]), lambda tp, start, end: None)
+        _job(REFUSED, "t", [0]).check_topics()
     assert time.monotonic() - t0 < 10
+    import client.spark as spark_mod
+
+    clock = _ManualTime()
+    monkeypatch.setattr(spark_mod, "time", clock)
+    t0 = clock.now
+    with pytest.raises(cerr.KafkaConnectionError, match="cannot reach any bootstrap server .* for 30"):
+        run_member(_job(REFUSED, "t", [0], connect_retry_s=30), lambda tp, start, end: None)
+    assert 25 <= clock.now - t0 <= 31
+
+
+def test_a_task_started_while_herd_restarts_waits_for_it(tmp_path, monkeypatch):
+    # herd restarting (a deploy, a crash and systemd's restart) just as tasks start, or as Spark
+    # retries one: a task used to fail at once, and Spark's retries, as quick, failed the same
+    # way, aborting the job over a restart of a few seconds.
+    import threading
+
+    import client.spark as spark_mod
+
+    with Daemon(tmp_path / "data") as d:
+        ensure_topic(d.bootstrap, "restarting", 1)
+        port = d.port
+    refused = threading.Event()
+    real = spark_mod._bootstrap_broker
+
+    def watched(bootstrap, timeout_s):
+        try:
+            return real(bootstrap, timeout_s)
+        except cerr.KafkaConnectionError:
+            refused.set()
+            raise
+
+    monkeypatch.setattr(spark_mod, "_bootstrap_broker", watched)
+    job = GroupJob(f"127.0.0.1:{port}", "restarting-job", {TopicPartition("restarting", 0): 10}, chunk_size=5,
+                   task_timeout_s=60, config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
+    out, done = [], []
+    t = threading.Thread(target=lambda: out.append(run_member(job, lambda tp, a, b: done.append((a, b)))))
+    t.start()  # herd is down: the task starts and is refused, then herd comes back
+    try:
+        assert refused.wait(30)
+        with Daemon(tmp_path / "data", "--port", str(port)) as d:  # the same data dir and port
+            t.join(60)
+            assert out and out[0]["records"] == 10 and done == [(0, 5), (5, 10)]
+            assert group_offsets(d.bootstrap, "restarting-job", "restarting") == {
+                TopicPartition("restarting", 0): 10}
+    finally:
+        t.join(10)
 
 
 def test_a_lookup_that_times_out_says_no_coordinator_was_reached():
