@@ -445,15 +445,26 @@ class TaskInfo:
 
 class JobAssignor(Assignor):
     """The assignor of a ``GroupJob``'s members (protocol name ``herd-job``): it deals out only the
-    job's partitions, balanced by their records (largest first, each to the member with the fewest
-    records so far). Kafka's range assignor works topic by topic over every partition of a topic:
-    a job over partitions 0-3 of a 16-partition topic would put all of its work on the first member,
-    and a job over several one-partition topics all of it on the first member too."""
+    job's partitions, balanced by the records left to do (largest first, each to the member with
+    the fewest records so far). Kafka's range assignor works topic by topic over every partition of
+    a topic: a job over partitions 0-3 of a 16-partition topic would put all of its work on the
+    first member, and a job over several one-partition topics all of it on the first member too.
+
+    ``committed`` (``{tp: offset}``, read at each assignment; ``run_member`` keeps it up to date)
+    is where each partition stands: a resumed job, or the next run of an incremental one, is shared
+    by what is left, not by the partitions' sizes."""
 
     name = "herd-job"
 
-    def __init__(self, end_offsets: dict):
-        self.work = {_tp(tp): max(int(n), 0) for tp, n in dict(end_offsets).items()}
+    def __init__(self, end_offsets: dict, committed: dict | None = None):
+        self.end_offsets = {_tp(tp): max(int(n), 0) for tp, n in dict(end_offsets).items()}
+        self.committed = committed if committed is not None else {}
+
+    @property
+    def work(self) -> dict:
+        """Records left per partition of the job."""
+        done = dict(self.committed)  # a snapshot: run_member updates it from its own thread
+        return {tp: max(end - max(int(done.get(tp) or 0), 0), 0) for tp, end in self.end_offsets.items()}
 
     def assign(self, partitions_per_topic, subscriptions):
         members = sorted(subscriptions.values(), key=MemberSubscription.sort_key)
@@ -590,9 +601,10 @@ def run_member(job: GroupJob, process, spark_partition: int = 0, attempt: int = 
     started = time.monotonic()
     _check_topics_retrying(job)  # fail this task now, not after task_timeout_s (a down herd says so)
     # a member must never auto-create a topic of the work with the default partition count
+    known: dict = {}  # committed offsets this task has seen: what the job's assignor balances
     cfg = {"enable.auto.commit": False, "allow.auto.create.topics": False,
            # the job's own assignor first; range lets a member of an older herd still join
-           "partition.assignment.strategy": [JobAssignor(job.end_offsets), "range"], **job.config}
+           "partition.assignment.strategy": [JobAssignor(job.end_offsets, known), "range"], **job.config}
     cfg["client.id"] = f"herd-spark-p{spark_partition}-a{attempt}"
     instance_id = instance_id_for(job.group_id, spark_partition) if job.static_membership else None
     if instance_id is not None:
@@ -604,6 +616,11 @@ def run_member(job: GroupJob, process, spark_partition: int = 0, attempt: int = 
     finished = False
     consumer = _track(GroupConsumer(job.bootstrap, job.group_id, cfg))
     try:
+        try:  # where the work stands, before joining: this member may lead the first assignment
+            known.update({tp: om.offset for tp, om in consumer.committed(list(targets), timeout_s=30.0).items()
+                          if om is not None and om.offset >= 0})
+        except cerr.KafkaTimeoutError:
+            pass  # the assignor balances the partitions' sizes until this task learns more
         consumer.subscribe(job.topics)
         if on_start is not None:
             on_start(TaskInfo(job.group_id, spark_partition, attempt, os.getpid(), cfg["client.id"],
@@ -637,6 +654,7 @@ def run_member(job: GroupJob, process, spark_partition: int = 0, attempt: int = 
                     continue
                 positions = {tp: (om.offset if om is not None and om.offset >= 0 else 0)
                              for tp, om in got.items()}
+                known.update(positions)
             todo = sorted(tp for tp, pos in positions.items() if pos < targets[tp] and tp in assigned)
             if todo:
                 tp = todo[stats["chunks"] % len(todo)]  # round robin over the partitions left
@@ -648,7 +666,7 @@ def run_member(job: GroupJob, process, spark_partition: int = 0, attempt: int = 
                 worked.add(tp)
                 try:
                     consumer.commit({tp: (end, f"spark p{spark_partition} a{attempt}")}, timeout_s=30.0)
-                    positions[tp] = end
+                    positions[tp] = known[tp] = end
                     deadline = time.monotonic() + job.task_timeout_s
                 except _REJOIN_ERRORS:
                     # the partition may have moved: the next owner redoes this chunk (at least once)
@@ -662,6 +680,7 @@ def run_member(job: GroupJob, process, spark_partition: int = 0, attempt: int = 
             except cerr.KafkaTimeoutError:
                 continue
             done = {tp: (max(got[tp].offset, 0) if got.get(tp) is not None else 0) for tp in targets}
+            known.update(done)
             if all(done[tp] >= end for tp, end in targets.items()):
                 finished = True
                 break

@@ -58,3 +58,17 @@ def test_every_job_partition_goes_to_exactly_one_member_and_loads_are_within_one
     loads = [sum(work[tp] for tp in v) for v in got.values()]
     # greedy largest-first: no member exceeds the lightest by more than the largest partition
     assert max(loads) - min(loads) <= max(sizes)
+
+
+def test_the_records_left_are_balanced_not_the_partitions_sizes():
+    # a resumed job: partition 0 (1000 records) is done, 1-3 (100 each) are not
+    ends = {TP("t", 0): 1000, TP("t", 1): 100, TP("t", 2): 100, TP("t", 3): 100}
+    committed = {TP("t", 0): 1000}
+    a = JobAssignor(ends, committed)
+    left = lambda got: sorted(sum(a.work[tp] for tp in v) for v in got.values())  # noqa: E731
+    assert left(a.assign({"t": 4}, subs("a", "b"))) == [100, 200]
+    # the next run of an incremental job: committed offsets below the new ends
+    committed.update({TP("t", 1): 100, TP("t", 2): 100, TP("t", 3): 40})  # read at each assignment
+    assert a.work == {TP("t", 0): 0, TP("t", 1): 0, TP("t", 2): 0, TP("t", 3): 60}
+    assert left(a.assign({"t": 4}, subs("a", "b"))) == [0, 60]
+    assert JobAssignor(ends).work == ends  # nothing known: the sizes

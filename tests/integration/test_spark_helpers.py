@@ -261,3 +261,30 @@ def test_a_task_waiting_for_work_that_makes_no_progress_times_out(herd, monkeypa
         stop.set()
         t.join(10)
         holder.close(5)
+
+
+def test_a_resumed_job_is_shared_by_the_records_left_not_by_the_partition_sizes(tmp_path):
+    # A job resumed after a failure (or the next run of an incremental job): partition 0 is done,
+    # 1-3 are not. The assignor balanced the partitions' sizes: one member got partition 0 (1000
+    # records, all committed) and the other all of the work left, 300 records, alone.
+    import threading
+
+    with Daemon(tmp_path / "data", initial_rebalance_delay_ms=1500) as d:  # both join generation 1
+        ensure_topic(d.bootstrap, "resumed", 4)
+        ends = {TopicPartition("resumed", 0): 1000, **{TopicPartition("resumed", p): 100 for p in (1, 2, 3)}}
+        with BatchProgressCommitter(d.bootstrap, "resumed-job") as first_run:
+            first_run.commit({TopicPartition("resumed", 0): 1000})
+        job = GroupJob(d.bootstrap, "resumed-job", ends, chunk_size=50, task_timeout_s=60,
+                       config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
+        started = threading.Barrier(2, timeout=20)
+        out = {}
+        threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, run_member(
+            job, lambda tp, a, b: None, i, on_start=lambda info: started.wait()))) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert sorted(out) == [0, 1]
+        assert all(s["generations"] == [1] for s in out.values()), out  # one assignment, no rebalance
+        assert sorted(s["records"] for s in out.values()) == [100, 200], out
+        assert group_offsets(d.bootstrap, "resumed-job", "resumed") == ends
