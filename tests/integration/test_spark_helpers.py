@@ -106,9 +106,9 @@ def test_a_task_started_while_herd_restarts_waits_for_it(tmp_path, monkeypatch):
     refused = threading.Event()
     real = spark_mod._bootstrap_broker
 
-    def watched(bootstrap, timeout_s):
+    def watched(*args, **kwargs):
         try:
-            return real(bootstrap, timeout_s)
+            return real(*args, **kwargs)
         except cerr.KafkaConnectionError:
             refused.set()
             raise
