@@ -264,3 +264,15 @@ def decode_join_subscription(join_send: Send, name=None):
     req = join_send.request
     proto = req.protocols[0] if name is None else next(p for p in req.protocols if p.name == name)
     return decode_subscription(proto.metadata)
+
+
+def requests_in(data: bytes):
+    """The (header, request) pairs a client connection wrote in ``data``."""
+    from protocol.framing import FrameDecoder
+    from protocol.headers import decode_request_header
+
+    out = []
+    for payload in FrameDecoder().feed(data):
+        header, pos = decode_request_header(payload)
+        out.append((header, m.REQUESTS[header.api_key].decode(payload, header.api_version, pos)))
+    return out

@@ -9,16 +9,9 @@ import pytest
 from client.connection import CLIENT_VERSIONS, Connection, ConnectionBroken, Ready, Response, negotiate
 from protocol import errors as E
 from protocol import messages as m
-from protocol.framing import FrameDecoder, frame
-from protocol.headers import decode_request_header, encode_response_header
-
-
-def requests_in(data: bytes):
-    out = []
-    for payload in FrameDecoder().feed(data):
-        header, pos = decode_request_header(payload)
-        out.append((header, m.REQUESTS[header.api_key].decode(payload, header.api_version, pos)))
-    return out
+from protocol.framing import frame
+from protocol.headers import encode_response_header
+from tests.client.harness import requests_in
 
 
 def answer(header, response, version=None):

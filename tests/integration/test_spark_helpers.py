@@ -154,21 +154,13 @@ def test_a_job_over_some_partitions_of_a_topic_shares_them_between_its_members(t
     # Work on partitions 0 and 1 of a 4-partition topic. Under the range assignor the first member
     # got 0 and 1 (all the work) and the second 2 and 3 (none of it); the job's assignor deals out
     # only the job's partitions.
-    import threading
 
     with Daemon(tmp_path / "data", initial_rebalance_delay_ms=1500) as d:  # both join generation 1
         ensure_topic(d.bootstrap, "wide4", 4)
         job = GroupJob(d.bootstrap, "subset-job", {TopicPartition("wide4", p): 20 for p in (0, 1)},
                        chunk_size=5, task_timeout_s=60,
                        config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
-        started = threading.Barrier(2, timeout=20)
-        out = {}
-        threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, run_member(
-            job, lambda tp, a, b: None, i, on_start=lambda info: started.wait()))) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        out = _two_members(job)
         assert sorted(out) == [0, 1]
         assert sorted(tuple(s["partitions"]) for s in out.values()) == [("wide4-0",), ("wide4-1",)]
         assert group_offsets(d.bootstrap, "subset-job", "wide4") == {
@@ -267,7 +259,6 @@ def test_a_resumed_job_is_shared_by_the_records_left_not_by_the_partition_sizes(
     # A job resumed after a failure (or the next run of an incremental job): partition 0 is done,
     # 1-3 are not. The assignor balanced the partitions' sizes: one member got partition 0 (1000
     # records, all committed) and the other all of the work left, 300 records, alone.
-    import threading
 
     with Daemon(tmp_path / "data", initial_rebalance_delay_ms=1500) as d:  # both join generation 1
         ensure_topic(d.bootstrap, "resumed", 4)
@@ -276,15 +267,23 @@ def test_a_resumed_job_is_shared_by_the_records_left_not_by_the_partition_sizes(
             first_run.commit({TopicPartition("resumed", 0): 1000})
         job = GroupJob(d.bootstrap, "resumed-job", ends, chunk_size=50, task_timeout_s=60,
                        config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
-        started = threading.Barrier(2, timeout=20)
-        out = {}
-        threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, run_member(
-            job, lambda tp, a, b: None, i, on_start=lambda info: started.wait()))) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        out = _two_members(job)
         assert sorted(out) == [0, 1]
         assert all(s["generations"] == [1] for s in out.values()), out  # one assignment, no rebalance
         assert sorted(s["records"] for s in out.values()) == [100, 200], out
         assert group_offsets(d.bootstrap, "resumed-job", "resumed") == ends
+
+
+def _two_members(job) -> dict:
+    """Run two members of ``job`` at once (each waits for the other to start): -> {index: summary}."""
+    import threading
+
+    started = threading.Barrier(2, timeout=20)
+    out = {}
+    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, run_member(
+        job, lambda tp, a, b: None, i, on_start=lambda info: started.wait()))) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return out
