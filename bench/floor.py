@@ -1,0 +1,674 @@
+"""How low can a server's CPU per request go on this machine? herd beside three measuring sticks.
+
+``python -m bench.floor [--quick] [--targets c-floor,py-floor,herd,mock] [--requests N]
+[--conns N] [--procs N] [--depth N] [--fsync-samples N]``
+
+Issue 6 asks for <= 10 µs of daemon CPU per Heartbeat and <= 25 µs per 10-partition OffsetCommit.
+This benchmark puts those figures next to what the machine itself costs, in one run, with one load
+driver for every target:
+
+* ``c-floor``: ``bench/floor_server.c`` (built here with the system C compiler): epoll, one
+  thread, answers each frame with a fixed "no error" body (a Heartbeat's; an OffsetCommit's with
+  no topics) after reading 8 bytes of its header. No decoding, no state, no log: the socket work
+  and nothing else.
+* ``py-floor``: the same server as an ``asyncio.Protocol`` on uvloop (what herd runs on): the
+  least a Python server on this event loop can spend per request.
+* ``herd``: the daemon, ``--fsync`` (default never: the CPU question; ``always`` adds the
+  disk's).
+* ``mock``: librdkafka's mock cluster (``../shared/tools/mock_cluster.py``): a real coordinator
+  written in C, in memory: the issue's own reference server.
+
+For herd and the mock each connection first joins a group of its own (one member, generation 1,
+session timeout 300 s) and then sends that member's Heartbeat or a 10-partition OffsetCommit of
+topic ``bench`` for its generation, as ``bench.server_cost`` does; the floors skip the join. Each
+burst is ``--requests`` requests over ``--conns`` connections in ``--procs`` driver processes,
+closed loop, ``1`` and ``--depth`` in flight per connection. Server CPU per request is the
+server process's CPU (all threads, ``/proc/<pid>/task/*/schedstat``) over the burst, less its idle
+rate, divided by the answers. An answer that is not the exact "no error" bytes is decoded and its
+error counted.
+
+Also measured: ``pwrite`` of 300 bytes + ``fdatasync`` into a preallocated file in the bench temp
+dir (``--fsync-samples`` times): the latency a durable synchronous commit cannot avoid, beside the
+mock's whole round trip (the driver's one-in-flight commit latency).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import os
+import shutil
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from array import array
+from pathlib import Path
+
+from bench import _util as U
+
+TARGETS = ("c-floor", "py-floor", "herd", "mock")
+TARGET_US = {"heartbeat": 10.0, "commit": 25.0}
+C_SOURCE = Path(__file__).with_name("floor_server.c")
+_SIZE = struct.Struct(">i")
+TOPIC = "bench"
+
+
+# ---- the Python floor server ----------------------------------------------------------------------
+
+
+class _FloorProtocol(asyncio.Protocol):
+    """bench/floor_server.c in Python: fixed answers, 8 bytes of header read per frame."""
+
+    HB_TAIL = b"\x00" + b"\x00\x00\x00\x00" + b"\x00\x00" + b"\x00"  # header tags, throttle, error, tags
+    OC_TAIL = b"\x00" + b"\x00\x00\x00\x00" + b"\x01" + b"\x00"  # header tags, throttle, no topics, tags
+
+    def connection_made(self, transport):
+        self.transport = transport
+        self.buf = b""
+
+    def data_received(self, data):
+        buf = self.buf + data if self.buf else data
+        pos, n = 0, len(buf)
+        out = []
+        while n - pos >= 4:
+            size = int.from_bytes(buf[pos : pos + 4], "big")
+            if size < 8 or size > 1 << 20:
+                self.transport.abort()
+                return
+            if n - pos < 4 + size:
+                break
+            api_key = int.from_bytes(buf[pos + 4 : pos + 6], "big")
+            if api_key == 12:
+                tail = self.HB_TAIL
+            elif api_key == 8:
+                tail = self.OC_TAIL
+            else:
+                self.transport.abort()
+                return
+            out.append(_SIZE.pack(4 + len(tail)) + buf[pos + 8 : pos + 12] + tail)
+            pos += 4 + size
+        self.buf = buf[pos:]
+        if out:
+            self.transport.write(b"".join(out))
+
+
+def serve_python_floor() -> None:
+    import uvloop
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(_FloorProtocol, "127.0.0.1", 0)
+        print(server.sockets[0].getsockname()[1], flush=True)
+        stop = loop.create_future()
+        import signal
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda: stop.done() or stop.set_result(None))
+        await stop
+        server.close()
+
+    uvloop.run(main())
+
+
+class _Floor:
+    """A floor server as a subprocess: ``bootstrap``, ``pid``; stopped on exit."""
+
+    def __init__(self, cmd: list[str]):
+        self.cmd = cmd
+        self.proc = None
+
+    def __enter__(self):
+        self.proc = subprocess.Popen(
+            self.cmd, stdout=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=U._die_with_parent
+        )
+        line = self.proc.stdout.readline().strip()
+        if not line.isdigit():
+            U.stop_process_group(self.proc)
+            raise RuntimeError(f"{self.cmd[0]} printed no port")
+        self.pid = self.proc.pid
+        self.bootstrap = f"127.0.0.1:{line}"
+        return self
+
+    def __exit__(self, *exc):
+        U.stop_process_group(self.proc)
+        self.proc.stdout.close()
+
+
+def build_c_floor(workdir: Path) -> Path | None:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None
+    exe = workdir / "floor_server"
+    subprocess.run([cc, "-O2", "-o", str(exe), str(C_SOURCE)], check=True, capture_output=True)
+    return exe
+
+
+# ---- the load driver (its own processes) ----------------------------------------------------------
+
+
+class _Conn(asyncio.Protocol):
+    def __init__(self):
+        self.buf = b""
+        self.waiter = None  # call(): the future of the one answer awaited
+        self.burst = None  # burst(): on_answers(list of answer bytes)
+        self.lost = None
+
+    def connection_made(self, transport):
+        self.transport = transport
+
+    def data_received(self, data):
+        buf = self.buf + data if self.buf else data
+        pos, n = 0, len(buf)
+        answers = []
+        while n - pos >= 4:
+            size = _SIZE.unpack_from(buf, pos)[0]
+            if n - pos < 4 + size:
+                break
+            answers.append(buf[pos + 4 : pos + 4 + size])
+            pos += 4 + size
+        self.buf = buf[pos:]
+        if not answers:
+            return
+        if self.burst is not None:
+            self.burst(answers)
+        elif self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(answers[0])
+
+    def connection_lost(self, exc):
+        self.lost = exc or ConnectionResetError("closed by the server")
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(self.lost)
+        if self.burst is not None:
+            self.burst(None)
+
+    async def call(self, frame: bytes) -> bytes:
+        self.waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(frame)
+        return await asyncio.wait_for(self.waiter, 30)
+
+
+class _Driver:
+    """One driver process: ``conns`` connections, each with its member (or none, for a floor)."""
+
+    def __init__(self, host, port, conns, join, versions, tag):
+        self.host, self.port, self.nconns, self.join = host, port, conns, join
+        self.v = versions
+        self.tag = tag
+        self.conns: list[_Conn] = []
+        self.frames: dict[str, list[bytes]] = {}
+        self.ok: dict[str, list[bytes]] = {}
+
+    async def setup(self):
+        from bench.loadgen import encode_frame, ok_answer
+        from protocol import errors as E
+        from protocol import messages as m
+        from protocol.consumer import Assignment, TopicPartitions, encode_assignment
+        from protocol.headers import decode_response_header
+
+        loop = asyncio.get_running_loop()
+        for _ in range(self.nconns):
+            _, c = await loop.create_connection(_Conn, self.host, self.port)
+            self.conns.append(c)
+        self.frames = {"heartbeat": [], "commit": []}
+        self.ok = {"heartbeat": [], "commit": []}
+        vj, vs, vh, vc = self.v["join"], self.v["sync"], self.v["heartbeat"], self.v["commit"]
+
+        async def rpc(c, req, v):
+            frame = encode_frame(req, v, 1, "floor")
+            raw = await c.call(bytes(frame))
+            cid, pos = decode_response_header(raw, req.API_KEY, v)
+            return m.RESPONSES[req.API_KEY].decode(raw, v, pos)
+
+        for i, c in enumerate(self.conns):
+            cid = 1000 + i
+            group = f"floor-{self.tag}-{os.getpid()}-{i}"
+            member, generation = "", -1
+            if self.join:
+                protocols = [m.JoinGroupRequestProtocol(name="range", metadata=b"\x00\x01\x00\x00\x00\x00\x00\x00")]
+                for _attempt in range(3):
+                    r = await rpc(
+                        c,
+                        m.JoinGroupRequest(
+                            group_id=group, session_timeout_ms=300_000, rebalance_timeout_ms=60_000,
+                            member_id=member, group_instance_id=None, protocol_type="consumer",
+                            protocols=protocols,
+                        ),
+                        vj,
+                    )
+                    member = r.member_id or member
+                    if r.error_code != E.MEMBER_ID_REQUIRED:
+                        break
+                if r.error_code:
+                    raise RuntimeError(f"JoinGroup: {E.error_name(r.error_code)}")
+                generation = r.generation_id
+                blob = encode_assignment(
+                    Assignment(assigned_partitions=[TopicPartitions(topic=TOPIC, partitions=list(range(10)))]), 1
+                )
+                r = await rpc(
+                    c,
+                    m.SyncGroupRequest(
+                        group_id=group, generation_id=generation, member_id=member, group_instance_id=None,
+                        protocol_type="consumer", protocol_name="range",
+                        assignments=[m.SyncGroupRequestAssignment(member_id=member, assignment=blob)],
+                    ),
+                    vs,
+                )
+                if r.error_code:
+                    raise RuntimeError(f"SyncGroup: {E.error_name(r.error_code)}")
+            hb = m.HeartbeatRequest(group_id=group, generation_id=generation, member_id=member, group_instance_id=None)
+            first = (i * 10) % 100
+            parts = [(first + p) % 100 for p in range(10)]
+            oc = m.OffsetCommitRequest(
+                group_id=group, generation_id_or_member_epoch=generation, member_id=member,
+                group_instance_id=None, retention_time_ms=-1,
+                topics=[
+                    m.OffsetCommitRequestTopic(
+                        name=TOPIC,
+                        partitions=[
+                            m.OffsetCommitRequestPartition(
+                                partition_index=p, committed_offset=1000 + i, committed_leader_epoch=-1,
+                                committed_metadata="",
+                            )
+                            for p in parts
+                        ],
+                    )
+                ],
+            )
+            self.frames["heartbeat"].append(bytes(encode_frame(hb, vh, cid, "floor")))
+            self.frames["commit"].append(bytes(encode_frame(oc, vc, cid, "floor")))
+            self.ok["heartbeat"].append(ok_answer(m.HeartbeatResponse(throttle_time_ms=0, error_code=0), 12, vh, cid))
+            topics = [] if not self.join else [
+                m.OffsetCommitResponseTopic(
+                    name=TOPIC,
+                    partitions=[m.OffsetCommitResponsePartition(partition_index=p, error_code=0) for p in parts],
+                )
+            ]
+            self.ok["commit"].append(ok_answer(m.OffsetCommitResponse(throttle_time_ms=0, topics=topics), 8, vc, cid))
+
+    async def burst(self, kind: str, total: int, depth: int) -> dict:
+        from protocol import errors as E
+        from protocol import messages as m
+        from protocol.headers import decode_response_header
+
+        loop = asyncio.get_running_loop()
+        n = len(self.conns)
+        counts = [total // n + (1 if i < total % n else 0) for i in range(n)]
+        lat = array("d")
+        errors: dict[str, int] = {}
+        done = loop.create_future()
+        running = [0]
+        api = 12 if kind == "heartbeat" else 8
+        version = self.v[kind]
+        now = time.perf_counter
+
+        def make(i, c, count):
+            frame, ok = self.frames[kind][i], self.ok[kind][i]
+            state = {"left": count, "got": 0, "sent": []}
+
+            def send(k):
+                k = min(k, state["left"])
+                if k <= 0:
+                    return
+                state["left"] -= k
+                t = now()
+                state["sent"].extend([t] * k)
+                c.transport.write(frame if k == 1 else frame * k)
+
+            def on_answers(answers):
+                if answers is None:
+                    if not done.done():
+                        done.set_exception(c.lost)
+                    return
+                t = now()
+                sent = state["sent"]
+                for a in answers:
+                    lat.append(t - sent.pop(0))
+                    if a != ok:
+                        cid, pos = decode_response_header(a, api, version)
+                        r = m.RESPONSES[api].decode(a, version, pos)
+                        if kind == "heartbeat":
+                            code = r.error_code
+                        else:
+                            code = next((p.error_code for tp in r.topics for p in tp.partitions if p.error_code), 0)
+                        if code:
+                            name = E.error_name(code)
+                            errors[name] = errors.get(name, 0) + 1
+                state["got"] += len(answers)
+                send(len(answers))
+                if state["got"] >= count:
+                    c.burst = None
+                    running[0] -= 1
+                    if running[0] == 0 and not done.done():
+                        done.set_result(None)
+
+            c.burst = on_answers
+            return send
+
+        senders = []
+        for i, (c, count) in enumerate(zip(self.conns, counts, strict=True)):
+            if count:
+                running[0] += 1
+                senders.append((make(i, c, count), depth))
+        cpu0 = time.process_time()
+        t0 = now()
+        for send, d in senders:
+            send(d)
+        await asyncio.wait_for(done, 300)
+        return {
+            "requests": len(lat),
+            "seconds": now() - t0,
+            "errors": errors,
+            "client_cpu_s": time.process_time() - cpu0,
+            "latency_s": lat.tobytes(),
+        }
+
+    def close(self):
+        for c in self.conns:
+            c.transport.close()
+
+
+def _driver_main(pipe, host, port, conns, join, versions, tag):
+    import uvloop
+
+    async def main():
+        d = _Driver(host, port, conns, join, versions, tag)
+        try:
+            await d.setup()
+            pipe.send(("ready", None))
+        except Exception as e:  # noqa: BLE001 - reported to the parent as one line
+            pipe.send(("error", f"{type(e).__name__}: {e}"))
+            return
+        loop = asyncio.get_running_loop()
+        while True:
+            msg = await loop.run_in_executor(None, pipe.recv)
+            if msg[0] == "stop":
+                break
+            _, kind, total, depth = msg
+            try:
+                pipe.send(("done", await d.burst(kind, total, depth)))
+            except Exception as e:  # noqa: BLE001
+                pipe.send(("error", f"{type(e).__name__}: {e}"))
+        d.close()
+
+    uvloop.run(main())
+
+
+class Drivers:
+    def __init__(self, bootstrap: str, procs: int, conns: int, join: bool, versions: dict, tag: str):
+        host, port = bootstrap.rsplit(":", 1)
+        ctx = mp.get_context("spawn")
+        self.pipes, self.procs = [], []
+        per = [conns // procs + (1 if i < conns % procs else 0) for i in range(procs)]
+        for i in range(procs):
+            a, b = ctx.Pipe()
+            p = ctx.Process(target=_driver_main, args=(b, host, int(port), per[i], join, versions, f"{tag}{i}"))
+            p.start()
+            self.pipes.append(a)
+            self.procs.append(p)
+        for a in self.pipes:
+            self._expect(a, "ready", 120)
+
+    @staticmethod
+    def _expect(pipe, what, timeout):
+        if not pipe.poll(timeout):
+            raise RuntimeError(f"a driver process did not answer ({what})")
+        tag, val = pipe.recv()
+        if tag == "error":
+            raise RuntimeError(f"driver: {val}")
+        return val
+
+    def burst(self, kind: str, total: int, depth: int) -> dict:
+        n = len(self.pipes)
+        per = [total // n + (1 if i < total % n else 0) for i in range(n)]
+        t0 = time.perf_counter()
+        for a, k in zip(self.pipes, per, strict=True):
+            a.send(("burst", kind, k, depth))
+        outs = [self._expect(a, "burst", 600) for a in self.pipes]
+        wall = time.perf_counter() - t0
+        lat = array("d")
+        errors: dict[str, int] = {}
+        for o in outs:
+            lat.frombytes(o["latency_s"])
+            for k, v in o["errors"].items():
+                errors[k] = errors.get(k, 0) + v
+        return {
+            "requests": len(lat),
+            "seconds": wall,
+            "errors": errors,
+            "client_cpu_us_per_request": sum(o["client_cpu_s"] for o in outs) * 1e6 / max(1, len(lat)),
+            "latency_us": U.percentiles([x * 1e6 for x in lat], (50, 99)),
+        }
+
+    def close(self):
+        for a in self.pipes:
+            try:
+                a.send(("stop",))
+            except OSError:
+                pass
+        for p in self.procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+
+
+def versions_for(bootstrap: str) -> dict:
+    """Our highest versions of JoinGroup/SyncGroup/Heartbeat/OffsetCommit that the server takes."""
+    import socket
+
+    from bench.loadgen import encode_frame
+    from protocol import errors as E
+    from protocol import messages as m
+    from protocol.headers import decode_response_header
+
+    ours = {"join": (11, 9), "sync": (14, 5), "heartbeat": (12, 4), "commit": (8, 9)}
+    host, port = bootstrap.rsplit(":", 1)
+    # v3 first; a server that does not take it (librdkafka's mock) answers UNSUPPORTED_VERSION and
+    # is asked again with v0, as clients do.
+    for av in (3, 0):
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            req = m.ApiVersionsRequest(client_software_name="floor", client_software_version="1")
+            s.sendall(encode_frame(req, av, 1, "floor"))
+            size = _SIZE.unpack(_recv_exact(s, 4))[0]
+            raw = _recv_exact(s, size)
+        _, pos = decode_response_header(raw, 18, av)
+        r = m.ApiVersionsResponse.decode(raw, av, pos)
+        if r.error_code != E.UNSUPPORTED_VERSION:
+            break
+    if r.error_code:
+        raise RuntimeError(f"ApiVersions: {E.error_name(r.error_code)}")
+    theirs = {k.api_key: k.max_version for k in r.api_keys}
+    return {name: min(v, theirs.get(key, -1)) for name, (key, v) in ours.items()}
+
+
+def _recv_exact(s, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("closed")
+        buf += chunk
+    return buf
+
+
+# ---- measuring -------------------------------------------------------------------------------------
+
+
+def measure_target(name: str, server, args) -> dict:
+    join = name in ("herd", "mock")
+    versions = versions_for(server.bootstrap) if join else {"join": 9, "sync": 5, "heartbeat": 4, "commit": 9}
+    if name == "mock":
+        # librdkafka's mock advertises JoinGroup v6 and SyncGroup v4+ but closes the connection on
+        # their flexible encoding; the setup uses what librdkafka itself sends. The measured
+        # requests (Heartbeat v4, OffsetCommit v9) are the same versions for every target.
+        versions.update(join=min(versions["join"], 5), sync=min(versions["sync"], 3))
+    if join and min(versions["heartbeat"], versions["commit"] - 4) < 4:
+        raise RuntimeError(f"{name} lacks a flexible Heartbeat/OffsetCommit version: {versions}")
+    out = {"target": name, "versions": versions, "pid": server.pid, "bursts": []}
+    drivers = Drivers(server.bootstrap, args.procs, args.conns, join, versions, name)
+    try:
+        for kind in ("heartbeat", "commit"):
+            for depth in (1, args.depth):
+                drivers.burst(kind, max(1000, args.requests // 10), depth)  # warm-up
+        c0, w0 = U.proc_cpu_ns(server.pid), time.perf_counter()
+        time.sleep(args.idle_seconds)
+        idle_rate = (U.proc_cpu_ns(server.pid) - c0) / 1e9 / (time.perf_counter() - w0)
+        out["idle_cpu_util"] = idle_rate
+        for kind in ("heartbeat", "commit"):
+            for depth in (1, args.depth):
+                us0 = U.proc_user_sys_seconds(server.pid)
+                c0 = U.proc_cpu_ns(server.pid)
+                res = drivers.burst(kind, args.requests, depth)
+                cpu = (U.proc_cpu_ns(server.pid) - c0) / 1e9
+                us1 = U.proc_user_sys_seconds(server.pid)
+                n = res["requests"]
+                net = cpu - idle_rate * res["seconds"]
+                res.update(
+                    kind=kind,
+                    depth=depth,
+                    server_cpu_us_per_request=net * 1e6 / n,
+                    server_user_us_per_request=(us1[0] - us0[0]) * 1e6 / n,
+                    server_sys_us_per_request=(us1[1] - us0[1]) * 1e6 / n,
+                    requests_per_s=n / res["seconds"],
+                    target_us=TARGET_US[kind],
+                )
+                out["bursts"].append(res)
+    finally:
+        drivers.close()
+    return out
+
+
+def fdatasync_probe(root: str, samples: int, record: int = 300) -> dict:
+    """Latency of pwrite(record) + fdatasync into a preallocated (written and synced) file."""
+    d = tempfile.mkdtemp(prefix="herd-floor-", dir=root)
+    path = os.path.join(d, "probe")
+    size = max(samples * record, 1) + 4096
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.pwrite(fd, b"\x00" * size, 0)
+        os.fsync(fd)
+        payload = b"\x5a" * record
+        lat = []
+        cpu0 = time.thread_time()
+        for i in range(samples):
+            t = time.perf_counter()
+            os.pwrite(fd, payload, i * record)
+            os.fdatasync(fd)
+            lat.append((time.perf_counter() - t) * 1e6)
+        cpu = time.thread_time() - cpu0
+    finally:
+        os.close(fd)
+        shutil.rmtree(d, ignore_errors=True)
+    return {
+        "samples": samples,
+        "record_bytes": record,
+        "filesystem": U.filesystem_of(root),
+        "latency_us": U.percentiles(lat, (50, 99)),
+        "mean_us": statistics.fmean(lat),
+        "cpu_us_per_call": cpu * 1e6 / samples,
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m bench.floor", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small counts (< 60 s in all)")
+    ap.add_argument("--targets", default=",".join(TARGETS), help=f"any of {','.join(TARGETS)}")
+    ap.add_argument("--requests", type=int, default=None, help="per burst (default 60000, quick 15000)")
+    ap.add_argument("--conns", type=int, default=100, help="connections in all (default 100)")
+    ap.add_argument("--procs", type=int, default=2, help="driver processes (default 2)")
+    ap.add_argument("--depth", type=int, default=10, help="requests in flight per connection, second pass")
+    ap.add_argument("--fsync", default="never", choices=["never", "always"], help="herd's fsync mode")
+    ap.add_argument("--idle-seconds", type=float, default=1.0)
+    ap.add_argument("--fsync-samples", type=int, default=None, help="default 3000 (quick 1000)")
+    return ap
+
+
+def main(argv=None):
+    args = U.parse(build_parser(), argv)
+    if args.requests is None:
+        args.requests = 15_000 if args.quick else 60_000
+    if args.fsync_samples is None:
+        args.fsync_samples = 1_000 if args.quick else 3_000
+    targets = [t for t in args.targets.split(",") if t]
+    unknown = [t for t in targets if t not in TARGETS]
+    if unknown:
+        sys.exit(f"bench.floor: unknown target {', '.join(unknown)} (known: {', '.join(TARGETS)})")
+    env = U.environment()
+    results = []
+    skipped = {}
+    with tempfile.TemporaryDirectory(prefix="herd-floor-build-") as build:
+        for t in targets:
+            if t == "c-floor":
+                exe = build_c_floor(Path(build))
+                if exe is None:
+                    skipped[t] = "no C compiler (cc) on PATH"
+                    continue
+                ctx = _Floor([str(exe)])
+            elif t == "py-floor":
+                ctx = _Floor([sys.executable, "-m", "bench.floor", "--serve-python-floor"])
+            elif t == "herd":
+                ctx = U.Herd(fsync=args.fsync, extra_args=["--max-connections", str(args.conns + 100)])
+            else:
+                ctx = U.Mock()
+            with ctx as server:
+                results.append(measure_target(t, server, args))
+    probe = fdatasync_probe(U.default_tmp_root(), args.fsync_samples)
+    result = {
+        "benchmark": "floor",
+        **env,
+        "params": {
+            "targets": targets,
+            "requests": args.requests,
+            "conns": args.conns,
+            "procs": args.procs,
+            "depth": args.depth,
+            "herd_fsync": args.fsync,
+            "idle_seconds": args.idle_seconds,
+            "commit_partitions": 10,
+            "quick": args.quick,
+        },
+        "skipped": skipped,
+        "targets_us": TARGET_US,
+        "results": results,
+        "fdatasync": probe,
+    }
+    rows = []
+    for r in results:
+        for b in r["bursts"]:
+            rows.append(
+                [
+                    r["target"],
+                    b["kind"],
+                    b["depth"],
+                    f"{b['server_cpu_us_per_request']:.1f}",
+                    f"{b['server_user_us_per_request']:.0f}/{b['server_sys_us_per_request']:.0f}",
+                    f"<= {TARGET_US[b['kind']]:.0f}",
+                    f"{b['requests_per_s']:.0f}",
+                    f"{b['latency_us']['p50']:.0f}",
+                    f"{b['client_cpu_us_per_request']:.1f}",
+                    sum(b["errors"].values()),
+                ]
+            )
+    text = U.table(
+        rows,
+        ["target", "request", "in flight", "server µs/req", "user/sys µs", "target", "req/s", "p50 µs",
+         "driver µs/req", "errors"],
+    )
+    lat = probe["latency_us"]
+    text += (
+        f"\npwrite {probe['record_bytes']} B + fdatasync, preallocated file on {probe['filesystem']}: "
+        f"p50 {lat['p50']:.0f} µs, p99 {lat['p99']:.0f} µs, CPU {probe['cpu_us_per_call']:.0f} µs per call"
+    )
+    for t, why in skipped.items():
+        text += f"\nskipped {t}: {why}"
+    U.emit(result, "server CPU per request, idle subtracted (one run, one driver)\n" + text)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--serve-python-floor"]:
+        serve_python_floor()
+    else:
+        main(sys.argv[1:])
