@@ -239,20 +239,39 @@ def encode_header(shard_id: int, durable_end: int = HEADER_SIZE) -> bytes:
     return head + _U32.pack(crc32c(head))
 
 
-def encode_entries(entries: Iterable[Entry], first_attributes: int = 0) -> bytearray:
+def encode_entries(entries: Iterable[Entry], first_attributes: int = 0) -> bytes:
     """Frame ``entries`` back to back; the first one carries ``first_attributes``."""
-    out = bytearray()
+    parts = []
+    add = parts.append
     attrs = first_attributes
-    head, lencrc, i32 = _PAYLOAD_HEAD.pack, _LEN_CRC.pack, _I32.pack
+    lencrc = _LEN_CRC.pack
+    packers = _ENTRY_PACKERS
     for key, value in entries:
+        kl = len(key)
         if value is None:
-            payload = b"".join((head(ENTRY_VERSION, attrs, len(key)), key, _TOMBSTONE_LEN))
+            payload = b"".join((_PAYLOAD_HEAD.pack(ENTRY_VERSION, attrs, kl), key, _TOMBSTONE_LEN))
         else:
-            payload = b"".join((head(ENTRY_VERSION, attrs, len(key)), key, i32(len(value)), value))
-        out += lencrc(len(payload), crc32c(payload))
-        out += payload
+            vl = len(value)
+            pack = packers.get((kl, vl)) or _entry_packer(kl, vl)
+            payload = pack(ENTRY_VERSION, attrs, kl, key, vl, value)
+        add(lencrc(len(payload), crc32c(payload)))
+        add(payload)
         attrs = 0
-    return bytes(out)
+    return b"".join(parts)
+
+
+# (key length, value length) -> the pack of an entry's payload with those lengths: one call per
+# entry instead of three. Offset commits have a handful of shapes (one per group/topic name length
+# and metadata length); the cache is cleared if a stream of odd shapes makes it large.
+_ENTRY_PACKERS: dict[tuple[int, int], object] = {}
+_ENTRY_PACKERS_MAX = 4096
+
+
+def _entry_packer(kl: int, vl: int):
+    if len(_ENTRY_PACKERS) >= _ENTRY_PACKERS_MAX:
+        _ENTRY_PACKERS.clear()
+    pack = _ENTRY_PACKERS[(kl, vl)] = struct.Struct(f">BBi{kl}si{vl}s").pack
+    return pack
 
 
 # ---- errors ----------------------------------------------------------------------------------------
