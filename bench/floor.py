@@ -1,7 +1,9 @@
-"""How low can a server's CPU per request go on this machine? herd beside three measuring sticks.
+"""How low can a server's CPU per request go on this machine? herd beside three measuring sticks,
+and what TLS and SASL add to herd's.
 
-``python -m bench.floor [--quick] [--targets c-floor,py-floor,herd,mock] [--requests N]
-[--conns N] [--procs N] [--depth N] [--fsync-samples N]``
+``python -m bench.floor [--quick] [--targets c-floor,py-floor,herd,herd-ssl,herd-sasl-ssl,mock]
+[--requests N] [--conns N] [--procs N] [--depth N] [--fsync-samples N] [--sasl-mechanism M]
+[--tls-key ecdsa|rsa] [--connect-conns N] [--connect-serial N]``
 
 Issue 6 asks for <= 10 µs of daemon CPU per Heartbeat and <= 25 µs per 10-partition OffsetCommit.
 This benchmark puts those figures next to what the machine itself costs, in one run, with one load
@@ -14,7 +16,19 @@ driver for every target:
 * ``py-floor``: the same server as an ``asyncio.Protocol`` on uvloop (what herd runs on): the
   least a Python server on this event loop can spend per request.
 * ``herd``: the daemon, ``--fsync`` (default never: the CPU question; ``always`` adds the
-  disk's).
+  disk's), PLAINTEXT listener.
+* ``herd-ssl``, ``herd-sasl-ssl``, ``herd-sasl-plaintext``: the same daemon with
+  ``--security-protocol`` SSL, SASL_SSL or SASL_PLAINTEXT. The security variants are targets
+  rather than one ``--security`` switch so that PLAINTEXT and TLS herd stand in adjacent rows of
+  one run's table, measured minutes apart by the same driver on the same (shared) machine. The
+  run makes a throwaway PKI with ``trustme`` (a CA, a certificate for 127.0.0.1; ``--tls-key``
+  ECDSA P-256, trustme's default, or RSA 2048, which many operators still use and whose
+  handshake costs the server much more) and a users file with one user and a random password.
+  The driver's connections trust that CA (``ssl.SSLContext``, host name checked, no session
+  resumption: every connection is a full handshake, as librdkafka's are) and, on SASL
+  listeners, authenticate as Kafka's clients do after ApiVersions: SaslHandshake v1, then
+  SaslAuthenticate with the tokens of herd's own client mechanism (``protocol.sasl``;
+  ``--sasl-mechanism``, default SCRAM-SHA-256) until it is done; then they join as below.
 * ``mock``: librdkafka's mock cluster (``../shared/tools/mock_cluster.py``): a real coordinator
   written in C, in memory: the issue's own reference server.
 
@@ -27,6 +41,21 @@ server process's CPU (all threads, ``/proc/<pid>/task/*/schedstat``) over the bu
 rate, divided by the answers. An answer that is not the exact "no error" bytes is decoded and its
 error counted.
 
+Connection set-up (every herd target, after its bursts, with the burst connections still open):
+what a reconnect storm costs. A connection is "set up" once it could send its JoinGroup: TCP
+connect, the TLS handshake (TLS targets), ApiVersions (every Kafka client sends it first) and the
+SASL exchange (SASL targets). ``storm``: ``--connect-conns`` connections opened all at once, split
+over the driver processes; ``serial``: ``--connect-serial`` opened one after another by one
+process (the set-up latency of an otherwise idle daemon, split into TCP+TLS / ApiVersions / SASL).
+For each: the daemon's CPU per connection (idle subtracted), the driver's CPU per connection (on
+this 2-core machine the driver's TLS and SCRAM work competes with the daemon's, so the storm's
+wall time is not the daemon's alone), the set-up latency, connections/s, and the daemon's RSS
+growth per open connection (rough: the allocator may reuse memory freed earlier). The users'
+SCRAM credentials are derived by the daemon on the first login of each user (4096 PBKDF2 rounds)
+and cached; the bursts' connections have logged in before, so the figures are the per-connection
+cost, as in a long-running daemon. The client's PBKDF2 (per connection, as real clients) is in
+the driver's CPU.
+
 Also measured: ``pwrite`` of 300 bytes + ``fdatasync`` into a preallocated file in the bench temp
 dir (``--fsync-samples`` times): the latency a durable synchronous commit cannot avoid, beside the
 mock's whole round trip (the driver's one-in-flight commit latency).
@@ -38,6 +67,7 @@ import argparse
 import asyncio
 import multiprocessing as mp
 import os
+import secrets
 import shutil
 import statistics
 import struct
@@ -50,10 +80,17 @@ from pathlib import Path
 
 from bench import _util as U
 
-TARGETS = ("c-floor", "py-floor", "herd", "mock")
+TARGETS = ("c-floor", "py-floor", "herd", "herd-ssl", "herd-sasl-ssl", "herd-sasl-plaintext", "mock")
+# herd's targets and their listener's security protocol
+SECURITY = {
+    "herd": "PLAINTEXT", "herd-ssl": "SSL", "herd-sasl-ssl": "SASL_SSL", "herd-sasl-plaintext": "SASL_PLAINTEXT",
+}
+DEFAULT_TARGETS = ("c-floor", "py-floor", "herd", "herd-ssl", "herd-sasl-ssl", "mock")
+SASL_USER = "bench"
 TARGET_US = {"heartbeat": 10.0, "commit": 25.0}
 C_SOURCE = Path(__file__).with_name("floor_server.c")
 _SIZE = struct.Struct(">i")
+_I16 = struct.Struct(">h")
 TOPIC = "bench"
 
 
@@ -147,6 +184,64 @@ def build_c_floor(workdir: Path) -> Path | None:
     return exe
 
 
+# ---- TLS and SASL for the herd-ssl / herd-sasl-* targets ----------------------------------------
+
+
+TLS_KEYS = {"ecdsa": "ECDSA P-256", "rsa": "RSA 2048"}  # trustme's key types
+
+
+def make_pki(d: Path, key_type: str, password: str, tls: bool) -> dict:
+    """A users file with one user and (``tls``) a throwaway CA and a server certificate for
+    127.0.0.1 (key + chain in server.pem): the paths. Exits with one line when trustme is missing."""
+    users = d / "users"
+    users.write_text(f"{SASL_USER}:{password}\n")
+    users.chmod(0o600)
+    if not tls:
+        return {"users": str(users)}
+    try:
+        import trustme
+    except ImportError:
+        sys.exit("bench.floor: the TLS targets need the trustme package (a test dependency: "
+                 "pip install trustme into the venv)")
+    kind = {"ecdsa": trustme.KeyType.ECDSA, "rsa": trustme.KeyType.RSA}[key_type]
+    ca = trustme.CA(key_type=kind)
+    server = ca.issue_cert("127.0.0.1", "localhost", key_type=kind)
+    server.private_key_and_cert_chain_pem.write_to_path(str(d / "server.pem"))
+    ca.cert_pem.write_to_path(str(d / "ca.pem"))
+    return {"cafile": str(d / "ca.pem"), "certfile": str(d / "server.pem"), "users": str(users)}
+
+
+def herd_security_args(protocol: str, pki: dict | None, mechanism: str) -> list[str]:
+    if protocol == "PLAINTEXT":
+        return []
+    args = ["--security-protocol", protocol]
+    if protocol in ("SSL", "SASL_SSL"):
+        args += ["--ssl-certfile", pki["certfile"]]
+    if protocol.startswith("SASL_"):
+        args += ["--sasl-users-file", pki["users"], "--sasl-mechanisms", mechanism]
+    return args
+
+
+def client_ssl_context(cafile: str):
+    import ssl
+
+    return ssl.create_default_context(cafile=cafile)  # checks the chain and the host name (127.0.0.1)
+
+
+def driver_security(protocol: str, pki: dict | None, mechanism: str, password: str) -> dict | None:
+    """What a driver process needs to connect to a listener (picklable: the SSL context is made
+    in the driver)."""
+    if protocol == "PLAINTEXT":
+        return None
+    return {
+        "protocol": protocol,
+        "cafile": pki["cafile"] if protocol in ("SSL", "SASL_SSL") else None,
+        "mechanism": mechanism if protocol.startswith("SASL_") else None,
+        "user": SASL_USER,
+        "password": password,
+    }
+
+
 # ---- the load driver (its own processes) ----------------------------------------------------------
 
 
@@ -192,15 +287,121 @@ class _Conn(asyncio.Protocol):
 
 
 class _Driver:
-    """One driver process: ``conns`` connections, each with its member (or none, for a floor)."""
+    """One driver process: ``conns`` connections, each with its member (or none, for a floor).
 
-    def __init__(self, host, port, conns, join, versions, tag):
+    ``security`` (:func:`driver_security`, None for PLAINTEXT): TLS and SASL for every
+    connection, the burst's and the set-up measurement's (:meth:`connect`)."""
+
+    def __init__(self, host, port, conns, join, versions, tag, security=None):
         self.host, self.port, self.nconns, self.join = host, port, conns, join
         self.v = versions
         self.tag = tag
+        self.security = security
+        self.ssl = client_ssl_context(security["cafile"]) if security and security["cafile"] else None
         self.conns: list[_Conn] = []
+        self.extra: list[_Conn] = []  # connect(): the connections opened to measure set-up
         self.frames: dict[str, list[bytes]] = {}
         self.ok: dict[str, list[bytes]] = {}
+        self._api_versions = None
+
+    async def _rpc(self, c, req, v, cid=1):
+        from bench.loadgen import encode_frame
+        from protocol import messages as m
+        from protocol.headers import decode_response_header
+
+        raw = await c.call(bytes(encode_frame(req, v, cid, "floor")))
+        _, pos = decode_response_header(raw, req.API_KEY, v)
+        return m.RESPONSES[req.API_KEY].decode(raw, v, pos)
+
+    async def open(self) -> tuple[_Conn, float, float, float]:
+        """One connection set up as a Kafka client does it: TCP (+ TLS), ApiVersions, SASL.
+        -> (connection, seconds to connect (+ TLS handshake), ApiVersions round trip, SASL)."""
+        from bench.loadgen import encode_frame
+        from protocol import errors as E
+        from protocol import messages as m
+        from protocol.headers import decode_response_header
+        from protocol.sasl import client_mechanism
+
+        if self._api_versions is None:
+            req = m.ApiVersionsRequest(client_software_name="floor", client_software_version="1")
+            self._api_versions = bytes(encode_frame(req, 3, 1, "floor"))
+        loop = asyncio.get_running_loop()
+        now = time.perf_counter
+        t0 = now()
+        if self.ssl is not None:
+            _, c = await loop.create_connection(_Conn, self.host, self.port, ssl=self.ssl,
+                                                server_hostname=self.host)
+        else:
+            _, c = await loop.create_connection(_Conn, self.host, self.port)
+        t1 = now()
+        try:
+            raw = await c.call(self._api_versions)
+            _, pos = decode_response_header(raw, 18, 3)
+            code = _I16.unpack_from(raw, pos)[0]
+            if code:
+                raise RuntimeError(f"ApiVersions: {E.error_name(code)}")
+            t2 = now()
+            sec = self.security
+            if sec is not None and sec["mechanism"]:
+                r = await self._rpc(c, m.SaslHandshakeRequest(mechanism=sec["mechanism"]), 1, 2)
+                if r.error_code:
+                    raise RuntimeError(f"SaslHandshake: {E.error_name(r.error_code)} (enabled: {r.mechanisms})")
+                mech = client_mechanism(sec["mechanism"], sec["user"], sec["password"])
+                token = mech.first()
+                cid = 3
+                while token is not None:
+                    r = await self._rpc(c, m.SaslAuthenticateRequest(auth_bytes=token), self.v["sasl_authenticate"],
+                                        cid)
+                    if r.error_code:
+                        raise RuntimeError(f"SaslAuthenticate: {E.error_name(r.error_code)}: {r.error_message}")
+                    token = mech.step(bytes(r.auth_bytes or b""))
+                    cid += 1
+                if not mech.done:
+                    raise RuntimeError(f"SASL {mech.name}: the exchange ended before the mechanism was done")
+        except BaseException:
+            c.transport.abort()
+            raise
+        t3 = now()
+        return c, t1 - t0, t2 - t1, t3 - t2
+
+    def tls_info(self) -> dict | None:
+        if self.ssl is None or not self.conns:
+            return None
+        obj = self.conns[0].transport.get_extra_info("ssl_object")
+        if obj is None:
+            return None
+        cipher = obj.cipher()
+        return {"version": obj.version(), "cipher": cipher[0] if cipher else None}
+
+    async def connect(self, n: int, concurrency: int) -> dict:
+        """Open ``n`` more connections, ``concurrency`` at a time, and keep them (``disconnect``)."""
+        sem = asyncio.Semaphore(concurrency)
+        timings = array("d")
+        now = time.perf_counter
+
+        async def one():
+            async with sem:
+                t = now()
+                c, tcp, api, sasl = await self.open()
+                self.extra.append(c)
+                timings.extend((now() - t, tcp, api, sasl))
+
+        cpu0 = time.process_time()
+        t0 = now()
+        results = await asyncio.wait_for(asyncio.gather(*(one() for _ in range(n)), return_exceptions=True), 300)
+        wall = now() - t0
+        cpu = time.process_time() - cpu0
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            raise RuntimeError(f"{len(failed)} of {n} connections failed; first: {type(failed[0]).__name__}: "
+                               f"{failed[0]}")
+        return {"connections": n, "seconds": wall, "client_cpu_s": cpu, "timings_s": timings.tobytes()}
+
+    async def disconnect(self) -> None:
+        for c in self.extra:
+            c.transport.close()
+        self.extra = []
+        await asyncio.sleep(0.05)  # let the closes (TLS close_notify) go out
 
     async def setup(self):
         from bench.loadgen import encode_frame, ok_answer
@@ -211,8 +412,11 @@ class _Driver:
 
         loop = asyncio.get_running_loop()
         for _ in range(self.nconns):
-            _, c = await loop.create_connection(_Conn, self.host, self.port)
-            self.conns.append(c)
+            if self.security is not None:  # TLS, SASL: as a Kafka client (ApiVersions v3 first)
+                self.conns.append((await self.open())[0])
+            else:  # a floor answers only Heartbeat and OffsetCommit; the mock refuses ApiVersions v3
+                _, c = await loop.create_connection(_Conn, self.host, self.port)
+                self.conns.append(c)
         self.frames = {"heartbeat": [], "commit": []}
         self.ok = {"heartbeat": [], "commit": []}
         vj, vs, vh, vc = self.v["join"], self.v["sync"], self.v["heartbeat"], self.v["commit"]
@@ -371,14 +575,14 @@ class _Driver:
             c.transport.close()
 
 
-def _driver_main(pipe, host, port, conns, join, versions, tag):
+def _driver_main(pipe, host, port, conns, join, versions, tag, security):
     import uvloop
 
     async def main():
-        d = _Driver(host, port, conns, join, versions, tag)
+        d = _Driver(host, port, conns, join, versions, tag, security)
         try:
             await d.setup()
-            pipe.send(("ready", None))
+            pipe.send(("ready", d.tls_info()))
         except Exception as e:  # noqa: BLE001 - reported to the parent as one line
             pipe.send(("error", f"{type(e).__name__}: {e}"))
             return
@@ -387,30 +591,39 @@ def _driver_main(pipe, host, port, conns, join, versions, tag):
             msg = await loop.run_in_executor(None, pipe.recv)
             if msg[0] == "stop":
                 break
-            _, kind, total, depth = msg
             try:
-                pipe.send(("done", await d.burst(kind, total, depth)))
+                if msg[0] == "connect":
+                    pipe.send(("done", await d.connect(msg[1], msg[2])))
+                elif msg[0] == "disconnect":
+                    await d.disconnect()
+                    pipe.send(("done", None))
+                else:
+                    _, kind, total, depth = msg
+                    pipe.send(("done", await d.burst(kind, total, depth)))
             except Exception as e:  # noqa: BLE001
                 pipe.send(("error", f"{type(e).__name__}: {e}"))
+        await d.disconnect()
         d.close()
 
     uvloop.run(main())
 
 
 class Drivers:
-    def __init__(self, bootstrap: str, procs: int, conns: int, join: bool, versions: dict, tag: str):
+    def __init__(self, bootstrap: str, procs: int, conns: int, join: bool, versions: dict, tag: str,
+                 security: dict | None = None):
         host, port = bootstrap.rsplit(":", 1)
         ctx = mp.get_context("spawn")
         self.pipes, self.procs = [], []
         per = [conns // procs + (1 if i < conns % procs else 0) for i in range(procs)]
         for i in range(procs):
             a, b = ctx.Pipe()
-            p = ctx.Process(target=_driver_main, args=(b, host, int(port), per[i], join, versions, f"{tag}{i}"))
+            p = ctx.Process(
+                target=_driver_main, args=(b, host, int(port), per[i], join, versions, f"{tag}{i}", security)
+            )
             p.start()
             self.pipes.append(a)
             self.procs.append(p)
-        for a in self.pipes:
-            self._expect(a, "ready", 120)
+        self.tls = [self._expect(a, "ready", 120) for a in self.pipes][0]
 
     @staticmethod
     def _expect(pipe, what, timeout):
@@ -443,6 +656,37 @@ class Drivers:
             "latency_us": U.percentiles([x * 1e6 for x in lat], (50, 99)),
         }
 
+    def connect(self, n: int, serial: bool) -> dict:
+        """Open ``n`` connections (kept until :meth:`disconnect`): all at once over every driver
+        process, or (``serial``) one after another in the first."""
+        pipes = self.pipes[:1] if serial else self.pipes
+        k = len(pipes)
+        per = [n // k + (1 if i < n % k else 0) for i in range(k)]
+        t0 = time.perf_counter()
+        for a, m in zip(pipes, per, strict=True):
+            a.send(("connect", m, 1 if serial else max(1, m)))
+        outs = [self._expect(a, "connect", 600) for a in pipes]
+        wall = time.perf_counter() - t0
+        t = array("d")
+        for o in outs:
+            t.frombytes(o["timings_s"])
+        total, tcp, api, sasl = (t[i::4] for i in range(4))
+        return {
+            "connections": len(total),
+            "seconds": wall,
+            "client_cpu_us_per_connection": sum(o["client_cpu_s"] for o in outs) * 1e6 / max(1, len(total)),
+            "setup_us": U.percentiles([x * 1e6 for x in total], (50, 99)),
+            "connect_tls_us": U.percentiles([x * 1e6 for x in tcp], (50, 99)),
+            "api_versions_us": U.percentiles([x * 1e6 for x in api], (50, 99)),
+            "sasl_us": U.percentiles([x * 1e6 for x in sasl], (50, 99)),
+        }
+
+    def disconnect(self) -> None:
+        for a in self.pipes:
+            a.send(("disconnect",))
+        for a in self.pipes:
+            self._expect(a, "disconnect", 60)
+
     def close(self):
         for a in self.pipes:
             try:
@@ -455,8 +699,9 @@ class Drivers:
                 p.kill()
 
 
-def versions_for(bootstrap: str) -> dict:
-    """Our highest versions of JoinGroup/SyncGroup/Heartbeat/OffsetCommit that the server takes."""
+def versions_for(bootstrap: str, cafile: str | None = None) -> dict:
+    """Our highest versions of JoinGroup/SyncGroup/Heartbeat/OffsetCommit/SaslAuthenticate that
+    the server takes (``cafile``: over TLS, trusting that CA)."""
     import socket
 
     from bench.loadgen import encode_frame
@@ -464,12 +709,15 @@ def versions_for(bootstrap: str) -> dict:
     from protocol import messages as m
     from protocol.headers import decode_response_header
 
-    ours = {"join": (11, 9), "sync": (14, 5), "heartbeat": (12, 4), "commit": (8, 9)}
+    ours = {"join": (11, 9), "sync": (14, 5), "heartbeat": (12, 4), "commit": (8, 9), "sasl_authenticate": (36, 2)}
     host, port = bootstrap.rsplit(":", 1)
+    tls = client_ssl_context(cafile) if cafile else None
     # v3 first; a server that does not take it (librdkafka's mock) answers UNSUPPORTED_VERSION and
     # is asked again with v0, as clients do.
     for av in (3, 0):
-        with socket.create_connection((host, int(port)), timeout=10) as s:
+        with socket.create_connection((host, int(port)), timeout=10) as raw_sock, (
+            tls.wrap_socket(raw_sock, server_hostname=host) if tls else raw_sock
+        ) as s:
             req = m.ApiVersionsRequest(client_software_name="floor", client_software_version="1")
             s.sendall(encode_frame(req, av, 1, "floor"))
             size = _SIZE.unpack(_recv_exact(s, 4))[0]
@@ -497,9 +745,12 @@ def _recv_exact(s, n: int) -> bytes:
 # ---- measuring -------------------------------------------------------------------------------------
 
 
-def measure_target(name: str, server, args) -> dict:
-    join = name in ("herd", "mock")
-    versions = versions_for(server.bootstrap) if join else {"join": 9, "sync": 5, "heartbeat": 4, "commit": 9}
+def measure_target(name: str, server, args, security: dict | None = None) -> dict:
+    join = name == "mock" or name in SECURITY
+    cafile = security["cafile"] if security else None
+    versions = (
+        versions_for(server.bootstrap, cafile) if join else {"join": 9, "sync": 5, "heartbeat": 4, "commit": 9}
+    )
     if name == "mock":
         # librdkafka's mock advertises JoinGroup v6 and SyncGroup v4+ but closes the connection on
         # their flexible encoding; the setup uses what librdkafka itself sends. The measured
@@ -508,7 +759,11 @@ def measure_target(name: str, server, args) -> dict:
     if join and min(versions["heartbeat"], versions["commit"] - 4) < 4:
         raise RuntimeError(f"{name} lacks a flexible Heartbeat/OffsetCommit version: {versions}")
     out = {"target": name, "versions": versions, "pid": server.pid, "bursts": []}
-    drivers = Drivers(server.bootstrap, args.procs, args.conns, join, versions, name)
+    if name in SECURITY:
+        out["security_protocol"] = SECURITY[name]
+        out["sasl_mechanism"] = security["mechanism"] if security else None
+    drivers = Drivers(server.bootstrap, args.procs, args.conns, join, versions, name, security)
+    out["tls"] = drivers.tls
     try:
         for kind in ("heartbeat", "commit"):
             for depth in (1, args.depth):
@@ -536,9 +791,39 @@ def measure_target(name: str, server, args) -> dict:
                     target_us=TARGET_US[kind],
                 )
                 out["bursts"].append(res)
+        if name in SECURITY:
+            out["setup"] = [
+                measure_setup(server.pid, drivers, mode, n, idle_rate)
+                for mode, n in (("storm", args.connect_conns), ("serial", args.connect_serial))
+                if n > 0
+            ]
     finally:
         drivers.close()
     return out
+
+
+def measure_setup(pid: int, drivers: Drivers, mode: str, n: int, idle_rate: float) -> dict:
+    """Daemon CPU, latency and memory of ``n`` connection set-ups (see the module docstring)."""
+    time.sleep(0.2)  # the previous phase's last packets
+    rss0 = U.proc_rss_bytes(pid)
+    us0 = U.proc_user_sys_seconds(pid)
+    c0 = U.proc_cpu_ns(pid)
+    res = drivers.connect(n, serial=mode == "serial")
+    cpu = (U.proc_cpu_ns(pid) - c0) / 1e9
+    us1 = U.proc_user_sys_seconds(pid)
+    rss1 = U.proc_rss_bytes(pid)
+    drivers.disconnect()
+    net = cpu - idle_rate * res["seconds"]
+    n = res["connections"]
+    res.update(
+        mode=mode,
+        server_cpu_us_per_connection=net * 1e6 / n,
+        server_user_us_per_connection=(us1[0] - us0[0]) * 1e6 / n,
+        server_sys_us_per_connection=(us1[1] - us0[1]) * 1e6 / n,
+        connections_per_s=n / res["seconds"],
+        server_rss_growth_kib_per_connection=(rss1 - rss0) / 1024 / n,
+    )
+    return res
 
 
 def fdatasync_probe(root: str, samples: int, record: int = 300) -> dict:
@@ -575,7 +860,11 @@ def fdatasync_probe(root: str, samples: int, record: int = 300) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m bench.floor", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small counts (< 60 s in all)")
-    ap.add_argument("--targets", default=",".join(TARGETS), help=f"any of {','.join(TARGETS)}")
+    ap.add_argument(
+        "--targets",
+        default=",".join(DEFAULT_TARGETS),
+        help=f"any of {','.join(TARGETS)} (default: all but herd-sasl-plaintext)",
+    )
     ap.add_argument("--requests", type=int, default=None, help="per burst (default 60000, quick 15000)")
     ap.add_argument("--conns", type=int, default=100, help="connections in all (default 100)")
     ap.add_argument("--procs", type=int, default=2, help="driver processes (default 2)")
@@ -583,6 +872,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--fsync", default="never", choices=["never", "always"], help="herd's fsync mode")
     ap.add_argument("--idle-seconds", type=float, default=1.0)
     ap.add_argument("--fsync-samples", type=int, default=None, help="default 3000 (quick 1000)")
+    ap.add_argument("--sasl-mechanism", default="SCRAM-SHA-256", choices=["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"],
+                    help="the herd-sasl-* targets' mechanism (default SCRAM-SHA-256)")
+    ap.add_argument("--tls-key", default="ecdsa", choices=["ecdsa", "rsa"],
+                    help="the throwaway PKI's key type: ECDSA P-256 (default) or RSA 2048")
+    ap.add_argument("--connect-conns", type=int, default=None,
+                    help="connections opened at once to measure set-up, herd targets (default 400, quick 100; 0: skip)")
+    ap.add_argument("--connect-serial", type=int, default=None,
+                    help="connections opened one by one to measure set-up latency (default 100, quick 30; 0: skip)")
     return ap
 
 
@@ -592,15 +889,25 @@ def main(argv=None):
         args.requests = 15_000 if args.quick else 60_000
     if args.fsync_samples is None:
         args.fsync_samples = 1_000 if args.quick else 3_000
+    if args.connect_conns is None:
+        args.connect_conns = 100 if args.quick else 400
+    if args.connect_serial is None:
+        args.connect_serial = 30 if args.quick else 100
     targets = [t for t in args.targets.split(",") if t]
     unknown = [t for t in targets if t not in TARGETS]
     if unknown:
         sys.exit(f"bench.floor: unknown target {', '.join(unknown)} (known: {', '.join(TARGETS)})")
+    protocols = {t: SECURITY[t] for t in targets if t in SECURITY}
     env = U.environment()
     results = []
     skipped = {}
+    password = secrets.token_urlsafe(18)
     with tempfile.TemporaryDirectory(prefix="herd-floor-build-") as build:
+        pki = None
+        if any(p != "PLAINTEXT" for p in protocols.values()):
+            pki = make_pki(Path(build), args.tls_key, password, any("SSL" in p for p in protocols.values()))
         for t in targets:
+            security = None
             if t == "c-floor":
                 exe = build_c_floor(Path(build))
                 if exe is None:
@@ -609,12 +916,18 @@ def main(argv=None):
                 ctx = _Floor([str(exe)])
             elif t == "py-floor":
                 ctx = _Floor([sys.executable, "-m", "bench.floor", "--serve-python-floor"])
-            elif t == "herd":
-                ctx = U.Herd(fsync=args.fsync, extra_args=["--max-connections", str(args.conns + 100)])
+            elif t in SECURITY:
+                limit = args.conns + args.connect_conns + args.connect_serial + 100
+                ctx = U.Herd(
+                    fsync=args.fsync,
+                    extra_args=["--max-connections", str(limit)]
+                    + herd_security_args(SECURITY[t], pki, args.sasl_mechanism),
+                )
+                security = driver_security(SECURITY[t], pki, args.sasl_mechanism, password)
             else:
                 ctx = U.Mock()
             with ctx as server:
-                results.append(measure_target(t, server, args))
+                results.append(measure_target(t, server, args, security))
     probe = fdatasync_probe(U.default_tmp_root(), args.fsync_samples)
     result = {
         "benchmark": "floor",
@@ -629,21 +942,34 @@ def main(argv=None):
             "idle_seconds": args.idle_seconds,
             "commit_partitions": 10,
             "quick": args.quick,
+            "security_protocols": protocols,
+            "sasl_mechanism": args.sasl_mechanism if any(p.startswith("SASL_") for p in protocols.values()) else None,
+            "sasl_user_file_entries": 1,
+            "tls_key": TLS_KEYS[args.tls_key] if any("SSL" in p for p in protocols.values()) else None,
+            "tls_session_resumption": False,
+            "connect_conns": args.connect_conns,
+            "connect_serial": args.connect_serial,
         },
         "skipped": skipped,
         "targets_us": TARGET_US,
         "results": results,
         "fdatasync": probe,
     }
+    plain = {
+        (b["kind"], b["depth"]): b["server_cpu_us_per_request"]
+        for r in results if r["target"] == "herd" for b in r["bursts"]
+    }
     rows = []
     for r in results:
         for b in r["bursts"]:
+            base = plain.get((b["kind"], b["depth"])) if r["target"] in SECURITY else None
             rows.append(
                 [
                     r["target"],
                     b["kind"],
                     b["depth"],
                     f"{b['server_cpu_us_per_request']:.1f}",
+                    "" if base is None else f"{b['server_cpu_us_per_request'] - base:+.1f}",
                     f"{b['server_user_us_per_request']:.0f}/{b['server_sys_us_per_request']:.0f}",
                     f"<= {TARGET_US[b['kind']]:.0f}",
                     f"{b['requests_per_s']:.0f}",
@@ -654,9 +980,41 @@ def main(argv=None):
             )
     text = U.table(
         rows,
-        ["target", "request", "in flight", "server µs/req", "user/sys µs", "target", "req/s", "p50 µs",
+        ["target", "request", "in flight", "server µs/req", "vs herd", "user/sys µs", "target", "req/s", "p50 µs",
          "driver µs/req", "errors"],
     )
+    setup_rows = []
+    for r in results:
+        for st in r.get("setup", []):
+            tls = r.get("tls") or {}
+            setup_rows.append(
+                [
+                    r["target"],
+                    " ".join(x for x in (tls.get("version"), r.get("sasl_mechanism")) if x) or "-",
+                    st["mode"],
+                    st["connections"],
+                    f"{st['server_cpu_us_per_connection']:.0f}",
+                    f"{st['client_cpu_us_per_connection']:.0f}",
+                    f"{st['connections_per_s']:.0f}",
+                    f"{st['setup_us']['p50'] / 1000:.2f}",
+                    f"{st['setup_us']['p99'] / 1000:.2f}",
+                    f"{st['connect_tls_us']['p50'] / 1000:.2f}",
+                    f"{st['api_versions_us']['p50'] / 1000:.2f}",
+                    f"{st['sasl_us']['p50'] / 1000:.2f}",
+                    f"{st['server_rss_growth_kib_per_connection']:.0f}",
+                ]
+            )
+    if setup_rows:
+        text += (
+            "\n\nconnection set-up (TCP [+ TLS] + ApiVersions [+ SASL]), herd targets"
+            + (f", TLS key {TLS_KEYS[args.tls_key]}" if any("SSL" in p for p in protocols.values()) else "")
+            + ":\n"
+            + U.table(
+                setup_rows,
+                ["target", "security", "mode", "conns", "server µs/conn", "driver µs/conn",
+                 "conns/s", "p50 ms", "p99 ms", "tcp+tls p50", "apiver p50", "sasl p50", "RSS KiB/conn"],
+            )
+        )
     lat = probe["latency_us"]
     text += (
         f"\npwrite {probe['record_bytes']} B + fdatasync, preallocated file on {probe['filesystem']}: "
