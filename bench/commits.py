@@ -19,6 +19,12 @@ and the mock all run for the whole benchmark; each (target, process count) cell 
 back to back, reversing the order every round. Reported per cell:
 commits/s (all processes), latency p50/p99/max in ms, errors, and the server's CPU µs per commit
 (``/proc``); then the herd/mock ratio of commits/s. Target: ratio >= 1.0 with herd fsync=always.
+
+The same run also times ``pwrite`` + ``fdatasync`` of a 300-byte record in a preallocated file on
+herd's data file system (``--fsync-samples``) and reports, for each ``sync`` row, the best ratio
+a durable coordinator could reach there: ``mock p50 / (mock p50 + fdatasync p50)``. A synchronous
+client waits for its commit's fdatasync; even a server whose own work cost nothing beyond the
+mock's would add that wait to every round trip the mock makes from memory.
 """
 
 from __future__ import annotations
@@ -244,6 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--herd-log-level", default="info")
     ap.add_argument("--targets", default="herd,mock", help="herd and/or mock (default herd,mock)")
+    ap.add_argument("--fsync-samples", type=int, default=None,
+                    help="pwrite+fdatasync timings for the durable bound (default 3000, quick 1000; 0: skip)")
     return ap
 
 
@@ -253,6 +261,8 @@ def main(argv=None):
         args.duration = 3.0 if args.quick else 10.0
     if args.rounds is None:
         args.rounds = 1 if args.quick else 2
+    if args.fsync_samples is None:
+        args.fsync_samples = 1_000 if args.quick else 3_000
     procs_list = [int(x) for x in args.procs.split(",") if x]
     modes = [x for x in args.modes.split(",") if x]
     if not modes or any(x not in ("sync", "async") for x in modes):
@@ -302,6 +312,11 @@ def main(argv=None):
                         )
         herd_rss = {t: U.proc_rss_bytes(h.pid) / 2**20 for t, h in herds.items()}
         data_fs = {t: U.filesystem_of(h.data_dir) for t, h in herds.items()}
+        probe = None
+        if args.fsync_samples > 0 and herds:
+            from bench.floor import fdatasync_probe
+
+            probe = fdatasync_probe(str(next(iter(herds.values())).data_dir.parent), args.fsync_samples)
     summary = []
     for mode, procs in [(mo, p) for mo in modes for p in procs_list]:
         row = {"mode": mode, "procs": procs}
@@ -324,6 +339,9 @@ def main(argv=None):
             row["ratio_herd_nofsync_over_mock"] = (
                 row["herd-nofsync"]["commits_per_s"] / row["mock"]["commits_per_s"]
             )
+        if mode == "sync" and probe is not None and "mock" in row:
+            mock_ms = row["mock"]["p50_ms"]
+            row["durable_bound_ratio"] = mock_ms / (mock_ms + probe["latency_us"]["p50"] / 1000)
         summary.append(row)
     result = {
         "benchmark": "commits",
@@ -348,6 +366,7 @@ def main(argv=None):
             "groups": "one per client process (standalone, generation -1)",
         },
         "summary": summary,
+        "fdatasync": probe,
         "cells": cells,
         "herd_rss_mb": herd_rss,
     }
@@ -363,6 +382,7 @@ def main(argv=None):
                 ">= 1.0",
                 "yes" if s.get("meets_target") else "NO",
                 f"{s.get('ratio_herd_nofsync_over_mock', float('nan')):.2f}",
+                f"{s['durable_bound_ratio']:.2f}" if "durable_bound_ratio" in s else "-",
             ]
         )
     text = U.table(
@@ -376,8 +396,13 @@ def main(argv=None):
             "target",
             "holds",
             "nofsync/mock",
+            "durable bound",
         ],
     )
+    if probe is not None:
+        lat = probe["latency_us"]
+        text += (f"\ndurable bound: mock p50 / (mock p50 + fdatasync p50); pwrite {probe['record_bytes']} B + "
+                 f"fdatasync on {probe['filesystem']}: p50 {lat['p50']:.0f} µs, p99 {lat['p99']:.0f} µs")
     U.emit(result, f"commits ({args.partitions} partitions per commit; sync: one at a time per client, "
                    f"async N: N in flight)\n" + text)
 
