@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: run test bench lint clean java demo-spark conformance-deps
+.PHONY: run test bench lint clean java demo-spark conformance-deps bytecode
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,18 +27,25 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(PIP) install -e '.[test,spark]'
 	@touch $@ $(VENV)/.installed-run
 
-run: $(VENV)/.installed-run
+# Compiled bytecode for the project's own modules. An editable install compiles nothing, and
+# where PYTHONDONTWRITEBYTECODE is set (containers, many CI images) every process would compile
+# the generated codec again (~0.4 s for each daemon, client or Spark worker start). Up to date:
+# ~0.3 s.
+bytecode: | $(BIN)/python
+	@$(BIN)/python -m compileall -q -j 0 -x '/node_modules/' protocol coordinator client tools bench tests >/dev/null
+
+run: $(VENV)/.installed-run bytecode
 	$(BIN)/herd serve --host '$(HOST)' --port '$(PORT)' --data-dir '$(DATA_DIR)'
 
-test: $(VENV)/.installed-test java conformance-deps
+test: $(VENV)/.installed-test java conformance-deps bytecode
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # Spark tasks as herd group members; one is SIGKILLed mid-way (about a minute; needs Java 17).
 #   make demo-spark [DEMO_ARGS='--static --partitions 16']
-demo-spark: $(VENV)/.installed-test java
+demo-spark: $(VENV)/.installed-test java bytecode
 	$(BIN)/python -m tools.spark_demo $(DEMO_ARGS)
 
-bench: $(VENV)/.installed-test
+bench: $(VENV)/.installed-test bytecode
 	$(BIN)/python -m bench
 
 lint: $(VENV)/.installed-test
