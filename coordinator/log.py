@@ -80,9 +80,10 @@ Writing: framed on the loop, written and fsynced off it (fsync="always"), group 
 the calling thread, each shard's pending entries as one batch, and takes the batch's place at the
 shard's end. Under ``fsync="never"`` it writes the batch there (one ``pwrite``, a page-cache copy)
 and settles it there and then (flush returns them). Under ``fsync="always"`` the batch's ``pwrite``
-and the file's fdatasync both run on a small pool, never on the loop: a disk that blocks writes (a
-frozen file system, writeback throttling, a stalled device) holds back the answers that wait for
-it, not the event loop. Up to ``SYNC_JOBS`` jobs run at once (the disk takes concurrent flushes) but
+and the file's fdatasync both run on ``SYNC_JOBS`` sync threads, never on the loop: a disk that
+blocks writes (a frozen file system, writeback throttling, a stalled device) holds back the answers
+that wait for it, not the event loop. Up to ``SYNC_JOBS`` jobs run at once (the disk takes
+concurrent flushes; the shards of one loop turn's batches are dealt out over the free threads) but
 never two of one shard, so a shard's batches reach its file in sequence order; a batch framed while
 its shard syncs or every slot is busy joins the next job (group commit), and jobs are settled in the
 order they were made, so the listener (:meth:`LogStore.set_listener`) hears ``(shard, last sequence
@@ -147,7 +148,7 @@ import struct
 import threading
 import time
 from collections.abc import Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -225,7 +226,6 @@ META_NAME = "herd-log.json"
 MiB = 1024 * 1024
 PREALLOC_MIN = 64 * 1024  # zeros written ahead of a shard's end: a quarter of its size, within these
 PREALLOC_MAX = 1 * MiB
-SYNC_THREADS = 8
 SYNC_JOBS = 4  # batches whose fdatasyncs may run at once (a batch written while another syncs)
 _fdatasync = getattr(os, "fdatasync", os.fsync)  # the size is covered: fdatasync flushes it when it changed
 
@@ -638,7 +638,8 @@ FSYNC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.0
 
 
 class _SyncJob:
-    """One batch's fdatasyncs, run on the sync pool; settled in the order jobs were made."""
+    """Some shards' batches to write and fdatasync on a sync thread; settled in the order jobs were
+    made."""
 
     __slots__ = ("items", "errors")
 
@@ -675,7 +676,7 @@ class LogStore:
         self._settle_lock = threading.Condition(threading.Lock())
         self._running: collections.deque = collections.deque()  # _SyncJobs not settled, oldest first
         self._sync_jobs = max(1, sync_jobs)  # at most this many _SyncJobs syncing at once
-        self._active = 0  # _SyncJobs on the pool
+        self._active = 0  # _SyncJobs on the sync threads
         self._unsynced: list = []  # written while its shard synced or all slots were busy
         self._syncing: set[int] = set()  # shards with a job syncing (one fdatasync per file at a time)
         # The fsync threads take jobs from this queue (a SimpleQueue and plain threads: the
@@ -685,7 +686,6 @@ class LogStore:
         self._staged: list = []  # (shard, entries, seq, future | None) not yet handed to the writer
         self._seqs = [0] * num_shards  # last sequence number given out per shard
         self._listener = None
-        self._sync_pool: ThreadPoolExecutor | None = None  # parallel fsyncs of several shards
         self._state = "new"  # new -> open -> closing -> closed
         self._writer: threading.Thread | None = None
         self._compactor: threading.Thread | None = None
@@ -731,7 +731,6 @@ class LogStore:
         if self.fsync == "always":
             self._sync_threads = [threading.Thread(target=self._sync_main, name=f"herd-log-fsync-{i}", daemon=True)
                                   for i in range(self._sync_jobs)]
-            self._sync_pool = ThreadPoolExecutor(max_workers=SYNC_THREADS, thread_name_prefix="herd-log-sync")
         with self._lock:
             self._state = "open"
         self._writer.start()
@@ -936,7 +935,7 @@ class LogStore:
         """Write everything staged, on the calling thread (the event loop: a page-cache write of a
         few KB), and return what is settled now: a list of ``(shard_id, seq, exc)`` (see
         :meth:`set_listener`). Under ``fsync="never"`` that is everything (written to the OS);
-        under ``"always"`` the fdatasyncs run on the sync pool and their results reach the
+        under ``"always"`` the fdatasyncs run on the sync threads and their results reach the
         listener: the caller never waits for the disk. If the writer thread holds the files (a
         compaction swap, an :meth:`append`), the staged writes are left to it, in order, and
         reported to the listener: the loop never waits for a compaction either."""
@@ -999,8 +998,6 @@ class LogStore:
         self._compactor.join()
         self._queue.put((_STOP,))
         self._writer.join()
-        if self._sync_pool is not None:
-            self._sync_pool.shutdown()
         with self._wlock, self._lock:  # a flush() that raced with close() left nothing behind
             left, self._staged = self._staged, []
         self._report([(shard_id, seq, LogClosedError("log store closed")) for shard_id, _e, seq, _f in left])
@@ -1142,7 +1139,7 @@ class LogStore:
     def _flush_staged(self) -> list:
         """Frame everything staged (the caller holds the write lock), one batch per shard. Under
         fsync="never" each batch is written here (one pwrite); under "always" its place in the file
-        is taken here and the sync pool writes it and fdatasyncs the file, so a disk that blocks
+        is taken here and a sync thread writes it and fdatasyncs the file, so a disk that blocks
         writes (a frozen file system, writeback throttling) never blocks the caller, the event
         loop. -> the results settled now (under "never": all of them); the rest reach the
         listener."""
@@ -1239,23 +1236,37 @@ class LogStore:
             self._sync_queue.put(job)
 
     def _launch(self) -> list:
-        """Make a job of every waiting item whose shard is not syncing, if a slot is free (the
-        caller holds the settle lock and queues the jobs returned)."""
-        if self._active >= self._sync_jobs or not self._unsynced:
+        """Make jobs of the waiting items whose shard is not syncing, at most one per free slot
+        (the caller holds the settle lock and queues the jobs returned). A shard's items all go to
+        one job, in order; the shards are dealt out over the jobs, so the free sync threads
+        fdatasync different files at once, each its own share one after another (no pool: a
+        thread hand-off per file cost more CPU than the fsync, in futex calls and GIL switches)."""
+        free = self._sync_jobs - self._active
+        if free <= 0 or not self._unsynced:
             return []
         syncing = self._syncing
-        ready, wait = [], []
+        by_shard: dict[int, list] = {}
+        wait = []
         for item in self._unsynced:
-            (wait if item[0].id in syncing else ready).append(item)
-        if not ready:
+            sid = item[0].id
+            if sid in syncing:
+                wait.append(item)
+            elif sid in by_shard:
+                by_shard[sid].append(item)
+            else:
+                by_shard[sid] = [item]
+        if not by_shard:
             return []
         self._unsynced = wait
-        job = _SyncJob(ready)
-        for item in ready:
-            syncing.add(item[0].id)
-        self._active += 1
-        self._running.append(job)
-        return [job]
+        n = min(free, len(by_shard))
+        shares: list[list] = [[] for _ in range(n)]
+        for i, items in enumerate(by_shard.values()):
+            shares[i % n] += items
+        jobs = [_SyncJob(share) for share in shares]
+        syncing.update(by_shard)
+        self._active += n
+        self._running.extend(jobs)
+        return jobs
 
     def _sync_main(self) -> None:
         get = self._sync_queue.get
@@ -1377,13 +1388,10 @@ class LogStore:
                     st.allocated = max(end, os.fstat(st.fd).st_size)
 
     def _sync(self, shards: list[_Shard]) -> list[BaseException | None]:
-        """fdatasync each shard's file; several at once on a small thread pool (the disk takes
-        concurrent flushes: ~5,000 fsyncs/s from one thread, ~13,000/s from four, measured)."""
-        if len(shards) == 1:
-            return [self._sync_one(shards[0])]
-        if self._sync_pool is None:  # not made under fsync="never"
-            return [self._sync_one(st) for st in shards]
-        return list(self._sync_pool.map(self._sync_one, shards))
+        """fdatasync each shard's file, one after another: the sync threads run several jobs at
+        once (the disk takes concurrent flushes: ~5,000 fsyncs/s from one thread, ~13,000/s from
+        four, measured), and :meth:`_launch` deals the shards of a batch out over them."""
+        return [self._sync_one(st) for st in shards]
 
     @staticmethod
     def _sync_one(st: _Shard) -> BaseException | None:

@@ -258,6 +258,46 @@ def test_group_commit_one_fsync_per_touched_file_per_batch(tmp_path, monkeypatch
     assert sum(len(v) for v in data.values()) == 201
 
 
+def test_one_turns_batches_are_dealt_out_over_the_free_sync_threads(tmp_path, monkeypatch):
+    # four shards written in one flush, two sync slots: two jobs of two shards each, both syncing
+    # at once (no pool of its own), never more than two fdatasyncs at a time, one per shard
+    s = LogStore(tmp_path, 4, fsync="always", sync_jobs=2)
+    s.open()
+    real = L._fdatasync
+    lock = threading.Lock()
+    running, seen = [0], []
+    both = threading.Barrier(2, timeout=WAIT)
+
+    def fdatasync(fd):
+        with lock:
+            running[0] += 1
+            seen.append((fd, running[0], threading.get_ident()))
+        if len(seen) <= 2:
+            both.wait()  # the first two calls meet: two threads inside fdatasync together
+        real(fd)
+        with lock:
+            running[0] -= 1
+
+    monkeypatch.setattr(L, "_fdatasync", fdatasync)
+    results, done = [], threading.Event()
+
+    def listener(batch):
+        results.extend(batch)
+        if len(results) == 4:
+            done.set()
+
+    s.set_listener(listener)
+    for shard in range(4):
+        s.submit(shard, [kv(shard), kv(10 + shard)])
+    assert s.flush() == []  # under always nothing is settled on the calling thread
+    assert done.wait(WAIT)
+    assert sorted((sid, seq, exc) for sid, seq, exc in results) == [(i, 1, None) for i in range(4)]
+    assert len(seen) == 4 and len({fd for fd, _, _ in seen}) == 4  # one fdatasync per file
+    assert max(n for _, n, _ in seen) == 2 and len({t for _, _, t in seen}) == 2
+    s.close()
+    assert reopen(tmp_path, 4) == {i: [kv(i), kv(10 + i)] for i in range(4)}
+
+
 def test_fsync_never_never_calls_fsync(tmp_path, monkeypatch):
     s, _ = opened(tmp_path, 2, fsync="never")
 
