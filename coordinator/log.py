@@ -1274,9 +1274,12 @@ class LogStore:
             job = get()
             if job is None:
                 return
-            self._run_sync(job)
+            while job is not None:  # a job launched as this one ended: run here, wake nobody
+                job = self._run_sync(job)
 
-    def _run_sync(self, job: _SyncJob) -> None:
+    def _run_sync(self, job: _SyncJob) -> _SyncJob | None:
+        """Write and sync one job, settle what is done, launch what waited for it. -> one of the
+        jobs launched, for this thread to run next (the others are queued for the free threads)."""
         try:
             errors = self._sync_files(job.items)
         except BaseException as exc:  # our bug: never leave a write unanswered
@@ -1295,8 +1298,9 @@ class LogStore:
             except BaseException:  # our bug: keep this thread (and close()'s barrier) alive
                 log.exception("log.sync_error")
             self._settle_lock.notify_all()
-        for nxt in jobs:
+        for nxt in jobs[1:]:
             self._sync_queue.put(nxt)
+        return jobs[0] if jobs else None
 
     def _settle_ready(self) -> list:
         """Settle the oldest jobs that are done (the caller holds the settle lock). -> their

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import types
 from pathlib import Path
 
 import pytest
@@ -296,6 +297,49 @@ def test_one_turns_batches_are_dealt_out_over_the_free_sync_threads(tmp_path, mo
     assert max(n for _, n, _ in seen) == 2 and len({t for _, _, t in seen}) == 2
     s.close()
     assert reopen(tmp_path, 4) == {i: [kv(i), kv(10 + i)] for i in range(4)}
+
+
+def test_a_batch_that_waited_for_its_shard_runs_on_the_thread_that_synced_it(tmp_path, monkeypatch):
+    # the job launched when a shard's fsync ends runs on that thread, not handed to an idle one
+    s = LogStore(tmp_path, 2, fsync="always", sync_jobs=2)
+    s.open()
+    real = L._fdatasync
+    calls, entered, release = [], threading.Event(), threading.Event()
+
+    def fdatasync(fd):
+        calls.append(threading.get_ident())
+        if len(calls) == 1:
+            entered.set()
+            assert release.wait(WAIT)
+        real(fd)
+
+    monkeypatch.setattr(L, "_fdatasync", fdatasync)
+    results, done = [], threading.Event()
+
+    def listener(batch):
+        results.extend(batch)
+        if len(results) == 2:
+            done.set()
+
+    s.set_listener(listener)
+    queued = []
+    real_put = s._sync_queue.put
+    monkeypatch.setattr(s, "_sync_queue", types.SimpleNamespace(get=s._sync_queue.get,
+                                                                put=lambda job: queued.append(job) or real_put(job)))
+    s.submit(0, [kv(1)])
+    s.flush()
+    assert entered.wait(WAIT)  # a sync thread is inside shard 0's first fsync
+    s.submit(0, [kv(2)])
+    s.flush()  # shard 0 is syncing: this batch waits for that job
+    with s._settle_lock:
+        assert len(s._unsynced) == 1
+    release.set()
+    assert done.wait(WAIT)
+    assert [(sid, seq, exc) for sid, seq, exc in results] == [(0, 1, None), (0, 2, None)]
+    assert len(calls) == 2 and calls[0] == calls[1]
+    assert len(queued) == 1  # the second job was never queued for another thread
+    s.close()
+    assert reopen(tmp_path, 2)[0] == [kv(1), kv(2)]
 
 
 def test_fsync_never_never_calls_fsync(tmp_path, monkeypatch):
