@@ -259,6 +259,19 @@ def test_group_commit_one_fsync_per_touched_file_per_batch(tmp_path, monkeypatch
     assert sum(len(v) for v in data.values()) == 201
 
 
+def listen_for(store, n: int) -> tuple[list, threading.Event]:
+    """The store's listener results, collected; the event is set once ``n`` have come."""
+    results, done = [], threading.Event()
+
+    def listener(batch):
+        results.extend(batch)
+        if len(results) >= n:
+            done.set()
+
+    store.set_listener(listener)
+    return results, done
+
+
 def test_one_turns_batches_are_dealt_out_over_the_free_sync_threads(tmp_path, monkeypatch):
     # four shards written in one flush, two sync slots: two jobs of two shards each, both syncing
     # at once (no pool of its own), never more than two fdatasyncs at a time, one per shard
@@ -280,14 +293,7 @@ def test_one_turns_batches_are_dealt_out_over_the_free_sync_threads(tmp_path, mo
             running[0] -= 1
 
     monkeypatch.setattr(L, "_fdatasync", fdatasync)
-    results, done = [], threading.Event()
-
-    def listener(batch):
-        results.extend(batch)
-        if len(results) == 4:
-            done.set()
-
-    s.set_listener(listener)
+    results, done = listen_for(s, 4)
     for shard in range(4):
         s.submit(shard, [kv(shard), kv(10 + shard)])
     assert s.flush() == []  # under always nothing is settled on the calling thread
@@ -314,14 +320,7 @@ def test_a_batch_that_waited_for_its_shard_runs_on_the_thread_that_synced_it(tmp
         real(fd)
 
     monkeypatch.setattr(L, "_fdatasync", fdatasync)
-    results, done = [], threading.Event()
-
-    def listener(batch):
-        results.extend(batch)
-        if len(results) == 2:
-            done.set()
-
-    s.set_listener(listener)
+    results, done = listen_for(s, 2)
     queued = []
     real_put = s._sync_queue.put
     monkeypatch.setattr(s, "_sync_queue", types.SimpleNamespace(get=s._sync_queue.get,
