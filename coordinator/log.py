@@ -1238,9 +1238,10 @@ class LogStore:
     def _launch(self) -> list:
         """Make jobs of the waiting items whose shard is not syncing, at most one per free slot
         (the caller holds the settle lock and queues the jobs returned). A shard's items all go to
-        one job, in order; the shards are dealt out over the jobs, so the free sync threads
-        fdatasync different files at once, each its own share one after another (no pool: a
-        thread hand-off per file cost more CPU than the fsync, in futex calls and GIL switches)."""
+        one job, in order; the shards (oldest first, at most 1/sync_jobs of those waiting per job)
+        are dealt out over the jobs, so the sync threads fdatasync different files at once, each
+        its own share one after another (no pool: a thread hand-off per file cost more CPU than
+        the fsync, in futex calls and GIL switches)."""
         free = self._sync_jobs - self._active
         if free <= 0 or not self._unsynced:
             return []
@@ -1257,13 +1258,21 @@ class LogStore:
                 by_shard[sid] = [item]
         if not by_shard:
             return []
+        # A job takes at most its fair share of the shards as if every thread were free (one slot
+        # free with 40 shards waiting: 10, not 40); the rest wait for the next thread that frees up,
+        # so a slow disk still syncs up to sync_jobs files at once.
+        per = -(-len(by_shard) // self._sync_jobs)
+        n = min(free, -(-len(by_shard) // per))
+        taken = list(by_shard)[:n * per]
+        if len(taken) < len(by_shard):
+            left = set(by_shard).difference(taken)
+            wait = [item for item in self._unsynced if item[0].id in syncing or item[0].id in left]
         self._unsynced = wait
-        n = min(free, len(by_shard))
         shares: list[list] = [[] for _ in range(n)]
-        for i, items in enumerate(by_shard.values()):
-            shares[i % n] += items
+        for i, sid in enumerate(taken):
+            shares[i % n] += by_shard[sid]
         jobs = [_SyncJob(share) for share in shares]
-        syncing.update(by_shard)
+        syncing.update(taken)
         self._active += n
         self._running.extend(jobs)
         return jobs

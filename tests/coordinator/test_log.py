@@ -305,6 +305,27 @@ def test_one_turns_batches_are_dealt_out_over_the_free_sync_threads(tmp_path, mo
     assert reopen(tmp_path, 4) == {i: [kv(i), kv(10 + i)] for i in range(4)}
 
 
+def test_one_free_sync_thread_takes_a_fair_share_of_the_waiting_shards(tmp_path):
+    # 3 of 4 sync threads busy, 8 shards waiting: the free one takes 2 (8 / 4), oldest first, and
+    # the other 6 wait for the next thread that frees up (a slow disk still syncs 4 files at once)
+    s = LogStore(tmp_path, 10, fsync="always", sync_jobs=4)
+    s.open()
+    try:
+        with s._settle_lock:
+            busy = [types.SimpleNamespace(id=9)]
+            waiting = [(types.SimpleNamespace(id=sid), n) for n in range(2) for sid in range(8)]
+            s._active, s._syncing, s._unsynced = 3, {9}, [(busy[0], 0)] + waiting
+            (job,) = s._launch()
+            assert [(st.id, n) for st, n in job.items] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+            assert [(st.id, n) for st, n in s._unsynced] == [(9, 0)] + [(sid, n) for n in range(2)
+                                                                        for sid in range(2, 8)]
+            assert s._active == 4 and s._syncing == {9, 0, 1}
+            s._running.clear()
+            s._active, s._syncing, s._unsynced = 0, set(), []
+    finally:
+        s.close()
+
+
 def test_a_batch_that_waited_for_its_shard_runs_on_the_thread_that_synced_it(tmp_path, monkeypatch):
     # the job launched when a shard's fsync ends runs on that thread, not handed to an idle one
     s = LogStore(tmp_path, 2, fsync="always", sync_jobs=2)
