@@ -39,6 +39,7 @@ from coordinator.consumer.group import (
     LEAVE_EPOCH,
     MEMBER_STABLE,
     STATIC_LEAVE_EPOCH,
+    UNKNOWN,
     UNRELEASED_PARTITIONS,
     UNREVOKED_PARTITIONS,
     ConsumerGroup,
@@ -527,6 +528,11 @@ class ConsumerGroups:
 
     @staticmethod
     def _check_epoch(member: Member, epoch: int, owned: dict | None) -> None:
+        if member.state == UNKNOWN and (owned is None or owned):
+            # checked here, before any record, rather than in next_assignment as Kafka does
+            # (Kafka rolls the whole request back; herd applies records as it writes them)
+            raise HeartbeatError(E.FENCED_MEMBER_EPOCH, "The consumer group member is in a unknown state. "
+                                 "The member must abandon all its partitions and rejoin.")
         if epoch > member.member_epoch:
             raise HeartbeatError(E.FENCED_MEMBER_EPOCH,
                                  f"The consumer group member has a greater member epoch ({epoch}) than the one "
