@@ -503,13 +503,13 @@ class ConsumerGroups:
             existing = group.static_member(req.instance_id)
             member = group.members.get(mid) if mid else None
             if epoch == 0:
-                if existing is not None and existing.member_id != mid:
-                    if existing.member_epoch != STATIC_LEAVE_EPOCH:
-                        raise HeartbeatError(E.UNRELEASED_INSTANCE_ID,
-                                             f"Static member {mid} with instance id {req.instance_id} cannot "
-                                             f"join the group because the instance id is owned by "
-                                             f"{existing.member_id} member.")
-                    replaced = existing
+                if existing is not None and existing.member_epoch == STATIC_LEAVE_EPOCH:
+                    replaced = existing  # the instance comes back (under a new member id, or the same)
+                elif existing is not None and existing.member_id != mid:
+                    raise HeartbeatError(E.UNRELEASED_INSTANCE_ID,
+                                         f"Static member {mid} with instance id {req.instance_id} cannot "
+                                         f"join the group because the instance id is owned by "
+                                         f"{existing.member_id} member.")
                 elif member is not None:
                     rejoin = True
             else:

@@ -488,3 +488,18 @@ def test_owning_a_partition_twice_is_refused_by_the_model():
     g.apply_current_assignment("a", 1, 0, 0, {T: frozenset({0})}, {})
     with pytest.raises(IllegalStateTransition):
         g.apply_current_assignment("b", 1, 0, 0, {T: frozenset({0})}, {})
+
+
+def test_static_member_back_under_the_same_member_id_keeps_its_partitions():
+    h = Harness({"t": 4})
+    a = Client(h, "a", instance_id="ia")
+    b = Client(h, "b")
+    a.join()
+    b.join()
+    run_rounds(h, [a, b])
+    mine = set(parts(a))
+    epoch = h.group().group_epoch
+    a.leave(-2)
+    assert a.join().error_code == 0
+    assert parts(a) == mine and h.group().group_epoch == epoch
+    h.assert_replay_equivalent()
