@@ -64,6 +64,7 @@ __all__ = ["ConsumerGroupConfig", "Topics", "StaticTopics", "ConsumerGroups", "n
 INT32_MAX = 2**31 - 1
 SESSION = "cg-session"  # timer key (SESSION, group id, member id)
 REBALANCE = "cg-rebalance"  # timer key (REBALANCE, group id, member id)
+_HAS_MEMBER_TYPE = "member_type" in ConsumerGroupDescribeResponseMember.FIELDS
 # Operations a describing client may perform on a group with no authorizer (see coordinator.shard).
 GROUP_AUTHORIZED_OPERATIONS = (1 << 3) | (1 << 6) | (1 << 8) | (1 << 10) | (1 << 11)
 
@@ -478,10 +479,8 @@ class ConsumerGroups:
         epoch = req.member_epoch
         group = self.groups.get(gid)
         if group is None:
-            if epoch != 0:
-                # Kafka 3.7's source answers GROUP_ID_NOT_FOUND; franz-go's kfake (following later
-                # Kafka) answers UNKNOWN_MEMBER_ID, which every client handles by rejoining.
-                raise HeartbeatError(E.UNKNOWN_MEMBER_ID, f"Consumer group {gid} not found.")
+            if epoch != 0:  # Kafka's getOrMaybeCreateConsumerGroup
+                raise HeartbeatError(E.GROUP_ID_NOT_FOUND, f"Consumer group {gid} not found.")
             group = ConsumerGroup(gid)  # not stored: replay of the first record creates it
         mid = req.member_id
         if len(group.members) >= self.config.max_size and (not mid or mid not in group.members):
@@ -489,16 +488,16 @@ class ConsumerGroups:
                                  f"capacity of {self.config.max_size} members.")
         owned = _owned_map(req.topic_partitions)
         replaced: Member | None = None  # a static member's predecessor (taken over, not fenced)
-        rejoin = False
         if req.instance_id is None:
             member = group.members.get(mid) if mid else None
             if member is None:
                 if epoch != 0:
                     raise HeartbeatError(E.UNKNOWN_MEMBER_ID, f"Member {mid} is not a member of group {gid}.")
-            elif epoch == 0:
-                rejoin = True
-            else:
+            elif epoch != 0:
                 self._check_epoch(member, epoch, owned)
+            # else: a known member joining again with epoch 0 (after FENCED_MEMBER_EPOCH, or when
+            # its join response was lost) is accepted as it is and gets its current assignment back
+            # (KAFKA-19233: Kafka's validation returns early for epoch 0)
         else:
             existing = group.static_member(req.instance_id)
             member = group.members.get(mid) if mid else None
@@ -510,8 +509,7 @@ class ConsumerGroups:
                                          f"Static member {mid} with instance id {req.instance_id} cannot "
                                          f"join the group because the instance id is owned by "
                                          f"{existing.member_id} member.")
-                elif member is not None:
-                    rejoin = True
+                # else a known member id with epoch 0 (see the dynamic case) or a new static member
             else:
                 if existing is None:
                     raise HeartbeatError(E.UNKNOWN_MEMBER_ID, f"Instance id {req.instance_id} is unknown.")
@@ -523,8 +521,7 @@ class ConsumerGroups:
                 self._check_epoch(member, epoch, owned)
         if not mid:  # v0 join: the coordinator mints the member id
             mid = self._new_uuid()
-        return self._join_or_heartbeat(group, member, mid, replaced, rejoin, req, now, client_id, client_host,
-                                       owned, out)
+        return self._join_or_heartbeat(group, member, mid, replaced, req, now, client_id, client_host, owned, out)
 
     @staticmethod
     def _check_epoch(member: Member, epoch: int, owned: dict | None) -> None:
@@ -546,7 +543,7 @@ class ConsumerGroups:
                                  "abandon all its partitions and rejoin.")
 
     def _join_or_heartbeat(self, group: ConsumerGroup, member: Member | None, mid: str, replaced: Member | None,
-                           rejoin: bool, req, now: int, client_id: str, client_host: str, owned, out: Records):
+                           req, now: int, client_id: str, client_host: str, owned, out: Records):
         gid = group.group_id
         # the member as it will be: its previous self (or its static predecessor), updated
         new = Member(mid)
@@ -587,14 +584,6 @@ class ConsumerGroups:
             if member is None or not _same_metadata(member, new):
                 self._emit(out, cr.member_metadata_key(gid, mid), cr.member_metadata_value(new))
                 group = self.groups[gid]
-            if rejoin:
-                # The member (re)joins with epoch 0 owning nothing: it starts its reconciliation
-                # from scratch under its own id; its partitions are released to the group.
-                m = group.members[mid]
-                if m.member_epoch != 0 or m.assigned or m.pending_revocation:
-                    self._emit(out, cr.current_assignment_key(gid, mid),
-                               cr.current_assignment_value(0, 0, MEMBER_STABLE, {}, {}))
-                    before = {}
         if changed:
             reasons.append(f"member {mid} " + ("joined" if member is None and replaced is None
                                               else "changed its subscription"))
@@ -634,7 +623,7 @@ class ConsumerGroups:
         gid, mid, epoch = req.group_id, req.member_id, req.member_epoch
         group = self.groups.get(gid)
         if group is None:
-            raise HeartbeatError(E.UNKNOWN_MEMBER_ID, f"Consumer group {gid} not found.")
+            raise HeartbeatError(E.GROUP_ID_NOT_FOUND, f"Consumer group {gid} not found.")
         if req.instance_id is None:
             member = group.members.get(mid)
             if member is None:
@@ -718,6 +707,8 @@ class ConsumerGroups:
                     subscribed_topic_regex=m.subscribed_topic_regex,
                     assignment=_describe_assignment(m.assigned, names),
                     target_assignment=_describe_assignment(group.target.get(m.member_id, {}), names)))
+                if _HAS_MEMBER_TYPE:  # ConsumerGroupDescribe v1 (KIP-1099), once the schema has it
+                    members[-1].member_type = 1  # a consumer-protocol member
             out.append(ConsumerGroupDescribeResponseDescribedGroup(
                 group_id=gid, group_state=group.state, group_epoch=group.group_epoch,
                 assignment_epoch=group.assignment_epoch,

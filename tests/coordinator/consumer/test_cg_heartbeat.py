@@ -75,7 +75,8 @@ def _req(**kw):
     (dict(server_assignor="sticky"), E.UNSUPPORTED_ASSIGNOR),
     (dict(subscribed_topic_regex="t(?=x)"), E.INVALID_REGULAR_EXPRESSION),
     (dict(subscribed_topic_regex="(unclosed"), E.INVALID_REGULAR_EXPRESSION),
-    (dict(member_epoch=3), E.UNKNOWN_MEMBER_ID),  # no such group: the client rejoins
+    (dict(member_epoch=3), E.GROUP_ID_NOT_FOUND),  # no such group (Kafka's answer)
+    (dict(member_epoch=-1), E.GROUP_ID_NOT_FOUND),
 ])
 def test_invalid_requests_get_kafkas_error_and_change_nothing(kw, code):
     h = Harness({"t": 2})
@@ -392,14 +393,19 @@ def test_static_member_not_back_within_the_session_is_fenced():
     assert Client(h, "a-2", instance_id="ia").join().error_code == 0
 
 
-def test_rejoin_with_epoch_zero_under_the_same_id_restarts_reconciliation():
+def test_known_member_joining_again_with_epoch_zero_gets_its_assignment_back():
+    # KAFKA-19233: after FENCED_MEMBER_EPOCH (or a lost join response) a client rejoins with
+    # epoch 0 under the same member id; it is accepted as it is, nothing moves
     h = Harness({"t": 4})
     a, b = Client(h, "a"), Client(h, "b")
     a.join()
     b.join()
     run_rounds(h, [a, b])
-    resp = a.join()  # e.g. after FENCED_MEMBER_EPOCH: it gave up everything
-    assert resp.error_code == 0
+    mine, epoch = set(parts(a)), a.epoch
+    n = len(h.log)
+    resp = a.join()  # it gave up everything it owned
+    assert resp.error_code == 0 and resp.member_epoch == epoch and parts(a) == mine
+    assert len(h.log) == n
     run_rounds(h, [a, b])
     assert len(parts(a)) == len(parts(b)) == 2
     h.assert_replay_equivalent()
