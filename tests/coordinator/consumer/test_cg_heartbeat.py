@@ -1,6 +1,7 @@
 """ConsumerGroupHeartbeat on the pure core, with the manual clock."""
 import pytest
 
+from coordinator.consumer import records as cr
 from coordinator.consumer.coordinator import ConsumerGroupConfig, validate_offset_commit, validate_offset_fetch
 from coordinator.consumer.group import (
     ASSIGNING,
@@ -508,4 +509,66 @@ def test_static_member_back_under_the_same_member_id_keeps_its_partitions():
     a.leave(-2)
     assert a.join().error_code == 0
     assert parts(a) == mine and h.group().group_epoch == epoch
+    h.assert_replay_equivalent()
+
+
+def test_null_fields_mean_unchanged_and_full_requests_get_the_assignment():
+    h = Harness({"t": 2, "u": 2})
+    a = Client(h, "a", topics=["t"], assignor="range")
+    a.join()
+    m = h.group().members["a"]
+    # a heartbeat with every optional field null changes nothing and carries no assignment
+    resp = h.send(ConsumerGroupHeartbeatRequest(group_id="g", member_id="a", member_epoch=a.epoch))
+    assert resp.error_code == 0 and resp.assignment is None
+    assert (m.subscribed_topic_names, m.server_assignor, m.rebalance_timeout_ms) == (("t",), "range", 30000)
+    # a full request (rebalance timeout, subscription and owned partitions all set) gets it even unchanged
+    resp = h.send(ConsumerGroupHeartbeatRequest(
+        group_id="g", member_id="a", member_epoch=a.epoch, rebalance_timeout_ms=30000,
+        subscribed_topic_names=["t"], topic_partitions=a._owned_wire()))
+    assert resp.assignment is not None
+    assert [(tp.topic_id, tp.partitions) for tp in resp.assignment.topic_partitions] == [(T, [0, 1])]
+    # an empty list is a value: it unsubscribes from everything
+    epoch = h.group().group_epoch
+    a._apply(h.send(ConsumerGroupHeartbeatRequest(group_id="g", member_id="a", member_epoch=a.epoch,
+                                                  subscribed_topic_names=[], topic_partitions=a._owned_wire())))
+    m = h.group().members["a"]
+    assert m.subscribed_topic_names == () and h.group().group_epoch == epoch + 1
+    a.heartbeat()
+    assert a.owned == {}
+    # a changed rebalance timeout is written (a member metadata record), without an epoch bump
+    n = len(h.log)
+    h.send(ConsumerGroupHeartbeatRequest(group_id="g", member_id="a", member_epoch=a.epoch,
+                                         rebalance_timeout_ms=1234))
+    assert h.group().members["a"].rebalance_timeout_ms == 1234 and len(h.log) == n + 1
+    h.assert_replay_equivalent()
+
+
+def test_after_replay_timers_are_scheduled_again():
+    h = Harness({"t": 4})
+    a, b = Client(h, "a", rebalance_timeout_ms=10_000), Client(h, "b")
+    a.join()
+    b.join()
+    a.heartbeat()  # a is revoking
+    fresh = h.replayed()  # a restart: memory from the log, timers from on_loaded(now)
+    assert fresh.groups["g"].members["a"].state == UNREVOKED_PARTITIONS
+    recs = fresh.on_timers(h.now + 10_000, 0)  # a's rebalance timeout, counted from the restart
+    assert recs and "a" not in fresh.groups["g"].members
+    recs = fresh.on_timers(h.now + 45_000, 0)  # then b's session
+    assert recs and not fresh.groups["g"].members and fresh.groups["g"].state == EMPTY
+
+
+def test_member_in_an_unknown_state_is_fenced_unless_it_owns_nothing():
+    h = Harness({"t": 2})
+    a = Client(h, "a")
+    a.join()
+    m = h.group().members["a"]
+    # a newer coordinator wrote a state byte this one does not know
+    key = cr.current_assignment_key("g", "a")
+    value = cr.current_assignment_value(m.member_epoch, m.previous_member_epoch, 42, m.assigned, {})
+    h.groups.replay(key, value)
+    h.log.append((key, value))
+    assert a.heartbeat().error_code == E.FENCED_MEMBER_EPOCH
+    resp = a.join()  # it gives up everything and rejoins under its id (epoch 0)
+    assert resp.error_code == 0 and parts(a) == {0, 1}
+    assert h.group().members["a"].state == MEMBER_STABLE
     h.assert_replay_equivalent()
