@@ -28,8 +28,11 @@ Calling convention (what the runtime plugs in; all times are integers in ms)
 ``groups.heartbeat(request, version, now, wall, client_id, client_host) -> (records, response)``
     a ConsumerGroupHeartbeatRequest object; records are ``[(key, value | None)]`` already applied
     in memory; send the response only once the records are durable (no records: at once).
-``groups.on_timers(now, wall) -> records`` and ``groups.next_deadline()``
-    fire due session / rebalance timeouts (fencing); when to call again.
+``groups.on_timers(now, wall, budget=None) -> records``, ``groups.next_deadline()``,
+``groups.fire_timer(key, now, wall) -> records``
+    fire due session / rebalance timeouts (fencing); when to call again; one key, for a runtime
+    that shares one Timers with the classic groups (it must route keys whose key[0] is
+    "cg-session" or "cg-rebalance" here: Shard.on_timers ignores kinds it does not know).
 ``groups.topics_changed(now, wall) -> records``
     after a topic is created, grown or deleted in the catalog (and once after start-up).
 ``groups.describe(group_ids, include_authorized_operations) -> [DescribedGroup]``

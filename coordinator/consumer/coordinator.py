@@ -320,29 +320,39 @@ class ConsumerGroups:
     def next_deadline(self) -> int | None:
         return self.timers.next_deadline()
 
-    def on_timers(self, now: int, wall: int) -> Records:
-        """Fire due timers: a member whose session expired, or that did not revoke within its
-        rebalance timeout (still at the epoch it had then), is fenced."""
+    def on_timers(self, now: int, wall: int, budget: int | None = None) -> Records:
+        """Fire due timers (see :meth:`fire_timer`). With ``budget``, stops after that many heap
+        entries looked at (as ``Shard.on_timers``): what is left is still due."""
         out: Records = []
+        self.timers.steps = 0
         while True:
-            key = self.timers.pop_expired(now)
+            key = self.timers.pop_expired(now, budget)
             if key is None:
                 return out
-            kind, gid, mid = key
-            group = self.groups.get(gid)
-            member = group.members.get(mid) if group is not None else None
-            if kind == REBALANCE:
-                epoch = self._rebalance_epoch.pop((gid, mid), None)
-                if member is None or member.member_epoch != epoch:
-                    continue
-                self._fence(group, member, out, f"member {mid} did not revoke within its rebalance timeout")
-            else:
-                if member is None:
-                    continue
-                self._fence(group, member, out, f"member {mid} session expired")
-            group = self.groups.get(gid)
-            if group is not None:
-                group.settle()
+            out.extend(self.fire_timer(key, now, wall))
+
+    def fire_timer(self, key, now: int, wall: int) -> Records:
+        """One expired timer key (``(SESSION | REBALANCE, group, member)``; for a runtime that shares
+        one :class:`Timers` with the classic groups and dispatches on ``key[0]``). A member whose
+        session expired, or that did not revoke within its rebalance timeout (still at the epoch it
+        had then), is fenced."""
+        out: Records = []
+        kind, gid, mid = key
+        group = self.groups.get(gid)
+        member = group.members.get(mid) if group is not None else None
+        if kind == REBALANCE:
+            epoch = self._rebalance_epoch.pop((gid, mid), None)
+            if member is None or member.member_epoch != epoch:
+                return out
+            self._fence(group, member, out, f"member {mid} did not revoke within its rebalance timeout")
+        elif kind == SESSION:
+            if member is None:
+                return out
+            self._fence(group, member, out, f"member {mid} session expired")
+        group = self.groups.get(gid)
+        if group is not None:
+            group.settle()
+        return out
 
     # ==== subscriptions and topics ================================================================
 
