@@ -467,8 +467,6 @@ class ConsumerGroups:
                 raise HeartbeatError(bad, "InstanceId can't be null.")
         else:
             raise HeartbeatError(bad, "MemberEpoch is invalid.")
-        if req.rebalance_timeout_ms < -1:
-            raise HeartbeatError(bad, "RebalanceTimeoutMs is invalid.")
         if req.server_assignor is not None and req.server_assignor not in self.config.assignors:
             raise HeartbeatError(E.UNSUPPORTED_ASSIGNOR,
                                  f"ServerAssignor {req.server_assignor} is not supported. Supported assignors: "
@@ -594,10 +592,9 @@ class ConsumerGroups:
             if member is None or not _same_metadata(member, new):
                 self._emit(out, cr.member_metadata_key(gid, mid), cr.member_metadata_value(new))
                 group = self.groups[gid]
-        if changed:
+        if changed:  # (catalog changes arrive through topics_changed())
             reasons.append(f"member {mid} " + ("joined" if member is None and replaced is None
                                               else "changed its subscription"))
-        if changed:  # catalog changes arrive through topics_changed()
             if self._refresh_metadata(group, out):
                 reasons.append("subscribed topic metadata changed")
         if reasons:
