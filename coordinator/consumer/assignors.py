@@ -21,11 +21,11 @@
   partitions go to the least loaded eligible member (topics with the fewest eligible members
   first), then partitions move one at a time from a member to an eligible one with at least two
   fewer until no such move exists.
-``range`` (Kafka's ``RangeAssignor``): per topic, the subscribed members ordered by instance id
-  (member id for dynamic members) get contiguous ranges, the first ``P % N`` one more; members
-  with the same subscription over topics of equal size get the same partition numbers of every
-  topic (co-partitioning). Not sticky beyond that ordering (Kafka's server range assignor also
-  retains partitions within quota; herd's does not yet).
+``range`` (Kafka's ``RangeAssignor``): per topic, the subscribed members (static ones first by
+  instance id, then dynamic ones by member id) get contiguous ranges, the first ``P % N`` one
+  more; members with the same subscription over topics of equal size get the same partition
+  numbers of every topic (co-partitioning). Like Kafka's, it ignores the current assignment:
+  static members are what keeps it stable across restarts.
 """
 from __future__ import annotations
 
@@ -163,7 +163,9 @@ def _uniform_heterogeneous(members, topics, current) -> dict[str, Assignment]:
 def range_assign(members: dict[str, MemberSubscription], topics: dict[bytes, int],
                  current: dict[str, Assignment]) -> dict[str, Assignment]:
     out: dict[str, dict[bytes, list[int]]] = {mid: {} for mid in members}
-    order = sorted(members, key=lambda m: (members[m].instance_id or m, m))
+    # static members first, by instance id, then dynamic ones by member id (Kafka's sortMemberIds)
+    order = sorted(members, key=lambda m: (0, members[m].instance_id, m) if members[m].instance_id is not None
+                   else (1, m, m))
     for tid in sorted(topics):
         subscribers = [mid for mid in order if tid in members[mid].topic_ids]
         if not subscribers:

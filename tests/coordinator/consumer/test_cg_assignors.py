@@ -144,12 +144,14 @@ def test_range_is_contiguous_and_co_partitioned():
     assert result["c"] == {t1: frozenset({5, 6}), t2: frozenset({5, 6})}
 
 
-def test_range_orders_static_members_by_instance_id():
+def test_range_orders_static_members_by_instance_id_before_dynamic_ones():
     (t1,) = tids(1)
     members = {"zzz": MemberSubscription(frozenset({t1}), instance_id="i0"),
-               "aaa": MemberSubscription(frozenset({t1}), instance_id="i1")}
-    result = range_assign(members, {t1: 4}, {})
-    assert result["zzz"] == {t1: frozenset({0, 1})}
+               "aaa": MemberSubscription(frozenset({t1})),
+               "bbb": MemberSubscription(frozenset({t1}), instance_id="i1")}
+    result = range_assign(members, {t1: 6}, {})
+    assert result == {"zzz": {t1: frozenset({0, 1})}, "bbb": {t1: frozenset({2, 3})},
+                      "aaa": {t1: frozenset({4, 5})}}
 
 
 @settings(max_examples=100, deadline=None)
