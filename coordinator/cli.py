@@ -127,9 +127,9 @@ def _lock_data_dir(path: Path):
 def serve(config: cfg.Config, repair: bool = False) -> int:
     import uvloop
 
-    from coordinator import logs
-    logs.configure(config.log_level, config.log_format)
-    log = logs.get("herd")
+    from coordinator import logging_setup
+    logging_setup.configure(config.log_level, config.log_format)
+    log = logging_setup.get("herd")
     for key, meant in cfg.unknown_env(os.environ):
         log.warning("ignoring an environment variable that is not a setting", variable=key, did_you_mean=meant)
     for key, value in sorted(os.environ.items()):
@@ -156,10 +156,10 @@ def serve(config: cfg.Config, repair: bool = False) -> int:
 
 
 async def _serve(config: cfg.Config, repair: bool) -> int:
-    from coordinator import logs
+    from coordinator import logging_setup
     from coordinator.catalog import Catalog
     from coordinator.gcwatch import GcWatch
-    from coordinator.groups import GroupCoordinator
+    from coordinator.group_coordinator import GroupCoordinator
     from coordinator.log import LogCorruptError, LogError, LogStore
     from coordinator.looplag import LoopLag
     from coordinator.metrics import HttpEndpoint, Metrics, install_collectors
@@ -169,7 +169,7 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     from coordinator.security import load as load_security
     from coordinator.server import Server
 
-    log = logs.get("herd")
+    log = logging_setup.get("herd")
     loop = asyncio.get_running_loop()
     try:
         security = load_security(config)

@@ -2,7 +2,7 @@
 
 The pure coordinator never reads a clock on its own: the runtime passes ``now_ms`` (monotonic) into
 every call, and wall-clock epoch milliseconds come either from an explicit ``wall_ms`` argument or
-from the :class:`Clock` handed to :class:`coordinator.groups.GroupCoordinator`. Tests use
+from the :class:`Clock` handed to :class:`coordinator.group_coordinator.GroupCoordinator`. Tests use
 :class:`ManualClock`, which moves both together and never sleeps.
 """
 from __future__ import annotations

@@ -21,14 +21,32 @@ import asyncio
 import collections
 import time
 
-from coordinator import logs
+from coordinator import logging_setup
 from coordinator.catalog import Catalog, is_topic_record
-from coordinator.groups import Result
-from coordinator.versions import GROUP_APIS
+from coordinator.group_coordinator import Result
+from coordinator.versions import (
+    CREATE_TOPICS,
+    DELETE_GROUPS,
+    DESCRIBE_CLUSTER,
+    DESCRIBE_GROUPS,
+    FETCH,
+    FIND_COORDINATOR,
+    GROUP_APIS,
+    HEARTBEAT,
+    JOIN_GROUP,
+    LEAVE_GROUP,
+    LIST_GROUPS,
+    LIST_OFFSETS,
+    METADATA,
+    OFFSET_COMMIT,
+    OFFSET_DELETE,
+    OFFSET_FETCH,
+    SYNC_GROUP,
+)
 from protocol import errors as E
 from protocol import messages as m
 
-log = logs.get("herd.runtime")
+log = logging_setup.get("herd.runtime")
 
 FETCH_WAIT_CAP_MS = 30_000
 # Records replayed between two turns of the event loop at start-up (~30 ms of replay): /healthz and
@@ -150,7 +168,7 @@ class Runtime:
         if self._closing:
             token.reply(error_response(api_key, version, request, E.NOT_COORDINATOR))
             return
-        if api_key == 12:
+        if api_key == HEARTBEAT:
             token.reply(m.HeartbeatResponse(error_code=self.heartbeat(version, request)))
             return
         if api_key in GROUP_APIS:
@@ -158,24 +176,24 @@ class Runtime:
             self.arm()
             return
         cat = self.catalog
-        if api_key == 3:
+        if api_key == METADATA:
             writes, resp = cat.metadata(request, version)
             self.apply(Result(writes, [(token, resp)]), _catalog_failure)
-        elif api_key == 10:
+        elif api_key == FIND_COORDINATOR:
             token.reply(cat.find_coordinator(request, version))
-        elif api_key == 1:
+        elif api_key == FETCH:
             resp = cat.fetch(request, version)
             wait = min(max(request.max_wait_ms, 0), FETCH_WAIT_CAP_MS)
             if wait and request.min_bytes > 0:
                 token.park(self.loop.call_later(wait / 1000, token.reply, resp))
             else:
                 token.reply(resp)
-        elif api_key == 2:
+        elif api_key == LIST_OFFSETS:
             token.reply(cat.list_offsets(request, version))
-        elif api_key == 19:
+        elif api_key == CREATE_TOPICS:
             writes, resp = cat.create_topics(request, version)
             self.apply(Result(writes, [(token, resp)]), _catalog_failure)
-        elif api_key == 60:
+        elif api_key == DESCRIBE_CLUSTER:
             token.reply(cat.describe_cluster(request, version))
         else:  # pragma: no cover - the server only dispatches supported APIs
             raise AssertionError(f"no handler for api key {api_key}")
@@ -329,41 +347,41 @@ class Runtime:
 
 def error_response(api_key: int, version: int, request, code: int):
     """The response Kafka sends for ``request`` when the whole request fails with ``code``."""
-    if api_key == 11:
+    if api_key == JOIN_GROUP:
         return m.JoinGroupResponse(error_code=code, generation_id=-1, member_id=request.member_id,
                                    protocol_name=None if version >= 7 else "", leader="")
-    if api_key == 14:
+    if api_key == SYNC_GROUP:
         return m.SyncGroupResponse(error_code=code, assignment=b"")
-    if api_key == 12:
+    if api_key == HEARTBEAT:
         return m.HeartbeatResponse(error_code=code)
-    if api_key == 13:
+    if api_key == LEAVE_GROUP:
         return m.LeaveGroupResponse(error_code=code)
-    if api_key == 8:
+    if api_key == OFFSET_COMMIT:
         return m.OffsetCommitResponse(topics=[
             m.OffsetCommitResponseTopic(name=t.name, partitions=[
                 m.OffsetCommitResponsePartition(partition_index=p.partition_index, error_code=code)
                 for p in t.partitions]) for t in request.topics])
-    if api_key == 9:
+    if api_key == OFFSET_FETCH:
         if version >= 8:
             return m.OffsetFetchResponse(groups=[
                 m.OffsetFetchResponseGroup(group_id=g.group_id, error_code=code) for g in request.groups])
         return m.OffsetFetchResponse(error_code=code)
-    if api_key == 15:
+    if api_key == DESCRIBE_GROUPS:
         return m.DescribeGroupsResponse(groups=[
             m.DescribeGroupsResponseDescribedGroup(error_code=code, group_id=g, group_state="",
                                                    protocol_type="", protocol_data="")
             for g in request.groups])
-    if api_key == 16:
+    if api_key == LIST_GROUPS:
         return m.ListGroupsResponse(error_code=code)
-    if api_key == 42:
+    if api_key == DELETE_GROUPS:
         return m.DeleteGroupsResponse(results=[
             m.DeleteGroupsResponseDeletableGroupResult(group_id=g, error_code=code) for g in request.groups_names])
-    if api_key == 47:
+    if api_key == OFFSET_DELETE:
         return m.OffsetDeleteResponse(error_code=code)
-    if api_key == 3:
+    if api_key == METADATA:
         return m.MetadataResponse(topics=[
             m.MetadataResponseTopic(error_code=E.LEADER_NOT_AVAILABLE, name=t.name) for t in request.topics or []])
-    if api_key == 19:
+    if api_key == CREATE_TOPICS:
         return m.CreateTopicsResponse(topics=[
             m.CreateTopicsResponseCreatableTopicResult(name=t.name, error_code=code) for t in request.topics])
     raise ValueError(f"no error response for api key {api_key}")

@@ -35,7 +35,7 @@ import struct
 import time
 from collections import deque
 
-from coordinator import logs
+from coordinator import logging_setup
 from coordinator.metrics import response_error
 from coordinator.versions import API_NAMES, API_VERSIONS, SUPPORTED, api_versions_response
 from protocol import errors as E
@@ -46,7 +46,7 @@ from protocol.headers import read_request_header, response_header_version
 from protocol.sasl import SaslError, server_mechanism
 from protocol.wire import EncodeError, ProtocolError
 
-log = logs.get("herd.server")
+log = logging_setup.get("herd.server")
 _SIZE = struct.Struct(">i")
 _FRAME_HEAD = struct.Struct(">ii")  # frame size (filled in last), correlation id
 _REQUESTS = m.REQUESTS

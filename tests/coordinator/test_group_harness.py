@@ -10,7 +10,7 @@ from itertools import count
 
 from coordinator.clock import ManualClock
 from coordinator.config import Config
-from coordinator.groups import GroupCoordinator, Result
+from coordinator.group_coordinator import GroupCoordinator, Result
 from protocol import errors
 from protocol.consumer import encode_subscription
 from protocol.messages import (

@@ -270,7 +270,7 @@ def test_next_deadline_tracks_the_earliest_timer():
 
 
 def test_timer_work_is_done_in_bounded_chunks_and_finishes_over_later_calls():
-    from coordinator.groups import TIMER_STEPS_PER_CALL
+    from coordinator.group_coordinator import TIMER_STEPS_PER_CALL
     h = Harness(auto_timers=False)  # the harness's own firing settles deadlines eagerly
     n = TIMER_STEPS_PER_CALL + 500
     members = {}

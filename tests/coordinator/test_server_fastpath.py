@@ -14,7 +14,7 @@ import uvloop
 
 from coordinator.catalog import Catalog
 from coordinator.config import Config
-from coordinator.groups import GroupCoordinator
+from coordinator.group_coordinator import GroupCoordinator
 from coordinator.log import LogStore
 from coordinator.metrics import Counter, Histogram, RequestStats
 from coordinator.runtime import Runtime

@@ -34,6 +34,21 @@ from coordinator.config import Config
 from coordinator.group import STATES, Group
 from coordinator.partitioning import shard_for as _shard_for
 from coordinator.shard import Out, Shard, _commit_error, join_response, sync_response
+from coordinator.versions import (
+    API_NAMES,
+    DELETE_GROUPS,
+    DESCRIBE_GROUPS,
+    GROUP_APIS,
+    HEARTBEAT,
+    JOIN_GROUP,
+    LEAVE_GROUP,
+    LIST_GROUPS,
+    OFFSET_COMMIT,
+    OFFSET_DELETE,
+    OFFSET_FETCH,
+    SUPPORTED,
+    SYNC_GROUP,
+)
 from protocol import errors
 from protocol.messages import (
     DeleteGroupsResponse,
@@ -59,27 +74,8 @@ from protocol.messages import (
 
 __all__ = ["GroupCoordinator", "Result", "SUPPORTED_VERSIONS", "API_NAMES"]
 
-OFFSET_COMMIT = 8
-OFFSET_FETCH = 9
-JOIN_GROUP = 11
-HEARTBEAT = 12
-LEAVE_GROUP = 13
-SYNC_GROUP = 14
-DESCRIBE_GROUPS = 15
-LIST_GROUPS = 16
-DELETE_GROUPS = 42
-OFFSET_DELETE = 47
-
-# api key -> (min, max) version this coordinator answers (for ApiVersions)
-SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
-    OFFSET_COMMIT: (0, 9), OFFSET_FETCH: (0, 9), JOIN_GROUP: (0, 9), HEARTBEAT: (0, 4),
-    LEAVE_GROUP: (0, 5), SYNC_GROUP: (0, 5), DESCRIBE_GROUPS: (0, 5), LIST_GROUPS: (0, 5),
-    DELETE_GROUPS: (0, 2), OFFSET_DELETE: (0, 0),
-}
-API_NAMES = {OFFSET_COMMIT: "OffsetCommit", OFFSET_FETCH: "OffsetFetch", JOIN_GROUP: "JoinGroup",
-             HEARTBEAT: "Heartbeat", LEAVE_GROUP: "LeaveGroup", SYNC_GROUP: "SyncGroup",
-             DESCRIBE_GROUPS: "DescribeGroups", LIST_GROUPS: "ListGroups", DELETE_GROUPS: "DeleteGroups",
-             OFFSET_DELETE: "OffsetDelete"}
+# api key -> (min, max) version this coordinator answers (what ApiVersions advertises for them)
+SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {key: SUPPORTED[key] for key in GROUP_APIS}
 
 _NONE = errors.NONE
 _NO_SHARDS: frozenset = frozenset()
