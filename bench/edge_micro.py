@@ -36,10 +36,10 @@ from coordinator import logging_setup
 from coordinator.catalog import Catalog
 from coordinator.config import Config
 from coordinator.group_coordinator import GroupCoordinator
-from coordinator.log import LogStore
 from coordinator.metrics import Metrics
 from coordinator.runtime import Runtime
 from coordinator.server import Connection, Server
+from coordinator.store.filelog import LogStore
 from protocol import messages as m
 from protocol.headers import decode_response_header
 

@@ -179,9 +179,7 @@ class GroupCoordinator:
         """The error a request routed to ``shard`` gets now, or NONE."""
         if self._closed:
             return errors.NOT_COORDINATOR
-        if shard.failed:
-            return errors.COORDINATOR_NOT_AVAILABLE
-        return _NONE
+        return shard.refusal
 
     def _wall(self, wall_ms: int | None) -> int:
         return wall_ms if wall_ms is not None else self.clock.wall_ms()
@@ -226,13 +224,15 @@ class GroupCoordinator:
         known = self._replay_prefixes[prefix] = (*names, _shard_for(names[0], self._n))
         return known
 
-    def loaded(self, now_ms: int, wall_ms: int | None = None) -> None:
-        """Call once after replay (also with nothing replayed)."""
+    def loaded(self, now_ms: int, wall_ms: int | None = None, shard_ids=None) -> None:
+        """Call once after replay (also with nothing replayed): the shards (``shard_ids``, default
+        all) start serving: session timers of loaded members, the offset-retention cycle."""
         self._replay_prefixes = {}
         wall = self._wall(wall_ms)
-        for shard in self.shards:
+        for shard in (self.shards if shard_ids is None else [self.shards[i] for i in shard_ids]):
             out = shard.on_loaded(now_ms, wall)
             assert not out.writes and not out.replies, "loading produced output"
+            shard.refusal = _NONE
 
     # ---- requests -------------------------------------------------------------------------------
 
@@ -253,7 +253,7 @@ class GroupCoordinator:
         """The hot path: a heartbeat writes nothing and depends on nothing durable, so it is
         answered at once, and its answer is just an error code."""
         shard = self.shards[_shard_for(req.group_id, self._n)]
-        if shard.failed or self._closed:
+        if shard.refusal or self._closed:
             return self._unavailable(shard)
         return shard.heartbeat(req, version, now_ms)
 
@@ -411,7 +411,7 @@ class GroupCoordinator:
         wall = None
         budget = TIMER_STEPS_PER_CALL
         for shard in self.shards:
-            if shard.failed or self._closed:
+            if shard.refusal or self._closed:
                 continue
             d = shard.timers.next_check()
             if d is not None and d <= now_ms:
@@ -443,7 +443,7 @@ class GroupCoordinator:
             return None
         best = None
         for shard in self.shards:
-            if shard.failed:
+            if shard.refusal:
                 continue
             d = of(shard)
             if d is not None and (best is None or d < best):
@@ -459,20 +459,45 @@ class GroupCoordinator:
         self._closed = True
         return Result(out.writes, out.replies, _NO_SHARDS)
 
-    def fail_shard(self, shard_id: int) -> Result:
-        """A write to ``shard_id``'s log failed: the shard stops; requests for its groups get
-        COORDINATOR_NOT_AVAILABLE (retriable) until restart. Returns the answers for requests
-        parked in that shard (send them; they depend on nothing durable)."""
+    # ---- shard serving (the runtime's shard states drive these) -----------------------------------
+
+    def refuse(self, shard_id: int, error: int) -> Result:
+        """Stop serving ``shard_id``: every request for its groups gets ``error`` from now on, its
+        timers stop, and the requests parked in it are answered with ``error`` now (the Result's
+        replies: send them, they depend on nothing durable). Its state is kept (see
+        :meth:`unload`). ``error`` NONE is not allowed: :meth:`loaded` starts serving."""
+        if error == _NONE:
+            raise ValueError("refuse() needs an error code; loaded() starts serving a shard")
         shard = self.shards[shard_id]
         out = Out()
-        if not shard.failed:
-            shard.failed = True
-            shard.release_parked(errors.COORDINATOR_NOT_AVAILABLE, out)
+        if shard.refusal != error:
+            shard.refusal = error
+            shard.release_parked(error, out)
         return Result([], out.replies, _NO_SHARDS)
+
+    def fail_shard(self, shard_id: int) -> Result:
+        """A write to ``shard_id``'s store failed: the shard stops; requests for its groups get
+        COORDINATOR_NOT_AVAILABLE (retriable) until restart. Returns the answers for requests
+        parked in that shard (send them; they depend on nothing durable)."""
+        if self.shards[shard_id].refusal == errors.COORDINATOR_NOT_AVAILABLE:
+            return Result([], [], _NO_SHARDS)
+        return self.refuse(shard_id, errors.COORDINATOR_NOT_AVAILABLE)
+
+    def unload(self, shard_id: int) -> Result:
+        """This node no longer owns ``shard_id``: answer its parked requests NOT_COORDINATOR,
+        forget its groups, offsets and timers (another node serves them now; a later load replays
+        them afresh), and refuse its requests with NOT_COORDINATOR."""
+        res = self.refuse(shard_id, errors.NOT_COORDINATOR)
+        fresh = Shard(shard_id, self.config, self._new_uuid, self.stats, self.rebalance_listeners)
+        fresh.refusal = errors.NOT_COORDINATOR
+        fresh.timers.on_push = self._timers_pushed
+        self.shards[shard_id] = fresh
+        self.timers_changed = True
+        return res
 
     @property
     def failed_shards(self) -> list[int]:
-        return [s.shard_id for s in self.shards if s.failed]
+        return [s.shard_id for s in self.shards if s.refusal == errors.COORDINATOR_NOT_AVAILABLE]
 
     # ---- operator views (plain data for metrics, the CLI and the flight recorder) --------------------
 

@@ -24,7 +24,7 @@ import time
 from urllib.parse import unquote
 
 from coordinator import logging_setup
-from coordinator.log import FSYNC_BUCKETS
+from coordinator.store import FSYNC_BUCKETS
 from coordinator.versions import API_NAMES
 from protocol.errors import error_name
 

@@ -13,7 +13,20 @@ durable off the loop), and releases replies only once the records they depend on
   become COORDINATOR_NOT_AVAILABLE (retriable) and the shard stops accepting requests. herd does
   not pretend: it never retries an fsync that failed.
 
+* A write refused because this node no longer owns the shard (:class:`ShardFencedError`, from a
+  store shared by several nodes) unloads the shard: the waiting replies become NOT_COORDINATOR
+  and the clients look up the new owner.
+
 One ``loop.call_later`` tracks the coordinator's next deadline.
+
+Shard states
+------------
+Each shard is in one of the states of :data:`SHARD_STATES`; the table says what a request for one
+of its groups gets (the core answers it, see ``GroupCoordinator.refuse``), :data:`TRANSITIONS`
+where it may go (anything else raises). With the file store every shard goes NOT_OWNED ->
+LOADING -> ACTIVE at start-up and may go to FAILED after a failed write; a store whose shards
+are owned through leases adds the moves driven by leases (load on winning one, unload on losing
+one) without new states.
 """
 from __future__ import annotations
 
@@ -24,6 +37,7 @@ import time
 from coordinator import logging_setup
 from coordinator.catalog import Catalog, is_topic_record
 from coordinator.group_coordinator import Result
+from coordinator.store import ShardFencedError
 from coordinator.versions import (
     CREATE_TOPICS,
     DELETE_GROUPS,
@@ -54,6 +68,22 @@ FETCH_WAIT_CAP_MS = 30_000
 REPLAY_STEP = 20_000
 
 
+NOT_OWNED, LOADING, ACTIVE, FAILED = "not-owned", "loading", "active", "failed"
+# state -> the error a request for a group of a shard in that state gets (NONE: served)
+SHARD_STATES = {
+    NOT_OWNED: E.NOT_COORDINATOR,  # another node's (or nobody's yet): look the coordinator up again
+    LOADING: E.COORDINATOR_LOAD_IN_PROGRESS,  # being replayed: retry soon
+    ACTIVE: E.NONE,
+    FAILED: E.COORDINATOR_NOT_AVAILABLE,  # a write failed: refused until restart (or unloaded)
+}
+TRANSITIONS = {
+    NOT_OWNED: frozenset({LOADING}),
+    LOADING: frozenset({ACTIVE, NOT_OWNED}),
+    ACTIVE: frozenset({FAILED, NOT_OWNED}),
+    FAILED: frozenset({NOT_OWNED}),
+}
+
+
 def monotonic_ms() -> int:
     return int(time.monotonic() * 1000)
 
@@ -68,15 +98,17 @@ class _Waiter:
         self.count = count
         self.result = result
         self.on_failure = on_failure
-        self.failed = False
+        self.failed = E.NONE  # the error the replies get instead, once a write they wait for failed
 
     def done(self, shard_id: int, exc: BaseException | None) -> None:
         if exc is not None:
-            self.failed = True
+            fenced = isinstance(exc, ShardFencedError)
+            if self.failed != E.NOT_COORDINATOR:
+                self.failed = E.NOT_COORDINATOR if fenced else E.COORDINATOR_NOT_AVAILABLE
             self.runtime.write_failed(shard_id, exc)
         self.count -= 1
         if self.count == 0:
-            replies = self.on_failure(self.result) if self.failed else self.result.replies
+            replies = self.on_failure(self.result, self.failed) if self.failed else self.result.replies
             self.runtime.release(replies)
 
 
@@ -85,11 +117,11 @@ def _popping(queue: collections.deque):
         yield queue.popleft()
 
 
-def _group_failure(result):
-    return result.failure_replies(E.COORDINATOR_NOT_AVAILABLE)
+def _group_failure(result, code: int):
+    return result.failure_replies(code)
 
 
-def _catalog_failure(result):
+def _catalog_failure(result, code: int):
     return [(token, error_response(token.api_key, token.api_version, token.request, E.UNKNOWN_SERVER_ERROR))
             for token, _ in result.replies]
 
@@ -113,7 +145,9 @@ class Runtime:
         self._timer = None
         self._timer_at: int | None = None
         self._closing = False
-        self._failed: set[int] = set()
+        self.shard_states = [NOT_OWNED] * n  # see SHARD_STATES; moved only by _move()
+        for shard_id in range(n):
+            groups.refuse(shard_id, SHARD_STATES[NOT_OWNED])
         self._completed: collections.deque = collections.deque()  # (shard, seq, exc) from the writer
         self._drain_scheduled = False
         self.edge = None  # the Server: answers released together leave together (hold/write)
@@ -124,26 +158,53 @@ class Runtime:
 
     # ---- start-up ----------------------------------------------------------------------------
 
-    def replay(self, shards) -> dict:
-        """Feed every shard's entries to the cores. ``shards``: shard id -> iterable of (key, value)."""
-        steps = self.replay_steps(shards)
+    async def load_owned(self, stop: asyncio.Event | None = None) -> dict | None:
+        """Start-up: load every shard the store gives this node (``store.owned_shards()``) and
+        replay it, letting the event loop run every REPLAY_STEP records (/healthz, signals); the
+        shards go LOADING, then ACTIVE together. -> the replay stats, or None when ``stop`` was
+        set first (nothing is served then)."""
+        store = self.store
+        owned = list(store.owned_shards())
+        for shard_id in owned:
+            self._move(shard_id, LOADING)
+        shards = {}
+        for shard_id in owned:
+            shards[shard_id] = await store.load(shard_id)
+        steps = self.replay_steps(shards, owned=owned)
+        del shards
+        while stop is None or not stop.is_set():
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+            await asyncio.sleep(0)  # a turn of the loop: /healthz, signals
+        return None
+
+    def replay(self, shards, owned=None) -> dict:
+        """Feed every shard's entries to the cores and start serving the ``owned`` shards (default:
+        every shard, as with the file store). ``shards``: shard id -> iterable of (key, value)."""
+        steps = self.replay_steps(shards, owned=owned)
         while True:
             try:
                 next(steps)
             except StopIteration as done:
                 return done.value
 
-    def replay_steps(self, shards, every: int = REPLAY_STEP):
+    def replay_steps(self, shards, every: int = REPLAY_STEP, owned=None):
         """:meth:`replay` as a generator that pauses after every ``every`` records, so that the
         caller can let the event loop run between steps (``herd serve`` answers /healthz and
         signals during a long replay); returns the stats as :meth:`replay` does."""
         started = time.perf_counter()
+        owned = range(self.config.offsets_partitions) if owned is None else list(owned)
+        for shard_id in owned:
+            if self.shard_states[shard_id] != LOADING:
+                self._move(shard_id, LOADING)
         count = 0
         pause_at = every
         groups_replay = self.groups.replay
         catalog_replay = self.catalog.replay
-        for shard_id, entries in shards.items():
-            for key, value in entries:
+        for shard_id in owned:
+            for key, value in shards.get(shard_id, ()):
                 if is_topic_record(key):
                     catalog_replay(key, value)
                 else:
@@ -152,7 +213,9 @@ class Runtime:
                 if count == pause_at:
                     pause_at += every
                     yield count
-        self.groups.loaded(self.now_ms())
+        now = self.now_ms()
+        for shard_id in owned:
+            self._move(shard_id, ACTIVE, now)
         return {"records": count, "seconds": round(time.perf_counter() - started, 3)}
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -160,7 +223,7 @@ class Runtime:
         writes = self.catalog.configured_topics()
         if writes:
             self.apply(Result(writes, []), _catalog_failure)
-        self.arm()
+        self.arm(force=True)
 
     # ---- requests ----------------------------------------------------------------------------
 
@@ -299,12 +362,37 @@ class Runtime:
             token.reply(resp)
 
     def write_failed(self, shard_id: int, exc: BaseException) -> None:
-        if shard_id in self._failed:
-            return
-        self._failed.add(shard_id)
-        log.error("shard write failed; the shard stops accepting requests until restart",
-                  shard=shard_id, error=str(exc))
-        self.release(self.groups.fail_shard(shard_id).replies)
+        """A write of ``shard_id`` failed: an I/O failure stops the shard (FAILED); a fencing
+        error (another node owns the shard now) unloads it (NOT_OWNED)."""
+        state = self.shard_states[shard_id]
+        if isinstance(exc, ShardFencedError):
+            if state in (ACTIVE, FAILED):
+                log.warning("shard lost to another node; unloading it", shard=shard_id, error=str(exc))
+                self._move(shard_id, NOT_OWNED)
+        elif state == ACTIVE:
+            log.error("shard write failed; the shard stops accepting requests until restart",
+                      shard=shard_id, error=str(exc))
+            self._move(shard_id, FAILED)
+
+    # ---- shard states --------------------------------------------------------------------------
+
+    def _move(self, shard_id: int, state: str, now: int | None = None) -> None:
+        """Move ``shard_id`` to ``state`` (a transition of TRANSITIONS, else RuntimeError) and make
+        the core answer as SHARD_STATES says; requests parked in a shard that stops serving are
+        answered now."""
+        old = self.shard_states[shard_id]
+        if state not in TRANSITIONS[old]:
+            raise RuntimeError(f"shard {shard_id}: no transition {old} -> {state}")
+        self.shard_states[shard_id] = state
+        groups = self.groups
+        if state == ACTIVE:
+            groups.loaded(self.now_ms() if now is None else now, shard_ids=(shard_id,))
+        elif state == NOT_OWNED:
+            self.release(groups.unload(shard_id).replies)
+        else:
+            self.release(groups.refuse(shard_id, SHARD_STATES[state]).replies)
+        if self.loop is not None:
+            self.arm(force=True)
 
     # ---- timers ------------------------------------------------------------------------------
 

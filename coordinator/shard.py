@@ -135,7 +135,9 @@ class Shard:
         # explicit expiry); read with records.offset_value_fields / offset_value_times
         self.offsets: dict[str, dict[str, dict[int, bytes]]] = {}
         self.timers = Timers()
-        self.failed = False
+        # NONE while serving, else the error every request for its groups gets (set by the
+        # coordinator: see GroupCoordinator.refuse/unload/loaded)
+        self.refusal = errors.NONE
         self._new_uuid = new_uuid or (lambda: str(uuid.uuid4()))
         self.stats = stats if stats is not None else {}
         self.loaded = False
