@@ -17,7 +17,19 @@ durable off the loop), and releases replies only once the records they depend on
   store shared by several nodes) unloads the shard: the waiting replies become NOT_COORDINATOR
   and the clients look up the new owner.
 
-One ``loop.call_later`` tracks the coordinator's next deadline.
+One ``loop.call_later`` tracks the coordinator's next deadline. Time comes from one
+:class:`~coordinator.clock.Clock` (``now`` monotonic, ``wall`` epoch ms), read here and passed to
+the cores, which never read a clock.
+
+The edge (``coordinator.server``) and the runtime talk through two small explicit interfaces:
+
+* a request's *token* (the server's ``Reply``): ``reply(response)`` answers it; ``park(timer)``
+  says it waits for ``timer`` (a long-polling Fetch); ``hold()`` says its request is done but its
+  answer waits for the store (the connection may handle its next request; the answer still
+  leaves in request order). :meth:`Runtime.dispatch` calls at most these on the token it is given.
+* the *edge* (the ``Server``, given by :meth:`Runtime.attach_edge`): ``begin_batch()`` and
+  ``end_batch()`` around the answers one store report releases, so each connection's answers
+  leave in one write.
 
 Shard states
 ------------
@@ -36,29 +48,15 @@ import time
 
 from coordinator import logging_setup
 from coordinator.catalog import Catalog, is_topic_record
-from coordinator.group_coordinator import Result
+from coordinator.clock import SystemClock
+from coordinator.responses import error_response
+from coordinator.result import Result
 from coordinator.store import ShardFencedError
 from coordinator.versions import (
-    CREATE_TOPICS,
-    DELETE_GROUPS,
-    DESCRIBE_CLUSTER,
-    DESCRIBE_GROUPS,
     FETCH,
-    FIND_COORDINATOR,
     GROUP_APIS,
-    HEARTBEAT,
-    JOIN_GROUP,
-    LEAVE_GROUP,
-    LIST_GROUPS,
-    LIST_OFFSETS,
-    METADATA,
-    OFFSET_COMMIT,
-    OFFSET_DELETE,
-    OFFSET_FETCH,
-    SYNC_GROUP,
 )
 from protocol import errors as E
-from protocol import messages as m
 
 log = logging_setup.get("herd.runtime")
 
@@ -82,10 +80,6 @@ TRANSITIONS = {
     ACTIVE: frozenset({FAILED, NOT_OWNED}),
     FAILED: frozenset({NOT_OWNED}),
 }
-
-
-def monotonic_ms() -> int:
-    return int(time.monotonic() * 1000)
 
 
 class _Waiter:
@@ -132,7 +126,7 @@ class Runtime:
         self.groups = groups
         self.catalog = catalog
         self.store = store
-        self.clock = clock
+        self.clock = clock if clock is not None else SystemClock()
         self.metrics = metrics
         self.loop: asyncio.AbstractEventLoop | None = None
         # Per shard: the last write sequence number handed to the store, the last one known
@@ -150,11 +144,15 @@ class Runtime:
             groups.refuse(shard_id, SHARD_STATES[NOT_OWNED])
         self._completed: collections.deque = collections.deque()  # (shard, seq, exc) from the writer
         self._drain_scheduled = False
-        self.edge = None  # the Server: answers released together leave together (hold/write)
+        self._edge = None  # the Server (attach_edge): answers released together leave together
         store.set_listener(self._on_durable)
 
     def now_ms(self) -> int:
-        return self.clock.monotonic_ms() if self.clock is not None else monotonic_ms()
+        return self.clock.monotonic_ms()
+
+    def attach_edge(self, edge) -> None:
+        """``edge.begin_batch()`` / ``edge.end_batch()`` bracket every batch of released answers."""
+        self._edge = edge
 
     # ---- start-up ----------------------------------------------------------------------------
 
@@ -213,9 +211,9 @@ class Runtime:
                 if count == pause_at:
                     pause_at += every
                     yield count
-        now = self.now_ms()
+        now, wall = self.clock.monotonic_ms(), self.clock.wall_ms()
         for shard_id in owned:
-            self._move(shard_id, ACTIVE, now)
+            self._move(shard_id, ACTIVE, now, wall)
         return {"records": count, "seconds": round(time.perf_counter() - started, 3)}
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -228,45 +226,34 @@ class Runtime:
     # ---- requests ----------------------------------------------------------------------------
 
     def dispatch(self, token, api_key: int, version: int, request, client_id: str, client_host: str) -> None:
+        """Handle one request (any but Heartbeat, see :meth:`heartbeat`): its answer goes to
+        ``token`` now, or once what it depends on is durable (``token.hold()`` first), or later
+        (parked)."""
         if self._closing:
             token.reply(error_response(api_key, version, request, E.NOT_COORDINATOR))
             return
-        if api_key == HEARTBEAT:
-            token.reply(m.HeartbeatResponse(error_code=self.heartbeat(version, request)))
-            return
         if api_key in GROUP_APIS:
-            self.apply(self.groups.handle(api_key, version, request, self.now_ms(), token, client_id, client_host))
+            clock = self.clock
+            self.apply(self.groups.handle(api_key, version, request, token, clock.monotonic_ms(), clock.wall_ms(),
+                                          client_id, client_host))
             self.arm()
             return
-        cat = self.catalog
-        if api_key == METADATA:
-            writes, resp = cat.metadata(request, version)
-            self.apply(Result(writes, [(token, resp)]), _catalog_failure)
-        elif api_key == FIND_COORDINATOR:
-            token.reply(cat.find_coordinator(request, version))
-        elif api_key == FETCH:
-            resp = cat.fetch(request, version)
+        if api_key == FETCH:  # an empty log: a long poll waits its max_wait_ms out, then answers
+            resp = self.catalog.fetch(request, version)
             wait = min(max(request.max_wait_ms, 0), FETCH_WAIT_CAP_MS)
             if wait and request.min_bytes > 0:
                 token.park(self.loop.call_later(wait / 1000, token.reply, resp))
             else:
                 token.reply(resp)
-        elif api_key == LIST_OFFSETS:
-            token.reply(cat.list_offsets(request, version))
-        elif api_key == CREATE_TOPICS:
-            writes, resp = cat.create_topics(request, version)
-            self.apply(Result(writes, [(token, resp)]), _catalog_failure)
-        elif api_key == DESCRIBE_CLUSTER:
-            token.reply(cat.describe_cluster(request, version))
-        else:  # pragma: no cover - the server only dispatches supported APIs
-            raise AssertionError(f"no handler for api key {api_key}")
+            return
+        self.apply(self.catalog.handle(api_key, version, request, token), _catalog_failure)
 
     def heartbeat(self, version: int, request) -> int:
-        """A Heartbeat writes nothing and waits for nothing: -> its error code, now (the edge
-        answers it in place with cached bytes)."""
+        """Heartbeat's one path (the edge answers it in place with cached bytes): it writes
+        nothing and waits for nothing: -> its error code, now."""
         if self._closing:
             return E.NOT_COORDINATOR
-        code = self.groups.heartbeat_code(version, request, self.now_ms())
+        code = self.groups.heartbeat(version, request, self.clock.monotonic_ms())
         self.arm()
         return code
 
@@ -309,7 +296,7 @@ class Runtime:
             return
         waiter = _Waiter(self, len(waits), result, on_failure)
         for token, _ in result.replies:
-            token.held = True  # its request is done: the connection may handle the next one
+            token.hold()  # its request is done: the connection may handle the next one
         for shard_id, seq in waits.items():
             self._waiting[shard_id].append((seq, waiter))
 
@@ -324,16 +311,16 @@ class Runtime:
             self._settle(settled)
 
     def _settle(self, results) -> None:
-        edge = self.edge
+        edge = self._edge
         if edge is not None:
-            edge.hold()
+            edge.begin_batch()
         try:
             settle = self._settle_one
             for shard_id, seq, exc in results:
                 settle(shard_id, seq, exc)
         finally:
             if edge is not None:
-                edge.write()
+                edge.end_batch()
 
     def _on_durable(self, results) -> None:
         """The store's listener, called in a log thread for what flush() could not settle: queue the
@@ -376,7 +363,7 @@ class Runtime:
 
     # ---- shard states --------------------------------------------------------------------------
 
-    def _move(self, shard_id: int, state: str, now: int | None = None) -> None:
+    def _move(self, shard_id: int, state: str, now: int | None = None, wall: int | None = None) -> None:
         """Move ``shard_id`` to ``state`` (a transition of TRANSITIONS, else RuntimeError) and make
         the core answer as SHARD_STATES says; requests parked in a shard that stops serving are
         answered now."""
@@ -386,7 +373,9 @@ class Runtime:
         self.shard_states[shard_id] = state
         groups = self.groups
         if state == ACTIVE:
-            groups.loaded(self.now_ms() if now is None else now, shard_ids=(shard_id,))
+            clock = self.clock
+            groups.loaded(clock.monotonic_ms() if now is None else now, clock.wall_ms() if wall is None else wall,
+                          shard_ids=(shard_id,))
         elif state == NOT_OWNED:
             self.release(groups.unload(shard_id).replies)
         else:
@@ -416,7 +405,8 @@ class Runtime:
     def _fire(self) -> None:
         self._timer = None
         self._timer_at = None
-        self.apply(self.groups.on_timers(self.now_ms()))
+        clock = self.clock
+        self.apply(self.groups.on_timers(clock.monotonic_ms(), clock.wall_ms()))
         self.arm(force=True)
 
     # ---- shutdown ----------------------------------------------------------------------------
@@ -430,46 +420,3 @@ class Runtime:
             self._timer = None
         self.release(self.groups.shutdown().replies)
 
-
-# ---- error responses ---------------------------------------------------------------------------
-
-def error_response(api_key: int, version: int, request, code: int):
-    """The response Kafka sends for ``request`` when the whole request fails with ``code``."""
-    if api_key == JOIN_GROUP:
-        return m.JoinGroupResponse(error_code=code, generation_id=-1, member_id=request.member_id,
-                                   protocol_name=None if version >= 7 else "", leader="")
-    if api_key == SYNC_GROUP:
-        return m.SyncGroupResponse(error_code=code, assignment=b"")
-    if api_key == HEARTBEAT:
-        return m.HeartbeatResponse(error_code=code)
-    if api_key == LEAVE_GROUP:
-        return m.LeaveGroupResponse(error_code=code)
-    if api_key == OFFSET_COMMIT:
-        return m.OffsetCommitResponse(topics=[
-            m.OffsetCommitResponseTopic(name=t.name, partitions=[
-                m.OffsetCommitResponsePartition(partition_index=p.partition_index, error_code=code)
-                for p in t.partitions]) for t in request.topics])
-    if api_key == OFFSET_FETCH:
-        if version >= 8:
-            return m.OffsetFetchResponse(groups=[
-                m.OffsetFetchResponseGroup(group_id=g.group_id, error_code=code) for g in request.groups])
-        return m.OffsetFetchResponse(error_code=code)
-    if api_key == DESCRIBE_GROUPS:
-        return m.DescribeGroupsResponse(groups=[
-            m.DescribeGroupsResponseDescribedGroup(error_code=code, group_id=g, group_state="",
-                                                   protocol_type="", protocol_data="")
-            for g in request.groups])
-    if api_key == LIST_GROUPS:
-        return m.ListGroupsResponse(error_code=code)
-    if api_key == DELETE_GROUPS:
-        return m.DeleteGroupsResponse(results=[
-            m.DeleteGroupsResponseDeletableGroupResult(group_id=g, error_code=code) for g in request.groups_names])
-    if api_key == OFFSET_DELETE:
-        return m.OffsetDeleteResponse(error_code=code)
-    if api_key == METADATA:
-        return m.MetadataResponse(topics=[
-            m.MetadataResponseTopic(error_code=E.LEADER_NOT_AVAILABLE, name=t.name) for t in request.topics or []])
-    if api_key == CREATE_TOPICS:
-        return m.CreateTopicsResponse(topics=[
-            m.CreateTopicsResponseCreatableTopicResult(name=t.name, error_code=code) for t in request.topics])
-    raise ValueError(f"no error response for api key {api_key}")

@@ -1,7 +1,17 @@
 """One offsets partition: its groups, committed offsets and timers. Pure (no I/O, no clock reads).
 
 Every handler takes ``now`` (monotonic ms, for timers) and ``wall`` (epoch ms, for record
-timestamps) and appends to an :class:`Out`: records to write durably and replies to send. Replies
+timestamps), both read by the runtime from one clock, and appends to a
+:class:`~coordinator.result.Result` (``out``): records to write durably and replies to send.
+
+Calling conventions (three, each for a reason):
+
+* a request handler ``(req, version, token, [client_id, client_host,] now, wall, out) -> None``
+  answers through ``out.reply`` (JoinGroup, SyncGroup, LeaveGroup, OffsetCommit, OffsetDelete);
+* a per-group part of a request that names several groups (and may span shards) returns its
+  part, and the coordinator assembles the answer: ``fetch_offsets``, ``describe_group``,
+  ``delete_group``, ``list_groups``;
+* ``heartbeat`` returns just the error code: the hot path, answered by the edge with cached bytes. Replies
 to parked JoinGroup/SyncGroup requests come out of later calls (another member's request, or
 :meth:`Shard.on_timers`).
 
@@ -38,6 +48,8 @@ from coordinator.group import (
     Parked,
     RebalanceRecord,
 )
+from coordinator.responses import commit_error, join_response, sync_response
+from coordinator.result import Result
 from coordinator.timers import Timers
 from protocol import errors
 from protocol.messages import (
@@ -45,7 +57,6 @@ from protocol.messages import (
     DescribeGroupsResponseDescribedGroupMember,
     GroupMetadataValue,
     GroupMetadataValueMemberMetadata,
-    JoinGroupResponse,
     JoinGroupResponseMember,
     LeaveGroupRequestMemberIdentity,
     LeaveGroupResponse,
@@ -57,10 +68,9 @@ from protocol.messages import (
     OffsetDeleteResponse,
     OffsetDeleteResponsePartition,
     OffsetDeleteResponseTopic,
-    SyncGroupResponse,
 )
 
-__all__ = ["Shard", "Out", "NEW_MEMBER_JOIN_TIMEOUT_MS", "join_response", "sync_response"]
+__all__ = ["Shard", "NEW_MEMBER_JOIN_TIMEOUT_MS"]
 
 log = structlog.get_logger("herd.group")
 
@@ -79,43 +89,6 @@ _NONE = errors.NONE
 # encoded, never changed): one object per partition index below this bound.
 _COMMITTED = tuple(OffsetCommitResponsePartition(i, _NONE) for i in range(1024))
 _RETENTION_KEY = ("retention",)
-
-
-class Out:
-    """What one call produced: ``writes`` as ``(shard_id, key, value)`` and ``replies`` as
-    ``(token, response)``."""
-
-    __slots__ = ("writes", "replies")
-
-    def __init__(self) -> None:
-        self.writes: list[tuple[int, bytes, bytes | None]] = []
-        self.replies: list[tuple[object, object]] = []
-
-    def reply(self, token, response) -> None:
-        self.replies.append((token, response))
-
-
-# ---- version-shaped responses ------------------------------------------------------------------
-
-def join_response(version: int, error: int, member_id: str, generation: int = -1,
-                  protocol_type: str | None = None, protocol_name: str | None = None,
-                  leader: str | None = None, members: list | None = None,
-                  skip_assignment: bool = False) -> JoinGroupResponse:
-    if version < 7:  # ProtocolName is non-nullable before v7; ProtocolType does not exist
-        protocol_name = protocol_name or ""
-        protocol_type = None
-    return JoinGroupResponse(
-        error_code=error, generation_id=generation, protocol_type=protocol_type,
-        protocol_name=protocol_name, leader=leader or "", skip_assignment=skip_assignment and version >= 9,
-        member_id=member_id, members=members if members is not None else [])
-
-
-def sync_response(version: int, error: int, protocol_type: str | None = None,
-                  protocol_name: str | None = None, assignment: bytes = b"") -> SyncGroupResponse:
-    if version < 5 or error != _NONE:
-        protocol_type = protocol_name = None
-    return SyncGroupResponse(error_code=error, protocol_type=protocol_type, protocol_name=protocol_name,
-                             assignment=assignment)
 
 
 def _member_ident(member: Member) -> dict:
@@ -140,7 +113,6 @@ class Shard:
         self.refusal = errors.NONE
         self._new_uuid = new_uuid or (lambda: str(uuid.uuid4()))
         self.stats = stats if stats is not None else {}
-        self.loaded = False
 
     def _count(self, name: str, n: int = 1) -> None:
         self.stats[name] = self.stats.get(name, 0) + n
@@ -226,11 +198,11 @@ class Shard:
         for mid in group.pending_members:
             t.cancel(("pending", gid, mid))
 
-    def _delete_offset(self, out: Out, gid: str, topic: str, partition: int) -> None:
+    def _delete_offset(self, out: Result, gid: str, topic: str, partition: int) -> None:
         out.writes.append((self.shard_id, records.offset_commit_key(gid, topic, partition), None))
         self._apply_offset(gid, topic, partition, None)
 
-    def _write_group(self, out: Out, group: Group, assignment: dict[str, bytes] | None = None) -> None:
+    def _write_group(self, out: Result, group: Group, assignment: dict[str, bytes] | None = None) -> None:
         members = []
         for m in group.members.values():
             members.append(GroupMetadataValueMemberMetadata(
@@ -246,17 +218,16 @@ class Shard:
         out.writes.append((self.shard_id, records.group_metadata_key(group.group_id),
                            records.group_metadata_value(value)))
 
-    def _write_group_tombstone(self, out: Out, gid: str) -> None:
+    def _write_group_tombstone(self, out: Result, gid: str) -> None:
         out.writes.append((self.shard_id, records.group_metadata_key(gid), None))
         self._apply(records.GROUP_METADATA, records.GroupMetadataKey(gid), None)
 
     # ==== start-up ===============================================================================
 
-    def on_loaded(self, now: int, wall: int) -> Out:
+    def on_loaded(self, now: int, wall: int) -> Result:
         """After replay: session timers for loaded members, the retention cycle, and a rebalance for
         groups over ``group_max_size`` (the limit may have been lowered)."""
-        out = Out()
-        self.loaded = True
+        out = Result()
         for group in list(self.groups.values()):
             for m in group.members.values():
                 self.timers.schedule(m.hb_key, now + m.session_timeout_ms)
@@ -270,7 +241,7 @@ class Shard:
     # ==== JoinGroup ==============================================================================
 
     def join_group(self, req, version: int, token, client_id: str, client_host: str, now: int, wall: int,
-                   out: Out) -> None:
+                   out: Result) -> None:
         gid = req.group_id
         mid = req.member_id
         if not gid:
@@ -326,7 +297,7 @@ class Shard:
             return (member is not None and member.join is not None) or group.num_awaiting_join < limit
         return member is not None or len(group.members) < limit
 
-    def _join_new_member(self, group: Group, ctx: _JoinCtx, now: int, wall: int, out: Out) -> None:
+    def _join_new_member(self, group: Group, ctx: _JoinCtx, now: int, wall: int, out: Result) -> None:
         req, version = ctx.req, ctx.version
         if group.state == DEAD:
             out.reply(ctx.token, join_response(version, errors.COORDINATOR_NOT_AVAILABLE, ""))
@@ -350,7 +321,7 @@ class Shard:
         else:
             self._add_member_and_rebalance(group, ctx, new_id, now, wall, out)
 
-    def _join_existing_member(self, group: Group, ctx: _JoinCtx, now: int, wall: int, out: Out) -> None:
+    def _join_existing_member(self, group: Group, ctx: _JoinCtx, now: int, wall: int, out: Result) -> None:
         req, version, token = ctx.req, ctx.version, ctx.token
         mid = req.member_id
         if group.state == DEAD:
@@ -406,7 +377,7 @@ class Shard:
                 for m in group.members.values()]
 
     def _add_member_and_rebalance(self, group: Group, ctx: _JoinCtx, member_id: str, now: int, wall: int,
-                                  out: Out) -> None:
+                                  out: Result) -> None:
         gid = group.group_id
         member = Member(member_id, ctx.instance_id, ctx.client_id, ctx.client_host, ctx.rebalance_timeout,
                         ctx.req.session_timeout_ms, ctx.req.protocol_type, ctx.protocols,
@@ -430,7 +401,7 @@ class Shard:
             _member_ident(member), ctx.reason, now, wall, out)
 
     def _update_member_and_rebalance(self, group: Group, member: Member, ctx: _JoinCtx, reason: str,
-                                     detail: str, now: int, wall: int, out: Out) -> None:
+                                     detail: str, now: int, wall: int, out: Result) -> None:
         group.update_member(member, ctx.protocols, ctx.rebalance_timeout, ctx.req.session_timeout_ms)
         self._park_join(group, member, Parked(ctx.token, ctx.version, now), out)
         if group.rebalance is not None and group.state == PREPARING_REBALANCE:
@@ -438,7 +409,7 @@ class Shard:
         self._maybe_prepare_rebalance_or_complete_join(group, reason, detail, _member_ident(member),
                                                        ctx.reason, now, wall, out)
 
-    def _park_join(self, group: Group, member: Member, parked: Parked, out: Out) -> None:
+    def _park_join(self, group: Group, member: Member, parked: Parked, out: Result) -> None:
         old = group.set_join(member, parked)
         if old is not None and old.token is not parked.token:
             # herd: a JoinGroup superseded by a newer one from the same member is answered rather
@@ -446,7 +417,7 @@ class Shard:
             out.reply(old.token, join_response(old.version, errors.REBALANCE_IN_PROGRESS, member.member_id))
 
     def _replace_static_member(self, group: Group, ctx: _JoinCtx, old_id: str, new_id: str, now: int,
-                               wall: int, out: Out) -> None:
+                               wall: int, out: Result) -> None:
         """KIP-345: a static member came back with no member id: it takes over its instance id."""
         gid = group.group_id
         current_leader = group.leader_id
@@ -502,14 +473,14 @@ class Shard:
     # ==== rebalance machinery ====================================================================
 
     def _maybe_prepare_rebalance_or_complete_join(self, group: Group, reason: str, detail: str, trigger,
-                                                  client_reason, now: int, wall: int, out: Out) -> None:
+                                                  client_reason, now: int, wall: int, out: Result) -> None:
         if group.can_rebalance():
             self._prepare_rebalance(group, reason, detail, trigger, client_reason, now, wall, out)
         else:
             self._maybe_complete_join_phase(group, now, wall, out)
 
     def _prepare_rebalance(self, group: Group, reason: str, detail: str, trigger, client_reason, now: int,
-                           wall: int, out: Out) -> None:
+                           wall: int, out: Result) -> None:
         gid = group.group_id
         if group.state == COMPLETING_REBALANCE:
             self._reset_and_propagate_assignment_error(group, errors.REBALANCE_IN_PROGRESS, now, out)
@@ -533,13 +504,13 @@ class Shard:
                 group.join_phase = ("normal",)
                 self.timers.schedule(("join", gid), now + group.rebalance_timeout_ms())
 
-    def _maybe_complete_join_phase(self, group: Group, now: int, wall: int, out: Out) -> None:
+    def _maybe_complete_join_phase(self, group: Group, now: int, wall: int, out: Result) -> None:
         # the initial rebalance of an Empty group always waits for its (debounced) delay
         if (group.state == PREPARING_REBALANCE and group.previous_state != EMPTY
                 and group.has_all_members_joined()):
             self._complete_join(group, now, wall, out)
 
-    def _complete_join(self, group: Group, now: int, wall: int, out: Out) -> None:
+    def _complete_join(self, group: Group, now: int, wall: int, out: Result) -> None:
         gid = group.group_id
         self.timers.cancel(("join", gid))
         group.join_phase = None
@@ -579,7 +550,7 @@ class Shard:
         group.sync_generation = group.generation
         self.timers.schedule(("sync", gid), now + group.rebalance_timeout_ms())
 
-    def _drop_member(self, group: Group, member: Member, why: str, now: int, out: Out) -> None:
+    def _drop_member(self, group: Group, member: Member, why: str, now: int, out: Result) -> None:
         """Remove a member, answering its parked requests with UNKNOWN_MEMBER_ID (so a live client
         rejoins); no rebalance decision here."""
         parked = group.take_join(member)
@@ -595,7 +566,7 @@ class Shard:
         self._count("members_removed_" + why)
 
     def _remove_member_and_update(self, group: Group, member: Member, reason: str, detail: str, now: int,
-                                  wall: int, out: Out) -> None:
+                                  wall: int, out: Result) -> None:
         self._drop_member(group, member, reason, now, out)
         state = group.state
         if state in (STABLE, COMPLETING_REBALANCE):
@@ -604,12 +575,12 @@ class Shard:
         elif state == PREPARING_REBALANCE and group.has_all_members_joined():
             self._complete_join(group, now, wall, out)
 
-    def _reset_and_propagate_assignment_error(self, group: Group, error: int, now: int, out: Out) -> None:
+    def _reset_and_propagate_assignment_error(self, group: Group, error: int, now: int, out: Result) -> None:
         for m in group.members.values():
             m.assignment = b""
         self._propagate_assignment(group, error, now, out)
 
-    def _propagate_assignment(self, group: Group, error: int, now: int, out: Out) -> None:
+    def _propagate_assignment(self, group: Group, error: int, now: int, out: Result) -> None:
         ptype, pname = group.protocol_type, group.protocol_name
         for m in group.members.values():
             parked = m.sync
@@ -640,7 +611,7 @@ class Shard:
 
     # ==== SyncGroup ==============================================================================
 
-    def sync_group(self, req, version: int, token, now: int, wall: int, out: Out) -> None:
+    def sync_group(self, req, version: int, token, now: int, wall: int, out: Result) -> None:
         gid = req.group_id
         if not gid:
             out.reply(token, sync_response(version, errors.INVALID_GROUP_ID))
@@ -731,15 +702,15 @@ class Shard:
 
     # ==== LeaveGroup =============================================================================
 
-    def leave_group(self, req, version: int, now: int, wall: int) -> tuple[LeaveGroupResponse, Out]:
-        out = Out()
+    def leave_group(self, req, version: int, token, now: int, wall: int, out: Result) -> None:
         gid = req.group_id
         if version >= 3:
             identities = req.members
         else:
             identities = [LeaveGroupRequestMemberIdentity(member_id=req.member_id)]
         if not gid:
-            return LeaveGroupResponse(error_code=errors.INVALID_GROUP_ID), out
+            out.reply(token, LeaveGroupResponse(error_code=errors.INVALID_GROUP_ID))
+            return
         group = self.groups.get(gid)
         results: list[tuple[object, int]] = []
         left = []
@@ -786,15 +757,15 @@ class Shard:
                 self._maybe_complete_join_phase(group, now, wall, out)
         if version < 3:
             err = next((e for _, e in results if e != _NONE), _NONE)
-            return LeaveGroupResponse(error_code=err), out
-        return LeaveGroupResponse(error_code=_NONE, members=[
+            out.reply(token, LeaveGroupResponse(error_code=err))
+            return
+        out.reply(token, LeaveGroupResponse(error_code=_NONE, members=[
             LeaveGroupResponseMemberResponse(ident.member_id, ident.group_instance_id, e)
-            for ident, e in results]), out
+            for ident, e in results]))
 
     # ==== offsets ================================================================================
 
-    def offset_commit(self, req, version: int, now: int, wall: int) -> tuple[OffsetCommitResponse, Out]:
-        out = Out()
+    def offset_commit(self, req, version: int, token, now: int, wall: int, out: Result) -> None:
         gid = req.group_id
         gen = req.generation_id_or_member_epoch
         mid = req.member_id
@@ -811,7 +782,8 @@ class Shard:
         if err == _NONE:
             err = self._validate_offset_commit(group, mid, iid, gen)
         if err != _NONE:
-            return _commit_error(req, err), out
+            out.reply(token, commit_error(req, err))
+            return
         if group.state in (STABLE, PREPARING_REBALANCE):
             member = group.members[mid]  # validated above
             self.timers.schedule(member.hb_key, now + member.session_timeout_ms)
@@ -860,7 +832,7 @@ class Shard:
             topics_out.append(OffsetCommitResponseTopic(t.name, parts_out))
         if written:
             self._count("offset_commits", written)
-        return OffsetCommitResponse(topics=topics_out), out
+        out.reply(token, OffsetCommitResponse(topics=topics_out))
 
     def _offsets_of(self, gid: str, topic: str) -> dict[int, bytes]:
         """The stored offsets of one topic of a group (created empty if missing)."""
@@ -915,16 +887,19 @@ class Shard:
             res.append((name, row))
         return res
 
-    def offset_delete(self, req, now: int, wall: int) -> tuple[OffsetDeleteResponse, Out]:
-        out = Out()
+    def offset_delete(self, req, version: int, token, now: int, wall: int, out: Result) -> None:
         gid = req.group_id
+        error = _NONE
+        group = self.groups.get(gid) if gid else None
         if not gid:
-            return OffsetDeleteResponse(error_code=errors.INVALID_GROUP_ID), out
-        group = self.groups.get(gid)
-        if group is None or group.state == DEAD:
-            return OffsetDeleteResponse(error_code=errors.GROUP_ID_NOT_FOUND), out
-        if group.state != EMPTY and not group.uses_consumer_protocol():
-            return OffsetDeleteResponse(error_code=errors.NON_EMPTY_GROUP), out
+            error = errors.INVALID_GROUP_ID
+        elif group is None or group.state == DEAD:
+            error = errors.GROUP_ID_NOT_FOUND
+        elif group.state != EMPTY and not group.uses_consumer_protocol():
+            error = errors.NON_EMPTY_GROUP
+        if error != _NONE:
+            out.reply(token, OffsetDeleteResponse(error_code=error))
+            return
         stored = self.offsets.get(gid)
         topics_out = []
         deleted = 0
@@ -947,7 +922,7 @@ class Shard:
             # an operator's action (Kafka logs these too): say what went, for the audit trail
             log.info("offsets_deleted", group_id=gid, offsets=deleted,
                      topics=sorted({t.name for t in req.topics if not group.is_subscribed_to_topic(t.name)}))
-        return OffsetDeleteResponse(error_code=_NONE, topics=topics_out), out
+        out.reply(token, OffsetDeleteResponse(error_code=_NONE, topics=topics_out))
 
     # ==== group admin ============================================================================
 
@@ -972,7 +947,7 @@ class Shard:
             protocol_type=group.protocol_type or "", protocol_data=(group.protocol_name or "") if stable else "",
             members=members, authorized_operations=ops)
 
-    def delete_group(self, group_id: str, out: Out) -> int:
+    def delete_group(self, group_id: str, out: Result) -> int:
         group = self.groups.get(group_id)
         if group is None or group.state == DEAD:
             return errors.GROUP_ID_NOT_FOUND
@@ -1009,7 +984,7 @@ class Shard:
     def next_deadline(self) -> int | None:
         return self.timers.next_deadline()
 
-    def on_timers(self, now: int, wall: int, out: Out, budget: int | None = None) -> int:
+    def on_timers(self, now: int, wall: int, out: Result, budget: int | None = None) -> int:
         """Fire the timers due at ``now``; -> heap entries looked at. With ``budget``, stops after
         that many (most are extended heartbeat deadlines being re-armed): what is left is still
         due, so the caller comes back on a later loop turn and I/O is served in between."""
@@ -1036,7 +1011,7 @@ class Shard:
                 self.expire_offsets(wall, out)
                 timers.schedule(_RETENTION_KEY, now + self.config.offsets_retention_check_interval_ms)
 
-    def _expire_heartbeat(self, gid: str, mid: str, now: int, wall: int, out: Out) -> None:
+    def _expire_heartbeat(self, gid: str, mid: str, now: int, wall: int, out: Result) -> None:
         group = self.groups.get(gid)
         if group is None or group.state == DEAD:
             return
@@ -1050,7 +1025,7 @@ class Shard:
         detail = f"member {mid} (client {member.client_id!r} from {member.client_host or '?'}) {what}"
         self._remove_member_and_update(group, member, why, detail, now, wall, out)
 
-    def _expire_pending_member(self, gid: str, mid: str, now: int, wall: int, out: Out) -> None:
+    def _expire_pending_member(self, gid: str, mid: str, now: int, wall: int, out: Result) -> None:
         group = self.groups.get(gid)
         if group is None or mid not in group.pending_members:
             return
@@ -1059,7 +1034,7 @@ class Shard:
         if group.state == PREPARING_REBALANCE and group.has_all_members_joined():
             self._complete_join(group, now, wall, out)
 
-    def _on_join_timer(self, gid: str, now: int, wall: int, out: Out) -> None:
+    def _on_join_timer(self, gid: str, now: int, wall: int, out: Result) -> None:
         group = self.groups.get(gid)
         if group is None or group.state != PREPARING_REBALANCE:
             return
@@ -1075,7 +1050,7 @@ class Shard:
                 return
         self._complete_join(group, now, wall, out)
 
-    def _expire_pending_sync(self, gid: str, now: int, wall: int, out: Out) -> None:
+    def _expire_pending_sync(self, gid: str, now: int, wall: int, out: Result) -> None:
         group = self.groups.get(gid)
         if group is None or group.sync_generation != group.generation:
             return
@@ -1096,7 +1071,7 @@ class Shard:
 
     # ==== retention (KIP-211) ====================================================================
 
-    def expire_offsets(self, wall: int, out: Out) -> int:
+    def expire_offsets(self, wall: int, out: Result) -> int:
         """Tombstone expired offsets; delete Empty groups left with no offsets. Returns the number
         of offsets expired."""
         retention = self.config.offsets_retention_ms
@@ -1149,7 +1124,7 @@ class Shard:
                     res.append(("sync", m.sync))
         return res
 
-    def release_parked(self, error: int, out: Out) -> None:
+    def release_parked(self, error: int, out: Result) -> None:
         """Answer every parked request with ``error`` (shutdown: NOT_COORDINATOR; a failed shard:
         COORDINATOR_NOT_AVAILABLE) and forget them."""
         for group in self.groups.values():
@@ -1178,9 +1153,3 @@ class _JoinCtx:
         self.instance_id = instance_id
         self.reason = reason
 
-
-def _commit_error(req, err: int) -> OffsetCommitResponse:
-    return OffsetCommitResponse(topics=[
-        OffsetCommitResponseTopic(t.name, [OffsetCommitResponsePartition(p.partition_index, err)
-                                           for p in t.partitions])
-        for t in req.topics])
