@@ -1,6 +1,6 @@
 """Every timer path, with the manual clock: initial delay and its debounce, rebalance timeout,
 session expiry, new-member join timeout, pending-member expiry, pending-sync expiry."""
-from coordinator.shard import NEW_MEMBER_JOIN_TIMEOUT_MS
+from coordinator.classic import NEW_MEMBER_JOIN_TIMEOUT_MS
 from protocol import errors as E
 from tests.coordinator.test_group_harness import Harness, sub
 
