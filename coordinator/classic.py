@@ -44,7 +44,6 @@ def _member_ident(member: Member) -> dict:
             "client_id": member.client_id, "client_host": member.client_host}
 
 
-
 class _JoinCtx:
     __slots__ = ("req", "version", "token", "client_id", "client_host", "protocols", "rebalance_timeout",
                  "instance_id", "reason")

@@ -304,5 +304,3 @@ class Shard(ClassicGroups, Offsets):
                 if m.sync is not None:
                     out.reply(m.sync.token, sync_response(m.sync.version, error))
                     m.sync = None
-
-

@@ -210,5 +210,3 @@ class Compaction:
             os.close(fd)
             raise
         return fd, len(out), kept
-
-

@@ -10,6 +10,7 @@ import structlog
 
 log = structlog.get_logger("herd.log")
 
+
 def _fsync_dir(path) -> None:
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
@@ -53,7 +54,6 @@ def _write_file_atomic(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
-
 def _fail(fut: Future, exc: BaseException) -> None:
     if not fut.done():
         fut.set_exception(exc)
@@ -73,5 +73,3 @@ def _unlink_quietly(path) -> None:
         pass
     except OSError as exc:
         log.warning("log.unlink_failed", path=str(path), error=str(exc))
-
-

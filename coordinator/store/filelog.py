@@ -4,7 +4,6 @@ the file log behind the :class:`coordinator.store.Store` interface.
 Entries are opaque ``(key: bytes, value: bytes | None)`` pairs; ``None`` is a tombstone. This layer
 never looks inside them (``tools/logdump`` does).
 
-
 The parts: :mod:`coordinator.store.logformat` (the bytes on disk, scanning, damage),
 :mod:`coordinator.store.writer` (the writer and sync threads), :mod:`coordinator.store.compaction`,
 :mod:`coordinator.store.fileio` (OS calls). This module holds the store class: opening (with the
@@ -59,6 +58,7 @@ from coordinator.store.writer import _CHECK_ALL, _COMPACT, _FLUSH, _STOP, SYNC_J
 
 log = structlog.get_logger("herd.log")
 _warned_slow_crc = False
+
 
 class LogStore(WriterThreads, Compaction):
     """Durable per-shard logs. ``open()`` once, ``append()`` from any thread, ``close()`` once."""
@@ -452,7 +452,6 @@ class LogStore(WriterThreads, Compaction):
                 failed=None if st.failed is None else f"{type(st.failed).__name__}: {st.failed}",
                 fsync_buckets=tuple(st.fsync_buckets)))
         return out
-
 
 
 class FileStore(Store):

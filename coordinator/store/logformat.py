@@ -148,6 +148,7 @@ LOG_NAME = "current.log"
 COMPACT_TMP = "compacting.tmp"
 META_NAME = "herd-log.json"
 
+
 def shard_dir_name(shard_id: int) -> str:
     return f"shard-{shard_id:02d}"
 
@@ -437,5 +438,3 @@ def latest(entries: list[Entry]) -> list[Entry]:
     """What compaction keeps of ``entries``: each key's last entry, in log order, minus tombstones."""
     last = {key: i for i, (key, _value) in enumerate(entries)}
     return [e for i, e in enumerate(entries) if e[1] is not None and last[e[0]] == i]
-
-

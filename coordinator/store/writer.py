@@ -71,7 +71,6 @@ SYNC_JOBS = 4  # batches whose fdatasyncs may run at once (a batch written while
 _fdatasync = getattr(os, "fdatasync", os.fsync)  # the size is covered: fdatasync flushes it when it changed
 
 
-
 class _Shard:
     """Writer-owned state of one shard (the compactor only reads ``path``)."""
 
@@ -111,7 +110,6 @@ class _Shard:
 _FLUSH, _COMPACT, _SWAP, _SWAP_FAILED, _CHECK_ALL, _STOP = range(6)
 
 
-
 class _SyncJob:
     """Some shards' batches to write and fdatasync on a sync thread; settled in the order jobs were
     made."""
@@ -121,7 +119,6 @@ class _SyncJob:
     def __init__(self, items):
         self.items = items  # [(shard, slot, size after the write, (data, entries after) or None)]
         self.errors: list | None = None  # once synced, per item: the exception, or None (durable)
-
 
 
 class WriterThreads:
@@ -529,4 +526,3 @@ class WriterThreads:
             st.failed = exc
             log.error("log.shard_failed", shard=st.id, path=str(st.path), operation=what, error=str(exc),
                       detail="the shard refuses writes until restart; the failed fsync is not retried")
-
