@@ -1,8 +1,8 @@
 """Runs the pure cores on the event loop.
 
 Feeds requests and timer ticks to the group coordinator and the topic catalog, stages the records
-they produce in the log (written once per loop turn by ``_flush``; under ``fsync=always`` made
-durable off the loop), and releases replies only once the records they depend on are durable:
+they produce in the store (:class:`coordinator.store.Store`; written once per loop turn by
+``_flush``; with the file store under ``fsync=always`` made durable off the loop), and releases replies only once the records they depend on are durable:
 
 * A result with writes: its replies leave when all of its writes are on disk (fsync'd under
   ``fsync=always``). The log writes each shard's entries in order, so this also orders replies
@@ -12,7 +12,6 @@ durable off the loop), and releases replies only once the records they depend on
 * A write that fails marks the shard failed (``GroupCoordinator.fail_shard``): the waiting replies
   become COORDINATOR_NOT_AVAILABLE (retriable) and the shard stops accepting requests. herd does
   not pretend: it never retries an fsync that failed.
-
 * A write refused because this node no longer owns the shard (:class:`ShardFencedError`, from a
   store shared by several nodes) unloads the shard: the waiting replies become NOT_COORDINATOR
   and the clients look up the new owner.
