@@ -2,7 +2,8 @@
 
 Feeds requests and timer ticks to the group coordinator and the topic catalog, stages the records
 they produce in the store (:class:`coordinator.store.Store`; written once per loop turn by
-``_flush``; with the file store under ``fsync=always`` made durable off the loop), and releases replies only once the records they depend on are durable:
+``_flush``; with the file store under ``fsync=always`` made durable off the loop), and releases
+replies only once the records they depend on are durable:
 
 * A result with writes: its replies leave when all of its writes are on disk (fsync'd under
   ``fsync=always``). The log writes each shard's entries in order, so this also orders replies
