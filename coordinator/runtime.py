@@ -178,6 +178,27 @@ class Runtime:
             await asyncio.sleep(0)  # a turn of the loop: /healthz, signals
         return None
 
+    async def load_shard(self, shard_id: int) -> int:
+        """Start serving one more shard (a cluster node that won its lease): LOADING, its entries
+        from ``store.load`` replayed (the loop turns every REPLAY_STEP records), ACTIVE.
+        -> the records replayed."""
+        if self.shard_states[shard_id] != LOADING:
+            self._move(shard_id, LOADING)
+        entries = await self.store.load(shard_id)
+        steps = self.replay_steps({shard_id: entries}, owned=(shard_id,))
+        del entries
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value["records"]
+            await asyncio.sleep(0)
+
+    def unload_shard(self, shard_id: int) -> None:
+        """Stop serving a shard (a cluster node that lost its lease): NOT_OWNED; requests parked in
+        it are answered NOT_COORDINATOR and its state is forgotten."""
+        self._move(shard_id, NOT_OWNED)
+
     def replay(self, shards, owned=None) -> dict:
         """Feed every shard's entries to the cores and start serving the ``owned`` shards (default:
         every shard, as with the file store). ``shards``: shard id -> iterable of (key, value)."""

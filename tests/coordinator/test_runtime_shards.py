@@ -9,6 +9,7 @@ import asyncio
 
 import pytest
 
+from coordinator import records as R
 from coordinator.catalog import Catalog
 from coordinator.config import Config
 from coordinator.group_coordinator import GroupCoordinator
@@ -33,6 +34,7 @@ class FakeStore(Store):
         self.seqs = [0] * N
         self.staged: list = []
         self.fail: dict[int, BaseException] = {}
+        self.entries: dict[int, list] = {}
         self.listener = None
 
     async def open(self):
@@ -43,7 +45,7 @@ class FakeStore(Store):
 
     async def load(self, shard_id):
         await self.gates[shard_id].wait()
-        return []
+        return self.entries.pop(shard_id, [])
 
     def submit(self, shard_id, entries):
         self.seqs[shard_id] += 1
@@ -187,6 +189,32 @@ async def test_a_fenced_write_unloads_the_shard_and_an_io_failure_stops_it():
     await settle()
     assert commit_code(t) == E.COORDINATOR_NOT_AVAILABLE
     t = send(rt, OFFSET_COMMIT, 8, commit(group_in(2)))  # the others keep working
+    await settle()
+    assert commit_code(t) == E.NONE
+    rt.shutdown()
+
+
+async def test_a_shard_unloaded_and_loaded_again_serves_what_the_store_holds():
+    store = FakeStore(owned=[0])
+    for gate in store.gates.values():
+        gate.set()
+    rt = runtime_with(store)
+    rt.start(asyncio.get_running_loop())
+    await rt.load_owned()
+    gid = group_in(0)
+    t = send(rt, OFFSET_COMMIT, 8, commit(gid))
+    await settle()
+    assert commit_code(t) == E.NONE and rt.groups.group_offsets(gid)["t"][0]["offset"] == 5
+    rt.unload_shard(0)
+    assert rt.shard_states[0] == NOT_OWNED and rt.groups.group_offsets(gid) == {}
+    t = send(rt, OFFSET_COMMIT, 8, commit(gid))
+    await settle()
+    assert commit_code(t) == E.NOT_COORDINATOR
+    # won back: the store has the record another node wrote meanwhile
+    store.entries[0] = [(R.offset_commit_key(gid, "t", 0), R.offset_commit_value(42, -1, "", 0))]
+    assert await rt.load_shard(0) == 1
+    assert rt.shard_states[0] == ACTIVE and rt.groups.group_offsets(gid)["t"][0]["offset"] == 42
+    t = send(rt, OFFSET_COMMIT, 8, commit(gid))
     await settle()
     assert commit_code(t) == E.NONE
     rt.shutdown()
