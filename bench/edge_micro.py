@@ -32,14 +32,14 @@ import uvloop
 
 from bench import _util as U
 from bench.loadgen import encode_frame
-from coordinator import logs
+from coordinator import logging_setup
 from coordinator.catalog import Catalog
 from coordinator.config import Config
-from coordinator.groups import GroupCoordinator
-from coordinator.log import LogStore
+from coordinator.group_coordinator import GroupCoordinator
 from coordinator.metrics import Metrics
 from coordinator.runtime import Runtime
 from coordinator.server import Connection, Server
+from coordinator.store.filelog import LogStore
 from protocol import messages as m
 from protocol.headers import decode_response_header
 
@@ -176,7 +176,7 @@ async def _check(conn: Connection, tr: FakeTransport, frames: list[bytes], api_k
 
 async def run(args) -> dict:
     loop = asyncio.get_running_loop()
-    logs.configure("warning", "console")
+    logging_setup.configure("warning", "console")
     with tempfile.TemporaryDirectory(prefix="herd-edge-micro-") as tmp:
         config = Config(data_dir=tmp, fsync="never", offsets_partitions=50, initial_rebalance_delay_ms=0,
                         log_level="warning")

@@ -2,7 +2,7 @@
 
 ``python -m bench.startup [--quick] [--records 1000000] [--shards 50] [--runs 3]``
 
-Builds a data directory with ``coordinator.log.LogStore(..., fsync="never")`` holding ``--records``
+Builds a data directory with ``coordinator.store.filelog.LogStore(..., fsync="never")`` holding ``--records``
 offset-commit records (real ``coordinator.records`` encodings: OffsetCommitKey type 1 and
 OffsetCommitValue v3, commit timestamp = now so nothing expires) spread over ``--groups`` groups ×
 ``--topics`` topics × partitions, each record in the shard its group hashes to
@@ -43,8 +43,8 @@ def build(
     batch: int = 5000,
 ) -> dict:
     from coordinator import records as R
-    from coordinator.log import LogStore
     from coordinator.partitioning import shard_for
+    from coordinator.store.filelog import LogStore
     from protocol.messages import GroupMetadataValue
 
     now_ms = int(time.time() * 1000)

@@ -23,6 +23,8 @@ import struct
 import uuid
 from dataclasses import dataclass
 
+from coordinator.result import Result
+from coordinator.versions import CREATE_TOPICS, DESCRIBE_CLUSTER, FETCH, FIND_COORDINATOR, LIST_OFFSETS, METADATA
 from protocol import errors as E
 from protocol import messages as m
 from protocol.wire import ProtocolError
@@ -101,6 +103,8 @@ class Catalog:
         self.port = config.advertised_port or config.port
         self.topics: dict[str, Topic] = {}
         self.by_id: dict[bytes, Topic] = {}
+        self._reads = {FIND_COORDINATOR: self.find_coordinator, LIST_OFFSETS: self.list_offsets,
+                       DESCRIBE_CLUSTER: self.describe_cluster, FETCH: self.fetch}
 
     # ---- state -------------------------------------------------------------------------------
 
@@ -290,6 +294,21 @@ class Catalog:
                         pr.leader_epoch = 0
                 out.partitions.append(pr)
         return resp
+
+    def handle(self, api_key: int, version: int, request, token) -> Result:
+        """Answer one catalog request (Metadata, CreateTopics, FindCoordinator, ListOffsets,
+        DescribeCluster; Fetch too, though the runtime holds a long-polling Fetch's answer itself).
+        The writes (topics created) are CATALOG_SHARD's."""
+        if api_key == METADATA:
+            writes, resp = self.metadata(request, version)
+        elif api_key == CREATE_TOPICS:
+            writes, resp = self.create_topics(request, version)
+        else:
+            read = self._reads.get(api_key)
+            if read is None:
+                raise ValueError(f"api key {api_key} is not handled by the topic catalog")
+            writes, resp = [], read(request, version)
+        return Result(writes, [(token, resp)])
 
     def fetch(self, req: m.FetchRequest, version: int) -> m.FetchResponse:
         resp = m.FetchResponse(session_id=0)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import fcntl
-import functools
 import gc
 import os
 import signal
@@ -127,9 +126,9 @@ def _lock_data_dir(path: Path):
 def serve(config: cfg.Config, repair: bool = False) -> int:
     import uvloop
 
-    from coordinator import logs
-    logs.configure(config.log_level, config.log_format)
-    log = logs.get("herd")
+    from coordinator import logging_setup
+    logging_setup.configure(config.log_level, config.log_format)
+    log = logging_setup.get("herd")
     for key, meant in cfg.unknown_env(os.environ):
         log.warning("ignoring an environment variable that is not a setting", variable=key, did_you_mean=meant)
     for key, value in sorted(os.environ.items()):
@@ -156,11 +155,10 @@ def serve(config: cfg.Config, repair: bool = False) -> int:
 
 
 async def _serve(config: cfg.Config, repair: bool) -> int:
-    from coordinator import logs
+    from coordinator import logging_setup
     from coordinator.catalog import Catalog
     from coordinator.gcwatch import GcWatch
-    from coordinator.groups import GroupCoordinator
-    from coordinator.log import LogCorruptError, LogError, LogStore
+    from coordinator.group_coordinator import GroupCoordinator
     from coordinator.looplag import LoopLag
     from coordinator.metrics import HttpEndpoint, Metrics, install_collectors
     from coordinator.notify import Notifier
@@ -168,14 +166,17 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     from coordinator.security import SecurityError
     from coordinator.security import load as load_security
     from coordinator.server import Server
+    from coordinator.store import StoreError
+    from coordinator.store.filelog import FileStore
+    from coordinator.store.logformat import LogCorruptError
 
-    log = logs.get("herd")
+    log = logging_setup.get("herd")
     loop = asyncio.get_running_loop()
     try:
         security = load_security(config)
     except SecurityError as exc:
         raise CliError(str(exc)) from None
-    store = LogStore(Path(config.data_dir), config.offsets_partitions, fsync=config.fsync, repair=repair)
+    store = FileStore(Path(config.data_dir), config.offsets_partitions, fsync=config.fsync, repair=repair)
     groups = GroupCoordinator(config, node_id=config.node_id)
     catalog = Catalog(config, node_id=config.node_id)
     runtime = Runtime(config, groups, catalog, store)
@@ -221,26 +222,17 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
         await http.start()
         log.info("metrics listening", host=config.metrics_host, port=mport)
     try:
-        shards = await loop.run_in_executor(None, functools.partial(store.open, latest_only=True))
+        await store.open()
     except LogCorruptError as exc:
         raise CliError(f"{exc} (start with --repair to cut the log at the damage)") from None
-    except LogError as exc:
+    except StoreError as exc:
         raise CliError(str(exc)) from None
     except OSError as exc:  # e.g. a shard file this user may not write
         where = f" ({exc.filename})" if exc.filename else ""
         raise CliError(f"cannot open the logs in {config.data_dir}{where}: {exc.strerror}") from None
-    stats = None
     gc.disable()  # replay builds millions of long-lived objects: no point scanning them meanwhile
     try:
-        steps = runtime.replay_steps(shards)
-        while not stop.is_set():
-            try:
-                next(steps)
-            except StopIteration as done:
-                stats = done.value
-                break
-            await asyncio.sleep(0)  # a turn of the loop: /healthz, signals
-        del shards, steps
+        stats = await runtime.load_owned(stop)
     finally:
         gc.enable()
     if stats is None:  # stopped before the replay ended: nothing was served, nothing is written
@@ -248,7 +240,7 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
         if http is not None:
             http.close()
         server.stop_accepting()
-        await loop.run_in_executor(None, store.close)
+        await store.close()
         log.info("stopped")
         return 0
     gc.freeze()  # and keep them out of every later collection
@@ -289,7 +281,7 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     if http is not None:
         http.close()
     runtime.shutdown()
-    await loop.run_in_executor(None, store.close)
+    await store.close()
     await asyncio.sleep(0.05)  # let the last durable replies go out
     server.close_all()
     lag.stop()

@@ -1,9 +1,8 @@
 """Clocks: a monotonic one for timeouts and a wall one for timestamps written to records.
 
-The pure coordinator never reads a clock on its own: the runtime passes ``now_ms`` (monotonic) into
-every call, and wall-clock epoch milliseconds come either from an explicit ``wall_ms`` argument or
-from the :class:`Clock` handed to :class:`coordinator.groups.GroupCoordinator`. Tests use
-:class:`ManualClock`, which moves both together and never sleeps.
+The pure coordinator never reads a clock on its own: the runtime reads both from the one
+:class:`Clock` it is given and passes ``now_ms`` (monotonic) and ``wall_ms`` (epoch) into every
+call. Tests use :class:`ManualClock`, which moves both together and never sleeps.
 """
 from __future__ import annotations
 

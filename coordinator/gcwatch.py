@@ -33,9 +33,9 @@ from __future__ import annotations
 import gc
 import time
 
-from coordinator import logs
+from coordinator import logging_setup
 
-log = logs.get("herd.gc")
+log = logging_setup.get("herd.gc")
 
 
 class GcWatch:

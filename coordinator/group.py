@@ -34,8 +34,9 @@ Transitions (``VALID_PREVIOUS`` is checked by :meth:`Group.transition_to`; anyth
 
 A group loaded from a GroupMetadata record starts directly in Stable (members) or Empty (none).
 
-This module holds state and the rules that only need the group; timers, records and responses live
-in :mod:`coordinator.shard`. The flight recorder (:class:`RebalanceRecord`) keeps, per group, the
+This module holds state and the rules that only need the group; the protocol's handlers live in
+:mod:`coordinator.classic`, timers and records in :mod:`coordinator.shard`, responses in
+:mod:`coordinator.responses`. The flight recorder (:class:`RebalanceRecord`) keeps, per group, the
 last ``rebalance_history_size`` rebalances: why, who was waited for and how long, each phase.
 """
 from __future__ import annotations

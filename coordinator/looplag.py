@@ -11,9 +11,9 @@ from __future__ import annotations
 import bisect
 import time
 
-from coordinator import logs
+from coordinator import logging_setup
 
-log = logs.get("herd.loop")
+log = logging_setup.get("herd.loop")
 
 BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 

@@ -23,8 +23,8 @@ import math
 import time
 from urllib.parse import unquote
 
-from coordinator import logs
-from coordinator.log import FSYNC_BUCKETS
+from coordinator import logging_setup
+from coordinator.store import FSYNC_BUCKETS
 from coordinator.versions import API_NAMES
 from protocol.errors import error_name
 
@@ -40,7 +40,7 @@ def response_error(api_key: int, response) -> int:
         return topics[0].partitions[0].error_code if topics and topics[0].partitions else 0
     return getattr(response, "error_code", 0) or 0
 
-log = logs.get("herd.metrics")
+log = logging_setup.get("herd.metrics")
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
                    30.0, 60.0)

@@ -15,9 +15,9 @@ from __future__ import annotations
 import os
 import socket
 
-from coordinator import logs
+from coordinator import logging_setup
 
-log = logs.get("herd.notify")
+log = logging_setup.get("herd.notify")
 
 
 class Notifier:

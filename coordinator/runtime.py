@@ -1,8 +1,9 @@
 """Runs the pure cores on the event loop.
 
 Feeds requests and timer ticks to the group coordinator and the topic catalog, stages the records
-they produce in the log (written once per loop turn by ``_flush``; under ``fsync=always`` made
-durable off the loop), and releases replies only once the records they depend on are durable:
+they produce in the store (:class:`coordinator.store.Store`; written once per loop turn by
+``_flush``; with the file store under ``fsync=always`` made durable off the loop), and releases
+replies only once the records they depend on are durable:
 
 * A result with writes: its replies leave when all of its writes are on disk (fsync'd under
   ``fsync=always``). The log writes each shard's entries in order, so this also orders replies
@@ -12,8 +13,32 @@ durable off the loop), and releases replies only once the records they depend on
 * A write that fails marks the shard failed (``GroupCoordinator.fail_shard``): the waiting replies
   become COORDINATOR_NOT_AVAILABLE (retriable) and the shard stops accepting requests. herd does
   not pretend: it never retries an fsync that failed.
+* A write refused because this node no longer owns the shard (:class:`ShardFencedError`, from a
+  store shared by several nodes) unloads the shard: the waiting replies become NOT_COORDINATOR
+  and the clients look up the new owner.
 
-One ``loop.call_later`` tracks the coordinator's next deadline.
+One ``loop.call_later`` tracks the coordinator's next deadline. Time comes from one
+:class:`~coordinator.clock.Clock` (``now`` monotonic, ``wall`` epoch ms), read here and passed to
+the cores, which never read a clock.
+
+The edge (``coordinator.server``) and the runtime talk through two small explicit interfaces:
+
+* a request's *token* (the server's ``Reply``): ``reply(response)`` answers it; ``park(timer)``
+  says it waits for ``timer`` (a long-polling Fetch); ``hold()`` says its request is done but its
+  answer waits for the store (the connection may handle its next request; the answer still
+  leaves in request order). :meth:`Runtime.dispatch` calls at most these on the token it is given.
+* the *edge* (the ``Server``, given by :meth:`Runtime.attach_edge`): ``begin_batch()`` and
+  ``end_batch()`` around the answers one store report releases, so each connection's answers
+  leave in one write.
+
+Shard states
+------------
+Each shard is in one of the states of :data:`SHARD_STATES`; the table says what a request for one
+of its groups gets (the core answers it, see ``GroupCoordinator.refuse``), :data:`TRANSITIONS`
+where it may go (anything else raises). With the file store every shard goes NOT_OWNED ->
+LOADING -> ACTIVE at start-up and may go to FAILED after a failed write; a store whose shards
+are owned through leases adds the moves driven by leases (load on winning one, unload on losing
+one) without new states.
 """
 from __future__ import annotations
 
@@ -21,14 +46,19 @@ import asyncio
 import collections
 import time
 
-from coordinator import logs
+from coordinator import logging_setup
 from coordinator.catalog import Catalog, is_topic_record
-from coordinator.groups import Result
-from coordinator.versions import GROUP_APIS
+from coordinator.clock import SystemClock
+from coordinator.responses import error_response
+from coordinator.result import Result
+from coordinator.store import ShardFencedError
+from coordinator.versions import (
+    FETCH,
+    GROUP_APIS,
+)
 from protocol import errors as E
-from protocol import messages as m
 
-log = logs.get("herd.runtime")
+log = logging_setup.get("herd.runtime")
 
 FETCH_WAIT_CAP_MS = 30_000
 # Records replayed between two turns of the event loop at start-up (~30 ms of replay): /healthz and
@@ -36,8 +66,20 @@ FETCH_WAIT_CAP_MS = 30_000
 REPLAY_STEP = 20_000
 
 
-def monotonic_ms() -> int:
-    return int(time.monotonic() * 1000)
+NOT_OWNED, LOADING, ACTIVE, FAILED = "not-owned", "loading", "active", "failed"
+# state -> the error a request for a group of a shard in that state gets (NONE: served)
+SHARD_STATES = {
+    NOT_OWNED: E.NOT_COORDINATOR,  # another node's (or nobody's yet): look the coordinator up again
+    LOADING: E.COORDINATOR_LOAD_IN_PROGRESS,  # being replayed: retry soon
+    ACTIVE: E.NONE,
+    FAILED: E.COORDINATOR_NOT_AVAILABLE,  # a write failed: refused until restart (or unloaded)
+}
+TRANSITIONS = {
+    NOT_OWNED: frozenset({LOADING}),
+    LOADING: frozenset({ACTIVE, NOT_OWNED}),
+    ACTIVE: frozenset({FAILED, NOT_OWNED}),
+    FAILED: frozenset({NOT_OWNED}),
+}
 
 
 class _Waiter:
@@ -50,15 +92,17 @@ class _Waiter:
         self.count = count
         self.result = result
         self.on_failure = on_failure
-        self.failed = False
+        self.failed = E.NONE  # the error the replies get instead, once a write they wait for failed
 
     def done(self, shard_id: int, exc: BaseException | None) -> None:
         if exc is not None:
-            self.failed = True
+            fenced = isinstance(exc, ShardFencedError)
+            if self.failed != E.NOT_COORDINATOR:
+                self.failed = E.NOT_COORDINATOR if fenced else E.COORDINATOR_NOT_AVAILABLE
             self.runtime.write_failed(shard_id, exc)
         self.count -= 1
         if self.count == 0:
-            replies = self.on_failure(self.result) if self.failed else self.result.replies
+            replies = self.on_failure(self.result, self.failed) if self.failed else self.result.replies
             self.runtime.release(replies)
 
 
@@ -67,11 +111,11 @@ def _popping(queue: collections.deque):
         yield queue.popleft()
 
 
-def _group_failure(result):
-    return result.failure_replies(E.COORDINATOR_NOT_AVAILABLE)
+def _group_failure(result, code: int):
+    return result.failure_replies(code)
 
 
-def _catalog_failure(result):
+def _catalog_failure(result, code: int):
     return [(token, error_response(token.api_key, token.api_version, token.request, E.UNKNOWN_SERVER_ERROR))
             for token, _ in result.replies]
 
@@ -82,7 +126,7 @@ class Runtime:
         self.groups = groups
         self.catalog = catalog
         self.store = store
-        self.clock = clock
+        self.clock = clock if clock is not None else SystemClock()
         self.metrics = metrics
         self.loop: asyncio.AbstractEventLoop | None = None
         # Per shard: the last write sequence number handed to the store, the last one known
@@ -95,37 +139,91 @@ class Runtime:
         self._timer = None
         self._timer_at: int | None = None
         self._closing = False
-        self._failed: set[int] = set()
+        self.shard_states = [NOT_OWNED] * n  # see SHARD_STATES; moved only by _move()
+        for shard_id in range(n):
+            groups.refuse(shard_id, SHARD_STATES[NOT_OWNED])
         self._completed: collections.deque = collections.deque()  # (shard, seq, exc) from the writer
         self._drain_scheduled = False
-        self.edge = None  # the Server: answers released together leave together (hold/write)
+        self._edge = None  # the Server (attach_edge): answers released together leave together
         store.set_listener(self._on_durable)
 
     def now_ms(self) -> int:
-        return self.clock.monotonic_ms() if self.clock is not None else monotonic_ms()
+        return self.clock.monotonic_ms()
+
+    def attach_edge(self, edge) -> None:
+        """``edge.begin_batch()`` / ``edge.end_batch()`` bracket every batch of released answers."""
+        self._edge = edge
 
     # ---- start-up ----------------------------------------------------------------------------
 
-    def replay(self, shards) -> dict:
-        """Feed every shard's entries to the cores. ``shards``: shard id -> iterable of (key, value)."""
-        steps = self.replay_steps(shards)
+    async def load_owned(self, stop: asyncio.Event | None = None) -> dict | None:
+        """Start-up: load every shard the store gives this node (``store.owned_shards()``) and
+        replay it, letting the event loop run every REPLAY_STEP records (/healthz, signals); the
+        shards go LOADING, then ACTIVE together. -> the replay stats, or None when ``stop`` was
+        set first (nothing is served then)."""
+        store = self.store
+        owned = list(store.owned_shards())
+        for shard_id in owned:
+            self._move(shard_id, LOADING)
+        shards = {}
+        for shard_id in owned:
+            shards[shard_id] = await store.load(shard_id)
+        steps = self.replay_steps(shards, owned=owned)
+        del shards
+        while stop is None or not stop.is_set():
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+            await asyncio.sleep(0)  # a turn of the loop: /healthz, signals
+        return None
+
+    async def load_shard(self, shard_id: int) -> int:
+        """Start serving one more shard (a cluster node that won its lease): LOADING, its entries
+        from ``store.load`` replayed (the loop turns every REPLAY_STEP records), ACTIVE.
+        -> the records replayed."""
+        if self.shard_states[shard_id] != LOADING:
+            self._move(shard_id, LOADING)
+        entries = await self.store.load(shard_id)
+        steps = self.replay_steps({shard_id: entries}, owned=(shard_id,))
+        del entries
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value["records"]
+            await asyncio.sleep(0)
+
+    def unload_shard(self, shard_id: int) -> None:
+        """Stop serving a shard (a cluster node that lost its lease): NOT_OWNED; requests parked in
+        it are answered NOT_COORDINATOR and its state is forgotten."""
+        self._move(shard_id, NOT_OWNED)
+
+    def replay(self, shards, owned=None) -> dict:
+        """Feed every shard's entries to the cores and start serving the ``owned`` shards (default:
+        every shard, as with the file store). ``shards``: shard id -> iterable of (key, value)."""
+        steps = self.replay_steps(shards, owned=owned)
         while True:
             try:
                 next(steps)
             except StopIteration as done:
                 return done.value
 
-    def replay_steps(self, shards, every: int = REPLAY_STEP):
+    def replay_steps(self, shards, every: int = REPLAY_STEP, owned=None):
         """:meth:`replay` as a generator that pauses after every ``every`` records, so that the
         caller can let the event loop run between steps (``herd serve`` answers /healthz and
         signals during a long replay); returns the stats as :meth:`replay` does."""
         started = time.perf_counter()
+        owned = range(self.config.offsets_partitions) if owned is None else list(owned)
+        for shard_id in owned:
+            if self.shard_states[shard_id] != LOADING:
+                self._move(shard_id, LOADING)
         count = 0
         pause_at = every
         groups_replay = self.groups.replay
         catalog_replay = self.catalog.replay
-        for shard_id, entries in shards.items():
-            for key, value in entries:
+        for shard_id in owned:
+            for key, value in shards.get(shard_id, ()):
                 if is_topic_record(key):
                     catalog_replay(key, value)
                 else:
@@ -134,7 +232,9 @@ class Runtime:
                 if count == pause_at:
                     pause_at += every
                     yield count
-        self.groups.loaded(self.now_ms())
+        now, wall = self.clock.monotonic_ms(), self.clock.wall_ms()
+        for shard_id in owned:
+            self._move(shard_id, ACTIVE, now, wall)
         return {"records": count, "seconds": round(time.perf_counter() - started, 3)}
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -142,50 +242,39 @@ class Runtime:
         writes = self.catalog.configured_topics()
         if writes:
             self.apply(Result(writes, []), _catalog_failure)
-        self.arm()
+        self.arm(force=True)
 
     # ---- requests ----------------------------------------------------------------------------
 
     def dispatch(self, token, api_key: int, version: int, request, client_id: str, client_host: str) -> None:
+        """Handle one request (any but Heartbeat, see :meth:`heartbeat`): its answer goes to
+        ``token`` now, or once what it depends on is durable (``token.hold()`` first), or later
+        (parked)."""
         if self._closing:
             token.reply(error_response(api_key, version, request, E.NOT_COORDINATOR))
             return
-        if api_key == 12:
-            token.reply(m.HeartbeatResponse(error_code=self.heartbeat(version, request)))
-            return
         if api_key in GROUP_APIS:
-            self.apply(self.groups.handle(api_key, version, request, self.now_ms(), token, client_id, client_host))
+            clock = self.clock
+            self.apply(self.groups.handle(api_key, version, request, token, clock.monotonic_ms(), clock.wall_ms(),
+                                          client_id, client_host))
             self.arm()
             return
-        cat = self.catalog
-        if api_key == 3:
-            writes, resp = cat.metadata(request, version)
-            self.apply(Result(writes, [(token, resp)]), _catalog_failure)
-        elif api_key == 10:
-            token.reply(cat.find_coordinator(request, version))
-        elif api_key == 1:
-            resp = cat.fetch(request, version)
+        if api_key == FETCH:  # an empty log: a long poll waits its max_wait_ms out, then answers
+            resp = self.catalog.fetch(request, version)
             wait = min(max(request.max_wait_ms, 0), FETCH_WAIT_CAP_MS)
             if wait and request.min_bytes > 0:
                 token.park(self.loop.call_later(wait / 1000, token.reply, resp))
             else:
                 token.reply(resp)
-        elif api_key == 2:
-            token.reply(cat.list_offsets(request, version))
-        elif api_key == 19:
-            writes, resp = cat.create_topics(request, version)
-            self.apply(Result(writes, [(token, resp)]), _catalog_failure)
-        elif api_key == 60:
-            token.reply(cat.describe_cluster(request, version))
-        else:  # pragma: no cover - the server only dispatches supported APIs
-            raise AssertionError(f"no handler for api key {api_key}")
+            return
+        self.apply(self.catalog.handle(api_key, version, request, token), _catalog_failure)
 
     def heartbeat(self, version: int, request) -> int:
-        """A Heartbeat writes nothing and waits for nothing: -> its error code, now (the edge
-        answers it in place with cached bytes)."""
+        """Heartbeat's one path (the edge answers it in place with cached bytes): it writes
+        nothing and waits for nothing: -> its error code, now."""
         if self._closing:
             return E.NOT_COORDINATOR
-        code = self.groups.heartbeat_code(version, request, self.now_ms())
+        code = self.groups.heartbeat(version, request, self.clock.monotonic_ms())
         self.arm()
         return code
 
@@ -228,7 +317,7 @@ class Runtime:
             return
         waiter = _Waiter(self, len(waits), result, on_failure)
         for token, _ in result.replies:
-            token.held = True  # its request is done: the connection may handle the next one
+            token.hold()  # its request is done: the connection may handle the next one
         for shard_id, seq in waits.items():
             self._waiting[shard_id].append((seq, waiter))
 
@@ -243,16 +332,16 @@ class Runtime:
             self._settle(settled)
 
     def _settle(self, results) -> None:
-        edge = self.edge
+        edge = self._edge
         if edge is not None:
-            edge.hold()
+            edge.begin_batch()
         try:
             settle = self._settle_one
             for shard_id, seq, exc in results:
                 settle(shard_id, seq, exc)
         finally:
             if edge is not None:
-                edge.write()
+                edge.end_batch()
 
     def _on_durable(self, results) -> None:
         """The store's listener, called in a log thread for what flush() could not settle: queue the
@@ -281,12 +370,39 @@ class Runtime:
             token.reply(resp)
 
     def write_failed(self, shard_id: int, exc: BaseException) -> None:
-        if shard_id in self._failed:
-            return
-        self._failed.add(shard_id)
-        log.error("shard write failed; the shard stops accepting requests until restart",
-                  shard=shard_id, error=str(exc))
-        self.release(self.groups.fail_shard(shard_id).replies)
+        """A write of ``shard_id`` failed: an I/O failure stops the shard (FAILED); a fencing
+        error (another node owns the shard now) unloads it (NOT_OWNED)."""
+        state = self.shard_states[shard_id]
+        if isinstance(exc, ShardFencedError):
+            if state in (ACTIVE, FAILED):
+                log.warning("shard lost to another node; unloading it", shard=shard_id, error=str(exc))
+                self._move(shard_id, NOT_OWNED)
+        elif state == ACTIVE:
+            log.error("shard write failed; the shard stops accepting requests until restart",
+                      shard=shard_id, error=str(exc))
+            self._move(shard_id, FAILED)
+
+    # ---- shard states --------------------------------------------------------------------------
+
+    def _move(self, shard_id: int, state: str, now: int | None = None, wall: int | None = None) -> None:
+        """Move ``shard_id`` to ``state`` (a transition of TRANSITIONS, else RuntimeError) and make
+        the core answer as SHARD_STATES says; requests parked in a shard that stops serving are
+        answered now."""
+        old = self.shard_states[shard_id]
+        if state not in TRANSITIONS[old]:
+            raise RuntimeError(f"shard {shard_id}: no transition {old} -> {state}")
+        self.shard_states[shard_id] = state
+        groups = self.groups
+        if state == ACTIVE:
+            clock = self.clock
+            groups.loaded(clock.monotonic_ms() if now is None else now, clock.wall_ms() if wall is None else wall,
+                          shard_ids=(shard_id,))
+        elif state == NOT_OWNED:
+            self.release(groups.unload(shard_id).replies)
+        else:
+            self.release(groups.refuse(shard_id, SHARD_STATES[state]).replies)
+        if self.loop is not None:
+            self.arm(force=True)
 
     # ---- timers ------------------------------------------------------------------------------
 
@@ -310,7 +426,8 @@ class Runtime:
     def _fire(self) -> None:
         self._timer = None
         self._timer_at = None
-        self.apply(self.groups.on_timers(self.now_ms()))
+        clock = self.clock
+        self.apply(self.groups.on_timers(clock.monotonic_ms(), clock.wall_ms()))
         self.arm(force=True)
 
     # ---- shutdown ----------------------------------------------------------------------------
@@ -324,46 +441,3 @@ class Runtime:
             self._timer = None
         self.release(self.groups.shutdown().replies)
 
-
-# ---- error responses ---------------------------------------------------------------------------
-
-def error_response(api_key: int, version: int, request, code: int):
-    """The response Kafka sends for ``request`` when the whole request fails with ``code``."""
-    if api_key == 11:
-        return m.JoinGroupResponse(error_code=code, generation_id=-1, member_id=request.member_id,
-                                   protocol_name=None if version >= 7 else "", leader="")
-    if api_key == 14:
-        return m.SyncGroupResponse(error_code=code, assignment=b"")
-    if api_key == 12:
-        return m.HeartbeatResponse(error_code=code)
-    if api_key == 13:
-        return m.LeaveGroupResponse(error_code=code)
-    if api_key == 8:
-        return m.OffsetCommitResponse(topics=[
-            m.OffsetCommitResponseTopic(name=t.name, partitions=[
-                m.OffsetCommitResponsePartition(partition_index=p.partition_index, error_code=code)
-                for p in t.partitions]) for t in request.topics])
-    if api_key == 9:
-        if version >= 8:
-            return m.OffsetFetchResponse(groups=[
-                m.OffsetFetchResponseGroup(group_id=g.group_id, error_code=code) for g in request.groups])
-        return m.OffsetFetchResponse(error_code=code)
-    if api_key == 15:
-        return m.DescribeGroupsResponse(groups=[
-            m.DescribeGroupsResponseDescribedGroup(error_code=code, group_id=g, group_state="",
-                                                   protocol_type="", protocol_data="")
-            for g in request.groups])
-    if api_key == 16:
-        return m.ListGroupsResponse(error_code=code)
-    if api_key == 42:
-        return m.DeleteGroupsResponse(results=[
-            m.DeleteGroupsResponseDeletableGroupResult(group_id=g, error_code=code) for g in request.groups_names])
-    if api_key == 47:
-        return m.OffsetDeleteResponse(error_code=code)
-    if api_key == 3:
-        return m.MetadataResponse(topics=[
-            m.MetadataResponseTopic(error_code=E.LEADER_NOT_AVAILABLE, name=t.name) for t in request.topics or []])
-    if api_key == 19:
-        return m.CreateTopicsResponse(topics=[
-            m.CreateTopicsResponseCreatableTopicResult(name=t.name, error_code=code) for t in request.topics])
-    raise ValueError(f"no error response for api key {api_key}")

@@ -14,10 +14,10 @@ import ssl
 import stat
 from dataclasses import dataclass
 
-from coordinator import logs
+from coordinator import logging_setup
 from protocol.sasl import Users
 
-log = logs.get("herd.security")
+log = logging_setup.get("herd.security")
 
 
 class SecurityError(Exception):

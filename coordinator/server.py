@@ -35,7 +35,7 @@ import struct
 import time
 from collections import deque
 
-from coordinator import logs
+from coordinator import logging_setup
 from coordinator.metrics import response_error
 from coordinator.versions import API_NAMES, API_VERSIONS, SUPPORTED, api_versions_response
 from protocol import errors as E
@@ -46,7 +46,7 @@ from protocol.headers import read_request_header, response_header_version
 from protocol.sasl import SaslError, server_mechanism
 from protocol.wire import EncodeError, ProtocolError
 
-log = logs.get("herd.server")
+log = logging_setup.get("herd.server")
 _SIZE = struct.Struct(">i")
 _FRAME_HEAD = struct.Struct(">ii")  # frame size (filled in last), correlation id
 _REQUESTS = m.REQUESTS
@@ -111,14 +111,21 @@ class Reply:
         self.api_version = api_version
         self.request = request
         self.timer = None
-        self.held = False  # done, its answer waits for the log (set by the runtime)
+        self.held = False  # done, its answer waits for the log (hold())
         self.data = None  # the encoded answer, while it waits for earlier ones (Connection.held)
 
     def reply(self, response) -> None:
         self.conn.send_response(self, response)
 
     def park(self, timer) -> None:
+        """The answer comes when ``timer`` fires (cancelled if the connection closes first)."""
         self.timer = timer
+
+    def hold(self) -> None:
+        """The request is done; its answer waits for the store (the runtime calls this before
+        dispatch returns): the connection handles its next request meanwhile, and the answer
+        leaves in request order once given."""
+        self.held = True
 
     def __repr__(self):
         return f"Reply({API_NAMES.get(self.api_key)} v{self.api_version} #{self.correlation_id})"
@@ -663,15 +670,15 @@ class Server:
         self._refused_logged_at = float("-inf")
         self._refused_logged_total = 0
         # While the runtime releases a batch of answers (what one fsync made durable), each
-        # connection's answers collect and leave in one write at the end (hold/write).
+        # connection's answers collect and leave in one write at the end (begin/end_batch).
         self.holding = False
         self.dirty: list[Connection] = []
-        runtime.edge = self
+        runtime.attach_edge(self)
 
-    def hold(self) -> None:
+    def begin_batch(self) -> None:
         self.holding = True
 
-    def write(self) -> None:
+    def end_batch(self) -> None:
         self.holding = False
         dirty, self.dirty = self.dirty, []
         for conn in dirty:

@@ -1,14 +1,31 @@
-"""One offsets partition: its groups, committed offsets and timers. Pure (no I/O, no clock reads).
+"""One offsets partition (a shard): its groups, committed offsets and timers. Pure (no I/O, no
+clock reads).
+
+:class:`Shard` holds the state and what every group type shares: records and replay, start-up,
+the timer dispatch, the operator's group admin (DescribeGroups, DeleteGroups, ListGroups) and
+releasing parked requests. The request handlers live with what they serve:
+:mod:`coordinator.classic` (the classic group protocol: JoinGroup, SyncGroup, Heartbeat,
+LeaveGroup, and its rebalances) and :mod:`coordinator.offsets` (OffsetCommit, OffsetFetch,
+OffsetDelete, retention); :class:`Shard` is both (mixins sharing its state). A second group
+type (KIP-848's ``consumer`` groups) gets a module of its own next to ``classic``.
 
 Every handler takes ``now`` (monotonic ms, for timers) and ``wall`` (epoch ms, for record
-timestamps) and appends to an :class:`Out`: records to write durably and replies to send. Replies
-to parked JoinGroup/SyncGroup requests come out of later calls (another member's request, or
-:meth:`Shard.on_timers`).
+timestamps), both read by the runtime from one clock, and appends to a
+:class:`~coordinator.result.Result` (``out``): records to write durably and replies to send.
+Replies to parked JoinGroup/SyncGroup requests come out of later calls (another member's request,
+or :meth:`Shard.on_timers`). Calling conventions (three, each for a reason):
+
+* a request handler ``(req, version, token, [client_id, client_host,] now, wall, out) -> None``
+  answers through ``out.reply`` (JoinGroup, SyncGroup, LeaveGroup, OffsetCommit, OffsetDelete);
+* a per-group part of a request that names several groups (and may span shards) returns its
+  part, and the coordinator assembles the answer: ``fetch_offsets``, ``describe_group``,
+  ``delete_group``, ``list_groups``;
+* ``heartbeat`` returns just the error code: the hot path, answered by the edge with cached bytes.
 
 Durable state changes through records:
 
 * offset commits and offset tombstones are applied through the same code :meth:`Shard.replay` runs
-  at start-up (:meth:`_apply_offset`), so memory always equals "log replayed". A committed offset
+  at start-up (``_apply_offset``), so memory always equals "log replayed". A committed offset
   is kept as its record value bytes, as written (see :mod:`coordinator.records`);
 * a GroupMetadata record snapshots a group (written when the leader's SyncGroup stores the
   assignment, when a group falls Empty, and when a static member is replaced without a rebalance).
@@ -16,8 +33,8 @@ Durable state changes through records:
   rebalance progress that are never persisted, as in Kafka); replay rebuilds it as Stable/Empty;
 * a GroupMetadata tombstone deletes the group (DeleteGroups, expiry).
 
-Member ids are minted here (``<client id or instance id>-<uuid4>``, as Kafka) and only ever read
-back from records, so replay is deterministic.
+Member ids are minted in :mod:`coordinator.classic` (``<client id or instance id>-<uuid4>``, as
+Kafka) and only ever read back from records, so replay is deterministic.
 """
 from __future__ import annotations
 
@@ -26,18 +43,19 @@ import uuid
 import structlog
 
 from coordinator import records
+from coordinator.classic import ClassicGroups
 from coordinator.config import Config
 from coordinator.group import (
-    COMPLETING_REBALANCE,
     DEAD,
     EMPTY,
-    PREPARING_REBALANCE,
     STABLE,
     Group,
     Member,
     Parked,
-    RebalanceRecord,
 )
+from coordinator.offsets import Offsets
+from coordinator.responses import join_response, sync_response
+from coordinator.result import Result
 from coordinator.timers import Timers
 from protocol import errors
 from protocol.messages import (
@@ -45,85 +63,22 @@ from protocol.messages import (
     DescribeGroupsResponseDescribedGroupMember,
     GroupMetadataValue,
     GroupMetadataValueMemberMetadata,
-    JoinGroupResponse,
-    JoinGroupResponseMember,
-    LeaveGroupRequestMemberIdentity,
-    LeaveGroupResponse,
-    LeaveGroupResponseMemberResponse,
     ListGroupsResponseListedGroup,
-    OffsetCommitResponse,
-    OffsetCommitResponsePartition,
-    OffsetCommitResponseTopic,
-    OffsetDeleteResponse,
-    OffsetDeleteResponsePartition,
-    OffsetDeleteResponseTopic,
-    SyncGroupResponse,
 )
 
-__all__ = ["Shard", "Out", "NEW_MEMBER_JOIN_TIMEOUT_MS", "join_response", "sync_response"]
+__all__ = ["Shard"]
 
 log = structlog.get_logger("herd.group")
-
-# Kafka's group.classic.new.member.join.timeout: a new member whose JoinGroup is parked is dropped
-# after this long if the rebalance has not completed (it cannot heartbeat without its member id).
-NEW_MEMBER_JOIN_TIMEOUT_MS = 300_000
 
 # Operations a describing client may perform on a group when no authorizer is configured:
 # READ(3), DELETE(6), DESCRIBE(8), DESCRIBE_CONFIGS(10), ALTER_CONFIGS(11).
 GROUP_AUTHORIZED_OPERATIONS = (1 << 3) | (1 << 6) | (1 << 8) | (1 << 10) | (1 << 11)
 
-_STR16_MAX = 32767  # bytes in a record string (int16 length)
-_META_SAFE_CHARS = _STR16_MAX // 4  # this many characters always fit in UTF-8
 _NONE = errors.NONE
-# A partition's "committed" answer, shared by every OffsetCommit response (answers are only
-# encoded, never changed): one object per partition index below this bound.
-_COMMITTED = tuple(OffsetCommitResponsePartition(i, _NONE) for i in range(1024))
 _RETENTION_KEY = ("retention",)
 
 
-class Out:
-    """What one call produced: ``writes`` as ``(shard_id, key, value)`` and ``replies`` as
-    ``(token, response)``."""
-
-    __slots__ = ("writes", "replies")
-
-    def __init__(self) -> None:
-        self.writes: list[tuple[int, bytes, bytes | None]] = []
-        self.replies: list[tuple[object, object]] = []
-
-    def reply(self, token, response) -> None:
-        self.replies.append((token, response))
-
-
-# ---- version-shaped responses ------------------------------------------------------------------
-
-def join_response(version: int, error: int, member_id: str, generation: int = -1,
-                  protocol_type: str | None = None, protocol_name: str | None = None,
-                  leader: str | None = None, members: list | None = None,
-                  skip_assignment: bool = False) -> JoinGroupResponse:
-    if version < 7:  # ProtocolName is non-nullable before v7; ProtocolType does not exist
-        protocol_name = protocol_name or ""
-        protocol_type = None
-    return JoinGroupResponse(
-        error_code=error, generation_id=generation, protocol_type=protocol_type,
-        protocol_name=protocol_name, leader=leader or "", skip_assignment=skip_assignment and version >= 9,
-        member_id=member_id, members=members if members is not None else [])
-
-
-def sync_response(version: int, error: int, protocol_type: str | None = None,
-                  protocol_name: str | None = None, assignment: bytes = b"") -> SyncGroupResponse:
-    if version < 5 or error != _NONE:
-        protocol_type = protocol_name = None
-    return SyncGroupResponse(error_code=error, protocol_type=protocol_type, protocol_name=protocol_name,
-                             assignment=assignment)
-
-
-def _member_ident(member: Member) -> dict:
-    return {"member_id": member.member_id, "group_instance_id": member.group_instance_id,
-            "client_id": member.client_id, "client_host": member.client_host}
-
-
-class Shard:
+class Shard(ClassicGroups, Offsets):
     def __init__(self, shard_id: int, config: Config, new_uuid=None, stats=None, listeners=None):
         self.shard_id = shard_id
         self.shard_set = frozenset((shard_id,))  # Result.shards of a request for this shard alone
@@ -135,10 +90,11 @@ class Shard:
         # explicit expiry); read with records.offset_value_fields / offset_value_times
         self.offsets: dict[str, dict[str, dict[int, bytes]]] = {}
         self.timers = Timers()
-        self.failed = False
+        # NONE while serving, else the error every request for its groups gets (set by the
+        # coordinator: see GroupCoordinator.refuse/unload/loaded)
+        self.refusal = errors.NONE
         self._new_uuid = new_uuid or (lambda: str(uuid.uuid4()))
         self.stats = stats if stats is not None else {}
-        self.loaded = False
 
     def _count(self, name: str, n: int = 1) -> None:
         self.stats[name] = self.stats.get(name, 0) + n
@@ -163,29 +119,6 @@ class Shard:
                 self._load_group(key.group, value)
             return
         self._apply_offset(key.group, key.topic, key.partition, records.encode_value(value))
-
-    def _apply_offset(self, gid: str, topic: str, partition: int, value: bytes | None) -> None:
-        """Store (or with None delete) one offset: ``value`` is its record value bytes, v3 or v1
-        (any other version is re-encoded by :meth:`_apply` first)."""
-        if value is None:
-            topics = self.offsets.get(gid)
-            if topics is not None:
-                parts = topics.get(topic)
-                if parts is not None:
-                    parts.pop(partition, None)
-                    if not parts:
-                        del topics[topic]
-                if not topics:
-                    del self.offsets[gid]
-            return
-        if gid not in self.groups:
-            # offsets committed by a standalone consumer: a "simple" group with no protocol type
-            self.groups[gid] = Group(gid, state_wall_ms=records.offset_value_times(value)[0],
-                                     history_size=self.config.rebalance_history_size)
-        try:
-            self.offsets[gid][topic][partition] = value
-        except KeyError:  # the group's first offset of this topic
-            self._offsets_of(gid, topic)[partition] = value
 
     def _load_group(self, gid: str, value: GroupMetadataValue) -> None:
         old = self.groups.get(gid)
@@ -224,11 +157,7 @@ class Shard:
         for mid in group.pending_members:
             t.cancel(("pending", gid, mid))
 
-    def _delete_offset(self, out: Out, gid: str, topic: str, partition: int) -> None:
-        out.writes.append((self.shard_id, records.offset_commit_key(gid, topic, partition), None))
-        self._apply_offset(gid, topic, partition, None)
-
-    def _write_group(self, out: Out, group: Group, assignment: dict[str, bytes] | None = None) -> None:
+    def _write_group(self, out: Result, group: Group, assignment: dict[str, bytes] | None = None) -> None:
         members = []
         for m in group.members.values():
             members.append(GroupMetadataValueMemberMetadata(
@@ -244,17 +173,16 @@ class Shard:
         out.writes.append((self.shard_id, records.group_metadata_key(group.group_id),
                            records.group_metadata_value(value)))
 
-    def _write_group_tombstone(self, out: Out, gid: str) -> None:
+    def _write_group_tombstone(self, out: Result, gid: str) -> None:
         out.writes.append((self.shard_id, records.group_metadata_key(gid), None))
         self._apply(records.GROUP_METADATA, records.GroupMetadataKey(gid), None)
 
     # ==== start-up ===============================================================================
 
-    def on_loaded(self, now: int, wall: int) -> Out:
+    def on_loaded(self, now: int, wall: int) -> Result:
         """After replay: session timers for loaded members, the retention cycle, and a rebalance for
         groups over ``group_max_size`` (the limit may have been lowered)."""
-        out = Out()
-        self.loaded = True
+        out = Result()
         for group in list(self.groups.values()):
             for m in group.members.values():
                 self.timers.schedule(m.hb_key, now + m.session_timeout_ms)
@@ -264,688 +192,6 @@ class Shard:
                 self._prepare_rebalance(group, "over_capacity", detail, None, None, now, wall, out)
         self.timers.schedule(_RETENTION_KEY, now + self.config.offsets_retention_check_interval_ms)
         return out
-
-    # ==== JoinGroup ==============================================================================
-
-    def join_group(self, req, version: int, token, client_id: str, client_host: str, now: int, wall: int,
-                   out: Out) -> None:
-        gid = req.group_id
-        mid = req.member_id
-        if not gid:
-            out.reply(token, join_response(version, errors.INVALID_GROUP_ID, mid))
-            return
-        cfg = self.config
-        if not cfg.min_session_timeout_ms <= req.session_timeout_ms <= cfg.max_session_timeout_ms:
-            out.reply(token, join_response(version, errors.INVALID_SESSION_TIMEOUT, mid))
-            return
-        unknown = mid == ""
-        group = self.groups.get(gid)
-        if group is None:
-            if not unknown:
-                out.reply(token, join_response(version, errors.UNKNOWN_MEMBER_ID, mid))
-                return
-            group = Group(gid, state_wall_ms=wall, history_size=cfg.rebalance_history_size)
-            self.groups[gid] = group
-        size_id = mid
-        if unknown and version >= 5 and req.group_instance_id is not None:
-            # herd: a restarting static member takes its own place back, so a full group can still
-            # restart its members (Kafka checks it as a newcomer and may answer GROUP_MAX_SIZE_REACHED)
-            size_id = group.static_members.get(req.group_instance_id, mid)
-        if not self._accept_joining_member(group, size_id):
-            member = group.members.get(mid)
-            if member is not None:
-                self._remove_member_and_update(group, member, "over_capacity",
-                                               "member rejected: group_max_size reached", now, wall, out)
-            out.reply(token, join_response(version, errors.GROUP_MAX_SIZE_REACHED, ""))
-            if mid in group.pending_members:
-                # the client resets its id: a kept pending id would hold the join phase until it
-                # expires (Kafka's group.remove forgets pending ids too)
-                group.pending_members.discard(mid)
-                self.timers.cancel(("pending", gid, mid))
-                self._maybe_complete_join_phase(group, now, wall, out)
-            return
-        protocols = [(p.name, p.metadata) for p in req.protocols]
-        rebalance_timeout = req.session_timeout_ms if version == 0 else req.rebalance_timeout_ms
-        ctx = _JoinCtx(req, version, token, client_id, client_host, protocols, rebalance_timeout,
-                       req.group_instance_id if version >= 5 else None, req.reason if version >= 8 else None)
-        if unknown:
-            self._join_new_member(group, ctx, now, wall, out)
-        else:
-            self._join_existing_member(group, ctx, now, wall, out)
-
-    def _accept_joining_member(self, group: Group, member_id: str) -> bool:
-        limit = self.config.group_max_size
-        state = group.state
-        if state in (EMPTY, DEAD):
-            return True
-        member = group.members.get(member_id)
-        if state == PREPARING_REBALANCE:
-            # counting awaiting members lets the last members to rejoin be the ones kicked out
-            return (member is not None and member.join is not None) or group.num_awaiting_join < limit
-        return member is not None or len(group.members) < limit
-
-    def _join_new_member(self, group: Group, ctx: _JoinCtx, now: int, wall: int, out: Out) -> None:
-        req, version = ctx.req, ctx.version
-        if group.state == DEAD:
-            out.reply(ctx.token, join_response(version, errors.COORDINATOR_NOT_AVAILABLE, ""))
-            return
-        if not group.supports_protocols(req.protocol_type, [n for n, _ in ctx.protocols]):
-            out.reply(ctx.token, join_response(version, errors.INCONSISTENT_GROUP_PROTOCOL, ""))
-            return
-        iid = ctx.instance_id
-        new_id = f"{iid if iid is not None else ctx.client_id}-{self._new_uuid()}"
-        if iid is not None:
-            old_id = group.static_members.get(iid)
-            if old_id is not None:
-                self._replace_static_member(group, ctx, old_id, new_id, now, wall, out)
-            else:
-                self._add_member_and_rebalance(group, ctx, new_id, now, wall, out)
-        elif version >= 4:
-            # KIP-394: hand out the id and wait for the member to come back with it
-            group.pending_members.add(new_id)
-            self.timers.schedule(("pending", group.group_id, new_id), now + req.session_timeout_ms)
-            out.reply(ctx.token, join_response(version, errors.MEMBER_ID_REQUIRED, new_id))
-        else:
-            self._add_member_and_rebalance(group, ctx, new_id, now, wall, out)
-
-    def _join_existing_member(self, group: Group, ctx: _JoinCtx, now: int, wall: int, out: Out) -> None:
-        req, version, token = ctx.req, ctx.version, ctx.token
-        mid = req.member_id
-        if group.state == DEAD:
-            out.reply(token, join_response(version, errors.COORDINATOR_NOT_AVAILABLE, mid))
-            return
-        if not group.supports_protocols(req.protocol_type, [n for n, _ in ctx.protocols]):
-            out.reply(token, join_response(version, errors.INCONSISTENT_GROUP_PROTOCOL, mid))
-            return
-        if mid in group.pending_members:
-            if ctx.instance_id is not None:
-                # Kafka raises IllegalStateException here (a pending member is never static)
-                out.reply(token, join_response(version, errors.UNKNOWN_SERVER_ERROR, mid))
-                return
-            self._add_member_and_rebalance(group, ctx, mid, now, wall, out)
-            return
-        err = group.validate_member(mid, ctx.instance_id)
-        if err != _NONE:
-            out.reply(token, join_response(version, err, mid))
-            return
-        member = group.members[mid]
-        state = group.state
-        if state == PREPARING_REBALANCE:
-            self._update_member_and_rebalance(group, member, ctx, "member_rejoined", "", now, wall, out)
-        elif state == COMPLETING_REBALANCE:
-            if member.matches(ctx.protocols):
-                # a retry of a JoinGroup whose response was lost: answer with the current generation
-                members = self._join_members(group, version) if group.is_leader(mid) else []
-                out.reply(token, join_response(version, _NONE, mid, group.generation, group.protocol_type,
-                                               group.protocol_name, group.leader_id, members))
-            else:
-                detail = f"member {mid} changed its metadata during {state}"
-                self._update_member_and_rebalance(group, member, ctx, "metadata_changed", detail, now, wall,
-                                                  out)
-        elif state == STABLE:
-            if group.is_leader(mid):
-                # the leader rejoins to trigger a rebalance (e.g. topic metadata changed)
-                self._update_member_and_rebalance(group, member, ctx, "leader_rejoin",
-                                                  f"leader {mid} rejoined during Stable", now, wall, out)
-            elif not member.matches(ctx.protocols):
-                detail = f"member {mid} changed its metadata during Stable"
-                self._update_member_and_rebalance(group, member, ctx, "metadata_changed", detail, now, wall,
-                                                  out)
-            else:
-                out.reply(token, join_response(version, _NONE, mid, group.generation, group.protocol_type,
-                                               group.protocol_name, group.leader_id, []))
-        else:  # Empty: the member was lost (e.g. expired); make it start over
-            out.reply(token, join_response(version, errors.UNKNOWN_MEMBER_ID, mid))
-
-    def _join_members(self, group: Group, version: int) -> list[JoinGroupResponseMember]:
-        proto = group.protocol_name
-        v5 = version >= 5
-        return [JoinGroupResponseMember(m.member_id, m.group_instance_id if v5 else None, m.metadata(proto))
-                for m in group.members.values()]
-
-    def _add_member_and_rebalance(self, group: Group, ctx: _JoinCtx, member_id: str, now: int, wall: int,
-                                  out: Out) -> None:
-        gid = group.group_id
-        member = Member(member_id, ctx.instance_id, ctx.client_id, ctx.client_host, ctx.rebalance_timeout,
-                        ctx.req.session_timeout_ms, ctx.req.protocol_type, ctx.protocols,
-                        hb_key=("hb", gid, member_id), joined_wall_ms=wall)
-        member.is_new = True
-        if group.state == PREPARING_REBALANCE and group.generation == 0:
-            # extends the initial rebalance delay of a brand-new group only (Kafka's
-            # addMemberAndRebalance): a group coming back from Empty waits one delay
-            group.new_member_added = True
-        group.add(member)
-        group.set_join(member, Parked(ctx.token, ctx.version, now))
-        self.timers.cancel(("pending", gid, member_id))
-        # a parked new member cannot heartbeat (no id yet): bound its wait instead
-        self.timers.schedule(member.hb_key, now + NEW_MEMBER_JOIN_TIMEOUT_MS)
-        if group.rebalance is not None and group.state == PREPARING_REBALANCE:
-            group.rebalance.on_join(member, now)
-        initial = group.state == EMPTY
-        self._maybe_prepare_rebalance_or_complete_join(
-            group, "initial" if initial else "member_joined",
-            f"member {member_id} joined (client {ctx.client_id!r} from {ctx.client_host or '?'})",
-            _member_ident(member), ctx.reason, now, wall, out)
-
-    def _update_member_and_rebalance(self, group: Group, member: Member, ctx: _JoinCtx, reason: str,
-                                     detail: str, now: int, wall: int, out: Out) -> None:
-        group.update_member(member, ctx.protocols, ctx.rebalance_timeout, ctx.req.session_timeout_ms)
-        self._park_join(group, member, Parked(ctx.token, ctx.version, now), out)
-        if group.rebalance is not None and group.state == PREPARING_REBALANCE:
-            group.rebalance.on_join(member, now)
-        self._maybe_prepare_rebalance_or_complete_join(group, reason, detail, _member_ident(member),
-                                                       ctx.reason, now, wall, out)
-
-    def _park_join(self, group: Group, member: Member, parked: Parked, out: Out) -> None:
-        old = group.set_join(member, parked)
-        if old is not None and old.token is not parked.token:
-            # herd: a JoinGroup superseded by a newer one from the same member is answered rather
-            # than dropped (Kafka drops it), so no connection waits forever
-            out.reply(old.token, join_response(old.version, errors.REBALANCE_IN_PROGRESS, member.member_id))
-
-    def _replace_static_member(self, group: Group, ctx: _JoinCtx, old_id: str, new_id: str, now: int,
-                               wall: int, out: Out) -> None:
-        """KIP-345: a static member came back with no member id: it takes over its instance id."""
-        gid = group.group_id
-        current_leader = group.leader_id
-        old, new = group.replace_static_member(ctx.instance_id, old_id, new_id, ("hb", gid, new_id))
-        # fence whoever still holds the old member id
-        if old.join is not None:
-            out.reply(old.join.token, join_response(old.join.version, errors.FENCED_INSTANCE_ID, old_id))
-            old.join = None
-        if old.sync is not None:
-            out.reply(old.sync.token, sync_response(old.sync.version, errors.FENCED_INSTANCE_ID))
-            old.sync = None
-        self.timers.cancel(old.hb_key)
-        self.timers.schedule(new.hb_key, now + new.session_timeout_ms)
-        if group.rebalance is not None:
-            group.rebalance.on_replaced(old_id, new, now)
-        group.update_member(new, ctx.protocols, ctx.rebalance_timeout, ctx.req.session_timeout_ms)
-        group.set_join(new, Parked(ctx.token, ctx.version, now))
-        detail = f"static member {ctx.instance_id} restarted: {old_id} replaced by {new_id}"
-        state = group.state
-        if state == STABLE:
-            if group.protocol_name == group.select_protocol():
-                # nothing the assignment depends on changed: persist the new id, no rebalance
-                parked = group.take_join(new)
-                group.subscribed_topics = group.compute_subscribed_topics()  # its subscription may differ
-                self._write_group(out, group)
-                self._count("static_member_rejoins_without_rebalance")
-                v = parked.version
-                if v >= 9:
-                    is_leader = group.is_leader(new_id)
-                    members = self._join_members(group, v) if is_leader else []
-                    resp = join_response(v, _NONE, new_id, group.generation, group.protocol_type,
-                                         group.protocol_name, group.leader_id, members,
-                                         skip_assignment=is_leader)
-                else:
-                    # before v9 the old leader id is returned, so a restarted leader acts as a
-                    # follower and fetches its stored assignment instead of reassigning
-                    resp = join_response(v, _NONE, new_id, group.generation, group.protocol_type,
-                                         group.protocol_name, current_leader, [])
-                out.reply(parked.token, resp)
-                return
-            self._maybe_prepare_rebalance_or_complete_join(
-                group, "static_member_replaced", detail + " with a protocol change", _member_ident(new),
-                ctx.reason, now, wall, out)
-        elif state == COMPLETING_REBALANCE:
-            # the leader may already be assigning to the old id: start over
-            self._prepare_rebalance(group, "static_member_replaced", detail + " during CompletingRebalance",
-                                    _member_ident(new), ctx.reason, now, wall, out)
-        elif state == PREPARING_REBALANCE:
-            self._maybe_complete_join_phase(group, now, wall, out)
-        else:  # pragma: no cover - a known static member cannot be in an Empty group
-            raise RuntimeError(f"static member {ctx.instance_id} rejoined group {gid} in state {state}")
-
-    # ==== rebalance machinery ====================================================================
-
-    def _maybe_prepare_rebalance_or_complete_join(self, group: Group, reason: str, detail: str, trigger,
-                                                  client_reason, now: int, wall: int, out: Out) -> None:
-        if group.can_rebalance():
-            self._prepare_rebalance(group, reason, detail, trigger, client_reason, now, wall, out)
-        else:
-            self._maybe_complete_join_phase(group, now, wall, out)
-
-    def _prepare_rebalance(self, group: Group, reason: str, detail: str, trigger, client_reason, now: int,
-                           wall: int, out: Out) -> None:
-        gid = group.group_id
-        if group.state == COMPLETING_REBALANCE:
-            self._reset_and_propagate_assignment_error(group, errors.REBALANCE_IN_PROGRESS, now, out)
-        group.pending_sync.clear()
-        self.timers.cancel(("sync", gid))
-        if group.rebalance is not None:  # a rebalance restarted before it completed
-            self._finish_rebalance(group, "restarted", now, wall)
-        initial = group.state == EMPTY
-        group.rebalance = RebalanceRecord(group, reason, detail, trigger, client_reason, now, wall)
-        self._count("rebalances_started")
-        if initial:
-            delay = self.config.initial_rebalance_delay_ms
-            remaining = max(group.rebalance_timeout_ms() - delay, 0)
-            group.join_phase = ("initial", delay, remaining)
-            self.timers.schedule(("join", gid), now + delay)
-        group.transition_to(PREPARING_REBALANCE, wall)
-        if not initial:
-            if group.has_all_members_joined():
-                self._complete_join(group, now, wall, out)
-            else:
-                group.join_phase = ("normal",)
-                self.timers.schedule(("join", gid), now + group.rebalance_timeout_ms())
-
-    def _maybe_complete_join_phase(self, group: Group, now: int, wall: int, out: Out) -> None:
-        # the initial rebalance of an Empty group always waits for its (debounced) delay
-        if (group.state == PREPARING_REBALANCE and group.previous_state != EMPTY
-                and group.has_all_members_joined()):
-            self._complete_join(group, now, wall, out)
-
-    def _complete_join(self, group: Group, now: int, wall: int, out: Out) -> None:
-        gid = group.group_id
-        self.timers.cancel(("join", gid))
-        group.join_phase = None
-        rec = group.rebalance
-        for m in group.not_yet_rejoined():
-            if not m.is_static:  # static members keep their place until their session expires
-                self._drop_member(group, m, "missed_rejoin", now, out)
-        if group.state == DEAD:
-            return
-        if not group.maybe_elect_new_joined_leader() and group.members:
-            # nobody rejoined (only static members remain): wait another round for sessions to expire
-            group.join_phase = ("normal",)
-            self.timers.schedule(("join", gid), now + group.rebalance_timeout_ms())
-            return
-        group.init_next_generation(wall)
-        if group.state == EMPTY:
-            self._write_group(out, group)
-            if rec is not None:
-                rec.on_join_done(group, now)
-                self._finish_rebalance(group, "empty", now, wall)
-            return
-        if rec is not None:
-            rec.on_join_done(group, now)
-        for m in group.members.values():
-            parked = group.take_join(m)
-            if parked is not None:
-                members = self._join_members(group, parked.version) if group.is_leader(m.member_id) else []
-                out.reply(parked.token, join_response(
-                    parked.version, _NONE, m.member_id, group.generation, group.protocol_type,
-                    group.protocol_name, group.leader_id, members))
-                # its session restarts now. herd: only for members that rejoined; Kafka also
-                # restarts the session of a static member that did not rejoin, which lets it stay
-                # silent for longer than its session timeout
-                self.timers.schedule(m.hb_key, now + m.session_timeout_ms)
-            m.is_new = False
-            group.pending_sync.add(m.member_id)
-        group.sync_generation = group.generation
-        self.timers.schedule(("sync", gid), now + group.rebalance_timeout_ms())
-
-    def _drop_member(self, group: Group, member: Member, why: str, now: int, out: Out) -> None:
-        """Remove a member, answering its parked requests with UNKNOWN_MEMBER_ID (so a live client
-        rejoins); no rebalance decision here."""
-        parked = group.take_join(member)
-        if parked is not None:
-            out.reply(parked.token, join_response(parked.version, errors.UNKNOWN_MEMBER_ID, ""))
-        if member.sync is not None:
-            out.reply(member.sync.token, sync_response(member.sync.version, errors.UNKNOWN_MEMBER_ID))
-            member.sync = None
-        group.remove(member.member_id)
-        self.timers.cancel(member.hb_key)
-        if group.rebalance is not None:
-            group.rebalance.on_removed(member.member_id, why, now)
-        self._count("members_removed_" + why)
-
-    def _remove_member_and_update(self, group: Group, member: Member, reason: str, detail: str, now: int,
-                                  wall: int, out: Out) -> None:
-        self._drop_member(group, member, reason, now, out)
-        state = group.state
-        if state in (STABLE, COMPLETING_REBALANCE):
-            self._maybe_prepare_rebalance_or_complete_join(group, reason, detail, _member_ident(member), None,
-                                                           now, wall, out)
-        elif state == PREPARING_REBALANCE and group.has_all_members_joined():
-            self._complete_join(group, now, wall, out)
-
-    def _reset_and_propagate_assignment_error(self, group: Group, error: int, now: int, out: Out) -> None:
-        for m in group.members.values():
-            m.assignment = b""
-        self._propagate_assignment(group, error, now, out)
-
-    def _propagate_assignment(self, group: Group, error: int, now: int, out: Out) -> None:
-        ptype, pname = group.protocol_type, group.protocol_name
-        for m in group.members.values():
-            parked = m.sync
-            if parked is not None:
-                m.sync = None
-                out.reply(parked.token, sync_response(parked.version, error, ptype, pname, m.assignment))
-                self.timers.schedule(m.hb_key, now + m.session_timeout_ms)
-
-    def _finish_rebalance(self, group: Group, outcome: str, now: int, wall: int) -> None:
-        rec = group.rebalance
-        group.rebalance = None
-        if rec is None:
-            return
-        rec.finish(group, outcome, now, wall)
-        entry = rec.as_dict()
-        group.history.append(rec)  # kept as the record: followers' late SyncGroups still update it
-        self._count(f"rebalances_{outcome}")
-        if outcome in ("stable", "empty"):
-            self._count(f"rebalances_completed_reason_{rec.reason}")
-            for listener in self.listeners:
-                listener(entry)
-            log.info("rebalance_completed", group_id=group.group_id, generation=entry["generation"],
-                     members=entry["members"], reason=rec.reason, duration_ms=entry["duration_ms"],
-                     outcome=outcome, protocol=entry["protocol"], detail=rec.detail,
-                     preparing_ms=entry["phases"]["preparing_ms"],
-                     completing_ms=entry["phases"]["completing_ms"],
-                     shard=self.shard_id)
-
-    # ==== SyncGroup ==============================================================================
-
-    def sync_group(self, req, version: int, token, now: int, wall: int, out: Out) -> None:
-        gid = req.group_id
-        if not gid:
-            out.reply(token, sync_response(version, errors.INVALID_GROUP_ID))
-            return
-        if version >= 5 and (req.protocol_type is None or req.protocol_name is None):
-            out.reply(token, sync_response(version, errors.INCONSISTENT_GROUP_PROTOCOL))
-            return
-        group = self.groups.get(gid)
-        if group is None or group.state == EMPTY:
-            out.reply(token, sync_response(version, errors.UNKNOWN_MEMBER_ID))
-            return
-        mid = req.member_id
-        err = group.validate_member(mid, req.group_instance_id if version >= 3 else None)
-        if err == _NONE and req.generation_id != group.generation:
-            err = errors.ILLEGAL_GENERATION
-        if err == _NONE and ((req.protocol_type is not None and group.protocol_type is not None
-                              and req.protocol_type != group.protocol_type)
-                             or (req.protocol_name is not None and group.protocol_name is not None
-                                 and req.protocol_name != group.protocol_name)):
-            err = errors.INCONSISTENT_GROUP_PROTOCOL
-        if err != _NONE:
-            out.reply(token, sync_response(version, err))
-            return
-        state = group.state
-        member = group.members[mid]
-        if state == PREPARING_REBALANCE:
-            out.reply(token, sync_response(version, errors.REBALANCE_IN_PROGRESS))
-        elif state == COMPLETING_REBALANCE:
-            old = member.sync
-            if old is not None and old.token is not token:
-                out.reply(old.token, sync_response(old.version, errors.REBALANCE_IN_PROGRESS))
-            member.sync = Parked(token, version, now)
-            self._remove_pending_sync(group, mid)
-            if group.rebalance is not None:
-                group.rebalance.on_sync(mid, now)
-            if group.is_leader(mid):
-                assignment = {}
-                for a in req.assignments:
-                    assignment[a.member_id] = a.assignment if a.assignment is not None else b""
-                for m in group.members.values():
-                    if m.member_id not in assignment:
-                        assignment[m.member_id] = b""
-                self._write_group(out, group, assignment)
-                for m in group.members.values():
-                    m.assignment = assignment[m.member_id]
-                self._propagate_assignment(group, _NONE, now, out)
-                group.transition_to(STABLE, wall)
-                self._finish_rebalance(group, "stable", now, wall)
-        else:  # Stable: the assignment is stored; a follower syncing late gets it here
-            self._remove_pending_sync(group, mid)
-            if group.history:
-                last = group.history[-1]
-                if last.outcome == "stable" and last.generation == group.generation:
-                    last.on_sync(mid, now)
-            self.timers.schedule(member.hb_key, now + member.session_timeout_ms)
-            out.reply(token, sync_response(version, _NONE, group.protocol_type, group.protocol_name,
-                                           member.assignment))
-
-    def _remove_pending_sync(self, group: Group, member_id: str) -> None:
-        group.pending_sync.discard(member_id)
-        if not group.pending_sync:
-            self.timers.cancel(("sync", group.group_id))
-
-    # ==== Heartbeat (hot path) ===================================================================
-
-    def heartbeat(self, req, version: int, now: int) -> int:
-        """-> the Heartbeat's error code (the whole answer: the edge sends cached bytes for it)."""
-        if not req.group_id:
-            return errors.INVALID_GROUP_ID
-        group = self.groups.get(req.group_id)
-        if group is None:
-            return errors.UNKNOWN_MEMBER_ID
-        member = group.members.get(req.member_id)
-        iid = req.group_instance_id
-        if iid is not None or member is None:
-            err = group.validate_member(req.member_id, iid)
-            if err != _NONE:
-                return err
-        if req.generation_id != group.generation:
-            return errors.ILLEGAL_GENERATION
-        state = group.state
-        if state == EMPTY:
-            return errors.UNKNOWN_MEMBER_ID
-        self.timers.schedule(member.hb_key, now + member.session_timeout_ms)
-        if state == PREPARING_REBALANCE:
-            return errors.REBALANCE_IN_PROGRESS
-        return _NONE
-
-    # ==== LeaveGroup =============================================================================
-
-    def leave_group(self, req, version: int, now: int, wall: int) -> tuple[LeaveGroupResponse, Out]:
-        out = Out()
-        gid = req.group_id
-        if version >= 3:
-            identities = req.members
-        else:
-            identities = [LeaveGroupRequestMemberIdentity(member_id=req.member_id)]
-        if not gid:
-            return LeaveGroupResponse(error_code=errors.INVALID_GROUP_ID), out
-        group = self.groups.get(gid)
-        results: list[tuple[object, int]] = []
-        left = []
-        left_members: list[dict] = []
-        pending_left = False
-        if group is None:
-            results = [(ident, errors.UNKNOWN_MEMBER_ID) for ident in identities]
-        else:
-            for ident in identities:
-                mid, iid = ident.member_id, ident.group_instance_id
-                if mid == "":
-                    # administrative removal by instance id
-                    current = group.static_members.get(iid) if iid is not None else None
-                    if current is None:
-                        results.append((ident, errors.UNKNOWN_MEMBER_ID))
-                        continue
-                    member = group.members[current]
-                elif mid in group.pending_members:
-                    group.pending_members.discard(mid)
-                    self.timers.cancel(("pending", gid, mid))
-                    results.append((ident, _NONE))
-                    pending_left = True
-                    continue
-                else:
-                    err = group.validate_member(mid, iid)
-                    if err != _NONE:
-                        results.append((ident, err))
-                        continue
-                    member = group.members[mid]
-                self._drop_member(group, member, "left", now, out)
-                results.append((ident, _NONE))
-                left.append(member.member_id)
-                left_members.append(_member_ident(member))
-            state = group.state
-            if left and state in (STABLE, COMPLETING_REBALANCE):
-                reasons = [ident.reason for ident, e in results if e == _NONE and ident.reason]
-                self._maybe_prepare_rebalance_or_complete_join(
-                    group, "member_left", f"LeaveGroup for {', '.join(left)}",
-                    {"member_ids": left, "members": left_members},
-                    "; ".join(reasons) or None, now, wall, out)
-            elif (left or pending_left) and state == PREPARING_REBALANCE:
-                # a pending member that leaves only matters to a join phase waiting for it (as the
-                # Scala coordinator; Kafka's Java coordinator would also rebalance a Stable group)
-                self._maybe_complete_join_phase(group, now, wall, out)
-        if version < 3:
-            err = next((e for _, e in results if e != _NONE), _NONE)
-            return LeaveGroupResponse(error_code=err), out
-        return LeaveGroupResponse(error_code=_NONE, members=[
-            LeaveGroupResponseMemberResponse(ident.member_id, ident.group_instance_id, e)
-            for ident, e in results]), out
-
-    # ==== offsets ================================================================================
-
-    def offset_commit(self, req, version: int, now: int, wall: int) -> tuple[OffsetCommitResponse, Out]:
-        out = Out()
-        gid = req.group_id
-        gen = req.generation_id_or_member_epoch
-        mid = req.member_id
-        iid = req.group_instance_id if version >= 7 else None
-        group = self.groups.get(gid)
-        err = _NONE
-        if group is None:
-            if gen < 0:
-                # a standalone consumer (or the admin client): a "simple" group, kept by its offsets
-                group = Group(gid, state_wall_ms=wall, history_size=self.config.rebalance_history_size)
-                self.groups[gid] = group
-            else:
-                err = errors.GROUP_ID_NOT_FOUND if version >= 9 else errors.ILLEGAL_GENERATION
-        if err == _NONE:
-            err = self._validate_offset_commit(group, mid, iid, gen)
-        if err != _NONE:
-            return _commit_error(req, err), out
-        if group.state in (STABLE, PREPARING_REBALANCE):
-            member = group.members[mid]  # validated above
-            self.timers.schedule(member.hb_key, now + member.session_timeout_ms)
-        expire = -1
-        if 2 <= version <= 4 and req.retention_time_ms != -1:
-            expire = wall + req.retention_time_ms
-        max_meta = self.config.offset_metadata_max_bytes
-        topics_out = []
-        written = 0
-        writes = out.writes
-        sid = self.shard_id
-        pack_partition = records.pack_partition
-        value_bytes = records.offset_value
-        committed = _COMMITTED
-        n_committed = len(committed)
-        tail = last_meta = last_ts = None
-        for t in req.topics:
-            parts_out = []
-            prefix = None
-            stored = None
-            for p in t.partitions:
-                meta = p.committed_metadata
-                if meta is None:
-                    meta = ""
-                # Kafka counts characters, not bytes; the record's string holds at most 32,767 bytes
-                if len(meta) > max_meta or (len(meta) > _META_SAFE_CHARS and len(meta.encode()) > _STR16_MAX):
-                    parts_out.append(OffsetCommitResponsePartition(p.partition_index,
-                                                                   errors.OFFSET_METADATA_TOO_LARGE))
-                    continue
-                if prefix is None:
-                    prefix = records.offset_key_prefix(gid, t.name)
-                    stored = self._offsets_of(gid, t.name)
-                ts = p.commit_timestamp if (version == 1 and p.commit_timestamp != -1) else wall
-                if meta is not last_meta or ts != last_ts:  # usually once per commit
-                    last_meta, last_ts = meta, ts
-                    tail = records.offset_value_tail(meta, ts, expire)
-                idx = p.partition_index
-                # a v1 record (explicit expiry) has no leader epoch
-                raw = value_bytes(p.committed_offset, p.committed_leader_epoch if version >= 6 else -1, tail,
-                                  expire)
-                writes.append((sid, prefix + pack_partition(idx), raw))
-                stored[idx] = raw
-                parts_out.append(committed[idx] if 0 <= idx < n_committed else
-                                 OffsetCommitResponsePartition(idx, _NONE))
-                written += 1
-            topics_out.append(OffsetCommitResponseTopic(t.name, parts_out))
-        if written:
-            self._count("offset_commits", written)
-        return OffsetCommitResponse(topics=topics_out), out
-
-    def _offsets_of(self, gid: str, topic: str) -> dict[int, bytes]:
-        """The stored offsets of one topic of a group (created empty if missing)."""
-        topics = self.offsets.get(gid)
-        if topics is None:
-            topics = self.offsets[gid] = {}
-        parts = topics.get(topic)
-        if parts is None:
-            parts = topics[topic] = {}
-        return parts
-
-    @staticmethod
-    def _validate_offset_commit(group: Group, member_id: str, instance_id: str | None,
-                                generation: int) -> int:
-        state = group.state
-        if state == DEAD:
-            return errors.COORDINATOR_NOT_AVAILABLE
-        if generation < 0 and state == EMPTY:
-            return _NONE  # a non-member committing into an Empty group (Spark jobs, admin tools)
-        if generation >= 0 or member_id or instance_id is not None:
-            err = group.validate_member(member_id, instance_id)
-            if err != _NONE:
-                return err
-            if generation != group.generation:
-                return errors.ILLEGAL_GENERATION
-        elif state != EMPTY:
-            return errors.UNKNOWN_MEMBER_ID
-        if state == COMPLETING_REBALANCE:
-            return errors.REBALANCE_IN_PROGRESS
-        return _NONE
-
-    def fetch_offsets(self, group_id: str, topics) -> list[tuple[str, list[tuple[int, int, int, str]]]]:
-        """``[(topic, [(partition, offset, leader_epoch, metadata)])]``; ``topics`` is a list of
-        ``(name, [partitions])`` or None for everything committed. Unknown → offset -1."""
-        group = self.groups.get(group_id)
-        stored = self.offsets.get(group_id) if group is not None and group.state != DEAD else None
-        fields = records.offset_value_fields
-        if topics is None:
-            if not stored:
-                return []
-            return [(topic, [(p, *fields(v)[:3]) for p, v in parts.items()]) for topic, parts in stored.items()]
-        res = []
-        for name, partitions in topics:
-            parts = stored.get(name) if stored else None
-            row = []
-            for p in partitions:
-                v = parts.get(p) if parts else None
-                if v is None:
-                    row.append((p, -1, -1, ""))
-                else:
-                    row.append((p, *fields(v)[:3]))
-            res.append((name, row))
-        return res
-
-    def offset_delete(self, req, now: int, wall: int) -> tuple[OffsetDeleteResponse, Out]:
-        out = Out()
-        gid = req.group_id
-        if not gid:
-            return OffsetDeleteResponse(error_code=errors.INVALID_GROUP_ID), out
-        group = self.groups.get(gid)
-        if group is None or group.state == DEAD:
-            return OffsetDeleteResponse(error_code=errors.GROUP_ID_NOT_FOUND), out
-        if group.state != EMPTY and not group.uses_consumer_protocol():
-            return OffsetDeleteResponse(error_code=errors.NON_EMPTY_GROUP), out
-        stored = self.offsets.get(gid)
-        topics_out = []
-        deleted = 0
-        for t in req.topics:
-            if group.is_subscribed_to_topic(t.name):
-                parts = [OffsetDeleteResponsePartition(p.partition_index, errors.GROUP_SUBSCRIBED_TO_TOPIC)
-                         for p in t.partitions]
-            else:
-                parts = []
-                for p in t.partitions:
-                    parts.append(OffsetDeleteResponsePartition(p.partition_index, _NONE))
-                    tparts = stored.get(t.name) if stored else None
-                    if tparts is not None and p.partition_index in tparts:
-                        self._delete_offset(out, gid, t.name, p.partition_index)
-                        deleted += 1
-                        stored = self.offsets.get(gid)
-            topics_out.append(OffsetDeleteResponseTopic(t.name, parts))
-        if deleted:
-            self._count("offsets_deleted", deleted)
-            # an operator's action (Kafka logs these too): say what went, for the audit trail
-            log.info("offsets_deleted", group_id=gid, offsets=deleted,
-                     topics=sorted({t.name for t in req.topics if not group.is_subscribed_to_topic(t.name)}))
-        return OffsetDeleteResponse(error_code=_NONE, topics=topics_out), out
 
     # ==== group admin ============================================================================
 
@@ -970,7 +216,7 @@ class Shard:
             protocol_type=group.protocol_type or "", protocol_data=(group.protocol_name or "") if stable else "",
             members=members, authorized_operations=ops)
 
-    def delete_group(self, group_id: str, out: Out) -> int:
+    def delete_group(self, group_id: str, out: Result) -> int:
         group = self.groups.get(group_id)
         if group is None or group.state == DEAD:
             return errors.GROUP_ID_NOT_FOUND
@@ -1007,7 +253,7 @@ class Shard:
     def next_deadline(self) -> int | None:
         return self.timers.next_deadline()
 
-    def on_timers(self, now: int, wall: int, out: Out, budget: int | None = None) -> int:
+    def on_timers(self, now: int, wall: int, out: Result, budget: int | None = None) -> int:
         """Fire the timers due at ``now``; -> heap entries looked at. With ``budget``, stops after
         that many (most are extended heartbeat deadlines being re-armed): what is left is still
         due, so the caller comes back on a later loop turn and I/O is served in between."""
@@ -1034,106 +280,6 @@ class Shard:
                 self.expire_offsets(wall, out)
                 timers.schedule(_RETENTION_KEY, now + self.config.offsets_retention_check_interval_ms)
 
-    def _expire_heartbeat(self, gid: str, mid: str, now: int, wall: int, out: Out) -> None:
-        group = self.groups.get(gid)
-        if group is None or group.state == DEAD:
-            return
-        member = group.members.get(mid)
-        if member is None or member.has_satisfied_heartbeat():
-            return
-        why = "join_timeout" if member.is_new else "session_expired"
-        log.info("member_expired", group_id=gid, member_id=mid, client_id=member.client_id,
-                 client_host=member.client_host, why=why, generation=group.generation, shard=self.shard_id)
-        what = "never completed its join" if member.is_new else "stopped heartbeating"
-        detail = f"member {mid} (client {member.client_id!r} from {member.client_host or '?'}) {what}"
-        self._remove_member_and_update(group, member, why, detail, now, wall, out)
-
-    def _expire_pending_member(self, gid: str, mid: str, now: int, wall: int, out: Out) -> None:
-        group = self.groups.get(gid)
-        if group is None or mid not in group.pending_members:
-            return
-        group.pending_members.discard(mid)
-        self._count("pending_members_expired")
-        if group.state == PREPARING_REBALANCE and group.has_all_members_joined():
-            self._complete_join(group, now, wall, out)
-
-    def _on_join_timer(self, gid: str, now: int, wall: int, out: Out) -> None:
-        group = self.groups.get(gid)
-        if group is None or group.state != PREPARING_REBALANCE:
-            return
-        phase = group.join_phase
-        if phase is not None and phase[0] == "initial":
-            _, delay, remaining = phase
-            if group.new_member_added and remaining != 0:
-                # debounce: each new member buys another delay, capped by the rebalance timeout
-                group.new_member_added = False
-                new_delay = min(self.config.initial_rebalance_delay_ms, remaining)
-                group.join_phase = ("initial", new_delay, max(remaining - delay, 0))
-                self.timers.schedule(("join", gid), now + new_delay)
-                return
-        self._complete_join(group, now, wall, out)
-
-    def _expire_pending_sync(self, gid: str, now: int, wall: int, out: Out) -> None:
-        group = self.groups.get(gid)
-        if group is None or group.sync_generation != group.generation:
-            return
-        if group.state not in (COMPLETING_REBALANCE, STABLE) or not group.pending_sync:
-            return
-        missing = list(group.pending_sync)
-        missing_members = []
-        for mid in missing:
-            member = group.members.get(mid)
-            if member is not None:
-                missing_members.append(_member_ident(member))
-                self._drop_member(group, member, "sync_expired", now, out)
-            else:
-                group.pending_sync.discard(mid)
-        self._prepare_rebalance(group, "sync_expired", f"no SyncGroup from {', '.join(missing)} within the "
-                                f"rebalance timeout", {"member_ids": missing, "members": missing_members},
-                                None, now, wall, out)
-
-    # ==== retention (KIP-211) ====================================================================
-
-    def expire_offsets(self, wall: int, out: Out) -> int:
-        """Tombstone expired offsets; delete Empty groups left with no offsets. Returns the number
-        of offsets expired."""
-        retention = self.config.offsets_retention_ms
-        expired = groups_gone = 0
-        for gid, group in list(self.groups.items()):
-            all_gone = True
-            stored = self.offsets.get(gid)
-            if stored:
-                base = group.offset_expiration_base()
-                if base is None:
-                    all_gone = False
-                else:
-                    state_ts = group.state_wall_ms if base == "state" else None
-                    for topic, parts in list(stored.items()):
-                        if group.is_subscribed_to_topic(topic):
-                            all_gone = False
-                            continue
-                        for p, v in list(parts.items()):
-                            commit_ts, expire_ts = records.offset_value_times(v)
-                            if expire_ts != -1:
-                                gone = wall >= expire_ts
-                            else:
-                                since = state_ts if state_ts is not None else commit_ts
-                                gone = wall - since >= retention
-                            if gone:
-                                self._delete_offset(out, gid, topic, p)
-                                expired += 1
-                            else:
-                                all_gone = False
-            if all_gone and group.state == EMPTY and not group.pending_members:
-                self._write_group_tombstone(out, gid)
-                self._count("groups_expired")
-                groups_gone += 1
-        if expired:
-            self._count("offsets_expired", expired)
-        if expired or groups_gone:
-            log.info("offsets_expired", shard=self.shard_id, offsets=expired, groups_removed=groups_gone)
-        return expired
-
     # ==== lifecycle ==============================================================================
 
     def parked(self) -> list[tuple[str, Parked]]:
@@ -1147,7 +293,7 @@ class Shard:
                     res.append(("sync", m.sync))
         return res
 
-    def release_parked(self, error: int, out: Out) -> None:
+    def release_parked(self, error: int, out: Result) -> None:
         """Answer every parked request with ``error`` (shutdown: NOT_COORDINATOR; a failed shard:
         COORDINATOR_NOT_AVAILABLE) and forget them."""
         for group in self.groups.values():
@@ -1158,27 +304,3 @@ class Shard:
                 if m.sync is not None:
                     out.reply(m.sync.token, sync_response(m.sync.version, error))
                     m.sync = None
-
-
-class _JoinCtx:
-    __slots__ = ("req", "version", "token", "client_id", "client_host", "protocols", "rebalance_timeout",
-                 "instance_id", "reason")
-
-    def __init__(self, req, version, token, client_id, client_host, protocols, rebalance_timeout, instance_id,
-                 reason):
-        self.req = req
-        self.version = version
-        self.token = token
-        self.client_id = client_id
-        self.client_host = client_host
-        self.protocols = protocols
-        self.rebalance_timeout = rebalance_timeout
-        self.instance_id = instance_id
-        self.reason = reason
-
-
-def _commit_error(req, err: int) -> OffsetCommitResponse:
-    return OffsetCommitResponse(topics=[
-        OffsetCommitResponseTopic(t.name, [OffsetCommitResponsePartition(p.partition_index, err)
-                                           for p in t.partitions])
-        for t in req.topics])

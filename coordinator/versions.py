@@ -9,7 +9,27 @@ from __future__ import annotations
 from protocol import messages as m
 from protocol import produce
 
-API_VERSIONS = 18
+# The API keys herd serves, by name (from the generated classes: never a bare number elsewhere).
+PRODUCE = produce.API_KEY
+FETCH = m.FetchRequest.API_KEY
+LIST_OFFSETS = m.ListOffsetsRequest.API_KEY
+METADATA = m.MetadataRequest.API_KEY
+OFFSET_COMMIT = m.OffsetCommitRequest.API_KEY
+OFFSET_FETCH = m.OffsetFetchRequest.API_KEY
+FIND_COORDINATOR = m.FindCoordinatorRequest.API_KEY
+JOIN_GROUP = m.JoinGroupRequest.API_KEY
+HEARTBEAT = m.HeartbeatRequest.API_KEY
+LEAVE_GROUP = m.LeaveGroupRequest.API_KEY
+SYNC_GROUP = m.SyncGroupRequest.API_KEY
+DESCRIBE_GROUPS = m.DescribeGroupsRequest.API_KEY
+LIST_GROUPS = m.ListGroupsRequest.API_KEY
+SASL_HANDSHAKE = m.SaslHandshakeRequest.API_KEY
+API_VERSIONS = m.ApiVersionsRequest.API_KEY
+CREATE_TOPICS = m.CreateTopicsRequest.API_KEY
+DELETE_GROUPS = m.DeleteGroupsRequest.API_KEY
+SASL_AUTHENTICATE = m.SaslAuthenticateRequest.API_KEY
+OFFSET_DELETE = m.OffsetDeleteRequest.API_KEY
+DESCRIBE_CLUSTER = m.DescribeClusterRequest.API_KEY
 
 # api key -> (min, max) served. Every version the codec has for these APIs is served.
 SUPPORTED: dict[int, tuple[int, int]] = {
@@ -27,12 +47,10 @@ SUPPORTED: dict[int, tuple[int, int]] = {
 # v2, and a consistent Fetch encoding, only with a broker that advertises Produce v3+.
 SUPPORTED[produce.API_KEY] = (produce.MIN_VERSION, produce.MAX_VERSION)
 
-# The group APIs handled by the group coordinator (coordinator/groups.py).
+# The group APIs handled by the group coordinator (coordinator/group_coordinator.py).
 GROUP_APIS = frozenset({
-    m.JoinGroupRequest.API_KEY, m.SyncGroupRequest.API_KEY, m.HeartbeatRequest.API_KEY,
-    m.LeaveGroupRequest.API_KEY, m.OffsetCommitRequest.API_KEY, m.OffsetFetchRequest.API_KEY,
-    m.ListGroupsRequest.API_KEY, m.DescribeGroupsRequest.API_KEY, m.DeleteGroupsRequest.API_KEY,
-    m.OffsetDeleteRequest.API_KEY,
+    JOIN_GROUP, SYNC_GROUP, HEARTBEAT, LEAVE_GROUP, OFFSET_COMMIT, OFFSET_FETCH, LIST_GROUPS, DESCRIBE_GROUPS,
+    DELETE_GROUPS, OFFSET_DELETE,
 })
 
 API_NAMES = {key: cls.NAME[: -len("Request")] for key, cls in m.REQUESTS.items()}

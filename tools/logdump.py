@@ -29,7 +29,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from coordinator.log import LOG_NAME, LogError, read_log_file
+from coordinator.store.logformat import LOG_NAME, LogError, read_log_file
 
 _I16 = struct.Struct(">h")
 _SHARD_DIR = re.compile(r"shard-(\d+)")

@@ -173,7 +173,7 @@ def test_failure_replies_replace_replies_with_valid_errors():
     follower = next(m for m in mids if m != g.leader_id)
     h.sync("g", g.generation, follower)
     res = h.gc.handle(14, 5, SyncGroupRequest(group_id="g", generation_id=g.generation, member_id=g.leader_id,
-                                               protocol_type="consumer", protocol_name="range"), h.now, "tok")
+                                               protocol_type="consumer", protocol_name="range"), "tok", h.now, h.wall)
     assert res.writes and len(res.replies) == 2
     failed = res.failure_replies()
     assert [t for t, _ in failed] == [t for t, _ in res.replies]
@@ -183,7 +183,7 @@ def test_failure_replies_replace_replies_with_valid_errors():
             type(r).decode(r.encode(v), v)
     commit = OffsetCommitRequest(group_id="x",
                                  topics=[OffsetCommitRequestTopic("t", [OffsetCommitRequestPartition(0, 1)])])
-    res = h.gc.handle(8, 8, commit, h.now, "c")
+    res = h.gc.handle(8, 8, commit, "c", h.now, h.wall)
     (_, r), = res.failure_replies()
     assert r.topics[0].partitions[0].error_code == E.COORDINATOR_NOT_AVAILABLE
 
@@ -197,13 +197,13 @@ def test_failure_replies_refuse_read_only_answers_instead_of_showing_state_that_
     h.form_group("g", 2)
     commit = OffsetCommitRequest(group_id="x", topics=[OffsetCommitRequestTopic("t", [
         OffsetCommitRequestPartition(0, 42), OffsetCommitRequestPartition(1, 43)])])
-    assert h.gc.handle(8, 8, commit, h.now, "c").writes
+    assert h.gc.handle(8, 8, commit, "c", h.now, h.wall).writes
     if version >= 8:
         fetch = OffsetFetchRequest(groups=[
             OffsetFetchRequestGroup("x", topics=[OffsetFetchRequestTopics("t", [0, 1])])])
     else:
         fetch = OffsetFetchRequest(group_id="x", topics=[OffsetFetchRequestTopic("t", [0, 1])])
-    res = h.gc.handle(FETCH, version, fetch, h.now, "f")
+    res = h.gc.handle(FETCH, version, fetch, "f", h.now, h.wall)
     assert res.shards  # it waits for x's shard
     (_, ok), = res.replies
     (_, r), = res.failure_replies()
@@ -218,12 +218,12 @@ def test_failure_replies_refuse_read_only_answers_instead_of_showing_state_that_
         if version >= 2:
             assert r.error_code == E.COORDINATOR_NOT_AVAILABLE
     if version <= 5:
-        described = h.gc.handle(15, version, DescribeGroupsRequest(groups=["g", "x"]), h.now, "d")
+        described = h.gc.handle(15, version, DescribeGroupsRequest(groups=["g", "x"]), "d", h.now, h.wall)
         (_, r), = described.failure_replies()
         assert [(g.group_id, g.error_code, g.members) for g in r.groups] == [
             ("g", E.COORDINATOR_NOT_AVAILABLE, []), ("x", E.COORDINATOR_NOT_AVAILABLE, [])]
         type(r).decode(r.encode(version), version)
-        listed = h.gc.handle(16, min(version, 5), ListGroupsRequest(), h.now, "l")
+        listed = h.gc.handle(16, min(version, 5), ListGroupsRequest(), "l", h.now, h.wall)
         (_, r), = listed.failure_replies()
         assert r.error_code == E.COORDINATOR_NOT_AVAILABLE and r.groups == []
 
@@ -248,10 +248,12 @@ def test_result_shards_tell_the_runtime_what_replies_depend_on():
     mids, gen = h.form_group("g", 1)
     sid = h.gc.shard_for("g")
     hb = HeartbeatRequest(group_id="g", generation_id=gen, member_id=mids[0])
-    res = h.gc.handle(12, 3, hb, h.now, "hb")
-    assert res.shards == frozenset() and res.writes == []
+    # a Heartbeat's whole answer is an error code: no writes, no shards it waits for
+    assert h.gc.heartbeat(3, hb, h.now) == E.NONE
+    with pytest.raises(ValueError, match="one entry point"):
+        h.gc.handle(12, 3, hb, "hb", h.now, h.wall)
     fetch = OffsetFetchRequest(groups=[OffsetFetchRequestGroup("g"), OffsetFetchRequestGroup("zz")])
-    res = h.gc.handle(9, 8, fetch, h.now, "f")
+    res = h.gc.handle(9, 8, fetch, "f", h.now, h.wall)
     assert res.shards == {sid, h.gc.shard_for("zz")}
 
 

@@ -2,6 +2,7 @@
 and how long, and each phase's duration; plus one log line per completed rebalance."""
 import pytest
 
+from coordinator import classic, offsets
 from coordinator import shard as shard_module
 from tests.coordinator.test_group_harness import Harness, sub
 
@@ -19,7 +20,8 @@ class RecordingLog:
 @pytest.fixture
 def logs(monkeypatch):
     rec = RecordingLog()
-    monkeypatch.setattr(shard_module, "log", rec)
+    for module in (shard_module, classic, offsets):  # the shard's modules share the "herd.group" logger
+        monkeypatch.setattr(module, "log", rec)
     return rec
 
 

@@ -10,7 +10,8 @@ from itertools import count
 
 from coordinator.clock import ManualClock
 from coordinator.config import Config
-from coordinator.groups import GroupCoordinator, Result
+from coordinator.group_coordinator import GroupCoordinator
+from coordinator.result import Result
 from protocol import errors
 from protocol.consumer import encode_subscription
 from protocol.messages import (
@@ -18,6 +19,7 @@ from protocol.messages import (
     DeleteGroupsRequest,
     DescribeGroupsRequest,
     HeartbeatRequest,
+    HeartbeatResponse,
     JoinGroupRequest,
     JoinGroupRequestProtocol,
     LeaveGroupRequest,
@@ -55,8 +57,8 @@ class Harness:
         self.config = Config(**settings).validate()
         self.clock = ManualClock(monotonic_ms=1_000)
         ids = count(1)
-        self.gc = GroupCoordinator(self.config, clock=self.clock, new_uuid=lambda: f"u{next(ids)}")
-        self.gc.loaded(self.now)
+        self.gc = GroupCoordinator(self.config, new_uuid=lambda: f"u{next(ids)}")
+        self.gc.loaded(self.now, self.wall)
         self.auto_timers = auto_timers
         self.replies: dict = {}  # token -> response
         self.reply_times: dict = {}  # token -> monotonic time delivered
@@ -69,6 +71,10 @@ class Harness:
     @property
     def now(self) -> int:
         return self.clock.monotonic_ms()
+
+    @property
+    def wall(self) -> int:
+        return self.clock.wall_ms()
 
     def absorb(self, result: Result) -> Result:
         self.results.append(result)
@@ -85,7 +91,11 @@ class Harness:
 
     def send(self, api_key: int, version: int, request, client_id: str = "cli", host: str = "/10.0.0.1"):
         token = (api_key, version, next(self._n))
-        self.absorb(self.gc.handle(api_key, version, request, self.now, token, client_id, host))
+        if api_key == HB:  # Heartbeat's one entry point answers with an error code only
+            resp = HeartbeatResponse(error_code=self.gc.heartbeat(version, request, self.now))
+            self.absorb(Result([], [(token, resp)]))
+        else:
+            self.absorb(self.gc.handle(api_key, version, request, token, self.now, self.wall, client_id, host))
         if self.auto_timers:
             self.fire()
         return token
@@ -103,7 +113,7 @@ class Harness:
             d = self.gc.next_deadline()
             if d is None or d > self.now:
                 return
-            self.absorb(self.gc.on_timers(self.now))
+            self.absorb(self.gc.on_timers(self.now, self.wall))
 
     def advance(self, ms: int) -> None:
         """Move time forward, firing timers at their exact deadlines on the way."""
@@ -114,7 +124,7 @@ class Harness:
                 break
             if d > self.now:
                 self.clock.advance(d - self.now)
-            self.absorb(self.gc.on_timers(self.now))
+            self.absorb(self.gc.on_timers(self.now, self.wall))
         self.clock.advance(target - self.now)
 
     def group(self, group_id: str):

@@ -417,6 +417,6 @@ def test_join_api_versions_all_answer():
 def test_unsupported_api_or_version_raises():
     h = Harness()
     with pytest.raises(ValueError):
-        h.gc.handle(3, 0, None, 0, "t")
+        h.gc.handle(3, 0, None, "t", 0, 0)
     with pytest.raises(ValueError):
-        h.gc.handle(JOIN, 10, None, 0, "t")
+        h.gc.handle(JOIN, 10, None, "t", 0, 0)

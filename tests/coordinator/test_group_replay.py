@@ -1,7 +1,7 @@
 """Replay round trip: a Result's writes fed into a fresh coordinator rebuild the same groups/offsets."""
 from coordinator import records
 from coordinator.clock import ManualClock
-from coordinator.groups import GroupCoordinator
+from coordinator.group_coordinator import GroupCoordinator
 from protocol import errors as E
 from tests.coordinator.test_group_harness import Harness, sub
 
@@ -31,7 +31,7 @@ def durable_view(gc: GroupCoordinator) -> dict:
 
 
 def replayed(h: Harness) -> GroupCoordinator:
-    fresh = GroupCoordinator(h.config, clock=ManualClock(monotonic_ms=h.now, wall_ms=h.clock.wall_ms()))
+    fresh = GroupCoordinator(h.config)
     for shard_id, key, value in h.writes:
         fresh.replay(shard_id, key, value)
     return fresh
@@ -85,13 +85,12 @@ def test_replayed_groups_serve_members_and_expire_them_after_loading():
     h = Harness(offsets_partitions=3)
     mids, gen = h.form_group("g", 2, session=5_000)
     fresh = replayed(h)
-    fresh.loaded(h.now)
+    fresh.loaded(h.now, h.wall)
     from protocol.messages import HeartbeatRequest
     hb = HeartbeatRequest(group_id="g", generation_id=gen, member_id=mids[0])
-    r = fresh.handle(12, 3, hb, h.now + 4_000, "t")
-    assert r.replies[0][1].error_code == E.NONE
+    assert fresh.heartbeat(3, hb, h.now + 4_000) == E.NONE
     # mids[1] never heartbeats after the restart: expired 5000 ms after loading
-    res = fresh.on_timers(h.now + 5_000)
+    res = fresh.on_timers(h.now + 5_000, h.wall + 5_000)
     assert res.writes == []
     g = fresh._shard("g").groups["g"]
     assert set(g.members) == {mids[0]} and g.state == "PreparingRebalance"
@@ -100,10 +99,10 @@ def test_replayed_groups_serve_members_and_expire_them_after_loading():
 def test_replay_of_a_group_over_the_size_limit_rebalances_on_load():
     h = Harness(offsets_partitions=2)
     mids, gen = h.form_group("g", 3)
-    small = GroupCoordinator(h.config.replace(group_max_size=2), clock=ManualClock())
+    small = GroupCoordinator(h.config.replace(group_max_size=2))
     for w in h.writes:
         small.replay(*w)
-    small.loaded(0)
+    small.loaded(0, ManualClock().wall_ms())
     g = small._shard("g").groups["g"]
     assert g.state == "PreparingRebalance" and g.rebalance.reason == "over_capacity"
 
@@ -111,7 +110,7 @@ def test_replay_of_a_group_over_the_size_limit_rebalances_on_load():
 def test_replay_routes_records_from_another_partition_count():
     h = Harness(offsets_partitions=4)
     h.commit("g", {("t", 0): 1})
-    other = GroupCoordinator(h.config.replace(offsets_partitions=7), clock=ManualClock())
+    other = GroupCoordinator(h.config.replace(offsets_partitions=7))
     for shard_id, key, value in h.writes:
         other.replay(shard_id, key, value)
     assert other.group_offsets("g") == {"t": {0: other.group_offsets("g")["t"][0]}}

@@ -1,6 +1,6 @@
 """Every timer path, with the manual clock: initial delay and its debounce, rebalance timeout,
 session expiry, new-member join timeout, pending-member expiry, pending-sync expiry."""
-from coordinator.shard import NEW_MEMBER_JOIN_TIMEOUT_MS
+from coordinator.classic import NEW_MEMBER_JOIN_TIMEOUT_MS
 from protocol import errors as E
 from tests.coordinator.test_group_harness import Harness, sub
 
@@ -270,7 +270,7 @@ def test_next_deadline_tracks_the_earliest_timer():
 
 
 def test_timer_work_is_done_in_bounded_chunks_and_finishes_over_later_calls():
-    from coordinator.groups import TIMER_STEPS_PER_CALL
+    from coordinator.group_coordinator import TIMER_STEPS_PER_CALL
     h = Harness(auto_timers=False)  # the harness's own firing settles deadlines eagerly
     n = TIMER_STEPS_PER_CALL + 500
     members = {}
@@ -287,10 +287,10 @@ def test_timer_work_is_done_in_bounded_chunks_and_finishes_over_later_calls():
     for gid, mid in members.items():
         assert h.heartbeat(gid, 1, mid).error_code == 0  # every deadline extended lazily
     h.clock.advance(5_500)  # every armed entry is due, none has expired
-    first = h.gc.on_timers(h.now)
+    first = h.gc.on_timers(h.now, h.wall)
     assert not first.writes and h.gc.next_check() <= h.now  # stopped with work left
     while h.gc.next_check() <= h.now:
-        h.absorb(h.gc.on_timers(h.now))
+        h.absorb(h.gc.on_timers(h.now, h.wall))
     assert all(h.state(g) == "Stable" for g in members)  # re-armed, nobody expired
     h.advance(10_000)
     assert all(h.state(g) == "Empty" for g in members)  # then the sessions do expire

@@ -1,4 +1,4 @@
-"""coordinator/log.py: framing, replay, torn tails, mid-log corruption, group commit, compaction,
+"""coordinator/store/ (the file log): framing, replay, torn tails, mid-log corruption, group commit, compaction,
 fsync failures, and a SIGKILL'd writer process. No sleeps: every interleaving is forced with events."""
 from __future__ import annotations
 
@@ -16,15 +16,19 @@ from pathlib import Path
 
 import pytest
 
-from coordinator import log as L
-from coordinator.log import (
+from coordinator.store import ShardFailedError
+from coordinator.store import compaction as LC
+from coordinator.store import fileio as LI
+from coordinator.store import filelog as LF
+from coordinator.store import logformat as L
+from coordinator.store import writer as LW
+from coordinator.store.filelog import LogStore
+from coordinator.store.logformat import (
     HEADER_SIZE,
     LogClosedError,
     LogCorruptError,
     LogError,
     LogFormatError,
-    LogStore,
-    ShardFailedError,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,7 +56,8 @@ class Recorder:
 @pytest.fixture
 def events(monkeypatch):
     rec = Recorder()
-    monkeypatch.setattr(L, "log", rec)
+    for module in (LF, LW, LC, LI):  # the file log's modules share the "herd.log" logger
+        monkeypatch.setattr(module, "log", rec)
     return rec
 
 
@@ -226,7 +231,7 @@ def test_group_commit_one_fsync_per_touched_file_per_batch(tmp_path, monkeypatch
             assert release.wait(WAIT)
         real_fsync(fd)
 
-    monkeypatch.setattr(L, "_fdatasync", fsync)
+    monkeypatch.setattr(LW, "_fdatasync", fsync)
     first = s.append(0, [kv(-1)])
     assert entered.wait(WAIT)  # the writer is inside the first batch's fsync
     futures = []
@@ -277,7 +282,7 @@ def test_one_turns_batches_are_dealt_out_over_the_free_sync_threads(tmp_path, mo
     # at once (no pool of its own), never more than two fdatasyncs at a time, one per shard
     s = LogStore(tmp_path, 4, fsync="always", sync_jobs=2)
     s.open()
-    real = L._fdatasync
+    real = LW._fdatasync
     lock = threading.Lock()
     running, seen = [0], []
     both = threading.Barrier(2, timeout=WAIT)
@@ -292,7 +297,7 @@ def test_one_turns_batches_are_dealt_out_over_the_free_sync_threads(tmp_path, mo
         with lock:
             running[0] -= 1
 
-    monkeypatch.setattr(L, "_fdatasync", fdatasync)
+    monkeypatch.setattr(LW, "_fdatasync", fdatasync)
     results, done = listen_for(s, 4)
     for shard in range(4):
         s.submit(shard, [kv(shard), kv(10 + shard)])
@@ -330,7 +335,7 @@ def test_a_batch_that_waited_for_its_shard_runs_on_the_thread_that_synced_it(tmp
     # the job launched when a shard's fsync ends runs on that thread, not handed to an idle one
     s = LogStore(tmp_path, 2, fsync="always", sync_jobs=2)
     s.open()
-    real = L._fdatasync
+    real = LW._fdatasync
     calls, entered, release = [], threading.Event(), threading.Event()
 
     def fdatasync(fd):
@@ -340,7 +345,7 @@ def test_a_batch_that_waited_for_its_shard_runs_on_the_thread_that_synced_it(tmp
             assert release.wait(WAIT)
         real(fd)
 
-    monkeypatch.setattr(L, "_fdatasync", fdatasync)
+    monkeypatch.setattr(LW, "_fdatasync", fdatasync)
     results, done = listen_for(s, 2)
     queued = []
     real_put = s._sync_queue.put
@@ -369,7 +374,7 @@ def test_fsync_never_never_calls_fsync(tmp_path, monkeypatch):
         raise AssertionError("fsync called under fsync='never'")
 
     monkeypatch.setattr(os, "fsync", no_fsync)
-    monkeypatch.setattr(L, "_fdatasync", no_fsync)
+    monkeypatch.setattr(LW, "_fdatasync", no_fsync)
     futures = [s.append(i % 2, [kv(i)]) for i in range(100)]
     for f in futures:
         assert f.result(WAIT) is None
@@ -395,7 +400,7 @@ def test_fsync_failure_fails_the_batch_and_the_shard_refuses_further_appends(tmp
             raise OSError(errno.EIO, "Input/output error")
         real_fsync(fd)
 
-    monkeypatch.setattr(L, "_fdatasync", fsync)
+    monkeypatch.setattr(LW, "_fdatasync", fsync)
     f = s.append(0, [kv(1)])
     with pytest.raises(OSError) as info:
         f.result(WAIT)
@@ -768,7 +773,7 @@ def test_no_automatic_compaction_when_mostly_live(tmp_path):
 CHILD = textwrap.dedent("""
     import sys, threading
     import structlog
-    from coordinator.log import LogStore
+    from coordinator.store.filelog import LogStore
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     data_dir, repeat, threshold = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     store = LogStore(data_dir, 4, fsync="always", compact_threshold_bytes=threshold)
@@ -885,7 +890,7 @@ def test_fsync_always_preallocates_and_a_crash_leaves_a_zero_tail_that_is_not_da
         s.append(0, [kv(i)]).result(WAIT)
     logical = s.stats()[0].bytes
     raw = log_path(tmp_path / "d").read_bytes()
-    assert len(raw) > L.PREALLOC_MIN > logical and raw[logical:] == bytes(len(raw) - logical)
+    assert len(raw) > LW.PREALLOC_MIN > logical and raw[logical:] == bytes(len(raw) - logical)
     crashed = snapshot(tmp_path / "d", tmp_path / "crashed")
     s.close()
     assert log_path(tmp_path / "d").stat().st_size == logical  # a clean stop trims the zeros
@@ -984,7 +989,7 @@ def test_listener_learns_of_a_failed_fsync_and_of_writes_to_the_failed_shard(tmp
             raise OSError(errno.EIO, "Input/output error")
         os.fsync(fd)
 
-    monkeypatch.setattr(L, "_fdatasync", fsync)
+    monkeypatch.setattr(LW, "_fdatasync", fsync)
     s.submit(0, [kv(1)])
     s.submit(1, [kv(2)])
     got.extend(s.flush())
@@ -1030,7 +1035,7 @@ def test_fsync_always_flush_returns_at_once_and_the_listener_hears_when_durable(
         got.extend(results)
         heard.set()
 
-    monkeypatch.setattr(L, "_fdatasync", fsync)
+    monkeypatch.setattr(LW, "_fdatasync", fsync)
     s.set_listener(listener)
     s.submit(0, [kv(1)])
     assert s.flush() == []  # the fsync runs on the pool: the caller does not wait for it
@@ -1065,7 +1070,7 @@ def test_one_fsync_per_file_at_a_time_so_a_failed_one_is_never_papered_over(tmp_
         if sum(1 for shard, _seq, _e in got if shard == 0) >= 2:
             heard.set()
 
-    monkeypatch.setattr(L, "_fdatasync", fsync)
+    monkeypatch.setattr(LW, "_fdatasync", fsync)
     s.set_listener(listener)
     s.submit(0, [kv(1)])
     s.flush()

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.log import LOG_NAME, LogStore
+from coordinator.store.filelog import LogStore
+from coordinator.store.logformat import LOG_NAME
 from protocol.messages import (
     GroupMetadataKey,
     GroupMetadataValue,

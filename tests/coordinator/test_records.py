@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from coordinator import records
 from coordinator.config import Config
-from coordinator.groups import GroupCoordinator
+from coordinator.group_coordinator import GroupCoordinator
 from protocol.messages import (
     GroupMetadataKey,
     GroupMetadataValue,

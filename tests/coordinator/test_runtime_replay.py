@@ -5,7 +5,7 @@ from __future__ import annotations
 from coordinator import records as R
 from coordinator.catalog import Catalog
 from coordinator.config import Config
-from coordinator.groups import GroupCoordinator
+from coordinator.group_coordinator import GroupCoordinator
 from coordinator.metrics import HttpEndpoint, Metrics
 from coordinator.runtime import Runtime
 

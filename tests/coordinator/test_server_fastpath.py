@@ -14,11 +14,11 @@ import uvloop
 
 from coordinator.catalog import Catalog
 from coordinator.config import Config
-from coordinator.groups import GroupCoordinator
-from coordinator.log import LogStore
+from coordinator.group_coordinator import GroupCoordinator
 from coordinator.metrics import Counter, Histogram, RequestStats
 from coordinator.runtime import Runtime
 from coordinator.server import Connection, Server, _encode_body
+from coordinator.store.filelog import LogStore
 from coordinator.versions import API_NAMES
 from protocol import errors as E
 from protocol import messages as m
@@ -309,21 +309,21 @@ def test_held_commits_whose_fsync_fails_are_refused_in_order_and_nothing_after_t
     them, in request order."""
     import errno
 
-    from coordinator import log as L
+    from coordinator.store import writer as LW
 
     async def main():
         async with Edge(tmp_path, fsync="always") as edge:
             hb = await edge.member("g")
             shard = edge.runtime.groups.shard_for("s1")
             path = edge.store._shards[shard].path
-            real = L._fdatasync
+            real = LW._fdatasync
 
             def fdatasync(fd):
                 if os.path.samefile(f"/proc/self/fd/{fd}", path):
                     raise OSError(errno.EIO, "injected")
                 return real(fd)
 
-            monkeypatch.setattr(L, "_fdatasync", fdatasync)
+            monkeypatch.setattr(LW, "_fdatasync", fdatasync)
             conn, tr = edge.connect()
             fetch = m.OffsetFetchRequest(group_id="s1", topics=[m.OffsetFetchRequestTopic(name="t",
                                                                                         partition_indexes=[0])])

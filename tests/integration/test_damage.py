@@ -23,8 +23,8 @@ import sys
 
 import pytest
 
-from coordinator.log import read_log_file
 from coordinator.records import decode_key
+from coordinator.store.logformat import read_log_file
 from protocol import messages as m
 from tests.support.daemon import REPO, Daemon
 from tests.support.kafka import RawClient

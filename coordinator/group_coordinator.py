@@ -1,152 +1,87 @@
-"""The group coordinator facade the runtime calls: routes requests to shards, shapes responses.
+"""The group coordinator facade the runtime calls: routes requests to shards, assembles answers.
 
-Pure: no asyncio, no sockets, no disk. Time comes in as arguments: ``now_ms`` is monotonic time
-(drives every timeout); wall-clock epoch ms (written into records as commit and state timestamps,
-and shown by the flight recorder) is the ``wall_ms`` argument when given, else ``clock.wall_ms()``
-of the :class:`~coordinator.clock.Clock` passed to the constructor (a
-:class:`~coordinator.clock.ManualClock` in tests).
+Pure: no asyncio, no sockets, no disk, no clock. Time comes in as arguments, read by the runtime
+from one :class:`~coordinator.clock.Clock`: ``now_ms`` is monotonic time (drives every timeout);
+``wall_ms`` is wall-clock epoch ms (written into records as commit and state timestamps, shown by
+the flight recorder). Tests pass a :class:`~coordinator.clock.ManualClock`'s readings.
 
 Contract with the runtime
 -------------------------
-* ``handle``/``on_timers``/``shutdown``/``fail_shard`` return a :class:`Result`. Append
-  ``result.writes`` to the shard logs in order; send ``result.replies`` only once *all* of that
-  result's writes are durable. Replies must also not overtake earlier, still pending writes of the
-  shards in ``result.shards`` (a reply that reads state, e.g. a follower's SyncGroup after the
-  leader's, or an OffsetFetch after a commit, must not be sent before that state is durable).
-  Heartbeat results have no ``shards``: they depend on nothing durable.
-* If writes fail, send ``result.failure_replies()`` instead of ``result.replies`` and call
-  :meth:`GroupCoordinator.fail_shard` for the shard: it then answers COORDINATOR_NOT_AVAILABLE
-  (retriable) until the process restarts and replays its log.
+* Every operation returns a :class:`~coordinator.result.Result` (``handle``, ``on_timers``,
+  ``shutdown``, ``refuse``/``fail_shard``/``unload``), except :meth:`GroupCoordinator.heartbeat`,
+  whose whole answer is an error code (it writes nothing, parks nothing and depends on nothing
+  durable; the edge answers it with cached bytes). Append ``result.writes`` to the store in order;
+  send ``result.replies`` only once *all* of that result's writes are durable. Replies must also
+  not overtake earlier, still pending writes of the shards in ``result.shards``.
+* If writes fail, send ``result.failure_replies(code)`` instead of ``result.replies`` and stop the
+  shard: :meth:`GroupCoordinator.fail_shard` (I/O failure: COORDINATOR_NOT_AVAILABLE until
+  restart) or :meth:`GroupCoordinator.unload` (the shard is another node's now: NOT_COORDINATOR).
 * After ``handle``/``on_timers``, re-arm the shard timer at :meth:`GroupCoordinator.next_check`
   (never later than :meth:`GroupCoordinator.next_deadline`) and call
   :meth:`GroupCoordinator.on_timers` when it passes (``loop.call_at``).
-* Start-up: ``replay`` every record of every shard, then ``loaded(now_ms)`` once (also with an
-  empty data dir: it arms the offset-retention cycle and session timers of loaded members).
+* Start-up: ``replay`` every record of the shards being loaded, then ``loaded(now_ms, wall_ms)``
+  (also with nothing replayed: it arms the offset-retention cycle and session timers of loaded
+  members) and they are served.
 """
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
 
 from coordinator import records
-from coordinator.clock import Clock, SystemClock
 from coordinator.config import Config
 from coordinator.group import STATES, Group
 from coordinator.partitioning import shard_for as _shard_for
-from coordinator.shard import Out, Shard, _commit_error, join_response, sync_response
+from coordinator.responses import described_group_error, error_response, offset_fetch_group_error
+from coordinator.result import NO_SHARDS, Result
+from coordinator.shard import Shard
+from coordinator.versions import (
+    API_NAMES,
+    DELETE_GROUPS,
+    DESCRIBE_GROUPS,
+    GROUP_APIS,
+    HEARTBEAT,
+    JOIN_GROUP,
+    LEAVE_GROUP,
+    LIST_GROUPS,
+    OFFSET_COMMIT,
+    OFFSET_DELETE,
+    OFFSET_FETCH,
+    SUPPORTED,
+    SYNC_GROUP,
+)
 from protocol import errors
 from protocol.messages import (
     DeleteGroupsResponse,
     DeleteGroupsResponseDeletableGroupResult,
     DescribeGroupsResponse,
-    DescribeGroupsResponseDescribedGroup,
-    HeartbeatResponse,
-    JoinGroupResponse,
-    LeaveGroupResponse,
     ListGroupsResponse,
-    OffsetCommitResponse,
-    OffsetCommitResponsePartition,
-    OffsetCommitResponseTopic,
-    OffsetDeleteResponse,
     OffsetFetchResponse,
     OffsetFetchResponseGroup,
     OffsetFetchResponsePartition,
     OffsetFetchResponsePartitions,
     OffsetFetchResponseTopic,
     OffsetFetchResponseTopics,
-    SyncGroupResponse,
 )
 
 __all__ = ["GroupCoordinator", "Result", "SUPPORTED_VERSIONS", "API_NAMES"]
 
-OFFSET_COMMIT = 8
-OFFSET_FETCH = 9
-JOIN_GROUP = 11
-HEARTBEAT = 12
-LEAVE_GROUP = 13
-SYNC_GROUP = 14
-DESCRIBE_GROUPS = 15
-LIST_GROUPS = 16
-DELETE_GROUPS = 42
-OFFSET_DELETE = 47
-
-# api key -> (min, max) version this coordinator answers (for ApiVersions)
-SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
-    OFFSET_COMMIT: (0, 9), OFFSET_FETCH: (0, 9), JOIN_GROUP: (0, 9), HEARTBEAT: (0, 4),
-    LEAVE_GROUP: (0, 5), SYNC_GROUP: (0, 5), DESCRIBE_GROUPS: (0, 5), LIST_GROUPS: (0, 5),
-    DELETE_GROUPS: (0, 2), OFFSET_DELETE: (0, 0),
-}
-API_NAMES = {OFFSET_COMMIT: "OffsetCommit", OFFSET_FETCH: "OffsetFetch", JOIN_GROUP: "JoinGroup",
-             HEARTBEAT: "Heartbeat", LEAVE_GROUP: "LeaveGroup", SYNC_GROUP: "SyncGroup",
-             DESCRIBE_GROUPS: "DescribeGroups", LIST_GROUPS: "ListGroups", DELETE_GROUPS: "DeleteGroups",
-             OFFSET_DELETE: "OffsetDelete"}
+# api key -> (min, max) version this coordinator answers (what ApiVersions advertises for them)
+SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {key: SUPPORTED[key] for key in GROUP_APIS}
 
 _NONE = errors.NONE
-_NO_SHARDS: frozenset = frozenset()
+_NO_SHARDS = NO_SHARDS
 # Timer heap entries looked at per on_timers call (~1-2 ms of re-arming extended heartbeat deadlines
 # on the machine measured); more is left for the next loop turn, with I/O served in between.
 TIMER_STEPS_PER_CALL = 500
 _REPLAY_PREFIXES_MAX = 100_000  # bounds the replay cache when there are very many (group, topic) pairs
 
 
-@dataclass(slots=True)
-class Result:
-    writes: list[tuple[int, bytes, bytes | None]] = field(default_factory=list)
-    """``(shard_id, key, value)`` to append durably, in order (value None = tombstone)."""
-    replies: list[tuple[object, object]] = field(default_factory=list)
-    """``(token, response)``: send only after all of this result's writes are durable."""
-    shards: frozenset = _NO_SHARDS
-    """Shards whose earlier pending writes these replies must not overtake."""
-
-    def failure_replies(self, error_code: int = errors.COORDINATOR_NOT_AVAILABLE) -> list[tuple]:
-        """The replies to send instead of :attr:`replies` when the writes failed: each response
-        replaced by the same API's answer with ``error_code`` (valid at every version)."""
-        return [(token, _as_error(resp, error_code)) for token, resp in self.replies]
-
-
-def _as_error(resp, code: int):
-    if isinstance(resp, JoinGroupResponse):
-        return JoinGroupResponse(error_code=code, member_id=resp.member_id, protocol_name="")
-    if isinstance(resp, SyncGroupResponse):
-        return SyncGroupResponse(error_code=code)
-    if isinstance(resp, HeartbeatResponse):
-        return HeartbeatResponse(error_code=code)
-    if isinstance(resp, LeaveGroupResponse):
-        return LeaveGroupResponse(error_code=code)
-    if isinstance(resp, OffsetCommitResponse):
-        return OffsetCommitResponse(topics=[
-            OffsetCommitResponseTopic(t.name, [OffsetCommitResponsePartition(p.partition_index, code)
-                                               for p in t.partitions]) for t in resp.topics])
-    if isinstance(resp, OffsetDeleteResponse):
-        return OffsetDeleteResponse(error_code=code)
-    if isinstance(resp, DeleteGroupsResponse):
-        return DeleteGroupsResponse(results=[DeleteGroupsResponseDeletableGroupResult(r.group_id, code)
-                                             for r in resp.results])
-    # Read-only answers wait for the writes of their shards before them (Result.shards): they
-    # describe state that never became durable, so they are refused too, never sent as they are.
-    if isinstance(resp, OffsetFetchResponse):
-        if resp.groups:  # v8+
-            return OffsetFetchResponse(groups=[OffsetFetchResponseGroup(group_id=g.group_id, topics=[],
-                                                                        error_code=code) for g in resp.groups])
-        # v0-1 have no top-level error: the partitions carry it (as herd's own unavailable answer)
-        return OffsetFetchResponse(error_code=code, topics=[
-            OffsetFetchResponseTopic(t.name, [OffsetFetchResponsePartition(p.partition_index, -1, -1, "", code)
-                                              for p in t.partitions]) for t in resp.topics])
-    if isinstance(resp, DescribeGroupsResponse):
-        return DescribeGroupsResponse(groups=[DescribeGroupsResponseDescribedGroup(error_code=code, group_id=g.group_id)
-                                              for g in resp.groups])
-    if isinstance(resp, ListGroupsResponse):
-        return ListGroupsResponse(error_code=code)
-    return resp
-
-
 class GroupCoordinator:
     """All offsets partitions (shards) of this node. See the module docstring for the contract."""
 
-    def __init__(self, config: Config, node_id: int = 0, clock: Clock | None = None, new_uuid=None):
+    def __init__(self, config: Config, node_id: int = 0, new_uuid=None):
         self.config = config
         self.node_id = node_id
-        self.clock = clock if clock is not None else SystemClock()
         self._new_uuid = new_uuid or (lambda: str(uuid.uuid4()))
         self.stats: dict[str, int] = {}
         self._n = config.offsets_partitions
@@ -164,7 +99,7 @@ class GroupCoordinator:
         # replay: offset-key prefix (group + topic) -> (group, topic, owning shard); emptied by loaded()
         self._replay_prefixes: dict[bytes, tuple[str, str, int]] = {}
         self._dispatch = {
-            JOIN_GROUP: self._join_group, SYNC_GROUP: self._sync_group, HEARTBEAT: self._heartbeat,
+            JOIN_GROUP: self._join_group, SYNC_GROUP: self._sync_group,
             LEAVE_GROUP: self._leave_group, OFFSET_COMMIT: self._offset_commit,
             OFFSET_FETCH: self._offset_fetch,
             LIST_GROUPS: self._list_groups, DESCRIBE_GROUPS: self._describe_groups,
@@ -183,12 +118,7 @@ class GroupCoordinator:
         """The error a request routed to ``shard`` gets now, or NONE."""
         if self._closed:
             return errors.NOT_COORDINATOR
-        if shard.failed:
-            return errors.COORDINATOR_NOT_AVAILABLE
-        return _NONE
-
-    def _wall(self, wall_ms: int | None) -> int:
-        return wall_ms if wall_ms is not None else self.clock.wall_ms()
+        return shard.refusal
 
     # ---- start-up -------------------------------------------------------------------------------
 
@@ -230,80 +160,77 @@ class GroupCoordinator:
         known = self._replay_prefixes[prefix] = (*names, _shard_for(names[0], self._n))
         return known
 
-    def loaded(self, now_ms: int, wall_ms: int | None = None) -> None:
-        """Call once after replay (also with nothing replayed)."""
+    def loaded(self, now_ms: int, wall_ms: int, shard_ids=None) -> None:
+        """Call once after replay (also with nothing replayed): the shards (``shard_ids``, default
+        all) start serving: session timers of loaded members, the offset-retention cycle."""
         self._replay_prefixes = {}
-        wall = self._wall(wall_ms)
-        for shard in self.shards:
-            out = shard.on_loaded(now_ms, wall)
+        for shard in (self.shards if shard_ids is None else [self.shards[i] for i in shard_ids]):
+            out = shard.on_loaded(now_ms, wall_ms)
             assert not out.writes and not out.replies, "loading produced output"
+            shard.refusal = _NONE
 
     # ---- requests -------------------------------------------------------------------------------
 
-    def handle(self, api_key: int, api_version: int, request, now_ms: int, token, client_id: str = "",
-               client_host: str = "", wall_ms: int | None = None) -> Result:
-        """Answer one request. ``token`` identifies the reply (the runtime's handle for the
-        connection and correlation id); a parked JoinGroup/SyncGroup is answered in a later
-        Result."""
+    def handle(self, api_key: int, api_version: int, request, token, now_ms: int, wall_ms: int,
+               client_id: str = "", client_host: str = "") -> Result:
+        """Answer one request (every group API but Heartbeat: see :meth:`heartbeat`). ``token``
+        identifies the reply (the runtime's handle for the connection and correlation id); a
+        parked JoinGroup/SyncGroup is answered in a later Result."""
         fn = self._dispatch.get(api_key)
         if fn is None:
+            if api_key == HEARTBEAT:
+                raise ValueError("Heartbeat has one entry point: GroupCoordinator.heartbeat")
             raise ValueError(f"api key {api_key} is not handled by the group coordinator")
         lo, hi = SUPPORTED_VERSIONS[api_key]
         if not lo <= api_version <= hi:
             raise ValueError(f"{API_NAMES[api_key]} v{api_version} is not supported ({lo}-{hi})")
-        return fn(api_version, request, now_ms, token, client_id, client_host, wall_ms)
+        return fn(api_version, request, token, now_ms, wall_ms, client_id, client_host)
 
-    def heartbeat_code(self, version: int, req, now_ms: int) -> int:
-        """The hot path: a heartbeat writes nothing and depends on nothing durable, so it is
-        answered at once, and its answer is just an error code."""
+    def heartbeat(self, version: int, req, now_ms: int) -> int:
+        """The hot path, and Heartbeat's one entry point: a heartbeat writes nothing and depends on
+        nothing durable, so it is answered at once, and its answer is just an error code."""
         shard = self.shards[_shard_for(req.group_id, self._n)]
-        if shard.failed or self._closed:
+        if shard.refusal or self._closed:
             return self._unavailable(shard)
         return shard.heartbeat(req, version, now_ms)
 
-    def heartbeat(self, version: int, req, now_ms: int) -> HeartbeatResponse:
-        return HeartbeatResponse(error_code=self.heartbeat_code(version, req, now_ms))
-
-    def _heartbeat(self, version, req, now, token, client_id, client_host, wall_ms) -> Result:
-        return Result([], [(token, self.heartbeat(version, req, now))], _NO_SHARDS)
-
-    def _join_group(self, version, req, now, token, client_id, client_host, wall_ms) -> Result:
+    def _join_group(self, version, req, token, now, wall, client_id, client_host) -> Result:
         shard = self._shard(req.group_id)
         err = self._unavailable(shard)
         if err:
-            return Result([], [(token, join_response(version, err, req.member_id))])
-        out = Out()
-        shard.join_group(req, version, token, client_id, client_host, now, self._wall(wall_ms), out)
-        return Result(out.writes, out.replies, shard.shard_set)
+            return Result([], [(token, error_response(JOIN_GROUP, version, req, err))])
+        out = Result(shards=shard.shard_set)
+        shard.join_group(req, version, token, client_id, client_host, now, wall, out)
+        return out
 
-    def _sync_group(self, version, req, now, token, client_id, client_host, wall_ms) -> Result:
+    def _sync_group(self, version, req, token, now, wall, client_id, client_host) -> Result:
         shard = self._shard(req.group_id)
         err = self._unavailable(shard)
         if err:
-            return Result([], [(token, sync_response(version, err))])
-        out = Out()
-        shard.sync_group(req, version, token, now, self._wall(wall_ms), out)
-        return Result(out.writes, out.replies, shard.shard_set)
+            return Result([], [(token, error_response(SYNC_GROUP, version, req, err))])
+        out = Result(shards=shard.shard_set)
+        shard.sync_group(req, version, token, now, wall, out)
+        return out
 
-    def _leave_group(self, version, req, now, token, client_id, client_host, wall_ms) -> Result:
+    def _leave_group(self, version, req, token, now, wall, client_id, client_host) -> Result:
         shard = self._shard(req.group_id)
         err = self._unavailable(shard)
         if err:
-            return Result([], [(token, LeaveGroupResponse(error_code=err))])
-        resp, out = shard.leave_group(req, version, now, self._wall(wall_ms))
-        out.reply(token, resp)
-        return Result(out.writes, out.replies, shard.shard_set)
+            return Result([], [(token, error_response(LEAVE_GROUP, version, req, err))])
+        out = Result(shards=shard.shard_set)
+        shard.leave_group(req, version, token, now, wall, out)
+        return out
 
-    def _offset_commit(self, version, req, now, token, client_id, client_host, wall_ms) -> Result:
+    def _offset_commit(self, version, req, token, now, wall, client_id, client_host) -> Result:
         shard = self._shard(req.group_id)
         err = self._unavailable(shard)
         if err:
-            return Result([], [(token, _commit_error(req, err))])
-        resp, out = shard.offset_commit(req, version, now, self._wall(wall_ms))
-        out.reply(token, resp)
-        return Result(out.writes, out.replies, shard.shard_set)
+            return Result([], [(token, error_response(OFFSET_COMMIT, version, req, err))])
+        out = Result(shards=shard.shard_set)
+        shard.offset_commit(req, version, token, now, wall, out)
+        return out
 
-    def _offset_fetch(self, version, req, now, token, client_id, client_host, wall_ms) -> Result:
+    def _offset_fetch(self, version, req, token, now, wall, client_id, client_host) -> Result:
         touched = set()
         if version >= 8:
             groups_out = []
@@ -312,7 +239,7 @@ class GroupCoordinator:
                 touched.add(shard.shard_id)
                 err = self._unavailable(shard)
                 if err:
-                    groups_out.append(OffsetFetchResponseGroup(g.group_id, [], err))
+                    groups_out.append(offset_fetch_group_error(g.group_id, err))
                     continue
                 wanted = None if g.topics is None else [(t.name, t.partition_indexes) for t in g.topics]
                 rows = shard.fetch_offsets(g.group_id, wanted)
@@ -328,13 +255,7 @@ class GroupCoordinator:
             wanted = None if req.topics is None else [(t.name, t.partition_indexes) for t in req.topics]
             epochs = version >= 5
             if err:
-                if version < 2:  # no top-level error field: every partition carries it
-                    resp = OffsetFetchResponse(topics=[
-                        OffsetFetchResponseTopic(name, [OffsetFetchResponsePartition(p, -1, -1, "", err)
-                                                        for p in parts])
-                        for name, parts in (wanted or [])])
-                else:
-                    resp = OffsetFetchResponse(topics=[], error_code=err)
+                resp = error_response(OFFSET_FETCH, version, req, err)
             else:
                 rows = shard.fetch_offsets(req.group_id, wanted)
                 resp = OffsetFetchResponse(error_code=_NONE, topics=[
@@ -344,7 +265,7 @@ class GroupCoordinator:
                     for name, parts in rows])
         return Result([], [(token, resp)], frozenset(touched))
 
-    def _describe_groups(self, version, req, now, token, client_id, client_host, wall_ms) -> Result:
+    def _describe_groups(self, version, req, token, now, wall, client_id, client_host) -> Result:
         include_ops = version >= 3 and req.include_authorized_operations
         out_groups = []
         touched = set()
@@ -353,7 +274,7 @@ class GroupCoordinator:
             touched.add(shard.shard_id)
             err = self._unavailable(shard)
             if err:
-                out_groups.append(DescribeGroupsResponseDescribedGroup(error_code=err, group_id=gid))
+                out_groups.append(described_group_error(gid, err))
                 continue
             described = shard.describe_group(gid, include_ops)
             if version < 4:
@@ -362,14 +283,14 @@ class GroupCoordinator:
             out_groups.append(described)
         return Result([], [(token, DescribeGroupsResponse(groups=out_groups))], frozenset(touched))
 
-    def _list_groups(self, version, req, now, token, client_id, client_host, wall_ms) -> Result:
+    def _list_groups(self, version, req, token, now, wall, client_id, client_host) -> Result:
         states = {s.lower() for s in req.states_filter} if version >= 4 and req.states_filter else None
         types = {t.lower() for t in req.types_filter} if version >= 5 and req.types_filter else None
         listed = []
         for shard in self.shards:
             err = self._unavailable(shard)
             if err:  # as Kafka: a partition that cannot answer fails the whole listing
-                return Result([], [(token, ListGroupsResponse(error_code=err))], _NO_SHARDS)
+                return Result([], [(token, error_response(LIST_GROUPS, version, req, err))], _NO_SHARDS)
             listed.extend(shard.list_groups(states, types))
         if version < 4:
             for g in listed:
@@ -380,8 +301,8 @@ class GroupCoordinator:
         return Result([], [(token, ListGroupsResponse(error_code=_NONE, groups=listed))],
                       frozenset(range(self._n)))
 
-    def _delete_groups(self, version, req, now, token, client_id, client_host, wall_ms) -> Result:
-        out = Out()
+    def _delete_groups(self, version, req, token, now, wall, client_id, client_host) -> Result:
+        out = Result()
         results = []
         touched = set()
         for gid in req.groups_names:
@@ -392,40 +313,39 @@ class GroupCoordinator:
                 err = shard.delete_group(gid, out)
             results.append(DeleteGroupsResponseDeletableGroupResult(gid, err))
         out.reply(token, DeleteGroupsResponse(results=results))
-        return Result(out.writes, out.replies, frozenset(touched))
+        out.shards = frozenset(touched)
+        return out
 
-    def _offset_delete(self, version, req, now, token, client_id, client_host, wall_ms) -> Result:
+    def _offset_delete(self, version, req, token, now, wall, client_id, client_host) -> Result:
         shard = self._shard(req.group_id)
         err = self._unavailable(shard)
         if err:
-            return Result([], [(token, OffsetDeleteResponse(error_code=err))])
-        resp, out = shard.offset_delete(req, now, self._wall(wall_ms))
-        out.reply(token, resp)
-        return Result(out.writes, out.replies, shard.shard_set)
+            return Result([], [(token, error_response(OFFSET_DELETE, version, req, err))])
+        out = Result(shards=shard.shard_set)
+        shard.offset_delete(req, version, token, now, wall, out)
+        return out
 
     # ---- timers and lifecycle ---------------------------------------------------------------------
 
-    def on_timers(self, now_ms: int, wall_ms: int | None = None) -> Result:
+    def on_timers(self, now_ms: int, wall_ms: int) -> Result:
         """Fire the timers due at ``now_ms``: session expiry, join completion (incl. the initial
         delay), pending-member and pending-sync expiry, offset retention. At most
         TIMER_STEPS_PER_CALL heap entries per call: while :meth:`next_check` is still <= now, more
         is due and the caller calls again (the runtime on its next loop turn)."""
-        out = Out()
+        out = Result()
         touched = set()
-        wall = None
         budget = TIMER_STEPS_PER_CALL
         for shard in self.shards:
-            if shard.failed or self._closed:
+            if shard.refusal or self._closed:
                 continue
             d = shard.timers.next_check()
             if d is not None and d <= now_ms:
                 if budget <= 0:
                     break  # the rest is still due: next_check() says so, the runtime calls again
-                if wall is None:
-                    wall = self._wall(wall_ms)
                 touched.add(shard.shard_id)
-                budget -= shard.on_timers(now_ms, wall, out, budget)
-        return Result(out.writes, out.replies, frozenset(touched))
+                budget -= shard.on_timers(now_ms, wall_ms, out, budget)
+        out.shards = frozenset(touched)
+        return out
 
     def _timers_pushed(self) -> None:
         self.timers_changed = True
@@ -447,7 +367,7 @@ class GroupCoordinator:
             return None
         best = None
         for shard in self.shards:
-            if shard.failed:
+            if shard.refusal:
                 continue
             d = of(shard)
             if d is not None and (best is None or d < best):
@@ -457,26 +377,51 @@ class GroupCoordinator:
     def shutdown(self) -> Result:
         """Answer every parked JoinGroup/SyncGroup with NOT_COORDINATOR (the clients look for the
         coordinator again); afterwards every request gets NOT_COORDINATOR."""
-        out = Out()
+        out = Result()
         for shard in self.shards:
             shard.release_parked(errors.NOT_COORDINATOR, out)
         self._closed = True
-        return Result(out.writes, out.replies, _NO_SHARDS)
+        return out
+
+    # ---- shard serving (the runtime's shard states drive these) -----------------------------------
+
+    def refuse(self, shard_id: int, error: int) -> Result:
+        """Stop serving ``shard_id``: every request for its groups gets ``error`` from now on, its
+        timers stop, and the requests parked in it are answered with ``error`` now (the Result's
+        replies: send them, they depend on nothing durable). Its state is kept (see
+        :meth:`unload`). ``error`` NONE is not allowed: :meth:`loaded` starts serving."""
+        if error == _NONE:
+            raise ValueError("refuse() needs an error code; loaded() starts serving a shard")
+        shard = self.shards[shard_id]
+        out = Result()
+        if shard.refusal != error:
+            shard.refusal = error
+            shard.release_parked(error, out)
+        return out
 
     def fail_shard(self, shard_id: int) -> Result:
-        """A write to ``shard_id``'s log failed: the shard stops; requests for its groups get
+        """A write to ``shard_id``'s store failed: the shard stops; requests for its groups get
         COORDINATOR_NOT_AVAILABLE (retriable) until restart. Returns the answers for requests
         parked in that shard (send them; they depend on nothing durable)."""
-        shard = self.shards[shard_id]
-        out = Out()
-        if not shard.failed:
-            shard.failed = True
-            shard.release_parked(errors.COORDINATOR_NOT_AVAILABLE, out)
-        return Result([], out.replies, _NO_SHARDS)
+        if self.shards[shard_id].refusal == errors.COORDINATOR_NOT_AVAILABLE:
+            return Result()
+        return self.refuse(shard_id, errors.COORDINATOR_NOT_AVAILABLE)
+
+    def unload(self, shard_id: int) -> Result:
+        """This node no longer owns ``shard_id``: answer its parked requests NOT_COORDINATOR,
+        forget its groups, offsets and timers (another node serves them now; a later load replays
+        them afresh), and refuse its requests with NOT_COORDINATOR."""
+        res = self.refuse(shard_id, errors.NOT_COORDINATOR)
+        fresh = Shard(shard_id, self.config, self._new_uuid, self.stats, self.rebalance_listeners)
+        fresh.refusal = errors.NOT_COORDINATOR
+        fresh.timers.on_push = self._timers_pushed
+        self.shards[shard_id] = fresh
+        self.timers_changed = True
+        return res
 
     @property
     def failed_shards(self) -> list[int]:
-        return [s.shard_id for s in self.shards if s.failed]
+        return [s.shard_id for s in self.shards if s.refusal == errors.COORDINATOR_NOT_AVAILABLE]
 
     # ---- operator views (plain data for metrics, the CLI and the flight recorder) --------------------
 

@@ -1,0 +1,648 @@
+"""The classic group protocol on one shard: JoinGroup, SyncGroup, Heartbeat, LeaveGroup, the
+rebalance they drive and its timers (session expiry, join completion, pending members and
+syncs). A mixin of :class:`coordinator.shard.Shard` (it works on the shard's groups, timers and
+records); the group's own state table is :mod:`coordinator.group`.
+"""
+from __future__ import annotations
+
+import structlog
+
+from coordinator.group import (
+    COMPLETING_REBALANCE,
+    DEAD,
+    EMPTY,
+    PREPARING_REBALANCE,
+    STABLE,
+    Group,
+    Member,
+    Parked,
+    RebalanceRecord,
+)
+from coordinator.responses import join_response, sync_response
+from coordinator.result import Result
+from protocol import errors
+from protocol.messages import (
+    JoinGroupResponseMember,
+    LeaveGroupRequestMemberIdentity,
+    LeaveGroupResponse,
+    LeaveGroupResponseMemberResponse,
+)
+
+__all__ = ["ClassicGroups", "NEW_MEMBER_JOIN_TIMEOUT_MS"]
+
+log = structlog.get_logger("herd.group")
+
+# Kafka's group.classic.new.member.join.timeout: a new member whose JoinGroup is parked is dropped
+# after this long if the rebalance has not completed (it cannot heartbeat without its member id).
+NEW_MEMBER_JOIN_TIMEOUT_MS = 300_000
+
+_NONE = errors.NONE
+
+
+def _member_ident(member: Member) -> dict:
+    return {"member_id": member.member_id, "group_instance_id": member.group_instance_id,
+            "client_id": member.client_id, "client_host": member.client_host}
+
+
+class _JoinCtx:
+    __slots__ = ("req", "version", "token", "client_id", "client_host", "protocols", "rebalance_timeout",
+                 "instance_id", "reason")
+
+    def __init__(self, req, version, token, client_id, client_host, protocols, rebalance_timeout, instance_id,
+                 reason):
+        self.req = req
+        self.version = version
+        self.token = token
+        self.client_id = client_id
+        self.client_host = client_host
+        self.protocols = protocols
+        self.rebalance_timeout = rebalance_timeout
+        self.instance_id = instance_id
+        self.reason = reason
+
+
+class ClassicGroups:
+    """The classic protocol's handlers of :class:`~coordinator.shard.Shard` (a mixin)."""
+
+    # ==== JoinGroup ==============================================================================
+
+    def join_group(self, req, version: int, token, client_id: str, client_host: str, now: int, wall: int,
+                   out: Result) -> None:
+        gid = req.group_id
+        mid = req.member_id
+        if not gid:
+            out.reply(token, join_response(version, errors.INVALID_GROUP_ID, mid))
+            return
+        cfg = self.config
+        if not cfg.min_session_timeout_ms <= req.session_timeout_ms <= cfg.max_session_timeout_ms:
+            out.reply(token, join_response(version, errors.INVALID_SESSION_TIMEOUT, mid))
+            return
+        unknown = mid == ""
+        group = self.groups.get(gid)
+        if group is None:
+            if not unknown:
+                out.reply(token, join_response(version, errors.UNKNOWN_MEMBER_ID, mid))
+                return
+            group = Group(gid, state_wall_ms=wall, history_size=cfg.rebalance_history_size)
+            self.groups[gid] = group
+        size_id = mid
+        if unknown and version >= 5 and req.group_instance_id is not None:
+            # herd: a restarting static member takes its own place back, so a full group can still
+            # restart its members (Kafka checks it as a newcomer and may answer GROUP_MAX_SIZE_REACHED)
+            size_id = group.static_members.get(req.group_instance_id, mid)
+        if not self._accept_joining_member(group, size_id):
+            member = group.members.get(mid)
+            if member is not None:
+                self._remove_member_and_update(group, member, "over_capacity",
+                                               "member rejected: group_max_size reached", now, wall, out)
+            out.reply(token, join_response(version, errors.GROUP_MAX_SIZE_REACHED, ""))
+            if mid in group.pending_members:
+                # the client resets its id: a kept pending id would hold the join phase until it
+                # expires (Kafka's group.remove forgets pending ids too)
+                group.pending_members.discard(mid)
+                self.timers.cancel(("pending", gid, mid))
+                self._maybe_complete_join_phase(group, now, wall, out)
+            return
+        protocols = [(p.name, p.metadata) for p in req.protocols]
+        rebalance_timeout = req.session_timeout_ms if version == 0 else req.rebalance_timeout_ms
+        ctx = _JoinCtx(req, version, token, client_id, client_host, protocols, rebalance_timeout,
+                       req.group_instance_id if version >= 5 else None, req.reason if version >= 8 else None)
+        if unknown:
+            self._join_new_member(group, ctx, now, wall, out)
+        else:
+            self._join_existing_member(group, ctx, now, wall, out)
+
+    def _accept_joining_member(self, group: Group, member_id: str) -> bool:
+        limit = self.config.group_max_size
+        state = group.state
+        if state in (EMPTY, DEAD):
+            return True
+        member = group.members.get(member_id)
+        if state == PREPARING_REBALANCE:
+            # counting awaiting members lets the last members to rejoin be the ones kicked out
+            return (member is not None and member.join is not None) or group.num_awaiting_join < limit
+        return member is not None or len(group.members) < limit
+
+    def _join_new_member(self, group: Group, ctx: _JoinCtx, now: int, wall: int, out: Result) -> None:
+        req, version = ctx.req, ctx.version
+        if group.state == DEAD:
+            out.reply(ctx.token, join_response(version, errors.COORDINATOR_NOT_AVAILABLE, ""))
+            return
+        if not group.supports_protocols(req.protocol_type, [n for n, _ in ctx.protocols]):
+            out.reply(ctx.token, join_response(version, errors.INCONSISTENT_GROUP_PROTOCOL, ""))
+            return
+        iid = ctx.instance_id
+        new_id = f"{iid if iid is not None else ctx.client_id}-{self._new_uuid()}"
+        if iid is not None:
+            old_id = group.static_members.get(iid)
+            if old_id is not None:
+                self._replace_static_member(group, ctx, old_id, new_id, now, wall, out)
+            else:
+                self._add_member_and_rebalance(group, ctx, new_id, now, wall, out)
+        elif version >= 4:
+            # KIP-394: hand out the id and wait for the member to come back with it
+            group.pending_members.add(new_id)
+            self.timers.schedule(("pending", group.group_id, new_id), now + req.session_timeout_ms)
+            out.reply(ctx.token, join_response(version, errors.MEMBER_ID_REQUIRED, new_id))
+        else:
+            self._add_member_and_rebalance(group, ctx, new_id, now, wall, out)
+
+    def _join_existing_member(self, group: Group, ctx: _JoinCtx, now: int, wall: int, out: Result) -> None:
+        req, version, token = ctx.req, ctx.version, ctx.token
+        mid = req.member_id
+        if group.state == DEAD:
+            out.reply(token, join_response(version, errors.COORDINATOR_NOT_AVAILABLE, mid))
+            return
+        if not group.supports_protocols(req.protocol_type, [n for n, _ in ctx.protocols]):
+            out.reply(token, join_response(version, errors.INCONSISTENT_GROUP_PROTOCOL, mid))
+            return
+        if mid in group.pending_members:
+            if ctx.instance_id is not None:
+                # Kafka raises IllegalStateException here (a pending member is never static)
+                out.reply(token, join_response(version, errors.UNKNOWN_SERVER_ERROR, mid))
+                return
+            self._add_member_and_rebalance(group, ctx, mid, now, wall, out)
+            return
+        err = group.validate_member(mid, ctx.instance_id)
+        if err != _NONE:
+            out.reply(token, join_response(version, err, mid))
+            return
+        member = group.members[mid]
+        state = group.state
+        if state == PREPARING_REBALANCE:
+            self._update_member_and_rebalance(group, member, ctx, "member_rejoined", "", now, wall, out)
+        elif state == COMPLETING_REBALANCE:
+            if member.matches(ctx.protocols):
+                # a retry of a JoinGroup whose response was lost: answer with the current generation
+                members = self._join_members(group, version) if group.is_leader(mid) else []
+                out.reply(token, join_response(version, _NONE, mid, group.generation, group.protocol_type,
+                                               group.protocol_name, group.leader_id, members))
+            else:
+                detail = f"member {mid} changed its metadata during {state}"
+                self._update_member_and_rebalance(group, member, ctx, "metadata_changed", detail, now, wall,
+                                                  out)
+        elif state == STABLE:
+            if group.is_leader(mid):
+                # the leader rejoins to trigger a rebalance (e.g. topic metadata changed)
+                self._update_member_and_rebalance(group, member, ctx, "leader_rejoin",
+                                                  f"leader {mid} rejoined during Stable", now, wall, out)
+            elif not member.matches(ctx.protocols):
+                detail = f"member {mid} changed its metadata during Stable"
+                self._update_member_and_rebalance(group, member, ctx, "metadata_changed", detail, now, wall,
+                                                  out)
+            else:
+                out.reply(token, join_response(version, _NONE, mid, group.generation, group.protocol_type,
+                                               group.protocol_name, group.leader_id, []))
+        else:  # Empty: the member was lost (e.g. expired); make it start over
+            out.reply(token, join_response(version, errors.UNKNOWN_MEMBER_ID, mid))
+
+    def _join_members(self, group: Group, version: int) -> list[JoinGroupResponseMember]:
+        proto = group.protocol_name
+        v5 = version >= 5
+        return [JoinGroupResponseMember(m.member_id, m.group_instance_id if v5 else None, m.metadata(proto))
+                for m in group.members.values()]
+
+    def _add_member_and_rebalance(self, group: Group, ctx: _JoinCtx, member_id: str, now: int, wall: int,
+                                  out: Result) -> None:
+        gid = group.group_id
+        member = Member(member_id, ctx.instance_id, ctx.client_id, ctx.client_host, ctx.rebalance_timeout,
+                        ctx.req.session_timeout_ms, ctx.req.protocol_type, ctx.protocols,
+                        hb_key=("hb", gid, member_id), joined_wall_ms=wall)
+        member.is_new = True
+        if group.state == PREPARING_REBALANCE and group.generation == 0:
+            # extends the initial rebalance delay of a brand-new group only (Kafka's
+            # addMemberAndRebalance): a group coming back from Empty waits one delay
+            group.new_member_added = True
+        group.add(member)
+        group.set_join(member, Parked(ctx.token, ctx.version, now))
+        self.timers.cancel(("pending", gid, member_id))
+        # a parked new member cannot heartbeat (no id yet): bound its wait instead
+        self.timers.schedule(member.hb_key, now + NEW_MEMBER_JOIN_TIMEOUT_MS)
+        if group.rebalance is not None and group.state == PREPARING_REBALANCE:
+            group.rebalance.on_join(member, now)
+        initial = group.state == EMPTY
+        self._maybe_prepare_rebalance_or_complete_join(
+            group, "initial" if initial else "member_joined",
+            f"member {member_id} joined (client {ctx.client_id!r} from {ctx.client_host or '?'})",
+            _member_ident(member), ctx.reason, now, wall, out)
+
+    def _update_member_and_rebalance(self, group: Group, member: Member, ctx: _JoinCtx, reason: str,
+                                     detail: str, now: int, wall: int, out: Result) -> None:
+        group.update_member(member, ctx.protocols, ctx.rebalance_timeout, ctx.req.session_timeout_ms)
+        self._park_join(group, member, Parked(ctx.token, ctx.version, now), out)
+        if group.rebalance is not None and group.state == PREPARING_REBALANCE:
+            group.rebalance.on_join(member, now)
+        self._maybe_prepare_rebalance_or_complete_join(group, reason, detail, _member_ident(member),
+                                                       ctx.reason, now, wall, out)
+
+    def _park_join(self, group: Group, member: Member, parked: Parked, out: Result) -> None:
+        old = group.set_join(member, parked)
+        if old is not None and old.token is not parked.token:
+            # herd: a JoinGroup superseded by a newer one from the same member is answered rather
+            # than dropped (Kafka drops it), so no connection waits forever
+            out.reply(old.token, join_response(old.version, errors.REBALANCE_IN_PROGRESS, member.member_id))
+
+    def _replace_static_member(self, group: Group, ctx: _JoinCtx, old_id: str, new_id: str, now: int,
+                               wall: int, out: Result) -> None:
+        """KIP-345: a static member came back with no member id: it takes over its instance id."""
+        gid = group.group_id
+        current_leader = group.leader_id
+        old, new = group.replace_static_member(ctx.instance_id, old_id, new_id, ("hb", gid, new_id))
+        # fence whoever still holds the old member id
+        if old.join is not None:
+            out.reply(old.join.token, join_response(old.join.version, errors.FENCED_INSTANCE_ID, old_id))
+            old.join = None
+        if old.sync is not None:
+            out.reply(old.sync.token, sync_response(old.sync.version, errors.FENCED_INSTANCE_ID))
+            old.sync = None
+        self.timers.cancel(old.hb_key)
+        self.timers.schedule(new.hb_key, now + new.session_timeout_ms)
+        if group.rebalance is not None:
+            group.rebalance.on_replaced(old_id, new, now)
+        group.update_member(new, ctx.protocols, ctx.rebalance_timeout, ctx.req.session_timeout_ms)
+        group.set_join(new, Parked(ctx.token, ctx.version, now))
+        detail = f"static member {ctx.instance_id} restarted: {old_id} replaced by {new_id}"
+        state = group.state
+        if state == STABLE:
+            if group.protocol_name == group.select_protocol():
+                # nothing the assignment depends on changed: persist the new id, no rebalance
+                parked = group.take_join(new)
+                group.subscribed_topics = group.compute_subscribed_topics()  # its subscription may differ
+                self._write_group(out, group)
+                self._count("static_member_rejoins_without_rebalance")
+                v = parked.version
+                if v >= 9:
+                    is_leader = group.is_leader(new_id)
+                    members = self._join_members(group, v) if is_leader else []
+                    resp = join_response(v, _NONE, new_id, group.generation, group.protocol_type,
+                                         group.protocol_name, group.leader_id, members,
+                                         skip_assignment=is_leader)
+                else:
+                    # before v9 the old leader id is returned, so a restarted leader acts as a
+                    # follower and fetches its stored assignment instead of reassigning
+                    resp = join_response(v, _NONE, new_id, group.generation, group.protocol_type,
+                                         group.protocol_name, current_leader, [])
+                out.reply(parked.token, resp)
+                return
+            self._maybe_prepare_rebalance_or_complete_join(
+                group, "static_member_replaced", detail + " with a protocol change", _member_ident(new),
+                ctx.reason, now, wall, out)
+        elif state == COMPLETING_REBALANCE:
+            # the leader may already be assigning to the old id: start over
+            self._prepare_rebalance(group, "static_member_replaced", detail + " during CompletingRebalance",
+                                    _member_ident(new), ctx.reason, now, wall, out)
+        elif state == PREPARING_REBALANCE:
+            self._maybe_complete_join_phase(group, now, wall, out)
+        else:  # pragma: no cover - a known static member cannot be in an Empty group
+            raise RuntimeError(f"static member {ctx.instance_id} rejoined group {gid} in state {state}")
+
+    # ==== rebalance machinery ====================================================================
+
+    def _maybe_prepare_rebalance_or_complete_join(self, group: Group, reason: str, detail: str, trigger,
+                                                  client_reason, now: int, wall: int, out: Result) -> None:
+        if group.can_rebalance():
+            self._prepare_rebalance(group, reason, detail, trigger, client_reason, now, wall, out)
+        else:
+            self._maybe_complete_join_phase(group, now, wall, out)
+
+    def _prepare_rebalance(self, group: Group, reason: str, detail: str, trigger, client_reason, now: int,
+                           wall: int, out: Result) -> None:
+        gid = group.group_id
+        if group.state == COMPLETING_REBALANCE:
+            self._reset_and_propagate_assignment_error(group, errors.REBALANCE_IN_PROGRESS, now, out)
+        group.pending_sync.clear()
+        self.timers.cancel(("sync", gid))
+        if group.rebalance is not None:  # a rebalance restarted before it completed
+            self._finish_rebalance(group, "restarted", now, wall)
+        initial = group.state == EMPTY
+        group.rebalance = RebalanceRecord(group, reason, detail, trigger, client_reason, now, wall)
+        self._count("rebalances_started")
+        if initial:
+            delay = self.config.initial_rebalance_delay_ms
+            remaining = max(group.rebalance_timeout_ms() - delay, 0)
+            group.join_phase = ("initial", delay, remaining)
+            self.timers.schedule(("join", gid), now + delay)
+        group.transition_to(PREPARING_REBALANCE, wall)
+        if not initial:
+            if group.has_all_members_joined():
+                self._complete_join(group, now, wall, out)
+            else:
+                group.join_phase = ("normal",)
+                self.timers.schedule(("join", gid), now + group.rebalance_timeout_ms())
+
+    def _maybe_complete_join_phase(self, group: Group, now: int, wall: int, out: Result) -> None:
+        # the initial rebalance of an Empty group always waits for its (debounced) delay
+        if (group.state == PREPARING_REBALANCE and group.previous_state != EMPTY
+                and group.has_all_members_joined()):
+            self._complete_join(group, now, wall, out)
+
+    def _complete_join(self, group: Group, now: int, wall: int, out: Result) -> None:
+        gid = group.group_id
+        self.timers.cancel(("join", gid))
+        group.join_phase = None
+        rec = group.rebalance
+        for m in group.not_yet_rejoined():
+            if not m.is_static:  # static members keep their place until their session expires
+                self._drop_member(group, m, "missed_rejoin", now, out)
+        if group.state == DEAD:
+            return
+        if not group.maybe_elect_new_joined_leader() and group.members:
+            # nobody rejoined (only static members remain): wait another round for sessions to expire
+            group.join_phase = ("normal",)
+            self.timers.schedule(("join", gid), now + group.rebalance_timeout_ms())
+            return
+        group.init_next_generation(wall)
+        if group.state == EMPTY:
+            self._write_group(out, group)
+            if rec is not None:
+                rec.on_join_done(group, now)
+                self._finish_rebalance(group, "empty", now, wall)
+            return
+        if rec is not None:
+            rec.on_join_done(group, now)
+        for m in group.members.values():
+            parked = group.take_join(m)
+            if parked is not None:
+                members = self._join_members(group, parked.version) if group.is_leader(m.member_id) else []
+                out.reply(parked.token, join_response(
+                    parked.version, _NONE, m.member_id, group.generation, group.protocol_type,
+                    group.protocol_name, group.leader_id, members))
+                # its session restarts now. herd: only for members that rejoined; Kafka also
+                # restarts the session of a static member that did not rejoin, which lets it stay
+                # silent for longer than its session timeout
+                self.timers.schedule(m.hb_key, now + m.session_timeout_ms)
+            m.is_new = False
+            group.pending_sync.add(m.member_id)
+        group.sync_generation = group.generation
+        self.timers.schedule(("sync", gid), now + group.rebalance_timeout_ms())
+
+    def _drop_member(self, group: Group, member: Member, why: str, now: int, out: Result) -> None:
+        """Remove a member, answering its parked requests with UNKNOWN_MEMBER_ID (so a live client
+        rejoins); no rebalance decision here."""
+        parked = group.take_join(member)
+        if parked is not None:
+            out.reply(parked.token, join_response(parked.version, errors.UNKNOWN_MEMBER_ID, ""))
+        if member.sync is not None:
+            out.reply(member.sync.token, sync_response(member.sync.version, errors.UNKNOWN_MEMBER_ID))
+            member.sync = None
+        group.remove(member.member_id)
+        self.timers.cancel(member.hb_key)
+        if group.rebalance is not None:
+            group.rebalance.on_removed(member.member_id, why, now)
+        self._count("members_removed_" + why)
+
+    def _remove_member_and_update(self, group: Group, member: Member, reason: str, detail: str, now: int,
+                                  wall: int, out: Result) -> None:
+        self._drop_member(group, member, reason, now, out)
+        state = group.state
+        if state in (STABLE, COMPLETING_REBALANCE):
+            self._maybe_prepare_rebalance_or_complete_join(group, reason, detail, _member_ident(member), None,
+                                                           now, wall, out)
+        elif state == PREPARING_REBALANCE and group.has_all_members_joined():
+            self._complete_join(group, now, wall, out)
+
+    def _reset_and_propagate_assignment_error(self, group: Group, error: int, now: int, out: Result) -> None:
+        for m in group.members.values():
+            m.assignment = b""
+        self._propagate_assignment(group, error, now, out)
+
+    def _propagate_assignment(self, group: Group, error: int, now: int, out: Result) -> None:
+        ptype, pname = group.protocol_type, group.protocol_name
+        for m in group.members.values():
+            parked = m.sync
+            if parked is not None:
+                m.sync = None
+                out.reply(parked.token, sync_response(parked.version, error, ptype, pname, m.assignment))
+                self.timers.schedule(m.hb_key, now + m.session_timeout_ms)
+
+    def _finish_rebalance(self, group: Group, outcome: str, now: int, wall: int) -> None:
+        rec = group.rebalance
+        group.rebalance = None
+        if rec is None:
+            return
+        rec.finish(group, outcome, now, wall)
+        entry = rec.as_dict()
+        group.history.append(rec)  # kept as the record: followers' late SyncGroups still update it
+        self._count(f"rebalances_{outcome}")
+        if outcome in ("stable", "empty"):
+            self._count(f"rebalances_completed_reason_{rec.reason}")
+            for listener in self.listeners:
+                listener(entry)
+            log.info("rebalance_completed", group_id=group.group_id, generation=entry["generation"],
+                     members=entry["members"], reason=rec.reason, duration_ms=entry["duration_ms"],
+                     outcome=outcome, protocol=entry["protocol"], detail=rec.detail,
+                     preparing_ms=entry["phases"]["preparing_ms"],
+                     completing_ms=entry["phases"]["completing_ms"],
+                     shard=self.shard_id)
+
+    # ==== SyncGroup ==============================================================================
+
+    def sync_group(self, req, version: int, token, now: int, wall: int, out: Result) -> None:
+        gid = req.group_id
+        if not gid:
+            out.reply(token, sync_response(version, errors.INVALID_GROUP_ID))
+            return
+        if version >= 5 and (req.protocol_type is None or req.protocol_name is None):
+            out.reply(token, sync_response(version, errors.INCONSISTENT_GROUP_PROTOCOL))
+            return
+        group = self.groups.get(gid)
+        if group is None or group.state == EMPTY:
+            out.reply(token, sync_response(version, errors.UNKNOWN_MEMBER_ID))
+            return
+        mid = req.member_id
+        err = group.validate_member(mid, req.group_instance_id if version >= 3 else None)
+        if err == _NONE and req.generation_id != group.generation:
+            err = errors.ILLEGAL_GENERATION
+        if err == _NONE and ((req.protocol_type is not None and group.protocol_type is not None
+                              and req.protocol_type != group.protocol_type)
+                             or (req.protocol_name is not None and group.protocol_name is not None
+                                 and req.protocol_name != group.protocol_name)):
+            err = errors.INCONSISTENT_GROUP_PROTOCOL
+        if err != _NONE:
+            out.reply(token, sync_response(version, err))
+            return
+        state = group.state
+        member = group.members[mid]
+        if state == PREPARING_REBALANCE:
+            out.reply(token, sync_response(version, errors.REBALANCE_IN_PROGRESS))
+        elif state == COMPLETING_REBALANCE:
+            old = member.sync
+            if old is not None and old.token is not token:
+                out.reply(old.token, sync_response(old.version, errors.REBALANCE_IN_PROGRESS))
+            member.sync = Parked(token, version, now)
+            self._remove_pending_sync(group, mid)
+            if group.rebalance is not None:
+                group.rebalance.on_sync(mid, now)
+            if group.is_leader(mid):
+                assignment = {}
+                for a in req.assignments:
+                    assignment[a.member_id] = a.assignment if a.assignment is not None else b""
+                for m in group.members.values():
+                    if m.member_id not in assignment:
+                        assignment[m.member_id] = b""
+                self._write_group(out, group, assignment)
+                for m in group.members.values():
+                    m.assignment = assignment[m.member_id]
+                self._propagate_assignment(group, _NONE, now, out)
+                group.transition_to(STABLE, wall)
+                self._finish_rebalance(group, "stable", now, wall)
+        else:  # Stable: the assignment is stored; a follower syncing late gets it here
+            self._remove_pending_sync(group, mid)
+            if group.history:
+                last = group.history[-1]
+                if last.outcome == "stable" and last.generation == group.generation:
+                    last.on_sync(mid, now)
+            self.timers.schedule(member.hb_key, now + member.session_timeout_ms)
+            out.reply(token, sync_response(version, _NONE, group.protocol_type, group.protocol_name,
+                                           member.assignment))
+
+    def _remove_pending_sync(self, group: Group, member_id: str) -> None:
+        group.pending_sync.discard(member_id)
+        if not group.pending_sync:
+            self.timers.cancel(("sync", group.group_id))
+
+    # ==== Heartbeat (hot path) ===================================================================
+
+    def heartbeat(self, req, version: int, now: int) -> int:
+        """-> the Heartbeat's error code (the whole answer: the edge sends cached bytes for it)."""
+        if not req.group_id:
+            return errors.INVALID_GROUP_ID
+        group = self.groups.get(req.group_id)
+        if group is None:
+            return errors.UNKNOWN_MEMBER_ID
+        member = group.members.get(req.member_id)
+        iid = req.group_instance_id
+        if iid is not None or member is None:
+            err = group.validate_member(req.member_id, iid)
+            if err != _NONE:
+                return err
+        if req.generation_id != group.generation:
+            return errors.ILLEGAL_GENERATION
+        state = group.state
+        if state == EMPTY:
+            return errors.UNKNOWN_MEMBER_ID
+        self.timers.schedule(member.hb_key, now + member.session_timeout_ms)
+        if state == PREPARING_REBALANCE:
+            return errors.REBALANCE_IN_PROGRESS
+        return _NONE
+
+    # ==== LeaveGroup =============================================================================
+
+    def leave_group(self, req, version: int, token, now: int, wall: int, out: Result) -> None:
+        gid = req.group_id
+        if version >= 3:
+            identities = req.members
+        else:
+            identities = [LeaveGroupRequestMemberIdentity(member_id=req.member_id)]
+        if not gid:
+            out.reply(token, LeaveGroupResponse(error_code=errors.INVALID_GROUP_ID))
+            return
+        group = self.groups.get(gid)
+        results: list[tuple[object, int]] = []
+        left = []
+        left_members: list[dict] = []
+        pending_left = False
+        if group is None:
+            results = [(ident, errors.UNKNOWN_MEMBER_ID) for ident in identities]
+        else:
+            for ident in identities:
+                mid, iid = ident.member_id, ident.group_instance_id
+                if mid == "":
+                    # administrative removal by instance id
+                    current = group.static_members.get(iid) if iid is not None else None
+                    if current is None:
+                        results.append((ident, errors.UNKNOWN_MEMBER_ID))
+                        continue
+                    member = group.members[current]
+                elif mid in group.pending_members:
+                    group.pending_members.discard(mid)
+                    self.timers.cancel(("pending", gid, mid))
+                    results.append((ident, _NONE))
+                    pending_left = True
+                    continue
+                else:
+                    err = group.validate_member(mid, iid)
+                    if err != _NONE:
+                        results.append((ident, err))
+                        continue
+                    member = group.members[mid]
+                self._drop_member(group, member, "left", now, out)
+                results.append((ident, _NONE))
+                left.append(member.member_id)
+                left_members.append(_member_ident(member))
+            state = group.state
+            if left and state in (STABLE, COMPLETING_REBALANCE):
+                reasons = [ident.reason for ident, e in results if e == _NONE and ident.reason]
+                self._maybe_prepare_rebalance_or_complete_join(
+                    group, "member_left", f"LeaveGroup for {', '.join(left)}",
+                    {"member_ids": left, "members": left_members},
+                    "; ".join(reasons) or None, now, wall, out)
+            elif (left or pending_left) and state == PREPARING_REBALANCE:
+                # a pending member that leaves only matters to a join phase waiting for it (as the
+                # Scala coordinator; Kafka's Java coordinator would also rebalance a Stable group)
+                self._maybe_complete_join_phase(group, now, wall, out)
+        if version < 3:
+            err = next((e for _, e in results if e != _NONE), _NONE)
+            out.reply(token, LeaveGroupResponse(error_code=err))
+            return
+        out.reply(token, LeaveGroupResponse(error_code=_NONE, members=[
+            LeaveGroupResponseMemberResponse(ident.member_id, ident.group_instance_id, e)
+            for ident, e in results]))
+
+    def _expire_heartbeat(self, gid: str, mid: str, now: int, wall: int, out: Result) -> None:
+        group = self.groups.get(gid)
+        if group is None or group.state == DEAD:
+            return
+        member = group.members.get(mid)
+        if member is None or member.has_satisfied_heartbeat():
+            return
+        why = "join_timeout" if member.is_new else "session_expired"
+        log.info("member_expired", group_id=gid, member_id=mid, client_id=member.client_id,
+                 client_host=member.client_host, why=why, generation=group.generation, shard=self.shard_id)
+        what = "never completed its join" if member.is_new else "stopped heartbeating"
+        detail = f"member {mid} (client {member.client_id!r} from {member.client_host or '?'}) {what}"
+        self._remove_member_and_update(group, member, why, detail, now, wall, out)
+
+    def _expire_pending_member(self, gid: str, mid: str, now: int, wall: int, out: Result) -> None:
+        group = self.groups.get(gid)
+        if group is None or mid not in group.pending_members:
+            return
+        group.pending_members.discard(mid)
+        self._count("pending_members_expired")
+        if group.state == PREPARING_REBALANCE and group.has_all_members_joined():
+            self._complete_join(group, now, wall, out)
+
+    def _on_join_timer(self, gid: str, now: int, wall: int, out: Result) -> None:
+        group = self.groups.get(gid)
+        if group is None or group.state != PREPARING_REBALANCE:
+            return
+        phase = group.join_phase
+        if phase is not None and phase[0] == "initial":
+            _, delay, remaining = phase
+            if group.new_member_added and remaining != 0:
+                # debounce: each new member buys another delay, capped by the rebalance timeout
+                group.new_member_added = False
+                new_delay = min(self.config.initial_rebalance_delay_ms, remaining)
+                group.join_phase = ("initial", new_delay, max(remaining - delay, 0))
+                self.timers.schedule(("join", gid), now + new_delay)
+                return
+        self._complete_join(group, now, wall, out)
+
+    def _expire_pending_sync(self, gid: str, now: int, wall: int, out: Result) -> None:
+        group = self.groups.get(gid)
+        if group is None or group.sync_generation != group.generation:
+            return
+        if group.state not in (COMPLETING_REBALANCE, STABLE) or not group.pending_sync:
+            return
+        missing = list(group.pending_sync)
+        missing_members = []
+        for mid in missing:
+            member = group.members.get(mid)
+            if member is not None:
+                missing_members.append(_member_ident(member))
+                self._drop_member(group, member, "sync_expired", now, out)
+            else:
+                group.pending_sync.discard(mid)
+        self._prepare_rebalance(group, "sync_expired", f"no SyncGroup from {', '.join(missing)} within the "
+                                f"rebalance timeout", {"member_ids": missing, "members": missing_members},
+                                None, now, wall, out)
