@@ -1,7 +1,6 @@
 """Connecting to the store's database, with every failure turned into one clear line."""
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 
