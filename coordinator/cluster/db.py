@@ -48,6 +48,6 @@ async def connect(url: PgURL, *, timeout: float = CONNECT_TIMEOUT_S, **kwargs) -
     """A new connection, or :class:`StoreConnectError` with one line. ``kwargs`` go to asyncpg
     (e.g. ``command_timeout``)."""
     try:
-        return await asyncpg.connect(**url.connect_kwargs(), timeout=timeout, **kwargs)
+        return await asyncpg.connect(**{**url.connect_kwargs(), **kwargs}, timeout=timeout)
     except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
         raise StoreConnectError(describe_connect_error(url, exc)) from None
