@@ -1,0 +1,219 @@
+"""Leases and membership against a real PostgreSQL: two or three lease managers in one process.
+
+Ownership is checked the way it matters: whenever a node is handed a shard, no other node may still
+consider itself able to serve it (``LeaseManager.serving``, its self-fencing deadline)."""
+import asyncio
+import time
+
+import asyncpg
+import pytest
+
+from coordinator.cluster.errors import DuplicateNodeError, OwnershipLostError
+from coordinator.cluster.leases import LeaseManager
+from coordinator.cluster.pgstore import PgStore
+from coordinator.cluster.schema import ensure_schema
+from coordinator.cluster.url import parse_store_url
+
+N = 12
+
+
+class Owner:
+    """A stand-in for the runtime: serves what it is given, optionally loading it into a PgStore."""
+
+    def __init__(self, node, cluster, store=None):
+        self.node, self.cluster, self.store = node, cluster, store
+        self.serving: dict[int, int] = {}
+        self.manager: LeaseManager | None = None
+
+    async def acquired(self, shard, epoch):
+        others = [m.node_id for m in self.cluster.managers if m is not self.manager and m.serving(shard)]
+        if others:
+            self.cluster.violations.append((shard, self.node, others))
+        if self.store is not None:
+            await self.store.load(shard, epoch)
+        self.serving[shard] = epoch
+        self.cluster.events.append(("acquired", self.node, shard, epoch))
+
+    def lost(self, shard):
+        self.serving.pop(shard, None)
+        if self.store is not None:
+            self.store.disown(shard)
+        self.cluster.events.append(("lost", self.node, shard))
+
+    async def releasing(self, shard):
+        self.serving.pop(shard, None)
+        if self.store is not None:
+            await self.store.drain()
+            self.store.disown(shard)
+        self.cluster.events.append(("released", self.node, shard))
+
+
+class Cluster:
+    def __init__(self, pg, lease_ms):
+        self.url = parse_store_url(pg.url)
+        self.lease_ms = lease_ms
+        self.managers: list[LeaseManager] = []
+        self.violations: list = []
+        self.events: list = []
+
+    async def node(self, node_id, store=None, start=True, **kw):
+        owner = Owner(node_id, self, store)
+        m = LeaseManager(self.url, node_id, N, owner, host="127.0.0.1", port=9000 + node_id, lease_ms=self.lease_ms)
+        owner.manager = m
+        self.managers.append(m)
+        if start:
+            await m.start(**kw)
+        return m
+
+    def counts(self):
+        return {m.node_id: len(m.owner.serving) for m in self.managers}
+
+    async def until(self, pred, timeout=15.0, what="condition"):
+        deadline = time.monotonic() + timeout
+        while not pred():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}: {self.counts()}"
+            await asyncio.sleep(0.02)
+
+    async def close(self):
+        for m in self.managers:
+            await m.abandon()
+
+
+@pytest.fixture
+async def cluster(pg):
+    conn = await asyncpg.connect(pg.url)
+    await ensure_schema(conn, N)
+    await conn.close()
+    made = []
+
+    async def make(lease_ms=2000):
+        c = Cluster(pg, lease_ms)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        await c.close()
+
+
+async def lease_rows(pg):
+    conn = await asyncpg.connect(pg.url)
+    try:
+        return {r["shard"]: dict(r) for r in await conn.fetch("SELECT * FROM herd_leases")}
+    finally:
+        await conn.close()
+
+
+async def test_nodes_share_evenly_and_shares_move_on_join(pg, cluster):
+    c = await cluster()
+    m1 = await c.node(1)
+    await c.until(lambda: c.counts() == {1: 12}, what="node 1 to take every shard")
+    first = {s: e for s, e in m1.held().items()}
+    await c.node(2)
+    await c.until(lambda: c.counts() == {1: 6, 2: 6}, what="6/6")
+    await c.node(3)
+    await c.until(lambda: c.counts() == {1: 4, 2: 4, 3: 4}, what="4/4/4")
+    assert c.violations == []
+    rows = await lease_rows(pg)
+    for shard, row in rows.items():
+        owner = row["owner"]
+        assert c.managers[owner - 1].held()[shard] == row["epoch"]
+        if owner != 1:
+            assert row["epoch"] > first[shard]  # a change of owner grows the epoch
+    assert [n.node_id for n in m1.nodes] == [1, 2, 3] and m1.nodes[1].port == 9002
+
+
+async def test_a_killed_nodes_shards_are_taken_after_its_leases_lapse(pg, cluster):
+    c = await cluster()
+    await c.node(1)
+    await c.node(2)
+    m3 = await c.node(3)
+    await c.until(lambda: c.counts() == {1: 4, 2: 4, 3: 4}, what="4/4/4")
+    dead = set(m3.held())
+    await m3.abandon()  # SIGKILL: no release, no more renewals
+    c.managers.remove(m3)
+    lapse = max(r["expires_at"] for s, r in (await lease_rows(pg)).items() if s in dead)
+    await c.until(lambda: c.counts() == {1: 6, 2: 6}, what="the survivors to take node 3's shards")
+    rows = await lease_rows(pg)
+    for shard in dead:
+        assert rows[shard]["owner"] in (1, 2) and rows[shard]["acquired_at"] >= lapse
+    assert c.violations == []
+
+
+async def test_a_released_share_is_taken_at_once(pg, cluster):
+    c = await cluster(lease_ms=60_000)  # no lease can lapse during this test: only hand-over moves shards
+    await c.node(1)
+    m2 = await c.node(2)
+    await c.until(lambda: c.counts() == {1: 6, 2: 6}, what="6/6", timeout=20)
+    given = set(m2.held())
+    mark = len(c.events)
+    started = time.monotonic()
+    await m2.stop()
+    c.managers.remove(m2)
+    await c.until(lambda: c.counts() == {1: 12}, what="node 1 to take node 2's shards", timeout=20)
+    assert time.monotonic() - started < 20  # far inside the 60 s lease: released, not lapsed
+    after = c.events[mark:]
+    released = [e for e in after if e[0] == "released" and e[1] == 2]
+    assert {e[2] for e in released} == given
+    last_release = max(i for i, e in enumerate(after) if e[0] == "released" and e[1] == 2)
+    first_take = min(i for i, e in enumerate(after) if e[0] == "acquired" and e[1] == 1 and e[2] in given)
+    assert last_release < first_take
+    rows = await lease_rows(pg)
+    assert all(rows[s]["owner"] == 1 for s in range(N)) and c.violations == []
+
+
+async def test_a_paused_node_wakes_learns_it_lost_and_steps_down(pg, cluster):
+    c = await cluster()
+    store = PgStore(parse_store_url(pg.url), N, 1)
+    await store.open()
+    heard = []
+    store.set_listener(heard.extend)
+    try:
+        m1 = await c.node(1, store=store)
+        await c.node(2)
+        await c.until(lambda: c.counts() == {1: 6, 2: 6} and len(store.owned()) == 6, what="6/6")
+        old = m1.held()
+        shard = min(old)
+        await m1.pause()  # SIGSTOP
+        await c.until(lambda: c.counts()[2] == 12, what="node 2 to take every shard")
+        assert not any(m1.serving(s) for s in old)  # its own clock already says stop
+        assert c.violations == []
+        # woken, its runtime writes before anything else ran: the database refuses it
+        assert store.owned()[shard] == old[shard]
+        store.submit(shard, [(b"k", b"stale")])
+        heard.extend(store.flush())
+        await store.drain()
+        assert isinstance(heard[-1][2], OwnershipLostError)
+        conn = await asyncpg.connect(pg.url)
+        try:
+            assert await conn.fetchval("SELECT count(*) FROM herd_records") == 0
+        finally:
+            await conn.close()
+        mark = len(c.events)
+        await m1.resume()
+        after = c.events[mark:]
+        lost = [e[2] for e in after if e[0] == "lost" and e[1] == 1]
+        assert set(lost) == set(old)
+        # then it rejoins the sharing with new epochs
+        await c.until(lambda: c.counts() == {1: 6, 2: 6}, what="6/6 again")
+        assert all(e > old.get(s, 0) for s, e in m1.held().items())
+        assert c.violations == []
+    finally:
+        await store.close()
+
+
+async def test_a_duplicate_live_node_id_is_refused_with_one_line(pg, cluster):
+    c = await cluster()
+    m1 = await c.node(1)
+    twin = await c.node(1, start=False)
+    with pytest.raises(DuplicateNodeError) as info:
+        await twin.start()
+    message = str(info.value)
+    assert message.startswith("node_id 1 is already live in this cluster (127.0.0.1:9001, last heartbeat ")
+    assert message.endswith(" s ago): give every node its own node_id") and "\n" not in message
+    await twin.abandon()
+    await m1.abandon()  # killed: its row stays live until its lease lapses
+    c.managers.remove(m1)
+    again = await c.node(1, start=False)
+    await again.start(wait_ms=10_000)  # a restart waits for the dead one's row to lapse
+    await c.until(lambda: len(again.held()) == N, what="the restarted node to take every shard")
