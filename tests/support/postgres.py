@@ -87,10 +87,10 @@ class PgServer:
     """One PostgreSQL server in a temporary directory. ``start()`` (initdb the first time),
     ``stop()``, ``restart()``, ``url(db)``, ``tcp_url(db)``, ``create_database()``, ``cleanup()``."""
 
-    def __init__(self, fsync: bool = False):
+    def __init__(self, fsync: bool = False, root: str | None = None):
         self.bin = bin_dir()
         self.fsync = fsync
-        self.base = Path(tempfile.mkdtemp(prefix="herd-pg-"))
+        self.base = Path(tempfile.mkdtemp(prefix="herd-pg-", dir=root))
         self.data = self.base / "data"
         self.sock = self.base / "sock"
         self.logfile = self.sock / "server.log"  # written by the server user
