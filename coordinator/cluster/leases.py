@@ -121,6 +121,7 @@ class LeaseManager:
         self._conn: asyncpg.Connection | None = None
         self._task: asyncio.Task | None = None
         self._loads: dict[int, asyncio.Task] = {}
+        self._unloaded: dict[int, int] = {}  # shard -> epoch: failed to load, lease to be freed
         self._wake = asyncio.Event()
         self._running = False
         # figures for metrics
@@ -149,6 +150,7 @@ class LeaseManager:
         if held:
             await asyncio.gather(*(self._hand_over(s) for s in held), return_exceptions=True)
         try:
+            await self._close_conn()  # a cancelled tick may have left it mid-statement: start afresh
             conn = await self._ensure_conn()
             shards = list(held)
             await conn.fetch(RELEASE_SQL, shards, [held[s] for s in shards], self.node_id, timeout=self._timeout)
@@ -249,6 +251,14 @@ class LeaseManager:
                     self.losses += 1
                     log.warning("leases.lost", shard=shard, epoch=held[shard], node_id=self.node_id)
                     self._lose(shard)
+            if self._unloaded:  # shards the owner failed to load: free their leases for another try
+                failed = dict(self._unloaded)
+                shards = list(failed)
+                await conn.fetch(RELEASE_SQL, shards, [failed[s] for s in shards], self.node_id,
+                                 timeout=self._timeout)
+                for shard in shards:
+                    self._unloaded.pop(shard, None)
+                await self._notify()
             if alive is None:  # our node row lapsed and was taken, or removed: register again
                 log.warning("leases.node_row_lost", node_id=self.node_id)
                 await self._register(0)
@@ -319,9 +329,8 @@ class LeaseManager:
             if self.table.epoch(shard) == epoch:
                 self.table.drop(shard)
                 self.owner.lost(shard)
-                with contextlib.suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError,
-                                         AttributeError):
-                    await self._conn.fetch(RELEASE_SQL, [shard], [epoch], self.node_id, timeout=self._timeout)
+                self._unloaded[shard] = epoch  # the next tick frees the lease (one user of the connection)
+                self._wake.set()
         finally:
             if self._loads.get(shard) is asyncio.current_task():
                 del self._loads[shard]

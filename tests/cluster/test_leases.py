@@ -24,8 +24,13 @@ class Owner:
         self.node, self.cluster, self.store = node, cluster, store
         self.serving: dict[int, int] = {}
         self.manager: LeaseManager | None = None
+        self.fail_once: set[int] = set()
 
     async def acquired(self, shard, epoch):
+        if shard in self.fail_once:
+            self.fail_once.discard(shard)
+            self.cluster.events.append(("load_failed", self.node, shard, epoch))
+            raise OSError("cannot load")
         others = [m.node_id for m in self.cluster.managers if m is not self.manager and m.serving(shard)]
         if others:
             self.cluster.violations.append((shard, self.node, others))
@@ -217,3 +222,47 @@ async def test_a_duplicate_live_node_id_is_refused_with_one_line(pg, cluster):
     again = await c.node(1, start=False)
     await again.start(wait_ms=10_000)  # a restart waits for the dead one's row to lapse
     await c.until(lambda: len(again.held()) == N, what="the restarted node to take every shard")
+
+
+async def test_a_database_restart_is_ridden_out_without_a_restart_of_ours(pg, cluster):
+    """PostgreSQL restarts (fast shutdown, start) while a node holds every shard: its ticks fail
+    meanwhile, then it reconnects and renews before any lease can lapse; the store's next write goes
+    over a new connection."""
+    c = await cluster(lease_ms=6000)
+    store = PgStore(parse_store_url(pg.url), N, 1)
+    await store.open()
+    heard = []
+    store.set_listener(heard.extend)
+    try:
+        m1 = await c.node(1, store=store)
+        await c.until(lambda: len(store.owned()) == N, what="node 1 to load every shard")
+        store.submit(0, [(b"k", b"before")])
+        store.flush()
+        await store.drain()
+        renewals = m1.renewals
+        await asyncio.to_thread(pg.server.restart)
+        await c.until(lambda: m1.renewals > renewals, what="a renewal after the restart", timeout=20)
+        assert not [e for e in c.events if e[0] == "lost"] and all(m1.serving(s) for s in range(N))
+        store.submit(0, [(b"k", b"after")])
+        heard.extend(store.flush())
+        await store.drain()
+        assert heard[-1][1:] == (2, None), heard
+        conn = await asyncpg.connect(pg.url)
+        try:
+            assert await conn.fetchval("SELECT value FROM herd_records WHERE shard = 0 AND key = 'k'") == b"after"
+        finally:
+            await conn.close()
+    finally:
+        await store.close()
+
+
+async def test_a_shard_that_fails_to_load_is_freed_and_taken_again(pg, cluster):
+    c = await cluster()
+    m1 = await c.node(1, start=False)
+    m1.owner.fail_once = {3}
+    await m1.start()
+    await c.until(lambda: c.counts() == {1: 12}, what="node 1 to serve every shard")
+    failed = [e for e in c.events if e[0] == "load_failed"]
+    taken = [e for e in c.events if e[0] == "acquired" and e[2] == 3]
+    assert len(failed) == 1 and len(taken) == 1 and taken[0][3] > failed[0][3]  # a new epoch
+    assert ("lost", 1, 3) in c.events
