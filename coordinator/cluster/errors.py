@@ -1,9 +1,11 @@
 """The cluster's typed failures. Every message is one line and never holds the store's password.
 
-Phase 2 maps them onto the store interface's failure types: :class:`StoreUnavailableError` is an I/O
-failure (the runtime answers COORDINATOR_NOT_AVAILABLE, retriable, and reloads the shard once the
-database is back), :class:`OwnershipLostError` is fencing (the shard is not ours any more: answer
-NOT_COORDINATOR and stop serving it).
+Phase 2 maps them onto the store interface's failure types (``coordinator.store``):
+:class:`StoreUnavailableError` is an I/O failure (make it a ``ShardFailedError``; the runtime
+answers COORDINATOR_NOT_AVAILABLE, retriable, and reloads the shard with a fresh epoch once the
+database is back instead of keeping it down until a restart), :class:`OwnershipLostError` is
+fencing (make it a ``ShardFencedError``: the shard is not ours any more, answer NOT_COORDINATOR and
+unload it).
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ class StoreUnavailableError(ClusterError):
 
     def __init__(self, message: str, shard_id: int | None = None):
         super().__init__(message)
-        self.shard_id = shard_id
+        self.shard_id = self.shard = shard_id
 
 
 class OwnershipLostError(ClusterError):
@@ -40,5 +42,5 @@ class OwnershipLostError(ClusterError):
 
     def __init__(self, shard_id: int, epoch: int | None = None, message: str | None = None):
         super().__init__(message or f"shard {shard_id}: ownership lost (epoch {epoch} is not the lease's)")
-        self.shard_id = shard_id
+        self.shard_id = self.shard = shard_id  # .shard: the Store interface's errors' name
         self.epoch = epoch

@@ -87,7 +87,7 @@ class StoreClosedError(ClusterError):
 
 
 class _ShardState:
-    __slots__ = ("epoch", "seq", "db_seq", "failed", "pending", "inflight")
+    __slots__ = ("epoch", "seq", "db_seq", "failed", "pending", "inflight", "batches", "seconds")
 
     def __init__(self):
         self.epoch: int | None = None  # the lease epoch writes carry; None = not owned
@@ -96,6 +96,8 @@ class _ShardState:
         self.failed: BaseException | None = None  # set by a failed batch: later writes fail until load
         self.pending: list = []  # [(entries, seq)] staged, not yet in a transaction
         self.inflight = 0  # the last seq in the transaction in flight (0: none)
+        self.batches = 0  # committed transactions that carried this shard
+        self.seconds = 0.0  # and their time
 
 
 class PgStore:
@@ -108,6 +110,7 @@ class PgStore:
         self.pool_size = pool_size
         self._shards = [_ShardState() for _ in range(num_shards)]
         self._dirty: dict[int, None] = {}  # shards with pending writes, in first-staged order
+        self._granted: dict[int, int] = {}  # shard -> epoch granted by the lease manager, not yet loaded
         self._listener = None
         self._wconn: asyncpg.Connection | None = None
         self._pool: asyncpg.Pool | None = None
@@ -168,11 +171,26 @@ class PgStore:
         """shard -> the epoch its writes carry."""
         return {i: st.epoch for i, st in enumerate(self._shards) if st.epoch is not None}
 
-    async def load(self, shard_id: int, epoch: int) -> list[tuple[bytes, bytes]]:
-        """The shard's records (latest value per key, in the order of their last writes); from now on
-        its writes carry ``epoch``. Raises :class:`OwnershipLostError` if the lease is not held with
-        ``epoch`` by this node, :class:`StoreUnavailableError` if the database fails."""
+    def grant(self, shard_id: int, epoch: int) -> None:
+        """The lease manager won ``shard_id`` with ``epoch``: the next :meth:`load` (without an
+        epoch, as the Store interface calls it) uses it."""
         self._check_shard(shard_id)
+        self._granted[shard_id] = epoch
+
+    def owned_shards(self) -> list[int]:
+        """The Store interface's: the shards granted (to be loaded) or loaded."""
+        return sorted(set(self._granted) | set(self.owned()))
+
+    async def load(self, shard_id: int, epoch: int | None = None) -> list[tuple[bytes, bytes]]:
+        """The shard's records (latest value per key, in the order of their last writes); from now on
+        its writes carry ``epoch`` (default: the one given to :meth:`grant`). Raises
+        :class:`OwnershipLostError` if the lease is not held with ``epoch`` by this node,
+        :class:`StoreUnavailableError` if the database fails."""
+        self._check_shard(shard_id)
+        if epoch is None:
+            epoch = self._granted.get(shard_id)
+            if epoch is None:
+                raise OwnershipLostError(shard_id, None, f"shard {shard_id}: no lease granted to load it with")
         st = self._shards[shard_id]
         if st.inflight or st.pending:
             await self.drain()
@@ -189,6 +207,7 @@ class PgStore:
             raise StoreUnavailableError(f"shard {shard_id}: load failed: {_describe(exc)}", shard_id) from None
         st.epoch = epoch
         st.failed = None
+        self._granted.pop(shard_id, None)
         st.db_seq = rows[-1]["seq"] if rows else 0  # ORDER BY seq: the highest
         return [(r["key"], r["value"]) for r in rows]
 
@@ -196,6 +215,7 @@ class PgStore:
         """Stop writing ``shard_id``: writes not yet in a transaction fail with OwnershipLostError
         (reported in order, after any in flight)."""
         self._shards[shard_id].epoch = None
+        self._granted.pop(shard_id, None)
 
     # ---- writing ---------------------------------------------------------------------------------
 
@@ -239,6 +259,19 @@ class PgStore:
         async with self._pool.acquire() as conn:
             count = await conn.fetchval("SELECT count(*) FROM herd_records WHERE shard = $1", shard_id)
         return {"shard": shard_id, "records": count, "removed": 0}
+
+    def stats(self) -> list[dict]:
+        """Per owned shard: the Store interface's ShardStats fields this store knows (phase 2 wraps
+        them): transactions that carried the shard (``batches``, ``fsyncs``: one commit each), their
+        seconds, and the failure that stopped it."""
+        out = []
+        for shard_id, st in enumerate(self._shards):
+            if st.epoch is None and st.failed is None:
+                continue
+            out.append({"shard": shard_id, "batches": st.batches, "fsyncs": st.batches,
+                        "fsync_seconds": st.seconds, "failed": str(st.failed) if st.failed else None,
+                        "epoch": st.epoch})
+        return out
 
     def _refusal(self, shard_id: int, st: _ShardState) -> BaseException | None:
         if st.failed is not None:
@@ -347,6 +380,8 @@ class PgStore:
             st.inflight = 0
             if shard_id in fenced:
                 st.db_seq = db_seqs[shard_id]
+                st.batches += 1
+                st.seconds += elapsed
                 self.records_written += len(entries)
                 out.append((shard_id, seq, None))
             else:

@@ -290,3 +290,25 @@ async def test_topic_catalog_first_writer_wins(pg):
     finally:
         await a.close()
         await b.close()
+
+
+async def test_store_interface_calls_grant_then_load_without_an_epoch(pg, admin):
+    """The runtime's Store interface loads by shard id only: the lease manager grants the epoch
+    first; owned_shards() lists granted and loaded shards; stats() per owned shard."""
+    a = await new_store(pg, node=1)
+    try:
+        with pytest.raises(OwnershipLostError, match="no lease granted"):
+            await a.load(2)
+        a.grant(2, await take(admin, 2, 1))
+        a.grant(5, await take(admin, 5, 1))
+        assert a.owned_shards() == [2, 5]
+        assert await a.load(2) == [] and a.owned() == {2: 1}
+        a.submit(2, [(b"k", b"v")])
+        a.flush()
+        await a.drain()
+        (st,) = [s for s in a.stats() if s["shard"] == 2]
+        assert (st["batches"], st["failed"], st["epoch"]) == (1, None, 1)
+        a.disown(5)
+        assert a.owned_shards() == [2]
+    finally:
+        await a.close()
