@@ -25,6 +25,10 @@ The runtime side is a :class:`ShardOwner` (phase 2: the runtime):
 - ``await owner.releasing(shard)``: hand it over: stop serving, settle its writes; the lease is freed
   when this returns.
 
+After a write of a shard failed in the database (the store's StoreUnavailableError), the runtime
+calls ``request_reload(shard)``: the shard is taken again with ``epoch + 1`` and handed to
+``owner.acquired`` once more.
+
 ``await stop()`` hands every shard over, frees the leases, removes the node row and notifies, so the
 other nodes take the shards at once. ``abandon()`` stops without any of that (a SIGKILL, for tests).
 """
@@ -76,6 +80,12 @@ UPDATE herd_leases SET owner = $2, incarnation = $3, epoch = epoch + 1,
 WHERE shard = ANY($1::integer[]) AND (owner IS NULL OR expires_at <= now())
 RETURNING shard, epoch
 """
+BUMP_SQL = """
+UPDATE herd_leases SET epoch = epoch + 1, expires_at = now() + make_interval(secs => $4 / 1000.0),
+    acquired_at = now()
+WHERE shard = $1 AND epoch = $2 AND owner = $3 AND expires_at > now()
+RETURNING epoch
+"""
 RELEASE_SQL = """
 UPDATE herd_leases l SET owner = NULL, incarnation = NULL, expires_at = NULL
 FROM unnest($1::integer[], $2::bigint[]) AS f(shard, epoch)
@@ -122,6 +132,7 @@ class LeaseManager:
         self._task: asyncio.Task | None = None
         self._loads: dict[int, asyncio.Task] = {}
         self._unloaded: dict[int, int] = {}  # shard -> epoch: failed to load, lease to be freed
+        self._reloads: set[int] = set()  # shards to take again with epoch + 1 (request_reload)
         self._wake = asyncio.Event()
         self._running = False
         # figures for metrics
@@ -187,6 +198,16 @@ class LeaseManager:
 
     def held(self) -> dict[int, int]:
         return self.table.held()
+
+    def request_reload(self, shard: int) -> None:
+        """A write of ``shard`` failed in the database (StoreUnavailableError): take the shard again
+        with ``epoch + 1`` and hand it to ``owner.acquired`` to load. The epoch bump is an UPDATE of
+        the lease row, so it waits for any transaction of the old epoch still holding the row (one
+        whose outcome we never learnt): the reload reads after it settled. Done by the next tick
+        (at once); retried every tick while the database fails, dropped if the shard is lost."""
+        if shard in self.table.held():
+            self._reloads.add(shard)
+            self._wake.set()
 
     def owner_of(self, shard: int) -> int | None:
         """The shard's owner by the last tick (None: free or lapsed)."""
@@ -259,6 +280,8 @@ class LeaseManager:
                 for shard in shards:
                     self._unloaded.pop(shard, None)
                 await self._notify()
+            for shard in sorted(self._reloads):
+                await self._bump(conn, shard)
             if alive is None:  # our node row lapsed and was taken, or removed: register again
                 log.warning("leases.node_row_lost", node_id=self.node_id)
                 await self._register(0)
@@ -280,6 +303,29 @@ class LeaseManager:
             await self._release(decision.release)
         if decision.acquire:
             await self._acquire(decision.acquire)
+
+    async def _bump(self, conn, shard: int) -> None:
+        epoch = self.table.epoch(shard)
+        if epoch is None:
+            self._reloads.discard(shard)
+            return
+        sent = self.clock.monotonic_ms()
+        new = await conn.fetchval(BUMP_SQL, shard, epoch, self.node_id, self.lease_ms, timeout=self._timeout)
+        self._reloads.discard(shard)
+        if self.table.epoch(shard) != epoch:
+            return
+        if new is None:  # lapsed or taken meanwhile
+            self.table.drop(shard)
+            self.losses += 1
+            self._lose(shard)
+            return
+        task = self._loads.pop(shard, None)
+        if task is not None:
+            task.cancel()
+        self.table.granted(shard, new, sent)
+        self.leases[shard] = (self.node_id, new, True)
+        log.info("leases.reloading", shard=shard, epoch=new, node_id=self.node_id)
+        self._loads[shard] = asyncio.get_running_loop().create_task(self._load(shard, new))
 
     async def _release(self, shards) -> None:
         held = self.table.held()

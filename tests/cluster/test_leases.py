@@ -266,3 +266,46 @@ async def test_a_shard_that_fails_to_load_is_freed_and_taken_again(pg, cluster):
     taken = [e for e in c.events if e[0] == "acquired" and e[2] == 3]
     assert len(failed) == 1 and len(taken) == 1 and taken[0][3] > failed[0][3]  # a new epoch
     assert ("lost", 1, 3) in c.events
+
+
+async def test_a_failed_write_is_followed_by_a_reload_with_a_new_epoch(pg, cluster):
+    """The store's connection is killed mid-transaction: the shard's writes fail; the runtime asks
+    for a reload; the lease manager takes the shard again with epoch + 1 (waiting for any
+    transaction still holding the lease row) and hands it over to be loaded; writes go on."""
+    c = await cluster(lease_ms=6000)
+    store = PgStore(parse_store_url(pg.url), N, 1)
+    await store.open()
+    heard = []
+    store.set_listener(heard.extend)
+    admin = await asyncpg.connect(pg.url)
+    try:
+        m1 = await c.node(1, store=store)
+        await c.until(lambda: len(store.owned()) == N, what="node 1 to load every shard")
+        epoch = store.owned()[4]
+        locker = await asyncpg.connect(pg.url)
+        tx = locker.transaction()
+        await tx.start()
+        await locker.execute("SELECT * FROM herd_leases WHERE shard = 4 FOR UPDATE")
+        store.submit(4, [(b"k", b"lost")])
+        store.flush()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while not await admin.fetchval("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                                       "WHERE datname = $1 AND wait_event_type = 'Lock'", pg.name):
+            assert loop.time() < deadline
+            await asyncio.sleep(0.02)
+        await tx.rollback()
+        await locker.close()
+        await store.drain()
+        assert heard[-1][0] == 4 and heard[-1][2] is not None
+        m1.request_reload(4)
+        await c.until(lambda: store.owned().get(4) == epoch + 1, what="shard 4 reloaded with a new epoch")
+        assert ("acquired", 1, 4, epoch + 1) in c.events and m1.serving(4)
+        store.submit(4, [(b"k", b"after")])
+        store.flush()
+        await store.drain()
+        assert heard[-1] == (4, 2, None)
+        assert await admin.fetchval("SELECT value FROM herd_records WHERE shard = 4") == b"after"
+    finally:
+        await admin.close()
+        await store.close()
