@@ -138,7 +138,11 @@ class PgStore:
             raise
         await conn.close()
         self._wconn = await self._connect_writer()
-        self._pool = await asyncpg.create_pool(**self.url.connect_kwargs(), min_size=0, max_size=self.pool_size)
+        try:
+            self._pool = await asyncpg.create_pool(**self.url.connect_kwargs(), min_size=0, max_size=self.pool_size)
+        except BaseException:
+            self._drop_connection()
+            raise
         self._state = "open"
         return info
 
@@ -195,7 +199,7 @@ class PgStore:
         if st.inflight or st.pending:
             await self.drain()
         try:
-            async with self._pool.acquire() as conn:
+            async with self._pool.acquire(timeout=self.txn_timeout_s) as conn:
                 async with conn.transaction(isolation="repeatable_read", readonly=True):
                     lease = await conn.fetchrow(LOAD_FENCE_SQL, shard_id, timeout=self.txn_timeout_s)
                     if lease is None or lease["epoch"] != epoch or lease["owner"] != self.node_id \
@@ -256,9 +260,19 @@ class PgStore:
     async def compact(self, shard_id: int) -> dict:
         """Nothing to compact (the table holds the latest value per key); -> the shard's figures."""
         self._check_shard(shard_id)
-        async with self._pool.acquire() as conn:
-            count = await conn.fetchval("SELECT count(*) FROM herd_records WHERE shard = $1", shard_id)
+        count = await self._pooled(f"shard {shard_id}: compact", lambda conn: conn.fetchval(
+            "SELECT count(*) FROM herd_records WHERE shard = $1", shard_id, timeout=self.txn_timeout_s))
         return {"shard": shard_id, "records": count, "removed": 0}
+
+    async def _pooled(self, what: str, fn):
+        """``await fn(conn)`` on a pooled connection; database failures -> StoreUnavailableError."""
+        if self._pool is None:
+            raise StoreClosedError(f"store is {self._state}")
+        try:
+            async with self._pool.acquire(timeout=self.txn_timeout_s) as conn:
+                return await fn(conn)
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+            raise StoreUnavailableError(f"{what}: {_describe(exc)}") from None
 
     def stats(self) -> list[dict]:
         """Per owned shard: the Store interface's ShardStats fields this store knows (phase 2 wraps
@@ -410,7 +424,7 @@ class PgStore:
 
     async def put_topic(self, name: str, record: bytes) -> bytes:
         """Store a topic unless one of that name exists; -> the stored record (the first writer's)."""
-        async with self._pool.acquire() as conn:
+        async def put(conn):
             for _ in range(3):
                 stored = await conn.fetchval(
                     "WITH ins AS (INSERT INTO herd_topics (name, record) VALUES ($1, $2) "
@@ -419,12 +433,13 @@ class PgStore:
                     name, record, timeout=self.txn_timeout_s)
                 if stored is not None:  # None: a concurrent insert committed after our snapshot
                     return stored
-        raise StoreUnavailableError(f"topic {name}: could not read it back")
+            raise StoreUnavailableError(f"topic {name}: could not read it back")
+
+        return await self._pooled(f"topic {name}", put)
 
     async def load_topics(self) -> list[tuple[str, bytes]]:
-        async with self._pool.acquire() as conn:
-            rows = await conn.fetch("SELECT name, record FROM herd_topics ORDER BY created_at, name",
-                                    timeout=self.txn_timeout_s)
+        rows = await self._pooled("topics", lambda conn: conn.fetch(
+            "SELECT name, record FROM herd_topics ORDER BY created_at, name", timeout=self.txn_timeout_s))
         return [(r["name"], r["record"]) for r in rows]
 
 

@@ -312,3 +312,23 @@ async def test_store_interface_calls_grant_then_load_without_an_epoch(pg, admin)
         assert a.owned_shards() == [2]
     finally:
         await a.close()
+
+
+async def test_catalog_and_loads_fail_as_unavailable_when_the_database_is_down(pg, admin):
+    a = await new_store(pg, node=1)
+    try:
+        epoch = await take(admin, 0, 1)
+        await a.put_topic("t", b"T")
+        pg.server.terminate_backends(pg.name)  # every connection of the pool and the writer dies
+        pg.server.stop()
+        try:
+            with pytest.raises(StoreUnavailableError, match="^topics: "):
+                await a.load_topics()
+            with pytest.raises(StoreUnavailableError, match="^shard 0: load failed: "):
+                await a.load(0, epoch)
+        finally:
+            pg.server.start()
+        assert await a.load_topics() == [("t", b"T")]
+        assert await a.load(0, epoch) == []
+    finally:
+        await a.close()
