@@ -8,6 +8,7 @@ import pytest
 from coordinator.cluster.errors import OwnershipLostError, StoreUnavailableError
 from coordinator.cluster.pgstore import PgStore
 from coordinator.cluster.url import parse_store_url
+from coordinator.store import FSYNC_BUCKETS, ShardFailedError, ShardFencedError, ShardStats, Store
 
 N = 8
 
@@ -292,6 +293,14 @@ async def test_topic_catalog_first_writer_wins(pg):
         await b.close()
 
 
+def test_store_errors_are_the_store_interfaces():
+    """The runtime tells the two failures apart by the Store interface's types only."""
+    assert issubclass(PgStore, Store)
+    lost, down = OwnershipLostError(3, 7), StoreUnavailableError("shard 3: write failed: x", 3)
+    assert isinstance(lost, ShardFencedError) and lost.shard == 3 and "epoch 7" in str(lost)
+    assert isinstance(down, ShardFailedError) and down.shard == 3 and str(down) == "shard 3: write failed: x"
+
+
 async def test_store_interface_calls_grant_then_load_without_an_epoch(pg, admin):
     """The runtime's Store interface loads by shard id only: the lease manager grants the epoch
     first; owned_shards() lists granted and loaded shards; stats() per owned shard."""
@@ -306,8 +315,11 @@ async def test_store_interface_calls_grant_then_load_without_an_epoch(pg, admin)
         a.submit(2, [(b"k", b"v")])
         a.flush()
         await a.drain()
-        (st,) = [s for s in a.stats() if s["shard"] == 2]
-        assert (st["batches"], st["failed"], st["epoch"]) == (1, None, 1)
+        (st,) = [s for s in a.stats() if s.shard == 2]
+        assert isinstance(st, ShardStats)
+        assert (st.batches, st.fsyncs, st.entries, st.failed) == (1, 1, 1, None)
+        assert sum(st.fsync_buckets) == 1 and len(st.fsync_buckets) == len(FSYNC_BUCKETS) + 1
+        assert a.epochs()[2] == 1
         a.disown(5)
         assert a.owned_shards() == [2]
     finally:
