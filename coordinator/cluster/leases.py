@@ -23,7 +23,10 @@ The runtime side is a :class:`ShardOwner` (phase 2: the runtime):
   it; runs as its own task, never holding up renewals. If it raises, the lease is released.
 - ``owner.lost(shard)``: stop serving it NOW (self-fenced, or the database says it is not ours).
 - ``await owner.releasing(shard)``: hand it over: stop serving, settle its writes; the lease is freed
-  when this returns.
+  when this returns. It runs as its own task: a tick waits for it at most ``handover_wait_ms`` (half
+  a renewal interval), so a hand-over stuck behind a hung database never delays the next renewal of
+  the other shards towards the self-fencing point; the lease of a shard whose hand-over is still
+  running stays held (and renewed) and is freed by the first tick after it ended.
 
 After a write of a shard failed in the database (the store's StoreUnavailableError), the runtime
 calls ``request_reload(shard)``: the shard is taken again with ``epoch + 1`` and handed to
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Protocol
@@ -131,6 +135,10 @@ class LeaseManager:
         self._conn: asyncpg.Connection | None = None
         self._task: asyncio.Task | None = None
         self._loads: dict[int, asyncio.Task] = {}
+        self._handing: dict[int, asyncio.Task] = {}  # shard -> owner.releasing running (lease still held)
+        self.handover_wait_ms = max(self.table.renew_every_ms // 2, 1)
+        self.last_ok_ms: int | None = None  # monotonic time the last tick that reached the database was sent
+        self.on_roundtrip = None  # (seconds) -> None: the heartbeat statement's round trip, for metrics
         self._unloaded: dict[int, int] = {}  # shard -> epoch: failed to load, lease to be freed
         self._reloads: set[int] = set()  # shards to take again with epoch + 1 (request_reload)
         self._wake = asyncio.Event()
@@ -158,8 +166,16 @@ class LeaseManager:
         self._running = False
         await self._cancel_loop()
         held = self.table.held()
-        if held:
-            await asyncio.gather(*(self._hand_over(s) for s in held), return_exceptions=True)
+        for shard in held:
+            if shard not in self._handing:
+                self._handing[shard] = asyncio.get_running_loop().create_task(self._hand_over(shard))
+        tasks = [t for s, t in self._handing.items() if s in held]
+        if tasks:  # bounded: a shard whose hand-over does not end in time is left to lapse
+            await asyncio.wait(tasks, timeout=max(self.lease_ms / 1000, 1.0))
+        held = {s: e for s, e in held.items() if self._handing.pop(s).done()}
+        for task in self._handing.values():
+            task.cancel()
+        self._handing.clear()
         try:
             await self._close_conn()  # a cancelled tick may have left it mid-statement: start afresh
             conn = await self._ensure_conn()
@@ -198,6 +214,18 @@ class LeaseManager:
 
     def held(self) -> dict[int, int]:
         return self.table.held()
+
+    def fence(self) -> None:
+        """Stop serving (``owner.lost``) every shard whose self-fencing deadline has passed: the
+        request path calls it (through a cheap check of :meth:`LeaseTable.next_deadline`) so that a
+        process woken from SIGSTOP answers nothing for a shard before this ran."""
+        self._fence()
+
+    def fresh(self, max_age_ms: int | None = None) -> bool:
+        """Did a tick reach the database within ``max_age_ms`` (default: the lease)? When not, the
+        routing view (``nodes``, ``owner_of``) may be stale: answer COORDINATOR_NOT_AVAILABLE."""
+        age = self.lease_ms if max_age_ms is None else max_age_ms
+        return self.last_ok_ms is not None and self.clock.monotonic_ms() - self.last_ok_ms < age
 
     def request_reload(self, shard: int) -> None:
         """A write of ``shard`` failed in the database (StoreUnavailableError): take the shard again
@@ -250,6 +278,7 @@ class LeaseManager:
         task = self._loads.pop(shard, None)
         if task is not None:
             task.cancel()
+        self._handing.pop(shard, None)  # its hand-over may go on; the lease is gone anyway
         self.owner.lost(shard)
 
     async def tick(self) -> None:
@@ -258,8 +287,11 @@ class LeaseManager:
         try:
             conn = await self._ensure_conn()
             sent = self.clock.monotonic_ms()
+            started = time.perf_counter()
             alive = await conn.fetchval(HEARTBEAT_SQL, self.node_id, self.incarnation, self.lease_ms,
                                         timeout=self._timeout)
+            if self.on_roundtrip is not None:
+                self.on_roundtrip(time.perf_counter() - started)
             held = self.table.held()
             shards = list(held)
             renewed = {r[0] for r in await conn.fetch(RENEW_SQL, shards, [held[s] for s in shards], self.node_id,
@@ -294,8 +326,11 @@ class LeaseManager:
             return
         self.nodes = [NodeInfo(r["node_id"], r["host"], r["port"], r["rack"]) for r in nodes]
         self.leases = {r["shard"]: (r["owner"], r["epoch"], r["live"]) for r in rows}
+        self.last_ok_ms = sent
         if not self._running:
             return
+        if self._handing:  # hand-overs that ended since the last tick: free their leases now
+            await self._release(())
         view = {s: placement.LeaseView(o, live) for s, (o, _e, live) in self.leases.items()}
         decision = placement.plan(self.node_id, [n.node_id for n in self.nodes], view, self.num_shards,
                                   mine=self.table.held())
@@ -328,9 +363,24 @@ class LeaseManager:
         self._loads[shard] = asyncio.get_running_loop().create_task(self._load(shard, new))
 
     async def _release(self, shards) -> None:
+        """Hand ``shards`` over (each ``owner.releasing`` in its own task, waited for at most
+        ``handover_wait_ms``) and free the leases of every hand-over that has ended."""
         held = self.table.held()
-        shards = [s for s in shards if s in held]
-        await asyncio.gather(*(self._hand_over(s) for s in shards), return_exceptions=True)
+        loop = asyncio.get_running_loop()
+        for shard in shards:
+            if shard in held and shard not in self._handing:
+                self._handing[shard] = loop.create_task(self._hand_over(shard))
+        running = [t for t in self._handing.values() if not t.done()]
+        if running:
+            await asyncio.wait(running, timeout=self.handover_wait_ms / 1000)
+        shards = []
+        for shard, task in list(self._handing.items()):
+            if task.done():
+                del self._handing[shard]
+                if shard in held:
+                    shards.append(shard)
+        if not shards:
+            return
         try:
             await self._conn.fetch(RELEASE_SQL, shards, [held[s] for s in shards], self.node_id,
                                    timeout=self._timeout)
@@ -345,7 +395,12 @@ class LeaseManager:
         task = self._loads.pop(shard, None)
         if task is not None:
             task.cancel()
-        await self.owner.releasing(shard)
+        try:
+            await self.owner.releasing(shard)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the lease is freed all the same
+            log.warning("leases.handover_failed", shard=shard, error=str(exc))
 
     async def _acquire(self, shards) -> None:
         sent = self.clock.monotonic_ms()
@@ -426,3 +481,5 @@ class LeaseManager:
         if cancel_loads:
             for shard in list(self._loads):
                 self._loads.pop(shard).cancel()
+            for shard in list(self._handing):
+                self._handing.pop(shard).cancel()
