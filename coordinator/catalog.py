@@ -15,6 +15,12 @@ cluster whose logs are all empty:
 
 Topics are durable: each is a herd-specific record in shard 0's log (key type ``TOPIC_RECORD``),
 so they survive restarts and are compacted with everything else. Pure: no I/O, no clock.
+
+In a cluster (``cluster`` set to a routing view, :class:`coordinator.cluster.node.Routing`):
+Metadata and DescribeCluster list every live node (``cluster.brokers()``), FindCoordinator answers
+the node that owns the group's shard (``cluster.coordinator(shard)``; None, an owner not known or
+a view that may be stale: COORDINATOR_NOT_AVAILABLE, retriable); the topic records are kept in the
+database by the runtime (``Runtime.topic_store``), not in shard 0.
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ import struct
 import uuid
 from dataclasses import dataclass
 
+from coordinator.partitioning import shard_for
 from coordinator.result import Result
 from coordinator.versions import CREATE_TOPICS, DESCRIBE_CLUSTER, FETCH, FIND_COORDINATOR, LIST_OFFSETS, METADATA
 from protocol import errors as E
@@ -103,6 +110,7 @@ class Catalog:
         self.port = config.advertised_port or config.port
         self.topics: dict[str, Topic] = {}
         self.by_id: dict[bytes, Topic] = {}
+        self.cluster = None  # a routing view in a cluster (see the module docstring); None: this node alone
         self._reads = {FIND_COORDINATOR: self.find_coordinator, LIST_OFFSETS: self.list_offsets,
                        DESCRIBE_CLUSTER: self.describe_cluster, FETCH: self.fetch}
 
@@ -137,31 +145,47 @@ class Catalog:
                 self.create(name, parts, writes)
         return writes
 
+    # ---- routing -----------------------------------------------------------------------------
+
+    def brokers(self) -> list[tuple[int, str, int]]:
+        """(node id, host, port) of every node clients may use: this one alone, or the cluster's
+        live nodes (this one always among them)."""
+        me = (self.node_id, self.host, self.port)
+        if self.cluster is None:
+            return [me]
+        nodes = [n for n in self.cluster.brokers() if n[0] != self.node_id]
+        return sorted([me, *nodes])
+
+    def coordinator(self, key: str) -> tuple[int, str, int] | None:
+        """The node that coordinates group ``key`` (None: not known now, retriable)."""
+        if self.cluster is None:
+            return self.node_id, self.host, self.port
+        return self.cluster.coordinator(shard_for(key, self.config.offsets_partitions))
+
     # ---- APIs --------------------------------------------------------------------------------
 
     def find_coordinator(self, req: m.FindCoordinatorRequest, version: int) -> m.FindCoordinatorResponse:
         def answer(key: str, key_type: int):
             if key_type != 0:
                 return (E.INVALID_REQUEST, "herd coordinates consumer groups only "
-                        f"(key type {key_type} is not supported)")
-            return E.NONE, None  # "" too: Kafka hashes any key, and OffsetCommit/Fetch take group ""
+                        f"(key type {key_type} is not supported)", None)
+            node = self.coordinator(key)  # "" too: Kafka hashes any key, and OffsetCommit/Fetch take group ""
+            if node is None:
+                return E.COORDINATOR_NOT_AVAILABLE, "The coordinator is not available.", None
+            return E.NONE, None, node
 
         resp = m.FindCoordinatorResponse()
         if version >= 4:
             for key in req.coordinator_keys:
-                code, msg = answer(key, req.key_type)
-                ok = code == E.NONE
+                code, msg, node = answer(key, req.key_type)
+                node_id, host, port = node or (-1, "", -1)
                 resp.coordinators.append(m.FindCoordinatorResponseCoordinator(
-                    key=key, node_id=self.node_id if ok else -1, host=self.host if ok else "",
-                    port=self.port if ok else -1, error_code=code, error_message=msg))
+                    key=key, node_id=node_id, host=host, port=port, error_code=code, error_message=msg))
             return resp
-        code, msg = answer(req.key, req.key_type if version >= 1 else 0)
+        code, msg, node = answer(req.key, req.key_type if version >= 1 else 0)
         resp.error_code = code
         resp.error_message = msg
-        if code == E.NONE:
-            resp.node_id, resp.host, resp.port = self.node_id, self.host, self.port
-        else:
-            resp.node_id, resp.host, resp.port = -1, "", -1
+        resp.node_id, resp.host, resp.port = node or (-1, "", -1)
         return resp
 
     def _topic_metadata(self, topic: Topic) -> m.MetadataResponseTopic:
@@ -186,7 +210,7 @@ class Catalog:
     def _metadata(self, req: m.MetadataRequest, version: int) -> tuple[list, m.MetadataResponse]:
         writes: list = []
         resp = m.MetadataResponse(
-            brokers=[m.MetadataResponseBroker(node_id=self.node_id, host=self.host, port=self.port)],
+            brokers=[m.MetadataResponseBroker(node_id=n, host=h, port=p) for n, h, p in self.brokers()],
             cluster_id=self.config.cluster_id, controller_id=self.node_id)
         requested = req.topics
         if requested is None or (version == 0 and not requested):
@@ -230,8 +254,8 @@ class Catalog:
                 error_message=f"Unsupported endpoint type {req.endpoint_type}")
         return m.DescribeClusterResponse(
             cluster_id=self.config.cluster_id, controller_id=self.node_id,
-            brokers=[m.DescribeClusterResponseDescribeClusterBroker(
-                broker_id=self.node_id, host=self.host, port=self.port)],
+            brokers=[m.DescribeClusterResponseDescribeClusterBroker(broker_id=n, host=h, port=p)
+                     for n, h, p in self.brokers()],
             cluster_authorized_operations=(CLUSTER_AUTHORIZED_OPERATIONS
                                            if req.include_cluster_authorized_operations else -2147483648))
 

@@ -176,6 +176,8 @@ class LeaseManager:
         for task in self._handing.values():
             task.cancel()
         self._handing.clear()
+        for shard in held:  # handed over: not served from now on, before another node can take it
+            self.table.drop(shard)
         try:
             await self._close_conn()  # a cancelled tick may have left it mid-statement: start afresh
             conn = await self._ensure_conn()
@@ -186,8 +188,6 @@ class LeaseManager:
             await self._notify()
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError, ClusterError) as exc:
             log.warning("leases.stop_failed", error=str(exc))  # the leases lapse on their own
-        for shard in held:
-            self.table.drop(shard)
         await self._close_conn()
 
     async def abandon(self) -> None:
@@ -381,14 +381,14 @@ class LeaseManager:
                     shards.append(shard)
         if not shards:
             return
+        for shard in shards:  # handed over: not served from now on, before another node can take it
+            self.table.drop(shard)
         try:
             await self._conn.fetch(RELEASE_SQL, shards, [held[s] for s in shards], self.node_id,
                                    timeout=self._timeout)
             await self._notify()
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
             log.warning("leases.release_failed", shards=shards, error=str(exc))  # they lapse on their own
-        for shard in shards:
-            self.table.drop(shard)
         log.info("leases.released", shards=shards, node_id=self.node_id)
 
     async def _hand_over(self, shard: int) -> None:
@@ -419,6 +419,7 @@ class LeaseManager:
             self._loads[shard] = asyncio.get_running_loop().create_task(self._load(shard, epoch))
         if rows:
             log.info("leases.acquired", shards=[r["shard"] for r in rows], node_id=self.node_id)
+            await self._notify()  # the others refresh their routing view now, not a renewal later
 
     async def _load(self, shard: int, epoch: int) -> None:
         try:
