@@ -218,3 +218,32 @@ def test_database_down_is_coordinator_not_available_then_recovers_without_restar
         time.sleep(0.1)
     assert fetch(node, group) == (E.NONE, 4)
     assert node.proc.pid == pid and node.proc.poll() is None
+
+
+def test_the_topic_catalog_lives_in_the_database(pg, three):
+    a, b, c = three
+    with a.client() as cl:
+        made = cl.call(m.CreateTopicsRequest(topics=[m.CreateTopicsRequestCreatableTopic(
+            name="shared", num_partitions=6, replication_factor=1, assignments=[], configs=[])],
+            timeout_ms=5000), 5)
+    assert made.topics[0].error_code == E.NONE
+    tid = made.topics[0].topic_id
+    # another node knows it by name at once (the first writer's record: same id, same partitions)
+    md = metadata(b.address, [m.MetadataRequestTopic(name="shared")])
+    assert (md.topics[0].error_code, md.topics[0].topic_id, len(md.topics[0].partitions)) == (E.NONE, tid, 6)
+    # and lists it with every topic once its catalog was refreshed (every renewal interval)
+    deadline = time.monotonic() + 10.0
+    while not any(t.name == "shared" for t in metadata(c.address).topics):
+        assert time.monotonic() < deadline, "node 3 never listed the topic made on node 1"
+        time.sleep(0.1)
+    # auto-created on two nodes at once: one record wins, both nodes answer with it
+    md_b = metadata(b.address, [m.MetadataRequestTopic(name="auto")])
+    md_c = metadata(c.address, [m.MetadataRequestTopic(name="auto")])
+    assert md_b.topics[0].topic_id == md_c.topics[0].topic_id
+    # it survives every node: a new node started later reads it from the database
+    for n in three:
+        n.stop()
+    for n in three:
+        n.start()
+    md = metadata(a.address, [m.MetadataRequestTopic(name="shared")])
+    assert (md.topics[0].topic_id, len(md.topics[0].partitions)) == (tid, 6)
