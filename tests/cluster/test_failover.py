@@ -120,7 +120,7 @@ def test_unmodified_clients_find_coordinators_on_different_nodes_and_converge(no
         else:
             ms = [members.start(client, boot, g, ["orders"], f"{client}-{k}") for k in range(2)]
         started[client] = ms
-    for client, ms in started.items():
+    for ms in started.values():
         wait_converged(ms, all_partitions("orders", 4), 60)
         no_partition_owned_twice(ms)
     coordinators = {coordinator(nodes, g).node_id for g in groups.values()}
@@ -209,7 +209,8 @@ def test_rolling_restart_under_load_expels_no_member(nodes, members):
         n.start()
         shared(nodes)
         marks = {c.group: c.acks for c in load}
-        wait_until(lambda: all(c.acks > marks[c.group] for c in load), 20, "commits to flow after a restart")
+        wait_until(lambda marks=marks: all(c.acks > marks[c.group] for c in load), 20,
+                   "commits to flow after a restart")
     for c in load:
         c.stop()
     for g in groups:
