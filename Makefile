@@ -1,14 +1,20 @@
 # herd developer entry points. Every target works from a fresh clone (no .venv yet).
-#   make run   [HOST=127.0.0.1 PORT=9092 DATA_DIR=./herd-data]
+#   make run   [HOST=127.0.0.1 PORT=9092 DATA_DIR=./herd-data] [ARGS='--topic orders:6 ...']
 #   make test  [PYTEST_ARGS='-k group -x']
 #   make bench | make lint | make clean
 
 PYTHON    ?= python3
 VENV      ?= .venv
-HOST      ?= 127.0.0.1
-PORT      ?= 9092
-DATA_DIR  ?= ./herd-data
 PYTEST_ARGS ?=
+# make run passes --host / --port / --data-dir only when HOST / PORT / DATA_DIR are given on make's
+# command line: otherwise herd's own defaults (127.0.0.1, 9092, ./herd-data) apply, and so do
+# HERD_HOST / HERD_PORT / HERD_DATA_DIR and the TOML file (flags beat the environment, so always
+# passing them broke `HERD_PORT=19093 make run`; a PORT variable in the environment is not taken
+# either). ARGS carries any other `herd serve` flag.
+ARGS ?=
+on_cmdline = $(filter command line,$(origin $(1)))
+SERVE_ARGS = $(if $(call on_cmdline,HOST),--host '$(HOST)') $(if $(call on_cmdline,PORT),--port '$(PORT)') \
+	$(if $(call on_cmdline,DATA_DIR),--data-dir '$(DATA_DIR)') $(ARGS)
 
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
@@ -35,7 +41,7 @@ bytecode: | $(BIN)/python
 	@$(BIN)/python -m compileall -q -j 0 -x '/node_modules/' protocol coordinator client tools bench tests >/dev/null
 
 run: $(VENV)/.installed-run bytecode
-	$(BIN)/herd serve --host '$(HOST)' --port '$(PORT)' --data-dir '$(DATA_DIR)'
+	$(BIN)/herd serve $(strip $(SERVE_ARGS))
 
 test: $(VENV)/.installed-test java conformance-deps bytecode
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
