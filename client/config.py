@@ -46,6 +46,9 @@ DEFAULTS: dict[str, object] = {
     **SECURITY_DEFAULTS,
 }
 
+# The broker's default group.min.session.timeout.ms (Kafka's, and herd's min_session_timeout_ms).
+_BROKER_MIN_SESSION_MS = 6000
+
 _INT_KEYS = {k for k, v in DEFAULTS.items() if isinstance(v, int) and not isinstance(v, bool)}
 _BOOL_KEYS = {"enable.auto.commit", "allow.auto.create.topics"}
 
@@ -233,5 +236,23 @@ def parse_config(bootstrap_servers=None, group_id=None, config: dict | None = No
             "session.timeout.ms, heartbeat.interval.ms and max.poll.interval.ms must be positive"
         )
     if cfg.heartbeat_interval_ms >= cfg.session_timeout_ms:
-        raise ValueError("heartbeat.interval.ms must be lower than session.timeout.ms")
+        raise ValueError(_heartbeat_problem(cfg, "heartbeat.interval.ms" in merged))
     return cfg
+
+
+def _heartbeat_problem(cfg: ClientConfig, heartbeat_given: bool) -> str:
+    """Why a heartbeat interval that is not below the session timeout is refused, naming the
+    default when the caller set only one of the two (they may not know the other exists)."""
+    session, heartbeat = cfg.session_timeout_ms, cfg.heartbeat_interval_ms
+    third = max(1, session // 3)
+    if heartbeat_given:
+        hint = (f"heartbeat.interval.ms={heartbeat} must be lower than session.timeout.ms={session}: set it to "
+                f"about a third of the session timeout or less, e.g. heartbeat_interval_ms={third}")
+    else:
+        hint = (f"session.timeout.ms={session} must be above heartbeat.interval.ms, which was not set (its "
+                f"default is {heartbeat}): set heartbeat_interval_ms (heartbeat.interval.ms) too, to about a "
+                f"third of the session timeout or less, e.g. heartbeat_interval_ms={third}")
+    if session < _BROKER_MIN_SESSION_MS:
+        hint += (f"; note that brokers refuse a session.timeout.ms below their group.min.session.timeout.ms "
+                 f"({_BROKER_MIN_SESSION_MS} by default in Kafka and herd)")
+    return hint
