@@ -40,6 +40,9 @@ DEFAULTS: dict[str, object] = {
     "isolation.level": "read_uncommitted",
     "connections.max.idle.ms": 540000,  # accepted for compatibility; connections stay open
     "max.frame.bytes": 100 * 1024 * 1024,  # not a Kafka name: the largest response frame accepted
+    # Not a Kafka name: how long a member that is not in a stable group may go without reaching its
+    # coordinator (every connection attempt failing) before poll() raises NoBrokersAvailableError.
+    "broker.unreachable.timeout.ms": 30000,
     # Not a Kafka name: {api name or key: highest version to use}, for brokers that advertise
     # versions they cannot parse (librdkafka's mock cluster: {"JoinGroup": 5, "SyncGroup": 3}).
     "api.versions.max": None,
@@ -160,6 +163,7 @@ class ClientConfig:
     isolation_level: str = "read_uncommitted"
     connections_max_idle_ms: int = 540000
     max_frame_bytes: int = 100 * 1024 * 1024
+    broker_unreachable_timeout_ms: int = 30000
     api_versions_max: dict = field(default_factory=dict)  # api key -> highest version
     security: SecurityConfig = field(default_factory=SecurityConfig)  # TLS / SASL (passwords not in repr)
 
@@ -228,13 +232,14 @@ def parse_config(bootstrap_servers=None, group_id=None, config: dict | None = No
         isolation_level=iso,
         connections_max_idle_ms=values["connections.max.idle.ms"],
         max_frame_bytes=values["max.frame.bytes"],
+        broker_unreachable_timeout_ms=values["broker.unreachable.timeout.ms"],
         api_versions_max=_api_caps(values["api.versions.max"]),
         security=security,
     )
-    if cfg.session_timeout_ms <= 0 or cfg.heartbeat_interval_ms <= 0 or cfg.max_poll_interval_ms <= 0:
-        raise ValueError(
-            "session.timeout.ms, heartbeat.interval.ms and max.poll.interval.ms must be positive"
-        )
+    if (cfg.session_timeout_ms <= 0 or cfg.heartbeat_interval_ms <= 0 or cfg.max_poll_interval_ms <= 0
+            or cfg.broker_unreachable_timeout_ms <= 0):
+        raise ValueError("session.timeout.ms, heartbeat.interval.ms, max.poll.interval.ms and "
+                         "broker.unreachable.timeout.ms must be positive")
     if cfg.heartbeat_interval_ms >= cfg.session_timeout_ms:
         raise ValueError(_heartbeat_problem(cfg, "heartbeat.interval.ms" in merged))
     return cfg
