@@ -1,6 +1,7 @@
 # herd developer entry points. Every target works from a fresh clone (no .venv yet).
 #   make run   [HOST=127.0.0.1 PORT=9092 DATA_DIR=./herd-data] [ARGS='--topic orders:6 ...']
-#   make test  [PYTEST_ARGS='-k group -x']
+#   make test  [PYTEST_ARGS='-k group -x']   about 8 minutes; as root it apt-get installs Java 17 and
+#              kcat when missing, and it runs npm ci in tests/conformance/js (the README's "Tests")
 #   make bench | make lint | make clean
 
 PYTHON    ?= python3
@@ -69,7 +70,8 @@ java:
 		apt-get update -qq >/dev/null && \
 		apt-get install -y -qq --no-install-recommends --no-upgrade openjdk-17-jre-headless >/dev/null; \
 	else \
-		echo "warning: no Java 17+ runtime on PATH; install openjdk-17-jre-headless for the spark tests" >&2; \
+		echo "warning: no Java 17+ runtime on PATH (and not root with apt-get): the spark tests will be skipped;" \
+			"install it with: sudo apt-get install openjdk-17-jre-headless" >&2; \
 	fi
 
 # KafkaJS (npm) and kcat (apt) for tests/conformance/test_kafkajs.py and test_kcat.py.
@@ -82,6 +84,7 @@ conformance-deps:
 	@if command -v npm >/dev/null 2>&1; then \
 		if [ ! -f $(JS_DIR)/node_modules/.package-lock.json ] || \
 		   [ $(JS_DIR)/package-lock.json -nt $(JS_DIR)/node_modules/.package-lock.json ]; then \
+			echo "npm ci in $(JS_DIR) (KafkaJS, for the KafkaJS conformance tests)"; \
 			(cd $(JS_DIR) && npm ci --silent --no-audit --no-fund) || \
 			echo "warning: npm ci failed in $(JS_DIR); the KafkaJS conformance tests will fail" >&2; \
 		fi; \
@@ -97,7 +100,8 @@ conformance-deps:
 			  apt-get install -y -qq --no-install-recommends kcat >/dev/null; } || \
 			echo "warning: could not install kcat; the kcat conformance tests will fail" >&2; \
 		else \
-			echo "warning: kcat not found; install it (apt-get install kcat) for the kcat conformance tests" >&2; \
+			echo "warning: kcat not found (and not root with apt-get): the kcat conformance tests will fail;" \
+				"install it with: sudo apt-get install kcat" >&2; \
 		fi; \
 	fi
 
