@@ -153,7 +153,7 @@ def test_a_spark_task_runs_with_the_jobs_security_settings(sasl_ssl, pki):
 def groups(*args, timeout=30):
     env = dict(os.environ, PYTHONPATH=str(REPO))
     env.pop("HERD_BOOTSTRAP", None)
-    r = subprocess.run([sys.executable, "-m", "coordinator", "groups", *map(str, args)], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "herd_cli", "groups", *map(str, args)], capture_output=True,
                        text=True, cwd=str(REPO), env=env, timeout=timeout)
     assert "Traceback" not in r.stderr, r.stderr
     return r

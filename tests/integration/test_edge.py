@@ -171,7 +171,7 @@ def test_a_failed_start_leaves_no_stale_port_file(tmp_path):
 def run_cli(*args, env=None):
     e = dict(os.environ, PYTHONPATH=str(REPO))
     e.update(env or {})
-    return subprocess.run([sys.executable, "-m", "coordinator", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "herd_cli", *args], capture_output=True, text=True,
                           timeout=30, env=e, cwd=str(REPO))
 
 
