@@ -101,6 +101,9 @@ def read_reset_plan(path: str, group: str | None) -> dict[str, dict[tuple[str, i
             g, (t, p, o) = group, row
         elif len(row) == 4:
             g, t, p, o = row
+        elif len(row) == 3:  # a one-group export, and not one group named: as Kafka's tool, ask for it
+            raise CliError(f"--from-file {path} line {n} has no group column (TOPIC,PARTITION,OFFSET): name the "
+                           f"one group it is for with --group GROUP")
         else:
             raise CliError(f"invalid --from-file {path} line {n}: expected {expected}")
         try:

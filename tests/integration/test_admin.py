@@ -586,8 +586,9 @@ def test_reset_offsets_export_and_from_file(herd, tmp_path):
             for p in doc["groups"][0]["partitions"]] == [("t", 1, 8, 3)]
     assert fetch_offsets(herd, "csv-a") == {("t", 0): 7, ("t", 1): 3}
 
-    assert fails(herd, "reset-offsets", "--from-file", one) == (
-        f"invalid --from-file {one} line 1: expected GROUP,TOPIC,PARTITION,OFFSET")
+    assert fails(herd, "reset-offsets", "--from-file", one) == (  # issue 24, snag 7: ask for the group
+        f"--from-file {one} line 1 has no group column (TOPIC,PARTITION,OFFSET): name the one group it is for "
+        f"with --group GROUP")
     assert fails(herd, "reset-offsets", "csv-c", "--from-file", plan) == (
         f"No reset plan for group 'csv-c' found in {plan}.")
     bad = tmp_path / "bad.csv"
