@@ -31,7 +31,6 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "(PEM), or librdkafka's ssl.ca.location, sasl.username, ...")
 
 
-
 def _seconds(text: str) -> float:
     try:
         v = float(text)
@@ -42,7 +41,6 @@ def _seconds(text: str) -> float:
     return v
 
 
-
 def _offset_arg(text: str) -> int:
     try:
         v = int(text)
@@ -51,7 +49,6 @@ def _offset_arg(text: str) -> int:
     if not -INT64_MAX - 1 <= v <= INT64_MAX:
         raise argparse.ArgumentTypeError(f"out of range: {text} (offsets are 64-bit, at most {INT64_MAX})")
     return v
-
 
 
 class _Parser(argparse.ArgumentParser):
@@ -66,7 +63,6 @@ class _Parser(argparse.ArgumentParser):
         if extras:
             self.error(f"unrecognized arguments: {' '.join(extras)}")
         return ns, extras
-
 
 
 def add_parser(sub) -> None:
@@ -161,13 +157,11 @@ def add_parser(sub) -> None:
     p.set_defaults(func=cmd_history)
 
 
-
 def _group_args(p) -> None:
     p.add_argument("groups", nargs="*", metavar="GROUP", help="group ids (several allowed)")
     p.add_argument("--group", dest="more_groups", action="append", default=[], metavar="GROUP",
                    help="another group (repeatable; as kafka-consumer-groups.sh)")
     p.add_argument("--all-groups", action="store_true", help="every group")
-
 
 
 def run(args) -> int:

@@ -11,9 +11,7 @@ from protocol.consumer import decode_assignment
 from protocol.wire import ProtocolError
 
 STATES = ("Empty", "Stable", "PreparingRebalance", "CompletingRebalance", "Dead")
-
 INACTIVE = ("Empty", "Dead")
-
 
 
 def command_security(path: str | None) -> SecurityConfig:
@@ -33,7 +31,6 @@ def command_security(path: str | None) -> SecurityConfig:
     return security
 
 
-
 def _clusters(args):
     deadline = Deadline(args.timeout)
     security = command_security(args.command_config)  # one config for every connection, as Kafka's tool
@@ -46,11 +43,9 @@ def _clusters(args):
     return groups, data
 
 
-
 def _close(*clusters) -> None:
     for c in clusters:
         c.close()
-
 
 
 def _selected_groups(args, cluster: Cluster) -> list[str]:
@@ -67,7 +62,6 @@ def _selected_groups(args, cluster: Cluster) -> list[str]:
     return names
 
 
-
 def _parse_topic(spec: str) -> tuple[str, list[int] | None]:
     topic, sep, parts = spec.partition(":")
     if not topic:
@@ -81,7 +75,6 @@ def _parse_topic(spec: str) -> tuple[str, list[int] | None]:
     if any(p < 0 for p in ps):
         raise CliError(f"invalid --topic {spec!r}: partitions are not negative")
     return topic, ps
-
 
 
 def known_partitions(topics, data: Cluster, cluster: Cluster) -> dict[str, set[int] | None]:
@@ -105,7 +98,6 @@ def known_partitions(topics, data: Cluster, cluster: Cluster) -> dict[str, set[i
     return out
 
 
-
 def _resolve_topics(specs: list[str], data: Cluster, cluster: Cluster) -> list[tuple[str, int]]:
     """The partitions ``--topic`` names: every partition of a bare topic, the given ones of
     TOPIC:P,P (which must exist where the topic is known)."""
@@ -122,10 +114,8 @@ def _resolve_topics(specs: list[str], data: Cluster, cluster: Cluster) -> list[t
     return sorted(out)
 
 
-
 def _where(data: Cluster, cluster: Cluster) -> str:
     return " or ".join(dict.fromkeys(c.any().address for c in (data, cluster)))
-
 
 
 def check_partitions(tps, known: dict[str, set[int] | None], where: str) -> None:
@@ -138,13 +128,11 @@ def check_partitions(tps, known: dict[str, set[int] | None], where: str) -> None
         _note(f"warning: topic '{t}' does not exist on {where}: its partitions are not checked")
 
 
-
 def _canonical_state(text: str) -> str:
     for s in STATES:
         if s.lower() == text.lower():
             return s
     raise CliError(f"unknown group state {text!r} (one of {', '.join(STATES)})")
-
 
 
 def cmd_list(args) -> int:
@@ -170,7 +158,6 @@ def cmd_list(args) -> int:
     return 0
 
 
-
 def _assignment(member) -> list[tuple[str, int]]:
     try:
         _, asg = decode_assignment(member.member_assignment)
@@ -179,12 +166,10 @@ def _assignment(member) -> list[tuple[str, int]]:
     return sorted((tp.topic, p) for tp in asg.assigned_partitions for p in tp.partitions)
 
 
-
 def _lag(current, log_end):
     if current is None or log_end is None or log_end < current:
         return None
     return log_end - current
-
 
 
 def describe_one(group: str, cluster: Cluster, data: Cluster) -> dict | None:
@@ -222,7 +207,6 @@ def describe_one(group: str, cluster: Cluster, data: Cluster) -> dict | None:
             "member_count": len(d.members), "members": members, "partitions": rows}
 
 
-
 def cmd_describe(args) -> int:
     if args.verbose and not args.members:
         raise CliError("--verbose goes with --members")
@@ -254,7 +238,6 @@ def cmd_describe(args) -> int:
             raise CliError(f"Consumer group '{missing[0]}' does not exist.")
         raise CliError("Consumer groups " + ", ".join(f"'{g}'" for g in missing) + " do not exist.")
     return 0
-
 
 
 def _print_describe(info: dict, args, separate=lambda: None) -> None:
@@ -294,7 +277,6 @@ def _print_describe(info: dict, args, separate=lambda: None) -> None:
                       r["consumer_id"], r["host"], r["client_id"]] for r in info["partitions"]])
 
 
-
 def cmd_offsets(args) -> int:
     cluster, data = _clusters(args)
     try:
@@ -314,7 +296,6 @@ def cmd_offsets(args) -> int:
     else:
         _note(f"Consumer group '{args.group}' has no committed offsets.")
     return 0
-
 
 
 def cmd_delete(args) -> int:
@@ -343,7 +324,6 @@ def cmd_delete(args) -> int:
     return 0
 
 
-
 def _delete_error(group: str, name: str) -> str:
     if name == "NON_EMPTY_GROUP":
         return f"Group '{group}' could not be deleted: the group is not empty (it has active members)."
@@ -351,7 +331,6 @@ def _delete_error(group: str, name: str) -> str:
         return f"Group '{group}' could not be deleted: Consumer group '{group}' does not exist."
     code = getattr(E, name, None)
     return f"Group '{group}' could not be deleted: {_error_text(code) if code is not None else name}"
-
 
 
 def cmd_delete_offsets(args) -> int:

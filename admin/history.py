@@ -28,7 +28,6 @@ def _http_base(text: str | None) -> str:
     return f"{u.scheme}://{u.netloc}"
 
 
-
 def fetch_history(base: str, group: str, timeout: float):
     url = f"{base}/groups/{urllib.parse.quote(group, safe='')}/history"
     where = urllib.parse.urlsplit(base).netloc
@@ -55,7 +54,6 @@ def fetch_history(base: str, group: str, timeout: float):
         raise CliError(f"{url} did not return JSON") from None
 
 
-
 def cmd_history(args) -> int:
     base = _http_base(args.http)
     hist = fetch_history(base, args.group, args.timeout)
@@ -69,17 +67,14 @@ def cmd_history(args) -> int:
     return 0
 
 
-
 def _ms(v) -> str:
     return "?" if v is None else f"{v} ms"
-
 
 
 def _when(ms) -> str:
     if ms is None:
         return "?"
     return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
-
 
 
 def _who(e: dict) -> str:
@@ -89,7 +84,6 @@ def _who(e: dict) -> str:
     if e.get("group_instance_id"):
         s += f" (instance {e['group_instance_id']})"
     return s + f" [{e.get('member_id')}]"
-
 
 
 def render_history(group: str, hist: list[dict]) -> list[str]:

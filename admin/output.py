@@ -16,7 +16,6 @@ def _cell(v) -> str:
                    for c in s)
 
 
-
 def print_table(headers: list[str], rows: list[list], file=None) -> None:
     file = file or sys.stdout
     cells = [[_cell(v) for v in r] for r in rows]
@@ -25,11 +24,9 @@ def print_table(headers: list[str], rows: list[list], file=None) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip(), file=file)
 
 
-
 def print_json(obj) -> None:
     json.dump(obj, sys.stdout, indent=2)
     sys.stdout.write("\n")
-
 
 
 def _note(text: str) -> None:

@@ -26,9 +26,7 @@ from protocol import errors as E
 INT64_MAX = (1 << 63) - 1
 
 _NUM = r"(\d+(?:\.\d+)?)"
-
 _DURATION = re.compile(rf"^P(?:{_NUM}D)?(?:T(?:{_NUM}H)?(?:{_NUM}M)?(?:{_NUM}S)?)?$")
-
 
 
 def parse_duration(text: str) -> float:
@@ -38,7 +36,6 @@ def parse_duration(text: str) -> float:
         raise CliError(f"invalid --by-duration {text!r}: expected an ISO-8601 duration like PT1H30M or P1D")
     d, h, mi, s = (float(x) if x else 0.0 for x in mt.groups())
     return ((d * 24 + h) * 60 + mi) * 60 + s
-
 
 
 def parse_datetime(text: str) -> int:
@@ -53,16 +50,13 @@ def parse_datetime(text: str) -> int:
     return int(when.timestamp() * 1000)
 
 
-
 class _Refused(Exception):
     """A group this reset leaves alone (active, or no plan can be made for it); the others go on."""
-
 
 
 def _no_records(data: Cluster, needs: str) -> str:
     return (f"{needs}, which {data.any().address} does not have: it holds no records (a coordinator "
             "like herd); give --data-bootstrap-server, the Kafka cluster that holds the partitions")
-
 
 
 def _check_reset_args(args) -> int | None:
@@ -78,7 +72,6 @@ def _check_reset_args(args) -> int | None:
     if args.by_duration is not None:
         return int((time.time() - parse_duration(args.by_duration)) * 1000)
     return None
-
 
 
 def read_reset_plan(path: str, group: str | None) -> dict[str, dict[tuple[str, int], int]]:
@@ -119,7 +112,6 @@ def read_reset_plan(path: str, group: str | None) -> dict[str, dict[tuple[str, i
     return plan
 
 
-
 def _reset_scope(args, names, file_plan, data: Cluster, cluster: Cluster) -> list[tuple[str, int]]:
     """What holds for every group: whether the data cluster can answer what the reset needs, and
     the partitions of --topic (checked, as those of --from-file)."""
@@ -135,7 +127,6 @@ def _reset_scope(args, names, file_plan, data: Cluster, cluster: Cluster) -> lis
         listed = {tp for g in names for tp in file_plan.get(g, {})}
         check_partitions(listed, known_partitions({t for t, _ in listed}, data, cluster), _where(data, cluster))
     return tps
-
 
 
 def _plan_group(args, group: str, cluster: Cluster, data: Cluster, tps, ts, file_plan) -> dict:
@@ -160,7 +151,6 @@ def _plan_group(args, group: str, cluster: Cluster, data: Cluster, tps, ts, file
     except _Refused as exc:
         res["error"] = str(exc)
     return res
-
 
 
 def _plan(args, group: str, committed: dict, data: Cluster, tps, ts, requested) -> list[dict]:
@@ -229,7 +219,6 @@ def _plan(args, group: str, committed: dict, data: Cluster, tps, ts, requested) 
             for t, p in tps]
 
 
-
 def _commit_plans(cluster: Cluster, results: list[dict]) -> str | None:
     """Commit each planned group in turn; when one fails to answer (deadline, lost connection),
     stop and return what was done, for the final error."""
@@ -264,10 +253,8 @@ def _commit_plans(cluster: Cluster, results: list[dict]) -> str | None:
     return None
 
 
-
 def _quoted(names) -> str:
     return ", ".join(f"'{n}'" for n in names)
-
 
 
 def cmd_reset(args) -> int:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import socket
 import ssl
-import struct
 import time
 
 from admin.errors import CliError
@@ -20,20 +19,12 @@ from protocol.client_connection import AuthenticationFailed, Connection, Connect
 from protocol.wire import EncodeError
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
-
 CLIENT_ID = "herd-admin"
-
 _COORDINATOR_MOVED = {E.NOT_COORDINATOR, E.COORDINATOR_NOT_AVAILABLE, E.COORDINATOR_LOAD_IN_PROGRESS}
 
 _LEADER_MOVED = {E.NOT_LEADER_OR_FOLLOWER, E.LEADER_NOT_AVAILABLE, E.UNKNOWN_LEADER_EPOCH,
                  E.FENCED_LEADER_EPOCH, E.REPLICA_NOT_AVAILABLE}
-
 _MAX_RESPONSE = 100 * 1024 * 1024
-
-_I16 = struct.Struct(">h")
-
-_I32 = struct.Struct(">i")
-
 LATEST, EARLIEST = -1, -2  # ListOffsets timestamps
 
 # APIs that only a server storing partition logs serves: DeleteRecords, OffsetForLeaderEpoch,
@@ -41,9 +32,7 @@ LATEST, EARLIEST = -1, -2  # ListOffsets timestamps
 # Produce are no such sign: herd advertises them so that unmodified consumers run, but keeps no
 # records and answers ListOffsets as for empty logs.
 _LOG_APIS = (21, 23, 34, 35)
-
 _FETCH = 1
-
 
 
 def holds_records(versions: dict[int, tuple[int, int]]) -> bool:
@@ -52,16 +41,13 @@ def holds_records(versions: dict[int, tuple[int, int]]) -> bool:
     return _FETCH in versions and any(k in versions for k in _LOG_APIS)
 
 
-
 def _error_text(code: int) -> str:
     info = E.ERRORS.get(code)
     return f"{info.name}: {info.message}" if info else E.error_name(code)
 
 
-
 def _addr(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
 
 
 def parse_servers(text: str, flag: str = "--bootstrap-server", protocol: str = "PLAINTEXT") -> list[tuple[str, int]]:
@@ -91,11 +77,9 @@ def parse_servers(text: str, flag: str = "--bootstrap-server", protocol: str = "
     return out
 
 
-
 class AuthError(CliError):
     """The server refused this tool's credentials or certificate (or it would not verify): no
     other server of the cluster is tried, they would refuse too."""
-
 
 
 class Deadline:
@@ -111,7 +95,6 @@ class Deadline:
         if left <= 0:
             raise CliError(f"timed out after {self.seconds:g}s {what}")
         return left
-
 
 
 class BrokerConnection:
@@ -256,7 +239,6 @@ def _strerror(exc: OSError) -> str:
     if isinstance(exc, socket.gaierror):
         return exc.strerror or str(exc)
     return exc.strerror or str(exc) or type(exc).__name__
-
 
 
 class Cluster:

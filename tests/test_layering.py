@@ -121,6 +121,12 @@ def test_each_layer_imports_only_the_layers_below_it():
     assert not bad, "\n".join(bad)
 
 
+def test_benchmarks_import_nothing_from_the_tests():
+    bad = [f"{n} imports {d}" for n, deps in sorted(graph().items()) if n.split(".")[0] == "bench"
+           for d in sorted(deps) if d.split(".")[0] == "tests"]
+    assert not bad, "\n".join(bad)
+
+
 def test_no_two_project_modules_import_each_other():
     assert cycles(graph()) == []
 

@@ -20,8 +20,8 @@ from concurrent.futures import Future
 import pytest
 
 from protocol import messages as m
-from tests.support.daemon import REPO, Daemon
-from tests.support.kafka import RawClient
+from tools.daemon import REPO, Daemon
+from tools.rawclient import RawClient
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 

@@ -16,8 +16,8 @@ import pytest
 from client import GroupConsumer, TopicPartition
 from client import errors as cerr
 from client.spark import GroupJob, describe_group, partitions_for, run_member
-from tests.support.daemon import REPO, Daemon
 from tests.support.pki import make_pki
+from tools.daemon import REPO, Daemon
 
 pytestmark = pytest.mark.integration
 

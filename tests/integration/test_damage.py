@@ -26,8 +26,8 @@ import pytest
 from coordinator.log import read_log_file
 from coordinator.records import decode_key
 from protocol import messages as m
-from tests.support.daemon import REPO, Daemon
-from tests.support.kafka import RawClient
+from tools.daemon import REPO, Daemon
+from tools.rawclient import RawClient
 
 pytestmark = pytest.mark.integration
 

@@ -15,8 +15,8 @@ import pytest
 from protocol import errors as E
 from protocol import messages as m
 from protocol.headers import encode_request_header
-from tests.support.daemon import REPO, Daemon
-from tests.support.kafka import RawClient
+from tools.daemon import REPO, Daemon
+from tools.rawclient import RawClient
 
 pytestmark = pytest.mark.integration
 
