@@ -924,7 +924,7 @@ def main(argv=None):
                 ctx = U.Mock()
             with ctx as server:
                 results.append(measure_target(t, server, args, security))
-    probe = fdatasync_probe(U.default_tmp_root(), args.fsync_samples)
+    probe = fdatasync_probe(U.default_tmp_root(), args.fsync_samples) if args.fsync_samples > 0 else None
     result = {
         "benchmark": "floor",
         **env,
@@ -1011,11 +1011,12 @@ def main(argv=None):
                  "conns/s", "p50 ms", "p99 ms", "tcp+tls p50", "apiver p50", "sasl p50", "RSS KiB/conn"],
             )
         )
-    lat = probe["latency_us"]
-    text += (
-        f"\npwrite {probe['record_bytes']} B + fdatasync, preallocated file on {probe['filesystem']}: "
-        f"p50 {lat['p50']:.0f} µs, p99 {lat['p99']:.0f} µs, CPU {probe['cpu_us_per_call']:.0f} µs per call"
-    )
+    if probe is not None:
+        lat = probe["latency_us"]
+        text += (
+            f"\npwrite {probe['record_bytes']} B + fdatasync, preallocated file on {probe['filesystem']}: "
+            f"p50 {lat['p50']:.0f} µs, p99 {lat['p99']:.0f} µs, CPU {probe['cpu_us_per_call']:.0f} µs per call"
+        )
     for t, why in skipped.items():
         text += f"\nskipped {t}: {why}"
     U.emit(result, "server CPU per request, idle subtracted (one run, one driver)\n" + text)
