@@ -39,7 +39,7 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 # the generated codec again (~0.4 s for each daemon, client or Spark worker start). Up to date:
 # ~0.3 s.
 bytecode: | $(BIN)/python
-	@$(BIN)/python -m compileall -q -j 0 -x '/node_modules/' protocol coordinator client tools bench tests >/dev/null
+	@$(BIN)/python -m compileall -q -j 0 -x '/node_modules/' protocol coordinator client admin herd_cli.py tools bench tests >/dev/null
 
 run: $(VENV)/.installed-run bytecode
 	$(BIN)/herd serve $(strip $(SERVE_ARGS))

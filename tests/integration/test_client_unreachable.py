@@ -52,7 +52,7 @@ def test_poll_says_no_broker_was_reached_and_keeps_trying_until_one_is(tmp_path,
     import logging
 
     from client import NoBrokersAvailableError
-    from tests.support.daemon import Daemon
+    from tools.daemon import Daemon
 
     caplog.set_level(logging.WARNING, logger="herd.client")
     port = _closed_port()

@@ -276,7 +276,7 @@ def test_try_it_runs_as_written(make_run, tmp_path):
 
 
 def test_the_thin_client_loop_runs_as_written_and_survives_a_rebalance(tmp_path):
-    from tests.support.daemon import Daemon
+    from tools.daemon import Daemon
 
     with Daemon(tmp_path / "data", "--topic", "orders:6", initial_rebalance_delay_ms=0) as d:
         program = tmp_path / "loop.py"

@@ -19,7 +19,7 @@ from client.spark import (
     run_member,
     starting_offsets_json,
 )
-from tests.support.daemon import Daemon
+from tools.daemon import Daemon
 
 pytestmark = pytest.mark.integration
 
