@@ -32,7 +32,7 @@ import uvloop
 from bench import _util as U
 from coordinator import records
 
-REPO_TESTS = U.REPO  # tests.support.postgres is importable from the repo root
+REPO_TESTS = U.REPO  # tools.postgres is importable from the repo root
 
 
 def _pg_pids(postmaster: int) -> list[int]:
@@ -200,7 +200,7 @@ def main(argv=None):
 
     logs.configure("error", "console", sys.stderr)  # the stores log warnings; stdout is the JSON
     sys.path.insert(0, str(REPO_TESTS))
-    from tests.support.postgres import PgServer
+    from tools.postgres import PgServer
 
     root = U.default_tmp_root()
     server = PgServer(fsync=True, root=root)

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.support.postgres import PgServer
+from tools.postgres import PgServer
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ from coordinator.cluster.db import connect
 from coordinator.cluster.errors import SchemaError, StoreConnectError
 from coordinator.cluster.schema import SCHEMA_VERSION, TABLES, ensure_schema
 from coordinator.cluster.url import parse_store_url
-from tests.support.postgres import PASSWORD
+from tools.postgres import PASSWORD
 
 
 async def _snapshot(conn):
