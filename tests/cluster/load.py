@@ -7,7 +7,7 @@ import time
 
 from protocol import errors as E
 from protocol import messages as m
-from tests.support.kafka import RawClient
+from tools.rawclient import RawClient
 
 RETRIABLE = {E.NOT_COORDINATOR, E.COORDINATOR_NOT_AVAILABLE, E.COORDINATOR_LOAD_IN_PROGRESS}
 

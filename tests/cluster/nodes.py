@@ -6,8 +6,8 @@ import time
 from pathlib import Path
 
 from protocol import messages as m
-from tests.support.daemon import Daemon
-from tests.support.kafka import RawClient
+from tools.daemon import Daemon
+from tools.rawclient import RawClient
 
 FIND_COORDINATOR_V = 3
 METADATA_V = 9

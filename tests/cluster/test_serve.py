@@ -14,8 +14,8 @@ import pytest
 from protocol import errors as E
 from protocol import messages as m
 from tests.cluster.nodes import Node, coordinator_of, find_coordinator, metadata
-from tests.support.daemon import REPO
-from tests.support.postgres import PASSWORD, _run_async
+from tools.daemon import REPO
+from tools.postgres import PASSWORD, _run_async
 
 
 def serve(tmp_path, url: str, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess:
