@@ -31,12 +31,13 @@ import uvloop
 
 from bench import _util as U
 from coordinator import records
+from tools.daemon import _children
 
 REPO_TESTS = U.REPO  # tools.postgres is importable from the repo root
 
 
 def _pg_pids(postmaster: int) -> list[int]:
-    return [postmaster, *U._children(postmaster)]
+    return [postmaster, *_children(postmaster)]
 
 
 def _cpu_ns(pids) -> int:
@@ -132,7 +133,7 @@ class Driver:
 
 
 async def _file_cell(root, shards, concurrency, duration, warmup):
-    from coordinator.log import LogStore
+    from coordinator.store.filelog import LogStore
 
     d = tempfile.mkdtemp(prefix="herd-bench-log-", dir=root)
     store = LogStore(d, num_shards=shards, fsync="always")
@@ -196,7 +197,7 @@ def main(argv=None):
     if args.quick:
         args.duration, args.concurrency, args.rounds, args.warmup = 2.0, "1,32", 1, 0.5
     levels = [int(x) for x in args.concurrency.split(",")]
-    from coordinator import logs
+    from coordinator import logging_setup as logs
 
     logs.configure("error", "console", sys.stderr)  # the stores log warnings; stdout is the JSON
     sys.path.insert(0, str(REPO_TESTS))
