@@ -56,6 +56,7 @@ from coordinator.cluster.url import PgURL
 log = structlog.get_logger("herd.leases")
 
 CHANNEL = "herd_cluster"
+LAPSE_SLACK_MS = 50  # after another node's lease should have lapsed, look again this much later
 
 REGISTER_SQL = """
 INSERT INTO herd_nodes AS n (node_id, incarnation, host, port, rack, expires_at)
@@ -97,7 +98,8 @@ WHERE l.shard = f.shard AND l.epoch = f.epoch AND l.owner = $3
 RETURNING l.shard
 """
 VIEW_NODES_SQL = "SELECT node_id, host, port, rack FROM herd_nodes WHERE expires_at > now() ORDER BY node_id"
-VIEW_LEASES_SQL = ("SELECT shard, owner, epoch, owner IS NOT NULL AND expires_at > now() AS live "
+VIEW_LEASES_SQL = ("SELECT shard, owner, epoch, owner IS NOT NULL AND expires_at > now() AS live, "
+                   "(extract(epoch FROM expires_at - now()) * 1000)::bigint AS left_ms "
                    "FROM herd_leases ORDER BY shard")
 
 
@@ -137,6 +139,7 @@ class LeaseManager:
         self._loads: dict[int, asyncio.Task] = {}
         self._handing: dict[int, asyncio.Task] = {}  # shard -> owner.releasing running (lease still held)
         self.handover_wait_ms = max(self.table.renew_every_ms // 2, 1)
+        self._lapse_at: int | None = None  # monotonic ms just after another node's lease lapses next
         self.last_ok_ms: int | None = None  # monotonic time the last tick that reached the database was sent
         self.on_roundtrip = None  # (seconds) -> None: the heartbeat statement's round trip, for metrics
         self._unloaded: dict[int, int] = {}  # shard -> epoch: failed to load, lease to be freed
@@ -257,13 +260,19 @@ class LeaseManager:
             deadline = self.table.next_deadline()
             if deadline is not None:
                 wake_at = min(wake_at, deadline)
+            lapse = self._lapse_at  # a node that stopped renewing: take its shards once they lapse
+            if lapse is not None:
+                wake_at = min(wake_at, lapse)
             if wake_at > now and not self._wake.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), (wake_at - now) / 1000)
             if not self._running:
                 return
             self._fence()
-            if self.clock.monotonic_ms() >= next_tick or self._wake.is_set():
+            lapsed = lapse is not None and self.clock.monotonic_ms() >= lapse
+            if lapsed:
+                self._lapse_at = None
+            if self.clock.monotonic_ms() >= next_tick or self._wake.is_set() or lapsed:
                 self._wake.clear()
                 next_tick = self.clock.monotonic_ms() + self.table.renew_every_ms
                 await self.tick()
@@ -326,6 +335,10 @@ class LeaseManager:
             return
         self.nodes = [NodeInfo(r["node_id"], r["host"], r["port"], r["rack"]) for r in nodes]
         self.leases = {r["shard"]: (r["owner"], r["epoch"], r["live"]) for r in rows}
+        # wake up just after the next lease of another node lapses (by the database's clock, read
+        # now): a killed node's shards are taken then, not up to a renewal interval later
+        left = [r["left_ms"] for r in rows if r["live"] and r["owner"] != self.node_id and r["left_ms"] is not None]
+        self._lapse_at = sent + max(min(left), 0) + LAPSE_SLACK_MS if left else None
         self.last_ok_ms = sent
         if not self._running:
             return

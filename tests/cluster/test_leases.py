@@ -337,3 +337,25 @@ async def test_a_stuck_hand_over_does_not_hold_up_renewals(pg, cluster):
     gate.set()
     await c.until(lambda: c.counts() == {1: 6, 2: 6}, what="the stuck shard to move once handed over")
     assert stuck in c.managers[1].owner.serving and m1.losses == 0 and c.violations == []
+
+
+async def test_a_dead_nodes_shards_are_taken_as_soon_as_they_lapse(pg, cluster):
+    """The survivor wakes up when the dead node's leases lapse by the database's clock (read at its
+    last tick), not up to a renewal interval (3 s here) later."""
+    c = await cluster(lease_ms=9000)
+    m1 = await c.node(1)
+    m2 = await c.node(2)
+    await c.until(lambda: c.counts() == {1: 6, 2: 6}, what="6/6", timeout=30)
+    dead = set(m2.held())
+    await m2.pause()
+    # node 2's last renewal half-way between two of node 1's ticks: its leases lapse there too
+    await asyncio.sleep(max(0.0, (m1.last_ok_ms + 1500 - m1.clock.monotonic_ms()) / 1000))
+    await m2.tick()
+    await m2.abandon()
+    c.managers.remove(m2)
+    lapse = max(r["expires_at"] for s, r in (await lease_rows(pg)).items() if s in dead)
+    await c.until(lambda: c.counts() == {1: 12}, what="node 1 to take node 2's shards", timeout=30)
+    rows = await lease_rows(pg)
+    late = max((rows[s]["acquired_at"] - lapse).total_seconds() for s in dead)
+    assert 0 <= late < 0.4, late
+    assert c.violations == []
