@@ -129,7 +129,8 @@ def one_round(server, root: Path, args) -> dict:
         by_group = {}
         for g in groups:
             by_group[g] = [Member(root, "confluent", boot, g, [TOPIC], f"{g}-m{k}", session_ms=args.session_ms,
-                                  heartbeat_ms=HEARTBEAT_MS) for k in range(args.members)]
+                                  heartbeat_ms=HEARTBEAT_MS, max_poll_ms=max(10_000, args.session_ms + 5000))
+                           for k in range(args.members)]
             members.extend(by_group[g])
         wait_until(lambda: all(stable(ms) for ms in by_group.values()), 180, "every group to be stable")
         before = {mem.name: (mem.state()["generation"], mem.state()["member_id"]) for mem in members}
