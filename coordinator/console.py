@@ -107,6 +107,7 @@ class Console:
             self.tracker = LagTracker(config.lag_history_size, stale_after_ms=2 * interval + 1000)
             self.refresher = LagRefresher(self.tracker, source, groups.committed_partitions, self.clock, interval)
         self._table: tuple[float, int, dict[str, _Row], list[tuple]] | None = None
+        self.table_ttl_s = TABLE_TTL_S
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -126,7 +127,7 @@ class Console:
         partition lag is ``(group, topic, partition, lag, lag_ms or None)``, fresh samples only."""
         cached = self._table
         mono = time.monotonic()
-        if cached is not None and mono - cached[0] < TABLE_TTL_S:
+        if cached is not None and mono - cached[0] < self.table_ttl_s:
             return cached[1], cached[2], cached[3]
         now = self.clock.wall_ms()
         rows, lags = self._build(now)

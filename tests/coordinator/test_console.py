@@ -1,0 +1,168 @@
+"""The console's views and lag metrics over a real GroupCoordinator (manual clock) and a fake log-end
+source: exact lags for an Empty group and a member-less writer, time lag growing while nothing is
+committed, stale partitions left out, per-group-only export, the list's sorting/filtering/paging."""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+from coordinator.console import Console
+from tests.coordinator.test_group_harness import Harness
+
+T = ("orders", 0)
+
+
+class FakeSource:
+    def __init__(self, ends):
+        self.ends = dict(ends)
+        self.fail = None
+
+    async def fetch(self, partitions):
+        if self.fail:
+            raise self.fail
+        return {tp: self.ends[tp] for tp in partitions if tp in self.ends}
+
+
+def setup(lag_metrics="partition", source=True):
+    h = Harness(lag_metrics=lag_metrics, lag_refresh_interval_ms=30_000)
+    h.commit("writer", {("orders", 0): 100, ("orders", 1): 50})  # member-less writer
+    mids, gen = h.form_group("app", 1)
+    h.commit("app", {("orders", 0): 180}, generation=gen, member_id=mids[0])
+    h.leave("app", mids[0])  # the group empties: its offsets and lag stay
+    assert h.state("app") == "Empty"
+    src = FakeSource({("orders", 0): 200, ("orders", 1): 50}) if source else None
+    c = Console(h.config, h.gc, clock=h.clock, source=src, now_ms=lambda: h.now)
+    c.table_ttl_s = 0  # every call rebuilds: the tests move the manual clock between calls
+    return h, c, src
+
+
+def refresh(c: Console) -> bool:
+    return asyncio.run(c.refresher.refresh())
+
+
+def samples(lines: list[str]) -> dict[str, float]:
+    out = {}
+    for line in lines:
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def test_exact_offset_lag_for_an_empty_group_and_a_member_less_writer():
+    h, c, src = setup()
+    assert refresh(c)
+    m = samples(c.metric_lines())
+    assert m['herd_group_lag{group="writer",topic="orders",partition="0"}'] == 100
+    assert m['herd_group_lag{group="writer",topic="orders",partition="1"}'] == 0
+    assert m['herd_group_lag{group="app",topic="orders",partition="0"}'] == 20
+    assert m['herd_group_sum_lag{group="writer"}'] == 100 and m['herd_group_max_lag{group="app"}'] == 20
+    assert m["herd_lag_source_up"] == 1
+    assert 'herd_group_last_commit_age_seconds{group="app"}' in m
+
+
+def test_time_lag_appears_with_history_and_grows_while_nothing_is_committed():
+    h, c, src = setup()
+    refresh(c)
+    # one sample: the partition at 50 is caught up (0 s); offset 100 of 200 cannot be placed yet
+    m = samples(c.metric_lines())
+    assert m['herd_group_lag_seconds{group="writer",topic="orders",partition="1"}'] == 0
+    assert 'herd_group_lag_seconds{group="writer",topic="orders",partition="0"}' not in m
+    h.clock.advance(30_000)
+    src.ends[T] = 260  # 60 records in 30 s: 2 per second
+    refresh(c)
+    lag_s = []
+    for _ in range(3):
+        m = samples(c.metric_lines())
+        lag_s.append(m['herd_group_lag_seconds{group="writer",topic="orders",partition="0"}'])
+        h.clock.advance(10_000)
+    # 100 was the log end 50 s before the first sample (extrapolated at 2/s), 80 s before the second
+    assert lag_s == [80.0, 90.0, 100.0]
+    assert samples(c.metric_lines())['herd_group_max_lag_seconds{group="writer"}'] == 110.0
+
+
+def test_a_failing_source_leaves_stale_lag_out_of_the_metrics_and_it_recovers():
+    h, c, src = setup()
+    refresh(c)
+    src.fail = ConnectionError("down")
+    for _ in range(3):
+        h.clock.advance(30_000)
+        assert not refresh(c)
+    m = samples(c.metric_lines())
+    assert m["herd_lag_source_up"] == 0
+    assert not any(k.startswith("herd_group_lag{") for k in m)
+    assert m['herd_lag_partitions{state="stale"}'] == 2
+    assert 'herd_group_last_commit_age_seconds{group="writer"}' in m  # commit ages stay
+    listed = c.group_list({})
+    writer = next(g for g in listed["groups"] if g["group_id"] == "writer")
+    assert writer["stale_partitions"] == 2 and writer["lag"] is None
+    src.fail = None
+    h.clock.advance(30_000)
+    assert refresh(c)
+    assert samples(c.metric_lines())['herd_group_lag{group="app",topic="orders",partition="0"}'] == 20
+
+
+def test_per_group_export_has_no_partition_series():
+    h, c, src = setup(lag_metrics="group")
+    refresh(c)
+    text = "\n".join(c.metric_lines())
+    assert "herd_group_lag{" not in text and "herd_group_lag_seconds{" not in text
+    assert 'herd_group_max_lag{group="writer"} 100' in text
+
+
+def test_without_a_data_cluster_only_commit_ages():
+    h, c, _ = setup(source=False)
+    text = "\n".join(c.metric_lines())
+    assert re.findall(r"^(\w+)", text.replace("# HELP ", "").replace("# TYPE ", ""), re.M) and \
+        {line.split("{")[0] for line in text.splitlines() if not line.startswith("#")} == \
+        {"herd_group_last_commit_age_seconds"}
+    h.clock.advance(90_000)
+    ages = samples(c.metric_lines())
+    assert ages['herd_group_last_commit_age_seconds{group="writer"}'] == 90.0
+    g = c.group_list({})["groups"]
+    assert all(row["lag"] is None and row["lag_seconds"] is None for row in g)
+
+
+def test_list_sorts_filters_and_pages_server_side():
+    h, c, src = setup()
+    for i in range(12):
+        h.commit(f"load-{i:02}", {("orders", 0): 195 + i % 5})  # lags 5..1
+    refresh(c)
+    page = c.group_list({"sort": ["lag"], "order": ["desc"], "limit": ["5"]})
+    assert page["total"] == 14 and page["matched"] == 14 and len(page["groups"]) == 5
+    assert [g["group_id"] for g in page["groups"]][:2] == ["writer", "app"]  # lag 100, then 20
+    page2 = c.group_list({"sort": ["lag"], "order": ["desc"], "limit": ["5"], "offset": ["5"]})
+    assert [g["lag"] for g in page2["groups"]] == sorted((g["lag"] for g in page2["groups"]), reverse=True)
+    assert not {g["group_id"] for g in page["groups"]} & {g["group_id"] for g in page2["groups"]}
+    asc = c.group_list({"sort": ["group_id"], "limit": ["100"]})["groups"]
+    assert [g["group_id"] for g in asc] == sorted(g["group_id"] for g in asc)
+    only = c.group_list({"q": ["LOAD-0"]})
+    assert only["matched"] == 10 and all(g["group_id"].startswith("load-0") for g in only["groups"])
+    assert c.group_list({"state": ["stable"]})["matched"] == 0
+    assert c.group_list({"sort": ["nonsense"], "limit": ["x"]})["sort"] == "group_id"  # bad input: defaults
+
+
+def test_group_detail_has_partitions_with_lag_and_the_history():
+    h, c, src = setup()
+    refresh(c)
+    d = c.group_detail("app")
+    assert d["state"] == "Empty" and d["members"] == []
+    [p] = d["partitions"]
+    assert (p["topic"], p["partition"], p["committed"], p["log_end"], p["lag"], p["stale"]) == \
+        ("orders", 0, 180, 200, 20, False)
+    assert [r["reason"] for r in d["history"]][-1] in ("member_left", "initial")
+    assert c.group_detail("nope") is None
+
+
+def test_http_routes_and_headers():
+    h, c, src = setup()
+    status, ctype, body, headers = c.route("/", "")
+    assert status == 200 and ctype.startswith("text/html") and b"console/app.js" in body
+    assert "script-src 'self'" in headers["Content-Security-Policy"]
+    assert c.route("/console/app.js", "")[0] == 200
+    assert c.route("/console/../config.py", "")[0] == 404
+    status, _, body, _ = c.route("/api/group", "id=%3Cb%3E")
+    assert status == 404 and json.loads(body)["group_id"] == "<b>"
+    assert c.route("/api/group", "")[0] == 400
+    assert c.route("/elsewhere", "") is None
