@@ -268,7 +268,7 @@ class HttpEndpoint:
             line = head.split(b"\r\n", 1)[0].decode("latin-1")
             parts = line.split()
             if len(parts) < 2 or parts[0] not in ("GET", "HEAD"):
-                status, ctype, body = 405, "text/plain", b"only GET is supported\n"
+                status, ctype, body, more = 405, "text/plain", b"only GET is supported\n", []
             else:
                 status, ctype, body, *more = self.route(parts[1])
             extra = "".join(f"{k}: {v}\r\n" for k, v in more[0].items()) if more else ""
