@@ -203,10 +203,19 @@ function partitionsCard(g) {
   return card;
 }
 
-function rebalanceItem(r) {
+function triggerText(t) {
+  if (!t) return null;
+  if (Array.isArray(t.members) && t.members.length) return t.members.map(who).join(", ");
+  if (t.member_id || t.client_id) return who(t);
+  return Object.entries(t).map(([k, v]) => `${k}: ${typeof v === "object" ? JSON.stringify(v) : v}`).join(", ");
+}
+
+function rebalanceItem(r, longest) {
   const dur = r.duration_ms;
-  const prep = r.phases.preparing_ms || 0, comp = r.phases.completing_ms || 0, total = Math.max(1, prep + comp);
-  const trig = r.trigger ? who(r.trigger) : null;
+  const prep = r.phases.preparing_ms || 0, comp = r.phases.completing_ms || 0;
+  // the bar's length is the rebalance's duration against the longest shown; its colours the phases
+  const scale = Math.max(0.015, (prep + comp) / Math.max(1, longest));
+  const trig = triggerText(r.trigger);
   const lines = [];
   if (r.detail) lines.push(h("div", {}, h("span", { class: "k" }, "why"), r.detail));
   if (trig) lines.push(h("div", {}, h("span", { class: "k" }, "trigger"), trig));
@@ -218,7 +227,8 @@ function rebalanceItem(r) {
     r.removed.map((x, i) => [i ? "; " : "", x.member_id, ` (${x.why}, after ${fmtMs(x.after_ms)})`])));
   lines.push(h("div", {}, h("span", { class: "k" }, "phases"), `preparing ${fmtMs(r.phases.preparing_ms)}, completing ${fmtMs(r.phases.completing_ms)}`,
     h("div", { class: "bar", title: `preparing ${prep} ms, completing ${comp} ms` },
-      h("span", { class: "prep", style: null, "data-w": prep / total }), h("span", { class: "comp", "data-w": comp / total }))));
+      h("span", { class: "prep", "data-w": prep + comp ? scale * prep / (prep + comp) : scale }),
+      h("span", { class: "comp", "data-w": prep + comp ? scale * comp / (prep + comp) : 0 }))));
   const result = r.outcome === "in_progress" ? "in progress" : r.outcome === "stable" ? `stable, ${r.members} member(s), ${r.protocol || ""}` : r.outcome;
   const item = h("li", { class: `rebalance ${r.outcome}`, "data-generation": r.generation ?? "", "data-reason": r.reason },
     h("div", { class: "rb-head" },
@@ -238,7 +248,8 @@ function timelineCard(g) {
     h("span", { class: "legend" }, h("i", { class: "prep-i" }), "preparing", h("i", { class: "comp-i" }), "completing")));
   for (const i of card.querySelectorAll(".legend i")) i.style.background = i.classList.contains("prep-i") ? "var(--bar-prep)" : "var(--bar-comp)";
   if (!g.history.length) { card.appendChild(h("div", { class: "empty" }, "No rebalance recorded.")); return card; }
-  card.appendChild(h("ol", { class: "timeline" }, g.history.slice().reverse().map(rebalanceItem)));
+  const longest = Math.max(1, ...g.history.map((r) => (r.phases.preparing_ms || 0) + (r.phases.completing_ms || 0)));
+  card.appendChild(h("ol", { class: "timeline" }, g.history.slice().reverse().map((r) => rebalanceItem(r, longest))));
   return card;
 }
 
