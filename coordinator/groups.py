@@ -528,17 +528,20 @@ class GroupCoordinator:
         return {topic: {p: dict(zip(names, records.offset_value_fields(v), strict=True)) for p, v in parts.items()}
                 for topic, parts in stored.items()}
 
-    def iter_committed(self):
-        """Every committed offset, group by group, for lag and commit ages (read-only): yields
-        ``(group_id, topic, partition, offset, commit_timestamp)``; Empty and member-less groups
-        included."""
+    def committed_by_shard(self):
+        """Every committed offset, for lag and commit ages (read-only): yields one list per shard
+        of ``(group_id, topic, partition, offset, commit_timestamp)``; Empty and member-less groups
+        included. Each list is complete when yielded, so a caller may wait between shards (the
+        state moves on meanwhile; no iteration spans it)."""
         fields = records.offset_value_fields
         for shard in self.shards:
+            rows = []
             for gid, topics in shard.offsets.items():
                 for topic, parts in topics.items():
                     for p, v in parts.items():
                         off, _, _, ts, _ = fields(v)
-                        yield gid, topic, p, off, ts
+                        rows.append((gid, topic, p, off, ts))
+            yield rows
 
     def committed_partitions(self) -> set[tuple[str, int]]:
         """The ``(topic, partition)`` pairs with a committed offset in any group."""

@@ -270,6 +270,8 @@ class HttpEndpoint:
             if len(parts) < 2 or parts[0] not in ("GET", "HEAD"):
                 status, ctype, body, more = 405, "text/plain", b"only GET is supported\n", []
             else:
+                if self.console is not None and self.ready:
+                    await self.console.prepare_for(parts[1])
                 status, ctype, body, *more = self.route(parts[1])
             extra = "".join(f"{k}: {v}\r\n" for k, v in more[0].items()) if more else ""
             writer.write(f"HTTP/1.1 {status} {_REASONS.get(status, 'OK')}\r\nContent-Type: {ctype}\r\n"

@@ -166,3 +166,39 @@ def test_http_routes_and_headers():
     assert status == 404 and json.loads(body)["group_id"] == "<b>"
     assert c.route("/api/group", "")[0] == 400
     assert c.route("/elsewhere", "") is None
+
+
+def test_prepare_folds_in_steps_with_loop_turns_and_shares_one_rebuild():
+    h, c, src = setup()
+    for i in range(120):  # groups spread over the harness's 4 shards
+        h.commit(f"many-{i}", {("orders", 0): i})
+    refresh(c)
+    c.table_ttl_s = 60
+    builds = 0
+    fold = c._fold
+
+    def counting(*a):
+        nonlocal builds
+        builds += 1
+        yield from fold(*a)
+
+    c._fold = counting
+
+    async def main():
+        ticks = 0
+
+        async def other():
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        t = asyncio.ensure_future(other())
+        await asyncio.gather(c.prepare(), c.prepare(), c.prepare_for("/api/groups?limit=5"))
+        t.cancel()
+        return ticks
+
+    ticks = asyncio.run(main())
+    assert builds == 1 and ticks >= 4  # one rebuild; the loop ran between its steps (one per shard)
+    now, rows, _ = c.table()  # fresh: no second fold
+    assert builds == 1 and len(rows) == 122 and rows["many-7"].last_commit_ms is not None
