@@ -26,6 +26,7 @@ import resource
 import socket
 import statistics
 import sys
+import threading
 import time
 import urllib.request
 
@@ -210,29 +211,68 @@ def bench_heartbeat(args) -> dict:
     from bench.loadgen import LoadGen
 
     out = {}
-    for label, extra, launcher in (
-            ("without_lag_tracking", [], None),
-            ("with_lag_tracking", ["--data-bootstrap-server", "fake:9092",
-                                   "--lag-refresh-interval-ms", str(args.hb_refresh_ms)], "fake")):
+    lag_args = ["--data-bootstrap-server", "fake:9092", "--lag-refresh-interval-ms", str(args.hb_refresh_ms),
+                "--lag-metrics", args.hb_lag_metrics]
+    variants = [(f"{'with' if lag else 'without'}_lag_tracking{'_and_operator' if polled else ''}",
+                 lag_args if lag else [], "fake" if lag else None, polled)
+                for polled in (False, True) for lag in (False, True)
+                if args.hb_variants == "all" or (polled, lag) == (False, True)]
+    for label, extra, launcher, polled in variants:
         herd = Herd(fsync="never", topics=("bench:10",), extra_args=["--metrics-port", "0", *extra])
         if launcher:
             herd.command = _fake_command(herd)
         with herd:
             load_offsets(herd.bootstrap, args.groups, args.partitions)
+            mport = metrics_port(herd)
             cpu0, t0 = proc_cpu_seconds(herd.pid), time.monotonic()
             with LoadGen(herd.bootstrap, groups=args.hb_groups, members=3, procs=1,
                          group_prefix=f"hb-{label}", session_timeout_ms=60_000, rebalance_timeout_ms=60_000) as lg:
                 lg.join()
-                hb = lg.window(args.hb_seconds)
+                # an operator's setup meanwhile: Prometheus scrapes every 15 s, a console open
+                # on the group list polls every 3 s
+                stop = threading.Event()
+                scrapes: list[float] = []
+
+                def operator(stop=stop, mport=mport, scrapes=scrapes):
+                    n = 0
+                    while not stop.wait(3.0 if n else 0.5):
+                        path = "/metrics" if n % 5 == 0 else "/api/groups?limit=50&sort=lag&order=desc"
+                        ms, _ = http_get(mport, path)
+                        if path == "/metrics":
+                            scrapes.append(ms)
+                        n += 1
+
+                t = threading.Thread(target=operator, daemon=True)
+                if polled:
+                    t.start()
+                try:
+                    hb = lg.window(args.hb_seconds)
+                finally:
+                    stop.set()
+                    if polled:
+                        t.join(60)
             cpu = proc_cpu_seconds(herd.pid) - cpu0
             wall = time.monotonic() - t0
-            mport = metrics_port(herd)
             text = http_get(mport, "/metrics")[1].decode()
             refreshes = [ln for ln in text.splitlines() if ln.startswith("herd_lag_refreshes_total")]
             out[label] = {"heartbeat_latency_ms": hb["latency_ms"], "errors": hb.get("errors"),
                           "daemon_cpu_fraction": cpu / wall, "rss_mb": proc_rss_bytes(herd.pid) / 2**20,
-                          "lag_refreshes": int(refreshes[0].split()[1]) if refreshes else 0}
+                          "lag_refreshes": int(refreshes[0].split()[1]) if refreshes else 0,
+                          "metrics_scrape_ms": percentiles(scrapes), "metrics_bytes": len(text),
+                          "loop_lag_max_s": _sample(text, "herd_event_loop_lag_max_seconds"),
+                          "loop_lag_over_100ms": _sample(text, 'herd_event_loop_lag_seconds_bucket{le="+Inf"}')
+                          - _sample(text, 'herd_event_loop_lag_seconds_bucket{le="0.1"}'),
+                          "gc_pause_s": sum(float(ln.split()[-1]) for ln in text.splitlines()
+                                            if ln.startswith("herd_gc_pause_seconds_total"))}
     return out
+
+
+def _sample(text: str, name: str) -> float:
+    """The value of the sample named exactly ``name`` (labels included) in an exposition."""
+    for ln in text.splitlines():
+        if ln.rsplit(" ", 1)[0] == name:
+            return float(ln.rsplit(" ", 1)[1])
+    return float("nan")
 
 
 def _fake_command(herd: Herd):
@@ -255,6 +295,8 @@ def main(argv=None):
     ap.add_argument("--hb-groups", type=int, default=300)
     ap.add_argument("--hb-seconds", type=float, default=20.0)
     ap.add_argument("--hb-refresh-ms", type=int, default=2000)
+    ap.add_argument("--hb-lag-metrics", default="partition", choices=("partition", "group"))
+    ap.add_argument("--hb-variants", default="all", choices=("all", "lag-only"))
     ap.add_argument("--parts", default=",".join(ALL_PARTS))
     ap.add_argument("--quick", action="store_true",
                     help="1,000 groups, short windows (make bench with HERD_BENCH_QUICK)")

@@ -39,6 +39,7 @@ log = logs.get("herd.console")
 
 TABLE_TTL_S = 1.0
 GROUP_STEP = 2000
+LINE_STEP = 2000
 HOUR_MS = 3_600_000
 MAX_PAGE = 500
 SORT_KEYS = ("group_id", "state", "protocol_type", "members", "lag", "lag_seconds", "last_commit_age",
@@ -67,8 +68,8 @@ def make_source(config) -> LogEndSource | None:
 
 
 class _Row:
-    __slots__ = ("group_id", "state", "protocol_type", "members", "lag", "lag_seconds", "last_commit_ms",
-                 "rebalances_1h", "partitions", "known", "stale")
+    __slots__ = ("group_id", "state", "protocol_type", "members", "lag", "max_lag", "lag_seconds",
+                 "last_commit_ms", "rebalances_1h", "partitions", "known", "stale")
 
     def __init__(self, group_id: str):
         self.group_id = group_id
@@ -76,6 +77,7 @@ class _Row:
         self.protocol_type = ""
         self.members = 0
         self.lag: int | None = None  # sum over partitions with a fresh sample
+        self.max_lag: int | None = None
         self.lag_seconds: float | None = None  # max over them
         self.last_commit_ms: int | None = None
         self.rebalances_1h = 0
@@ -111,6 +113,7 @@ class Console:
         self._table: tuple[float, int, dict[str, _Row], list[tuple]] | None = None
         self.table_ttl_s = TABLE_TTL_S
         self._building: asyncio.Future | None = None
+        self._lines: tuple | None = None  # (the table they were rendered from, lines)
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -165,8 +168,11 @@ class Console:
 
     async def prepare_for(self, target: str) -> None:
         """Called by the HTTP endpoint before it answers ``target``: the paths that read the table."""
-        if target.split("?", 1)[0] in ("/metrics", "/api/groups"):
+        path = target.split("?", 1)[0]
+        if path in ("/metrics", "/api/groups"):
             await self.prepare()
+        if path == "/metrics":
+            await self._render_in_steps()
 
     def invalidate(self) -> None:
         self._table = None
@@ -203,7 +209,12 @@ class Console:
                     row.stale += 1
                     continue
                 row.known += 1
-                row.lag = lag if row.lag is None else row.lag + lag
+                if row.lag is None:
+                    row.lag = row.max_lag = lag
+                else:
+                    row.lag += lag
+                    if lag > row.max_lag:
+                        row.max_lag = lag
                 if lag_ms is not None:
                     secs = lag_ms / 1000
                     if row.lag_seconds is None or secs > row.lag_seconds:
@@ -214,61 +225,87 @@ class Console:
     # ---- Prometheus ------------------------------------------------------------------------------
 
     def metric_lines(self) -> list[str]:
+        """The lines for /metrics (a :class:`coordinator.metrics.Metrics` collector): those
+        :meth:`prepare_for` rendered in steps for this table, else rendered here at once."""
+        self.table()
+        table = self._table
+        if self._lines is not None and self._lines[0] is table:
+            return self._lines[1]
+        out: list[str] = []
+        for _ in self._render(out):
+            pass
+        self._lines = (table, out)
+        return out
+
+    async def _render_in_steps(self) -> None:
+        table = self._table
+        if table is None or (self._lines is not None and self._lines[0] is table):
+            return
+        out: list[str] = []
+        for _ in self._render(out):
+            await asyncio.sleep(0)
+        if self._table is table:
+            self._lines = (table, out)
+
+    def _render(self, out: list[str]):
+        """Append the exposition lines to ``out``; yields every ``LINE_STEP`` lines (100,000
+        partitions make ~240,000 lines: in one piece, a stall of half a second)."""
         from coordinator.metrics import _escape, _fmt
 
-        now, rows, lags = self.table()
-        out: list[str] = []
+        _, now, rows, lags = self._table
 
-        def family(name, kind, help_text, samples):
+        def family(name, kind, help_text):
             out.append(f"# HELP {name} {help_text}")
             out.append(f"# TYPE {name} {kind}")
-            out.extend(samples)
 
         committed = sorted((r for r in rows.values() if r.last_commit_ms is not None), key=lambda r: r.group_id)
         family("herd_group_last_commit_age_seconds", "gauge",
-               "Seconds since the group's newest offset commit (every group with committed offsets, Empty ones too).",
-               [f'herd_group_last_commit_age_seconds{{group="{_escape(r.group_id)}"}} '
-                f'{_fmt(round(max(0, now - r.last_commit_ms) / 1000, 3))}' for r in committed])
+               "Seconds since the group's newest offset commit (every group with committed offsets, Empty ones too).")
+        for i in range(0, len(committed), LINE_STEP):
+            out.extend(f'herd_group_last_commit_age_seconds{{group="{_escape(r.group_id)}"}} '
+                       f'{_fmt(round(max(0, now - r.last_commit_ms) / 1000, 3))}' for r in committed[i:i + LINE_STEP])
+            yield
         if self.refresher is None:
-            return out  # no data cluster: no lag, not even empty lag families
+            return  # no data cluster: no lag, not even empty lag families
         if self.config.lag_metrics == "partition":
-            lags_sorted = sorted(lags, key=lambda x: (x[0], x[1], x[2]))
             family("herd_group_lag", "gauge", "Log-end offset minus committed offset, per group and partition "
-                   "(fresh log-end samples only).",
-                   [f'herd_group_lag{{group="{_escape(g)}",topic="{_escape(t)}",partition="{p}"}} {lag}'
-                    for g, t, p, lag, _ in lags_sorted])
+                   "(fresh log-end samples only).")
+            for i in range(0, len(lags), LINE_STEP):
+                out.extend(f'herd_group_lag{{group="{_escape(g)}",topic="{_escape(t)}",partition="{p}"}} {lag}'
+                           for g, t, p, lag, _ in lags[i:i + LINE_STEP])
+                yield
             family("herd_group_lag_seconds", "gauge", "How long ago the log end was at the committed offset "
-                   "(interpolated from log-end samples), per group and partition; only where it is known.",
-                   [f'herd_group_lag_seconds{{group="{_escape(g)}",topic="{_escape(t)}",partition="{p}"}} '
-                    f'{_fmt(ms / 1000)}' for g, t, p, _, ms in lags_sorted if ms is not None])
+                   "(interpolated from log-end samples), per group and partition; only where it is known.")
+            for i in range(0, len(lags), LINE_STEP):
+                out.extend(f'herd_group_lag_seconds{{group="{_escape(g)}",topic="{_escape(t)}",partition="{p}"}} '
+                           f'{_fmt(ms / 1000)}' for g, t, p, _, ms in lags[i:i + LINE_STEP] if ms is not None)
+                yield
         known = [r for r in committed if r.lag is not None]
-        maxima: dict[str, int] = {}
-        for g, _, _, lag, _ in lags:
-            if lag > maxima.get(g, -1):
-                maxima[g] = lag
-        family("herd_group_max_lag", "gauge", "The group's largest partition lag in offsets.",
-               [f'herd_group_max_lag{{group="{_escape(r.group_id)}"}} {maxima[r.group_id]}' for r in known])
-        family("herd_group_sum_lag", "gauge", "The group's lag in offsets summed over its partitions.",
-               [f'herd_group_sum_lag{{group="{_escape(r.group_id)}"}} {r.lag}' for r in known])
-        family("herd_group_max_lag_seconds", "gauge", "The group's largest partition lag in seconds.",
-               [f'herd_group_max_lag_seconds{{group="{_escape(r.group_id)}"}} {_fmt(r.lag_seconds)}'
-                for r in known if r.lag_seconds is not None])
+        family("herd_group_max_lag", "gauge", "The group's largest partition lag in offsets.")
+        out.extend(f'herd_group_max_lag{{group="{_escape(r.group_id)}"}} {r.max_lag}' for r in known)
+        yield
+        family("herd_group_sum_lag", "gauge", "The group's lag in offsets summed over its partitions.")
+        out.extend(f'herd_group_sum_lag{{group="{_escape(r.group_id)}"}} {r.lag}' for r in known)
+        yield
+        family("herd_group_max_lag_seconds", "gauge", "The group's largest partition lag in seconds.")
+        out.extend(f'herd_group_max_lag_seconds{{group="{_escape(r.group_id)}"}} {_fmt(r.lag_seconds)}'
+                   for r in known if r.lag_seconds is not None)
+        yield
         ref, tracker = self.refresher, self.tracker
-        stale = sum(1 for tp in tracker.series if tracker.is_stale(tp, now))
-        family("herd_lag_source_up", "gauge", "1 when the data cluster answered the last log-end refresh entirely.",
-               [f"herd_lag_source_up {int(ref.up)}"])
-        family("herd_lag_refreshes_total", "counter", "Log-end refreshes run.",
-               [f"herd_lag_refreshes_total {ref.refreshes}"])
-        family("herd_lag_refresh_failures_total", "counter", "Log-end refreshes with a failed or timed-out batch.",
-               [f"herd_lag_refresh_failures_total {ref.failures}"])
-        family("herd_lag_last_success_timestamp_seconds", "gauge", "Unix time of the last complete log-end refresh.",
-               [f"herd_lag_last_success_timestamp_seconds {_fmt((ref.last_success_ms or 0) / 1000)}"])
-        family("herd_lag_refresh_cpu_seconds", "gauge", "Process CPU time of the last log-end refresh.",
-               [f"herd_lag_refresh_cpu_seconds {_fmt(round(ref.last_cpu_s, 6))}"])
-        family("herd_lag_partitions", "gauge", "Partitions with log-end samples, and of them stale ones.",
-               [f'herd_lag_partitions{{state="tracked"}} {len(tracker)}',
-                f'herd_lag_partitions{{state="stale"}} {stale}'])
-        return out
+        stale = tracker.stale_count(now)
+        family("herd_lag_source_up", "gauge", "1 when the data cluster answered the last log-end refresh entirely.")
+        out.append(f"herd_lag_source_up {int(ref.up)}")
+        family("herd_lag_refreshes_total", "counter", "Log-end refreshes run.")
+        out.append(f"herd_lag_refreshes_total {ref.refreshes}")
+        family("herd_lag_refresh_failures_total", "counter", "Log-end refreshes with a failed or timed-out batch.")
+        out.append(f"herd_lag_refresh_failures_total {ref.failures}")
+        family("herd_lag_last_success_timestamp_seconds", "gauge", "Unix time of the last complete log-end refresh.")
+        out.append(f"herd_lag_last_success_timestamp_seconds {_fmt((ref.last_success_ms or 0) / 1000)}")
+        family("herd_lag_refresh_cpu_seconds", "gauge", "Process CPU time of the last log-end refresh.")
+        out.append(f"herd_lag_refresh_cpu_seconds {_fmt(round(ref.last_cpu_s, 6))}")
+        family("herd_lag_partitions", "gauge", "Partitions with log-end samples, and of them stale ones.")
+        out.append(f'herd_lag_partitions{{state="tracked"}} {len(tracker)}')
+        out.append(f'herd_lag_partitions{{state="stale"}} {stale}')
 
     # ---- HTTP ------------------------------------------------------------------------------------
 

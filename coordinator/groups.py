@@ -543,10 +543,12 @@ class GroupCoordinator:
                         rows.append((gid, topic, p, off, ts))
             yield rows
 
-    def committed_partitions(self) -> set[tuple[str, int]]:
-        """The ``(topic, partition)`` pairs with a committed offset in any group."""
-        return {(topic, p) for shard in self.shards for topics in shard.offsets.values()
-                for topic, parts in topics.items() for p in parts}
+    def committed_partitions(self):
+        """The ``(topic, partition)`` pairs with a committed offset in any group: yields one list
+        per shard (complete when yielded; a pair committed in several shards comes once per shard)."""
+        for shard in self.shards:
+            yield list({(topic, p) for topics in shard.offsets.values() for topic, parts in topics.items()
+                        for p in parts})
 
     def rebalance_starts(self, group_id: str) -> list[int]:
         """Wall times (ms) at which the recorded rebalances of a group started (the one in progress

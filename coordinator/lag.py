@@ -47,6 +47,7 @@ __all__ = ["LogEndSource", "LagTracker", "LagRefresher", "time_at", "DEFAULT_HIS
 log = logs.get("herd.lag")
 
 DEFAULT_HISTORY = 30
+RETAIN_STEP = 10_000
 TopicPartition = tuple[str, int]
 
 
@@ -124,6 +125,14 @@ class LagTracker:
             ends.append(end)
             times.append(wall_ms)
 
+    def retain_among(self, candidates, partitions) -> int:
+        """Of ``candidates``, forget those not in ``partitions``; returns how many."""
+        series = self.series
+        gone = [tp for tp in candidates if tp not in partitions and tp in series]
+        for tp in gone:
+            del series[tp]
+        return len(gone)
+
     def retain(self, partitions) -> int:
         """Forget partitions no longer committed in any group; returns how many were dropped."""
         gone = [tp for tp in self.series if tp not in partitions]
@@ -143,6 +152,10 @@ class LagTracker:
     def is_stale(self, tp: TopicPartition, now_wall_ms: int) -> bool:
         s = self.series.get(tp)
         return s is None or now_wall_ms - s.times[-1] > self.stale_after_ms
+
+    def stale_count(self, now_wall_ms: int) -> int:
+        cutoff = now_wall_ms - self.stale_after_ms
+        return sum(1 for s in self.series.values() if s.times[-1] < cutoff)
 
     def lag(self, tp: TopicPartition, committed: int, now_wall_ms: int):
         """``(log_end, offset_lag, time_lag_ms, stale)`` for a committed offset; log_end and
@@ -166,13 +179,14 @@ class LagTracker:
 
 class LagRefresher:
     """The asyncio edge: every ``interval_ms``, the partitions committed in any group (from
-    ``partitions()``) are asked of ``source`` in batches of ``batch_size``, each bounded by
+    ``partitions()``, an iterable of lists of them, e.g. one per shard) are asked of ``source`` in
+    batches of ``batch_size``, each bounded by
     ``timeout_ms``; a refresh that runs past ``interval_ms`` stops asking (the rest stay unsampled
     this round). One refresh at a time; a slow source delays the next refresh, never a request.
     Wall times come from ``clock`` (a ManualClock in tests)."""
 
-    def __init__(self, tracker: LagTracker, source: LogEndSource, partitions: Callable[[], Iterable],
-                 clock, interval_ms: int = 30_000, timeout_ms: int | None = None, batch_size: int = 5000):
+    def __init__(self, tracker: LagTracker, source: LogEndSource, partitions: Callable[[], Iterable[list]],
+                 clock, interval_ms: int = 30_000, timeout_ms: int | None = None, batch_size: int = 2000):
         self.tracker = tracker
         self.source = source
         self.partitions = partitions
@@ -196,9 +210,18 @@ class LagRefresher:
         """One round; True when every batch answered in time."""
         started, cpu0 = time.monotonic(), time.process_time()
         self.last_attempt_ms = self.clock.wall_ms()
-        tps = list(self.partitions())
-        wanted = set(tps)
-        self.tracker.retain(wanted)
+        # the partitions to ask for, gathered a shard at a time, and the ones no longer committed
+        # dropped RETAIN_STEP at a time: at 100,000 partitions either would hold the loop for tens
+        # of milliseconds in one piece
+        wanted: set = set()
+        for chunk in self.partitions():
+            wanted.update(chunk)
+            await asyncio.sleep(0)
+        tps = list(wanted)
+        known = list(self.tracker.series)
+        for i in range(0, len(known), RETAIN_STEP):
+            self.tracker.retain_among(known[i:i + RETAIN_STEP], wanted)
+            await asyncio.sleep(0)
         self.last_partitions = len(tps)
         errors: list[str] = []
         deadline = started + self.interval_ms / 1000

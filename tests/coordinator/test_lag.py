@@ -155,7 +155,7 @@ def test_refresher_samples_committed_partitions_in_batches():
     parts = {("t", p) for p in range(7)}
     src = FakeSource({("t", p): 100 + p for p in range(7)})
     tr = LagTracker()
-    ref = LagRefresher(tr, src, lambda: sorted(parts), clock, interval_ms=30_000, batch_size=3)
+    ref = LagRefresher(tr, src, lambda: [sorted(parts)], clock, interval_ms=30_000, batch_size=3)
     assert run(ref.refresh()) is True
     assert [len(c) for c in src.calls] == [3, 3, 1]
     assert tr.log_end(("t", 6)) == 106
@@ -170,7 +170,7 @@ def test_a_failing_source_marks_lag_stale_and_it_recovers():
     clock = ManualClock(wall_ms=T0)
     src = FakeSource({TP: 100})
     tr = LagTracker(stale_after_ms=60_000)
-    ref = LagRefresher(tr, src, lambda: [TP], clock, interval_ms=30_000)
+    ref = LagRefresher(tr, src, lambda: [[TP]], clock, interval_ms=30_000)
     assert run(ref.refresh())
     src.fail = ConnectionError("data cluster down")
     for _ in range(3):
@@ -192,7 +192,7 @@ def test_a_hanging_source_is_cut_by_the_timeout_and_other_tasks_run_meanwhile():
     src = FakeSource({TP: 100})
     src.hang = True
     tr = LagTracker()
-    ref = LagRefresher(tr, src, lambda: [TP], clock, interval_ms=30_000, timeout_ms=50)
+    ref = LagRefresher(tr, src, lambda: [[TP]], clock, interval_ms=30_000, timeout_ms=50)
 
     async def main():
         ticks = 0
@@ -218,7 +218,7 @@ def test_partitions_the_source_does_not_know_stay_unknown():
     clock = ManualClock(wall_ms=T0)
     src = FakeSource({("t", 0): 5})
     tr = LagTracker()
-    ref = LagRefresher(tr, src, lambda: [("t", 0), ("gone", 0)], clock)
+    ref = LagRefresher(tr, src, lambda: [[("t", 0)], [("gone", 0)]], clock)
     assert run(ref.refresh())
     assert tr.log_end(("gone", 0)) is None and tr.log_end(("t", 0)) == 5
 
@@ -231,14 +231,14 @@ def test_answers_for_partitions_not_asked_are_dropped():
             return {("t", 0): 1, ("unasked", 0): 9}
 
     tr = LagTracker()
-    run(LagRefresher(tr, Chatty({}), lambda: [("t", 0)], clock).refresh())
+    run(LagRefresher(tr, Chatty({}), lambda: [[("t", 0)]], clock).refresh())
     assert list(tr.series) == [("t", 0)]
 
 
 def test_run_loop_refreshes_on_its_interval_and_stops():
     clock = ManualClock(wall_ms=T0)
     src = FakeSource({TP: 1})
-    ref = LagRefresher(LagTracker(), src, lambda: [TP], clock, interval_ms=1)
+    ref = LagRefresher(LagTracker(), src, lambda: [[TP]], clock, interval_ms=1)
 
     async def main():
         ref.start()
