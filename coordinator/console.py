@@ -38,8 +38,9 @@ __all__ = ["Console", "make_source"]
 log = logs.get("herd.console")
 
 TABLE_TTL_S = 1.0
-GROUP_STEP = 2000
-LINE_STEP = 2000
+GROUP_STEP = 1000
+LINE_STEP = 1000
+FOLD_STEP = 1000  # committed partitions per step
 HOUR_MS = 3_600_000
 MAX_PAGE = 500
 SORT_KEYS = ("group_id", "state", "protocol_type", "members", "lag", "lag_seconds", "last_commit_age",
@@ -192,7 +193,9 @@ class Console:
         lag_of = tracker.lag if tracker is not None else None
         for shard_rows in groups.committed_by_shard():
             row = None
-            for gid, topic, p, off, ts in shard_rows:
+            for i, (gid, topic, p, off, ts) in enumerate(shard_rows):
+                if i % FOLD_STEP == FOLD_STEP - 1:
+                    yield
                 if row is None or row.group_id != gid:
                     row = rows.get(gid)
                     if row is None:  # committed since the group list was read

@@ -34,8 +34,8 @@ the refresher bounds it.
 from __future__ import annotations
 
 import asyncio
+import struct
 import time
-from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Iterable
 from typing import Protocol, runtime_checkable
@@ -79,23 +79,27 @@ def time_at(ends, times, committed: int) -> float | None:
     return times[0] - (ends[0] - committed) / rate
 
 
-class _Series:
-    __slots__ = ("ends", "times")
+_Q = struct.Struct("=q")  # native order, as memoryview.cast("q") reads it
+_pack, _unpack_from, _pack_into = _Q.pack, _Q.unpack_from, _Q.pack_into
 
-    def __init__(self, end: int, wall_ms: int):
-        self.ends = array("q", (end,))
-        self.times = array("q", (wall_ms,))
+
+def _last(buf: bytearray) -> int:
+    return _unpack_from(buf, len(buf) - 8)[0]
 
 
 class LagTracker:
-    """Log-end samples per topic partition. Pure: wall times come in as arguments."""
+    """Log-end samples per topic partition. Pure: wall times come in as arguments.
+
+    A partition's samples are two bytearrays of int64 (log ends, wall ms) in a tuple: no object
+    the cyclic GC must walk (bytearrays are not tracked, and a tuple of untracked objects is
+    untracked at the next collection), so 100,000 tracked partitions never lengthen a GC pause."""
 
     def __init__(self, history: int = DEFAULT_HISTORY, stale_after_ms: int = 60_000):
         if history < 2:
             raise ValueError("lag history needs at least 2 samples")
         self.history = history
         self.stale_after_ms = stale_after_ms
-        self.series: dict[TopicPartition, _Series] = {}
+        self.series: dict[TopicPartition, tuple[bytearray, bytearray]] = {}
 
     def __len__(self) -> int:
         return len(self.series)
@@ -103,27 +107,29 @@ class LagTracker:
     def observe(self, log_ends: dict[TopicPartition, int], wall_ms: int) -> None:
         """Record one sample per partition, taken at ``wall_ms``."""
         series = self.series
-        limit = self.history
+        limit = 8 * self.history
+        at = _pack(wall_ms)
         for tp, end in log_ends.items():
             s = series.get(tp)
             if s is None:
-                series[tp] = _Series(end, wall_ms)
+                series[tp] = (bytearray(_pack(end)), bytearray(at))
                 continue
-            ends, times = s.ends, s.times
-            if wall_ms <= times[-1]:
+            ends, times = s
+            n = len(ends)
+            if wall_ms <= _unpack_from(times, n - 8)[0]:
                 continue  # out of order (a batch answered after a newer one): keep the newer
-            last = ends[-1]
+            last = _unpack_from(ends, n - 8)[0]
             if end < last:  # the log end went back (topic recreated, truncated): start over
-                series[tp] = _Series(end, wall_ms)
+                series[tp] = (bytearray(_pack(end)), bytearray(at))
                 continue
-            if end == last and len(ends) > 1 and ends[-2] == last:
-                times[-1] = wall_ms  # a flat run keeps its first and its latest point
+            if end == last and n > 8 and _unpack_from(ends, n - 16)[0] == last:
+                _pack_into(times, n - 8, wall_ms)  # a flat run keeps its first and its latest point
                 continue
-            if len(ends) >= limit:
-                del ends[0]
-                del times[0]
-            ends.append(end)
-            times.append(wall_ms)
+            if n >= limit:
+                del ends[:8]
+                del times[:8]
+            ends += _pack(end)
+            times += at
 
     def retain_among(self, candidates, partitions) -> int:
         """Of ``candidates``, forget those not in ``partitions``; returns how many."""
@@ -135,27 +141,24 @@ class LagTracker:
 
     def retain(self, partitions) -> int:
         """Forget partitions no longer committed in any group; returns how many were dropped."""
-        gone = [tp for tp in self.series if tp not in partitions]
-        for tp in gone:
-            del self.series[tp]
-        return len(gone)
+        return self.retain_among(list(self.series), partitions)
 
     def log_end(self, tp: TopicPartition) -> int | None:
         s = self.series.get(tp)
-        return None if s is None else s.ends[-1]
+        return None if s is None else _last(s[0])
 
     def sampled_ms(self, tp: TopicPartition) -> int | None:
         """Wall time of the newest sample."""
         s = self.series.get(tp)
-        return None if s is None else s.times[-1]
+        return None if s is None else _last(s[1])
 
     def is_stale(self, tp: TopicPartition, now_wall_ms: int) -> bool:
         s = self.series.get(tp)
-        return s is None or now_wall_ms - s.times[-1] > self.stale_after_ms
+        return s is None or now_wall_ms - _last(s[1]) > self.stale_after_ms
 
     def stale_count(self, now_wall_ms: int) -> int:
         cutoff = now_wall_ms - self.stale_after_ms
-        return sum(1 for s in self.series.values() if s.times[-1] < cutoff)
+        return sum(1 for _, times in self.series.values() if _last(times) < cutoff)
 
     def lag(self, tp: TopicPartition, committed: int, now_wall_ms: int):
         """``(log_end, offset_lag, time_lag_ms, stale)`` for a committed offset; log_end and
@@ -163,18 +166,20 @@ class LagTracker:
         s = self.series.get(tp)
         if s is None:
             return None, None, None, True
-        ends, times = s.ends, s.times
-        end = ends[-1]
-        stale = now_wall_ms - times[-1] > self.stale_after_ms
+        ends, times = s
+        end = _last(ends)
+        stale = now_wall_ms - _last(times) > self.stale_after_ms
         if committed >= end:
             return end, 0, 0, stale
-        at = time_at(ends, times, committed)
+        at = time_at(memoryview(ends).cast("q"), memoryview(times).cast("q"), committed)
         lag_ms = None if at is None else max(0, int(now_wall_ms - at))
         return end, end - committed, lag_ms, stale
 
     def samples(self, tp: TopicPartition) -> list[tuple[int, int]]:
         s = self.series.get(tp)
-        return [] if s is None else list(zip(s.ends, s.times, strict=True))
+        if s is None:
+            return []
+        return list(zip(memoryview(s[0]).cast("q"), memoryview(s[1]).cast("q"), strict=True))
 
 
 class LagRefresher:

@@ -115,13 +115,14 @@ def test_time_at_is_monotonic_in_the_committed_offset_and_within_the_samples(ste
     tr = LagTracker(history=64)
     for e, t in zip(ends, times, strict=True):
         tr.observe({TP: e}, t)
-    s = tr.series[TP]
-    est = time_at(s.ends, s.times, committed)
-    later = time_at(s.ends, s.times, committed + 1)
+    kept = tr.samples(TP)
+    ends, times = [e for e, _ in kept], [t for _, t in kept]
+    est = time_at(ends, times, committed)
+    later = time_at(ends, times, committed + 1)
     if est is not None and later is not None:
         assert est <= later + 1e-6  # a larger committed offset was reached no earlier
-    if est is not None and committed >= s.ends[0]:
-        assert s.times[0] <= est <= s.times[-1]
+    if est is not None and committed >= ends[0]:
+        assert times[0] <= est <= times[-1]
 
 
 # ---- the refresher ---------------------------------------------------------------------------------
@@ -251,6 +252,14 @@ def test_run_loop_refreshes_on_its_interval_and_stops():
 
     run(main())
     assert len(src.calls) >= 3
+
+
+def test_samples_are_invisible_to_the_cyclic_gc():
+    import gc
+
+    tr = tracker_with([(100, T0), (200, T0 + 1000)])
+    gc.collect()
+    assert not any(gc.is_tracked(x) for x in (tr.series[TP], *tr.series[TP], TP))
 
 
 @pytest.mark.parametrize("history", [0, 1])
