@@ -41,6 +41,7 @@ TABLE_TTL_S = 1.0
 GROUP_STEP = 1000
 LINE_STEP = 1000
 FOLD_STEP = 1000  # committed partitions per step
+FREE_STEP = 10_000
 HOUR_MS = 3_600_000
 MAX_PAGE = 500
 SORT_KEYS = ("group_id", "state", "protocol_type", "members", "lag", "lag_seconds", "last_commit_age",
@@ -115,6 +116,7 @@ class Console:
         self.table_ttl_s = TABLE_TTL_S
         self._building: asyncio.Future | None = None
         self._lines: tuple | None = None  # (the table they were rendered from, lines)
+        self._rendering: tuple | None = None  # the table _render_in_steps is reading
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -163,9 +165,11 @@ class Console:
             lags: list[tuple] = []
             for _ in self._fold(now, rows, lags):
                 await asyncio.sleep(0)
-            self._table = (time.monotonic(), now, rows, lags)
+            old, self._table = self._table, (time.monotonic(), now, rows, lags)
         finally:
             self._building = None
+        if old is not None and old is not self._rendering:  # (one being rendered is left to refcounting)
+            await _free_in_steps(old[2], old[3])
 
     async def prepare_for(self, target: str) -> None:
         """Called by the HTTP endpoint before it answers ``target``: the paths that read the table."""
@@ -245,10 +249,16 @@ class Console:
         if table is None or (self._lines is not None and self._lines[0] is table):
             return
         out: list[str] = []
-        for _ in self._render(out):
-            await asyncio.sleep(0)
+        self._rendering = table
+        try:
+            for _ in self._render(out):
+                await asyncio.sleep(0)
+        finally:
+            self._rendering = None
         if self._table is table:
-            self._lines = (table, out)
+            old, self._lines = self._lines, (table, out)
+            if old is not None:
+                await _free_in_steps({}, old[1])
 
     def _render(self, out: list[str]):
         """Append the exposition lines to ``out``; yields every ``LINE_STEP`` lines (100,000
@@ -444,6 +454,19 @@ class Console:
                 "pending_members": described["pending_member_ids"], "partitions": partitions,
                 "history": history, "history_size": self.config.rebalance_history_size,
                 "lag": self.lag_status(now)}
+
+
+async def _free_in_steps(rows: dict, items: list) -> None:
+    """Empty a replaced table (or its lines) a slice at a time: dropping 100,000 tuples or 240,000
+    strings at once is 13-18 ms of deallocation in one piece. Nothing reads a replaced table (the
+    readers are synchronous and take the current one)."""
+    while items:
+        del items[-FREE_STEP:]
+        await asyncio.sleep(0)
+    while rows:
+        for _ in range(min(FREE_STEP, len(rows))):
+            rows.popitem()
+        await asyncio.sleep(0)
 
 
 def _decode_assignment(data: bytes, protocol_type: str):

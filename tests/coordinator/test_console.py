@@ -202,3 +202,25 @@ def test_prepare_folds_in_steps_with_loop_turns_and_shares_one_rebuild():
     assert builds == 1 and ticks >= 4  # one rebuild; the loop ran between its steps (one per shard)
     now, rows, _ = c.table()  # fresh: no second fold
     assert builds == 1 and len(rows) == 122 and rows["many-7"].last_commit_ms is not None
+
+
+def test_a_table_replaced_while_its_metrics_render_is_not_torn():
+    h, c, src = setup()
+    for i in range(3000):
+        h.commit(f"many-{i}", {("orders", 1): i})
+    refresh(c)
+    c.table_ttl_s = 60
+
+    async def main():
+        render = asyncio.ensure_future(c.prepare_for("/metrics"))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        c.invalidate()
+        await c.prepare()  # a new table while the old one's lines are rendered
+        await render
+        return c.metric_lines()
+
+    lines = asyncio.run(main())
+    ages = [ln for ln in lines if ln.startswith("herd_group_last_commit_age_seconds{")]
+    lags = [ln for ln in lines if ln.startswith("herd_group_lag{")]
+    assert len(ages) == 3002 and len(lags) == 3003  # every group; writer has 2 partitions, app 1
