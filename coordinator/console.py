@@ -71,7 +71,7 @@ def make_source(config) -> LogEndSource | None:
 
 class _Row:
     __slots__ = ("group_id", "state", "protocol_type", "members", "lag", "max_lag", "lag_seconds",
-                 "last_commit_ms", "rebalances_1h", "partitions", "known", "stale")
+                 "last_commit_ms", "rebalances_1h", "rebalances_capped", "partitions", "known", "stale")
 
     def __init__(self, group_id: str):
         self.group_id = group_id
@@ -83,6 +83,7 @@ class _Row:
         self.lag_seconds: float | None = None  # max over them
         self.last_commit_ms: int | None = None
         self.rebalances_1h = 0
+        self.rebalances_capped = False
         self.partitions = 0  # committed partitions
         self.known = 0  # of which with a fresh lag
         self.stale = 0  # of which stale (sampled once, not lately)
@@ -94,7 +95,8 @@ class _Row:
                 "last_commit_ms": self.last_commit_ms,
                 "last_commit_age": (None if self.last_commit_ms is None
                                     else round((now_ms - self.last_commit_ms) / 1000, 3)),
-                "rebalances_1h": self.rebalances_1h, "partitions": self.partitions,
+                "rebalances_1h": self.rebalances_1h, "rebalances_1h_or_more": self.rebalances_capped,
+                "partitions": self.partitions,
                 "lag_partitions": self.known, "stale_partitions": self.stale}
 
 
@@ -186,11 +188,15 @@ class Console:
         """Fill ``rows`` and ``lags``; yields between steps."""
         groups = self.groups
         since = now - HOUR_MS
+        history_size = self.config.rebalance_history_size
         for i, g in enumerate(groups.list_groups()):
             gid = g["group_id"]
             r = rows[gid] = _Row(gid)
             r.state, r.protocol_type, r.members = g["state"], g["protocol_type"], g["members"]
-            r.rebalances_1h = sum(1 for t in groups.rebalance_starts(gid) if t >= since)
+            starts = groups.rebalance_starts(gid)
+            r.rebalances_1h = sum(1 for t in starts if t >= since)
+            # the flight recorder keeps rebalance_history_size: all of them this hour means "or more"
+            r.rebalances_capped = len(starts) >= history_size and starts[0] >= since
             if i % GROUP_STEP == GROUP_STEP - 1:
                 yield
         tracker = self.tracker

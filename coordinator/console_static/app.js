@@ -156,7 +156,8 @@ function renderList(data) {
       h("td", { class: "num" }, fmtInt(g.lag), g.stale_partitions ? h("span", { class: "stale-mark", title: `${g.stale_partitions} partition(s) stale` }, "stale") : null),
       h("td", { class: lagCls }, fmtDuration(g.lag_seconds)),
       h("td", { class: "num", title: fmtTime(g.last_commit_ms) }, g.last_commit_age === null ? "never" : `${fmtDuration(g.last_commit_age)} ago`),
-      h("td", { class: "num" }, fmtInt(g.rebalances_1h)));
+      h("td", { class: "num", title: g.rebalances_1h_or_more ? "every rebalance the flight recorder keeps is from the last hour" : null },
+        g.rebalances_1h_or_more ? `${fmtInt(g.rebalances_1h)}+` : fmtInt(g.rebalances_1h)));
   });
   if (!rows.length) rows.push(h("tr", {}, h("td", { colspan: COLUMNS.length, class: "muted" }, data.total ? "No group matches." : "No groups yet.")));
   tbody.replaceChildren(...rows);

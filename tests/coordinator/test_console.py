@@ -224,3 +224,21 @@ def test_a_table_replaced_while_its_metrics_render_is_not_torn():
     ages = [ln for ln in lines if ln.startswith("herd_group_last_commit_age_seconds{")]
     lags = [ln for ln in lines if ln.startswith("herd_group_lag{")]
     assert len(ages) == 3002 and len(lags) == 3003  # every group; writer has 2 partitions, app 1
+
+
+def test_rebalances_in_the_last_hour_say_when_the_recorder_is_full():
+    h = Harness(rebalance_history_size=3)
+    c = Console(h.config, h.gc, clock=h.clock, now_ms=lambda: h.now)
+    c.table_ttl_s = 0
+    h.commit("busy", {("orders", 0): 1})  # offsets keep the group listed once it empties
+    mids, gen = h.form_group("busy", 1)
+    assert c.group_list({})["groups"][0]["rebalances_1h"] == 1
+    for _ in range(4):  # each leave and rejoin: two more rebalances
+        h.leave("busy", mids[0])
+        mids, gen = h.form_group("busy", 1)
+    row = c.group_list({})["groups"][0]
+    assert (row["rebalances_1h"], row["rebalances_1h_or_more"]) == (3, True)
+    h.leave("busy", mids[0])
+    h.clock.advance(3_600_001)  # an hour later: none of the recorded ones is that recent
+    row = c.group_list({})["groups"][0]
+    assert (row["rebalances_1h"], row["rebalances_1h_or_more"]) == (0, False)
