@@ -119,6 +119,7 @@ class Console:
         self._building: asyncio.Future | None = None
         self._lines: tuple | None = None  # (the table they were rendered from, lines)
         self._rendering: tuple | None = None  # the table _render_in_steps is reading
+        self._prepared = False  # prepare_for just made the table (and lines) the next answer uses
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -138,7 +139,8 @@ class Console:
         at once if older; :meth:`prepare` rebuilds it in steps). A partition lag is ``(group,
         topic, partition, lag, lag_ms or None)``, fresh samples only."""
         cached = self._table
-        if cached is not None and time.monotonic() - cached[0] < self.table_ttl_s:
+        prepared, self._prepared = self._prepared, False
+        if cached is not None and (prepared or time.monotonic() - cached[0] < self.table_ttl_s):
             return cached[1], cached[2], cached[3]
         now = self.clock.wall_ms()
         rows: dict[str, _Row] = {}
@@ -176,10 +178,14 @@ class Console:
     async def prepare_for(self, target: str) -> None:
         """Called by the HTTP endpoint before it answers ``target``: the paths that read the table."""
         path = target.split("?", 1)[0]
-        if path in ("/metrics", "/api/groups"):
-            await self.prepare()
+        if path not in ("/metrics", "/api/groups"):
+            return
+        await self.prepare()
         if path == "/metrics":
             await self._render_in_steps()
+        # the answer, computed right after this returns (no await between), reads this table and
+        # these lines even if preparing them took longer than the TTL: never a rebuild in one piece
+        self._prepared = True
 
     def invalidate(self) -> None:
         self._table = None
@@ -240,6 +246,9 @@ class Console:
     def metric_lines(self) -> list[str]:
         """The lines for /metrics (a :class:`coordinator.metrics.Metrics` collector): those
         :meth:`prepare_for` rendered in steps for this table, else rendered here at once."""
+        if self._prepared and self._lines is not None and self._lines[0] is self._table:
+            self._prepared = False
+            return self._lines[1]
         self.table()
         table = self._table
         if self._lines is not None and self._lines[0] is table:

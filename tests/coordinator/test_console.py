@@ -242,3 +242,27 @@ def test_rebalances_in_the_last_hour_say_when_the_recorder_is_full():
     h.clock.advance(3_600_001)  # an hour later: none of the recorded ones is that recent
     row = c.group_list({})["groups"][0]
     assert (row["rebalances_1h"], row["rebalances_1h_or_more"]) == (0, False)
+
+
+def test_an_answer_uses_what_was_prepared_for_it_even_past_the_ttl():
+    h, c, src = setup()
+    refresh(c)
+    c.table_ttl_s = 0  # every table is "expired" at once: as when preparing took longer than the TTL
+    folds = 0
+    fold = c._fold
+
+    def counting(*a):
+        nonlocal folds
+        folds += 1
+        yield from fold(*a)
+
+    c._fold = counting
+    asyncio.run(c.prepare_for("/metrics"))
+    assert folds == 1
+    lines = c.metric_lines()  # no second fold, no render in one piece
+    assert folds == 1 and any(ln.startswith("herd_group_lag{") for ln in lines)
+    asyncio.run(c.prepare_for("/api/groups?limit=1"))
+    assert folds == 2
+    assert c.group_list({"limit": ["1"]})["total"] == 2 and folds == 2
+    c.group_list({})  # not prepared: rebuilt (ttl 0)
+    assert folds == 3
