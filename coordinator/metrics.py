@@ -13,6 +13,7 @@ HTTP (``--metrics-port``; off by default):
                                     starting, or with shards stopped by a log failure
   GET /groups                       JSON: every group with state, protocol, members
   GET /groups/<group>/history       JSON: the rebalance flight recorder for that group
+  GET /, /console/*, /api/*         the operator's console and its JSON (coordinator/console.py)
 """
 from __future__ import annotations
 
@@ -239,6 +240,7 @@ class HttpEndpoint:
         self.groups_view = groups_view  # () -> JSON-able
         self.history_view = history_view  # (group_id) -> JSON-able or None
         self.failed_shards = failed_shards  # () -> [shard ids stopped after a log write failure]
+        self.console = None  # coordinator.console.Console: GET /, /console/*, /api/*
         self.max_request = max_request
         self.server = None
         # False while herd starts (the log is replayed): /healthz says "starting", /readyz, /metrics
@@ -266,11 +268,14 @@ class HttpEndpoint:
             line = head.split(b"\r\n", 1)[0].decode("latin-1")
             parts = line.split()
             if len(parts) < 2 or parts[0] not in ("GET", "HEAD"):
-                status, ctype, body = 405, "text/plain", b"only GET is supported\n"
+                status, ctype, body, more = 405, "text/plain", b"only GET is supported\n", []
             else:
-                status, ctype, body = self.route(parts[1])
+                if self.console is not None and self.ready:
+                    await self.console.prepare_for(parts[1])
+                status, ctype, body, *more = self.route(parts[1])
+            extra = "".join(f"{k}: {v}\r\n" for k, v in more[0].items()) if more else ""
             writer.write(f"HTTP/1.1 {status} {_REASONS.get(status, 'OK')}\r\nContent-Type: {ctype}\r\n"
-                         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode())
+                         f"Content-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n".encode())
             if parts and parts[0] != "HEAD":
                 writer.write(body)
             await writer.drain()
@@ -282,8 +287,10 @@ class HttpEndpoint:
         finally:
             writer.close()
 
-    def route(self, target: str) -> tuple[int, str, bytes]:
-        path = unquote(target.split("?", 1)[0])
+    def route(self, target: str) -> tuple:
+        """``(status, content type, body)``, or with a 4th item: extra headers."""
+        raw_path, _, query = target.partition("?")
+        path = unquote(raw_path)
         if path in ("/healthz", "/readyz"):
             failed = self.failed_shards() if self.failed_shards is not None else []
             if failed:  # those groups get COORDINATOR_NOT_AVAILABLE until a restart replays the log
@@ -305,6 +312,10 @@ class HttpEndpoint:
             if hist is None:
                 return 404, "application/json", _json({"error": f"unknown group {group}"})
             return 200, "application/json", _json(hist)
+        if self.console is not None:
+            answer = self.console.route(path, query)
+            if answer is not None:
+                return answer
         return 404, "text/plain", b"not found\n"
 
 
@@ -312,7 +323,7 @@ def _json(obj) -> bytes:
     return (json.dumps(obj, indent=2, default=str) + "\n").encode()
 
 
-_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
 
 
 def _family(name: str, kind: str, help: str, samples) -> list[str]:
