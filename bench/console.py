@@ -19,7 +19,6 @@ Parts (``--parts``, default all):
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import resource
@@ -30,7 +29,7 @@ import threading
 import time
 import urllib.request
 
-from bench._util import Herd, emit, environment, parse, percentiles, proc_cpu_seconds, proc_rss_bytes
+from bench._util import Herd, arg_parser, emit, environment, parse, percentiles, proc_cpu_seconds, proc_rss_bytes
 
 ALL_PARTS = ("tracker", "http", "browser", "heartbeat")
 
@@ -81,7 +80,7 @@ def bench_tracker(groups: int, partitions: int, history: int) -> dict:
     from coordinator.clock import ManualClock
     from coordinator.config import Config
     from coordinator.console import Console
-    from coordinator.groups import GroupCoordinator
+    from coordinator.group_coordinator import GroupCoordinator
 
     clock = ManualClock(wall_ms=int(time.time() * 1000))
     config = Config(lag_history_size=history).validate()
@@ -286,7 +285,8 @@ def _fake_command(herd: Herd):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description="console and lag tracking at scale")
+    ap = arg_parser("bench.console", "console and lag tracking at scale",
+                    quick="1,000 groups, short windows (make bench with HERD_BENCH_QUICK)")
     ap.add_argument("--groups", type=int, default=10_000)
     ap.add_argument("--partitions", type=int, default=10)
     ap.add_argument("--history", type=int, default=30)
@@ -298,8 +298,6 @@ def main(argv=None):
     ap.add_argument("--hb-lag-metrics", default="partition", choices=("partition", "group"))
     ap.add_argument("--hb-variants", default="all", choices=("all", "lag-only"))
     ap.add_argument("--parts", default=",".join(ALL_PARTS))
-    ap.add_argument("--quick", action="store_true",
-                    help="1,000 groups, short windows (make bench with HERD_BENCH_QUICK)")
     args = parse(ap, argv)
     if args.quick:
         args.groups, args.requests, args.browser_runs, args.hb_groups, args.hb_seconds = 1000, 20, 2, 100, 5.0

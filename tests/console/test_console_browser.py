@@ -10,7 +10,7 @@ import pytest
 
 from tests.console import scenario as sc
 from tests.console.browser import Browser
-from tests.support.daemon import Daemon
+from tools.daemon import Daemon
 
 pytestmark = pytest.mark.integration
 

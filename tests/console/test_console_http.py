@@ -13,7 +13,7 @@ import pytest
 
 from tests.console import scenario as sc
 from tests.integration.test_metrics import parse
-from tests.support.daemon import Daemon
+from tools.daemon import Daemon
 
 pytestmark = pytest.mark.integration
 
