@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: run test bench lint clean java demo-spark conformance-deps bytecode
+.PHONY: run test bench lint clean java demo-spark conformance-deps bytecode reference-deps reference-tools
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,7 +37,7 @@ bytecode: | $(BIN)/python
 run: $(VENV)/.installed-run bytecode
 	$(BIN)/herd serve --host '$(HOST)' --port '$(PORT)' --data-dir '$(DATA_DIR)'
 
-test: $(VENV)/.installed-test java conformance-deps bytecode
+test: $(VENV)/.installed-test java conformance-deps reference-deps bytecode
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # Spark tasks as herd group members; one is SIGKILLed mid-way (about a minute; needs Java 17).
@@ -93,6 +93,52 @@ conformance-deps:
 		else \
 			echo "warning: kcat not found; install it (apt-get install kcat) for the kcat conformance tests" >&2; \
 		fi; \
+	fi
+
+# The reference (pytest -m reference, bench.vs_kafka): Kafka's own Java client, its
+# kafka-consumer-groups tool and a real Kafka broker (all from Maven Central, resolved by
+# tests/conformance/java/pom.xml), and franz-go (Go module proxy). Resolved and built into
+# REF_CACHE, outside the work tree; the first run takes a minute or two, later runs ~1 s.
+# A JDK (javac), Maven and Go >= 1.26 are needed: as root with apt-get, a missing JDK or Maven is
+# installed (Debian has no Go that new: install it from go.dev); otherwise one line says what is
+# missing and the reference tests fail saying so (never a silent skip).
+REF_CACHE ?= $(HOME)/.cache/herd-ref
+export HERD_REF_CACHE := $(REF_CACHE)
+REF_JAVA := tests/conformance/java
+REF_GO := tests/conformance/go
+
+reference-tools:
+	@if ! command -v javac >/dev/null 2>&1 || ! command -v mvn >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing openjdk-17-jdk-headless and maven (needed by the reference tests)"; \
+			mkdir -p /usr/share/man/man1; \
+			export DEBIAN_FRONTEND=noninteractive; \
+			apt-get update -qq >/dev/null && \
+			apt-get install -y -qq --no-install-recommends --no-upgrade openjdk-17-jdk-headless maven >/dev/null || \
+			echo "error: could not install openjdk-17-jdk-headless and maven; the reference tests will fail" >&2; \
+		else \
+			echo "error: the reference tests need a JDK 17+ (javac) and Maven 3.8+ on PATH (apt-get install openjdk-17-jdk-headless maven)" >&2; \
+		fi; \
+	fi
+	@if ! command -v go >/dev/null 2>&1 && [ ! -x /usr/local/go/bin/go ]; then \
+		echo "error: the reference tests need Go >= 1.26 on PATH (https://go.dev/dl; Debian's golang-go is too old for franz-go)" >&2; \
+	fi
+
+$(REF_CACHE)/java/.resolved: $(REF_JAVA)/pom.xml $(wildcard $(REF_JAVA)/src/main/java/herd/ref/*.java)
+	@echo "resolving Kafka's jars and building the Java driver into $(REF_CACHE)/java"
+	@rm -rf $(REF_CACHE)/java/lib
+	cd $(REF_JAVA) && mvn -B -q -Dref.cache=$(REF_CACHE)/java compile dependency:copy-dependencies \
+		-DincludeScope=runtime -DoutputDirectory=$(REF_CACHE)/java/lib
+	@touch $@
+
+reference-deps: reference-tools
+	@if command -v mvn >/dev/null 2>&1 && command -v javac >/dev/null 2>&1; then \
+		$(MAKE) --no-print-directory $(REF_CACHE)/java/.resolved || \
+		echo "error: resolving the Maven dependencies failed; the reference tests will fail" >&2; \
+	fi
+	@GO=$$(command -v go || echo /usr/local/go/bin/go); if [ -x "$$GO" ]; then \
+		(cd $(REF_GO) && $$GO build -o $(REF_CACHE)/go/franz-member .) || \
+		echo "error: building the franz-go driver failed; the reference tests will fail" >&2; \
 	fi
 
 clean:
