@@ -106,7 +106,7 @@ class KafkaBroker:
         return path
 
     def start(self) -> KafkaBroker:
-        for attempt in range(3):  # a free port can be taken between the probe and the bind
+        for _attempt in range(3):  # a free port can be taken between the probe and the bind
             self.port, self.controller_port = free_port(), free_port()
             config = self._write_config()
             data = self.dir / "data"
