@@ -302,6 +302,9 @@ func fetch(cl *kgo.Client, group string) {
 		}
 	}
 	for _, t := range resp.Topics {
+		if len(resp.Groups) > 0 {
+			break // v8+: the groups' answer (franz-go fills both forms)
+		}
 		for _, p := range t.Partitions {
 			meta := ""
 			if p.Metadata != nil {
