@@ -45,7 +45,7 @@ test: $(VENV)/.installed-test java conformance-deps reference-deps bytecode
 demo-spark: $(VENV)/.installed-test java bytecode
 	$(BIN)/python -m tools.spark_demo $(DEMO_ARGS)
 
-bench: $(VENV)/.installed-test bytecode
+bench: $(VENV)/.installed-test reference-deps bytecode
 	$(BIN)/python -m bench
 
 lint: $(VENV)/.installed-test

@@ -112,7 +112,7 @@ class KafkaBroker:
             data = self.dir / "data"
             if data.exists():
                 shutil.rmtree(data)
-            fmt = subprocess.run(self._java("kafka.tools.StorageTool", "format", "-t", _cluster_id(),
+            fmt = subprocess.run(self._java("kafka.tools.StorageTool", "format", f"--cluster-id={_cluster_id()}",
                                             "-c", str(config), "--ignore-formatted"),
                                  capture_output=True, text=True, timeout=120)
             if fmt.returncode != 0:
@@ -127,6 +127,23 @@ class KafkaBroker:
             if "Address already in use" not in self.logs():
                 break
         raise RuntimeError(f"Kafka did not start within {self.start_timeout}s:\n{self.logs()[-5000:]}")
+
+    def restart(self) -> float:
+        """Stop and start again on the same data (no format); returns seconds from the new process's
+        start until FindCoordinator answers (the offsets topic is loaded: see bench.vs_kafka)."""
+        self.stop()
+        self._out.close()
+        self._out = open(self.dir / "stdout.log", "ab")
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(self._java("kafka.Kafka", str(self.dir / "server.properties")),
+                                     stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True)
+        if not self._wait_ready():
+            raise RuntimeError(f"Kafka did not restart within {self.start_timeout}s:\n{self.logs()[-5000:]}")
+        return time.monotonic() - t0
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
 
     def _wait_ready(self) -> bool:
         """Until FindCoordinator for a group answers NONE (the offsets topic exists and is loaded)."""
