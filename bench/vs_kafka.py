@@ -143,8 +143,8 @@ def load_commits(t, args) -> list[dict]:
     rows = []
     for procs in args.commit_procs:
         r = commits.run_cell(t.name, t.bootstrap, t.pid, procs, cargs, 1, "sync")
-        rows.append({k: r[k] for k in ("target", "procs", "commits", "errors", "commits_per_s", "latency_ms",
-                                       "server_cpu_us_per_commit")} | {"server_rss_mb": U.proc_rss_bytes(t.pid) / 2**20})
+        keep = ("target", "procs", "commits", "errors", "commits_per_s", "latency_ms", "server_cpu_us_per_commit")
+        rows.append({k: r[k] for k in keep} | {"server_rss_mb": U.proc_rss_bytes(t.pid) / 2**20})
         print(f"  {t.name} commits {procs}p: {r['commits_per_s']:.0f}/s p50 {r['latency_ms'].get('p50')}",
               file=sys.stderr, flush=True)
     return rows
@@ -357,7 +357,8 @@ def main(argv=None):
                                       h["startup"]["server_rss_mb_after_start"])
         if rr:
             ratios[f"herd_vs_{kname}"] = rr
-    result = {"benchmark": "vs_kafka", **env, "data_filesystem": U.filesystem_of(U.default_tmp_root()), "clients": U.client_versions(), "kafka_version": "4.4.0",
+    result = {"benchmark": "vs_kafka", **env, "data_filesystem": U.filesystem_of(U.default_tmp_root()),
+              "clients": U.client_versions(), "kafka_version": "4.4.0",
               "params": {k: v for k, v in vars(args).items()}, "runs": runs,
               "ratios (>1: herd better)": ratios}
     return U.emit(result)
