@@ -100,7 +100,7 @@ conformance-deps:
 # tests/conformance/java/pom.xml), and franz-go (Go module proxy). Resolved and built into
 # REF_CACHE, outside the work tree; the first run takes a minute or two, later runs ~1 s.
 # A JDK (javac), Maven and Go >= 1.26 are needed: as root with apt-get, a missing JDK or Maven is
-# installed (Debian has no Go that new: install it from go.dev); otherwise one line says what is
+# installed (Debian has no Go that new: install the Go project's own release); otherwise one line says what is
 # missing and the reference tests fail saying so (never a silent skip).
 REF_CACHE ?= $(HOME)/.cache/herd-ref
 export HERD_REF_CACHE := $(REF_CACHE)
@@ -121,7 +121,7 @@ reference-tools:
 		fi; \
 	fi
 	@if ! command -v go >/dev/null 2>&1 && [ ! -x /usr/local/go/bin/go ]; then \
-		echo "error: the reference tests need Go >= 1.26 on PATH (https://go.dev/dl; Debian's golang-go is too old for franz-go)" >&2; \
+		echo "error: the reference tests need Go >= 1.26 on PATH (the Go project's own release; Debian's golang-go is too old for franz-go)" >&2; \
 	fi
 
 $(REF_CACHE)/java/.resolved: $(REF_JAVA)/pom.xml $(wildcard $(REF_JAVA)/src/main/java/herd/ref/*.java)
