@@ -564,3 +564,134 @@ def find_coordinator_versions(r: Run):
     for v in range(4):
         r.call(c, m.FindCoordinatorRequest(key=group, key_type=0), v, f"find v{v}")
     r.call(c, m.FindCoordinatorRequest(coordinator_keys=[group, ""], key_type=0), 4, "find v4 batch")
+
+
+# -- every version of the other group APIs --------------------------------------------------------
+
+for _v in range(5):
+    def _heartbeat_version(r: Run, v=_v):
+        group, topic = r.group(), r.topic()
+        c, mid, gen = one_member(r, group, topic)
+        cv = r.conn("ref-v")
+        r.call(cv, m.HeartbeatRequest(group_id=group, generation_id=gen, member_id=mid), v, f"heartbeat v{v}")
+        r.call(cv, m.HeartbeatRequest(group_id=group, generation_id=gen, member_id="ref-nobody"), v,
+               f"heartbeat v{v}, unknown member")
+    script(_heartbeat_version, name=f"heartbeat_v{_v}")
+
+for _v in range(6):
+    def _sync_version(r: Run, v=_v):
+        group, topic = r.group(), r.topic(partitions=2)
+        c = r.conn("ref-a")
+        j = join(r, c, group, v=5, topics=(topic,))
+        cv = r.conn("ref-v")
+        r.call(cv, sync_req(group, j.generation_id, j.member_id, [(j.member_id, assignment({topic: [1]}))]), v,
+               f"sync v{v}")
+        describe(r, c, group)
+    script(_sync_version, name=f"sync_group_v{_v}")
+
+for _v in range(6):
+    def _leave_version(r: Run, v=_v):
+        group, topic = r.group(), r.topic(partitions=2)
+        (ca, ida), (cb, idb), gen = two_members(r, group, topic)
+        cv = r.conn("ref-v")
+        if v < 3:
+            r.call(cv, m.LeaveGroupRequest(group_id=group, member_id=ida), v, f"leave v{v}")
+        else:
+            r.call(cv, m.LeaveGroupRequest(group_id=group, members=[
+                m.LeaveGroupRequestMemberIdentity(member_id=ida)]), v, f"leave v{v}")
+        d = r.conn("ref-probe").raw.call(m.DescribeGroupsRequest(groups=[group]), 5).groups[0]
+        r.note("after", {"state": d.group_state, "members": len(d.members)})
+    script(_leave_version, name=f"leave_group_v{_v}")
+
+for _v in range(3):
+    def _delete_version(r: Run, v=_v):
+        group, topic = r.group(), r.topic()
+        c = r.conn()
+        r.call(c, commit_req(group, {topic: {0: 1}}), 9)
+        cv = r.conn("ref-v")
+        r.call(cv, m.DeleteGroupsRequest(groups_names=[group, r.group("none")]), v, f"delete v{v}")
+        fetch_all(r, c, group)
+    script(_delete_version, name=f"delete_groups_v{_v}")
+
+
+# -- more edges -------------------------------------------------------------------------------------
+
+@script
+def describe_authorized_operations(r: Run):
+    group, topic = r.group(), r.topic()
+    c, _, _ = one_member(r, group, topic)
+    r.call(c, m.DescribeGroupsRequest(groups=[group, r.group("none")], include_authorized_operations=True), 5,
+           "describe with authorized operations")
+
+
+@script
+def join_empty_instance_id(r: Run):
+    group, topic = r.group(), r.topic()
+    c = r.conn("ref-a")
+    join(r, c, group, topics=(topic,), instance_id="")
+    describe(r, c, group)
+
+
+@script
+def static_member_wrong_instance_id(r: Run):
+    group, topic = r.group(), r.topic()
+    c, mid, gen = one_member(r, group, topic, instance_id="inst-1")
+    r.call(c, m.HeartbeatRequest(group_id=group, generation_id=gen, member_id=mid, group_instance_id="inst-2"), 4,
+           "heartbeat, another instance id")
+    r.call(c, m.HeartbeatRequest(group_id=group, generation_id=gen, member_id=mid), 4, "heartbeat, no instance id")
+    r.call(c, commit_req(group, {topic: {0: 1}}, generation=gen, member_id=mid, instance_id="inst-2"), 9,
+           "commit, another instance id")
+    r.call(c, join_req(group, "ref-other-id", topics=(topic,), instance_id="inst-1"), 9,
+           "join, known instance with an unknown member id")
+
+
+@script
+def follower_rejoin_changed_metadata(r: Run):
+    group, topic = r.group(), r.topic(partitions=2)
+    other = r.topic("other", 1)
+    (ca, ida), (cb, idb), gen = two_members(r, group, topic)
+    pb = r.send(cb, join_req(group, idb, topics=(topic, other)), 9)
+    r.note("follower's join parked", r.parked(pb))
+    r.call(ca, m.HeartbeatRequest(group_id=group, generation_id=gen, member_id=ida), 4, "a heartbeat")
+    r.call(ca, join_req(group, ida, topics=(topic,)), 9, "a rejoin")
+    r.recv(pb, "b join answered")
+
+
+@script
+def rebalance_timeout_removes_laggard(r: Run):
+    group, topic = r.group(), r.topic(partitions=2)
+    ca, ida, gen = one_member(r, group, topic, rebalance_ms=1000)
+    cb = r.conn("ref-b")
+    jb = r.call(cb, join_req(group, topics=(topic,), rebalance_ms=1000), 9, "b join")
+    # a never rejoins: after its rebalance timeout (1 s) the generation completes without it
+    r.call(cb, join_req(group, jb.member_id, topics=(topic,), rebalance_ms=1000), 9, "b join (with id)")
+    r.call(ca, m.HeartbeatRequest(group_id=group, generation_id=gen, member_id=ida), 4, "a heartbeat, too late")
+    describe(r, cb, group)
+
+
+@script
+def session_expiry_empties_group(r: Run):
+    import time
+
+    group, topic = r.group(), r.topic()
+    c, mid, gen = one_member(r, group, topic, session_ms=6000)
+    r.call(c, commit_req(group, {topic: {0: 3}}, generation=gen, member_id=mid), 9, "commit")
+    time.sleep(7.5)  # the minimum session timeout both servers allow, and a margin
+    r.call(c, m.HeartbeatRequest(group_id=group, generation_id=gen, member_id=mid), 4, "heartbeat after expiry")
+    describe(r, c, group)
+    fetch_all(r, c, group)
+
+
+@script
+def commit_retention_time(r: Run):
+    group, topic = r.group(), r.topic(partitions=2)
+    c = r.conn()
+    r.call(c, m.OffsetCommitRequest(group_id=group, generation_id_or_member_epoch=-1, retention_time_ms=60000,
+                                    topics=[m.OffsetCommitRequestTopic(name=topic, partitions=[
+                                        m.OffsetCommitRequestPartition(partition_index=0, committed_offset=4)])]),
+           4, "commit v4 with a retention time")
+    r.call(c, m.OffsetCommitRequest(group_id=group, generation_id_or_member_epoch=-1, retention_time_ms=-1,
+                                    topics=[m.OffsetCommitRequestTopic(name=topic, partitions=[
+                                        m.OffsetCommitRequestPartition(partition_index=1, committed_offset=5)])]),
+           2, "commit v2, retention -1 (the broker's)")
+    r.call(c, fetch_req(group, {topic: [0, 1]}, 9), 9, "fetch")
