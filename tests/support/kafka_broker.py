@@ -8,6 +8,7 @@ temporary directory and stopped (SIGTERM, then SIGKILL) on exit.
 from __future__ import annotations
 
 import base64
+import ctypes
 import os
 import shutil
 import signal
@@ -20,6 +21,15 @@ from pathlib import Path
 from protocol import messages as m
 from tests.support.kafka import RawClient
 from tests.support.reference import classpath, java
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: the broker gets SIGKILL when the process that started it dies (a killed test
+    run must not leave a JVM behind). Linux prctl(PR_SET_PDEATHSIG)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+    except OSError:
+        pass
 
 
 def free_port() -> int:
@@ -119,7 +129,8 @@ class KafkaBroker:
                 raise RuntimeError(f"kafka storage format failed:\n{fmt.stdout}\n{fmt.stderr}")
             self._out = open(self.dir / "stdout.log", "ab")
             self.proc = subprocess.Popen(self._java("kafka.Kafka", str(config)), stdout=self._out,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+                                         stderr=subprocess.STDOUT, start_new_session=True,
+                                         preexec_fn=_die_with_parent)
             if self._wait_ready():
                 return self
             if self.proc.poll() is None:
@@ -136,7 +147,8 @@ class KafkaBroker:
         self._out = open(self.dir / "stdout.log", "ab")
         t0 = time.monotonic()
         self.proc = subprocess.Popen(self._java("kafka.Kafka", str(self.dir / "server.properties")),
-                                     stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True)
+                                     stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True,
+                                         preexec_fn=_die_with_parent)
         if not self._wait_ready():
             raise RuntimeError(f"Kafka did not restart within {self.start_timeout}s:\n{self.logs()[-5000:]}")
         return time.monotonic() - t0
