@@ -187,7 +187,7 @@ def bench_http(port: int, n: int) -> dict:
 
 
 def bench_browser(port: int, runs: int) -> dict:
-    from tests.console.browser import Browser, missing
+    from tools.browser import Browser, missing
 
     reason = missing()
     if reason:

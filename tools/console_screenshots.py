@@ -54,7 +54,7 @@ def end_at(topic: str, partition: int, seconds_ago: float) -> int:
 def main(out_dir: str) -> int:
     sys.path.insert(0, str(REPO))
     from tests.console import scenario as sc
-    from tests.console.browser import Browser
+    from tools.browser import Browser
 
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from tests.console import scenario as sc
-from tests.console.browser import Browser
+from tools.browser import Browser
 from tools.daemon import Daemon
 
 pytestmark = pytest.mark.integration

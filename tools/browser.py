@@ -9,7 +9,7 @@ import subprocess
 import threading
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1] / "tests" / "console"  # its js/ (make console-deps)
 JS = HERE / "js"
 CHROMIUM = os.environ.get("HERD_CHROMIUM", "/usr/bin/chromium")
 
