@@ -316,6 +316,9 @@ class ClassicGroups:
             self._finish_rebalance(group, "restarted", now, wall)
         initial = group.state == EMPTY
         group.rebalance = RebalanceRecord(group, reason, detail, trigger, client_reason, now, wall)
+        stall = self.stall_mark(group, now)
+        if stall is not None:
+            group.rebalance.mark_stall(stall, now, during=False)
         self._count("rebalances_started")
         if initial:
             delay = self.config.initial_rebalance_delay_ms

@@ -251,6 +251,7 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     metrics.collectors.append(GcWatch(schedule=loop.call_soon_threadsafe).install().metric_lines)
     metrics.replay_seconds, metrics.replay_records = stats["seconds"], stats["records"]
     log.info("replayed", records=stats["records"], seconds=stats["seconds"], groups=len(groups.list_groups()))
+    runtime.stall_listeners.append(metrics.on_stall)
     runtime.start(loop)
     lag = LoopLag().start(loop)
     metrics.collectors.append(lag.metric_lines)
