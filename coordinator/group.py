@@ -93,7 +93,7 @@ class Parked:
 class Member:
     __slots__ = ("member_id", "group_instance_id", "client_id", "client_host", "rebalance_timeout_ms",
                  "session_timeout_ms", "protocol_type", "protocols", "assignment", "join", "sync",
-                 "is_new", "hb_key", "joined_wall_ms")
+                 "is_new", "hb_key", "joined_wall_ms", "stall_until")
 
     def __init__(self, member_id: str, group_instance_id: str | None, client_id: str, client_host: str,
                  rebalance_timeout_ms: int, session_timeout_ms: int, protocol_type: str,
@@ -113,6 +113,8 @@ class Member:
         self.is_new = False
         self.hb_key = hb_key
         self.joined_wall_ms = joined_wall_ms
+        # until when (monotonic ms) its session lives on time herd gave back after a stall
+        self.stall_until = 0
 
     @property
     def is_static(self) -> bool:

@@ -200,10 +200,19 @@ class Shard(ClassicGroups, Offsets):
         """herd did not run for ``stall_ms`` (a stalled loop, SIGSTOP, a frozen VM) and came back at
         ``now``: every deadline (sessions, rebalances, pending members, pending syncs, consumer
         groups' timers: all keys of :attr:`timers`) moves ``shift_ms`` later, so each member gets
-        back the time herd was away; a rebalance in progress is marked in the flight recorder."""
+        back the time herd was away; a rebalance in progress is marked in the flight recorder.
+
+        A client may have given its session up meanwhile on its own: librdkafka (confluent-kafka)
+        drops a member id after ``session.timeout.ms`` without a successful heartbeat answer and
+        joins again as a new member. Such a member, present at the stall, whose client (client id
+        and host) sends a JoinGroup with no member id within a session timeout of the stall, is
+        removed at once (``rejoined_as_new``, see ``ClassicGroups._drop_member_given_up_after_stall``)
+        instead of holding the group's next rebalance until its moved deadline."""
         self.timers.shift(shift_ms)
         self.last_stall = {"stall_ms": stall_ms, "ended_ms": now, "ended_wall_ms": wall}
         for group in self.groups.values():
+            for m in group.members.values():
+                m.stall_until = now + m.session_timeout_ms
             if group.rebalance is not None:
                 group.rebalance.mark_stall(self.last_stall, now, during=True)
 

@@ -301,3 +301,55 @@ def test_on_uvloop_a_readable_socket_is_read_before_held_timers_run_again():
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(main())
     assert order == ["read", "timers"]
+
+
+# ---- a client that gave its session up during the stall (librdkafka) ----------------------------------
+
+def given_up_group(n=3):
+    h = Harness()
+    mids, gen = h.form_group("g", n, session=SESSION)  # member i joined as client "c<i>"
+    return h, mids, gen
+
+
+def test_a_member_whose_client_rejoins_without_its_id_after_the_stall_is_removed_at_once():
+    h, old, gen = given_up_group()
+    h.advance(500)
+    stall(h)
+    for mid in old:  # the heartbeats sent before the client gave up: answered, they are in time
+        assert h.heartbeat("g", gen, mid).error_code == E.NONE
+    new = []
+    for i in range(3):  # then each client joins again without a member id (librdkafka: SESSTMOUT)
+        new.append(h.join_dynamic("g", session=SESSION, client_id=f"c{i}")[0])
+        assert old[i] not in h.group("g").members
+    assert set(h.group("g").members) == set(new)  # nobody waits for the old ids' moved deadlines
+    assert h.gc.stats["members_removed_rejoined_as_new"] == 3
+    first = [e for e in h.gc.group_history("g") if e["reason"] == "rejoined_as_new"][0]
+    assert first["trigger"]["member_id"] == old[0] and first["stall"]["when"] == "after"
+    removed = [r for e in h.gc.group_history("g") for r in e["removed"]]
+    assert sorted(r["member_id"] for r in removed if r["why"] == "rejoined_as_new") == sorted(old[1:])
+    for _ in range(3):  # the new members rejoin as the rebalance asks: it completes, no timer needed
+        if h.state("g") != "PreparingRebalance":
+            break
+        for mid in new:
+            if h.group("g").members[mid].join is None:
+                h.join("g", mid, session=SESSION, client_id=f"c{new.index(mid)}")
+    assert h.state("g") == "CompletingRebalance" and set(h.group("g").members) == set(new)
+
+
+def test_a_new_member_from_another_client_or_after_the_window_removes_nobody():
+    h, old, gen = given_up_group(2)
+    stall(h)
+    h.join_dynamic("g", session=SESSION, client_id="c0", host="/10.0.0.2")  # same client id, other host
+    h.join_dynamic("g", session=SESSION, client_id="c9")
+    assert set(old) <= set(h.group("g").members)
+    h2, old2, gen2 = given_up_group(2)
+    stall(h2)
+    for _ in range(SESSION // 1_000 + 1):
+        h2.advance(1_000)
+        for mid in old2:
+            h2.heartbeat("g", gen2, mid)
+    h2.join_dynamic("g", session=SESSION, client_id="c0")  # after the window: as Kafka, beside the old one
+    assert set(old2) <= set(h2.group("g").members)
+    h3, old3, gen3 = given_up_group(2)
+    h3.join_dynamic("g", session=SESSION, client_id="c0")  # no stall at all: as Kafka
+    assert set(old3) <= set(h3.group("g").members)
