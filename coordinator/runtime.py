@@ -461,13 +461,14 @@ class Runtime:
         polls I/O (the read callbacks run), then the second hop; asyncio's own loop runs the first
         after its next select, before that select's read callbacks, and the second after them.
         (``tests/coordinator/test_stall.py`` checks the order on uvloop with real sockets.)"""
+        if self.loop is None:
+            return
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         self._timer_at = None
         self._held = True
-        if self.loop is not None:
-            self.loop.call_soon(self._release_hold, 2)
+        self.loop.call_soon(self._release_hold, 2)
 
     def _release_hold(self, hops: int) -> None:
         if hops > 1:

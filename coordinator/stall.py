@@ -21,6 +21,10 @@ What the clocks show, on Linux:
   moved closer, so nothing needs to be given back; the gap between the two clocks grows by the
   suspend, which is reported (kind ``"suspend"``, 0 ms given back) so that it is logged, counted
   and the sockets are still read before timers run.
+* a loop that keeps stalling (it ran for less than ``threshold_ms`` since the last stall: a
+  sustained overload, not a pause): the stall is reported and the sockets are read first, but no
+  time is given back, so that given-back time cannot add up and keep a member that is really gone
+  alive for ever.
 * a wall-clock step (NTP, an operator's ``date``): no timer runs on the wall clock, so nothing is
   given back; the step is logged (``clock.wall_step``) because record timestamps and offset
   retention use the wall clock (as Kafka's do).
@@ -74,6 +78,7 @@ class StallDetector:
         self.last_seen = clock.monotonic_ms()
         self._boot_offset = self._offset_boot(self.last_seen)
         self._wall_offset = clock.wall_ms() - self.last_seen
+        self._last_stall_end: int | None = None  # when the last stall was noticed
         self._loop = None
         self._handle = None
 
@@ -117,7 +122,8 @@ class StallDetector:
             return 0
         clock = self.clock
         now = clock.monotonic_ms()
-        gap = now - self.last_seen
+        seen = self.last_seen
+        gap = now - seen
         self.last_seen = now
         wall_offset = clock.wall_ms() - now
         step = wall_offset - self._wall_offset
@@ -128,8 +134,14 @@ class StallDetector:
             suspended = boot_offset - self._boot_offset
             self._boot_offset = boot_offset
         if gap >= self.threshold_ms:
-            self._report(gap, "loop", gap, now)
-            return gap
+            ended = self._last_stall_end
+            # a loop that keeps stalling (it ran less than the threshold since the last stall) gets
+            # the sockets read first but no time back: else, under a sustained overload, the time
+            # given back would add up and a member that is really gone would never expire
+            give = 0 if ended is not None and seen - ended < self.threshold_ms else gap
+            self._last_stall_end = now
+            self._report(give, "loop", gap, now)
+            return give
         if suspended >= self.threshold_ms:
             # the wall clock moved with the suspend: not a step
             self._report(0, "suspend", suspended, now)

@@ -178,6 +178,23 @@ def test_the_detector_reports_a_gap_at_the_threshold_once_and_gives_it_back():
     assert d.stalls == 1
 
 
+def test_a_loop_that_keeps_stalling_gets_no_more_time_back_until_it_ran_a_threshold_again():
+    clock, d, seen, _ = detector()
+    clock.advance(5_000)
+    assert d.check() == 5_000
+    for _ in range(3):  # 50 ms of running, then 1.2 s away again: an overload, not a pause
+        clock.advance(50)
+        assert d.check() == 0
+        clock.advance(1_200)
+        assert d.check() == 0
+    assert seen[1:] == [(0, "loop", 1_200)] * 3 and d.stalls == 4  # still reported and counted
+    for _ in range(20):  # a second of normal running
+        clock.advance(50)
+        assert d.check() == 0
+    clock.advance(15_000)
+    assert d.check() == 15_000  # a pause again: given back
+
+
 def test_a_suspend_is_reported_but_nothing_is_given_back():
     clock, d, seen, boot = detector(boot=True)
     boot.suspended += 30_000  # CLOCK_BOOTTIME moved on, CLOCK_MONOTONIC did not
