@@ -452,12 +452,13 @@ class ClassicGroups:
             self._count(f"rebalances_completed_reason_{rec.reason}")
             for listener in self.listeners:
                 listener(entry)
+            stall = {} if rec.stall is None else {"stall": rec.stall}  # herd stalled during/just before
             log.info("rebalance_completed", group_id=group.group_id, generation=entry["generation"],
                      members=entry["members"], reason=rec.reason, duration_ms=entry["duration_ms"],
                      outcome=outcome, protocol=entry["protocol"], detail=rec.detail,
                      preparing_ms=entry["phases"]["preparing_ms"],
                      completing_ms=entry["phases"]["completing_ms"],
-                     shard=self.shard_id)
+                     shard=self.shard_id, **stall)
 
     # ==== SyncGroup ==============================================================================
 

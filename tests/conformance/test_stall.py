@@ -136,3 +136,4 @@ def test_confluent_members_are_whole_again_at_resume_and_a_member_killed_in_the_
     assert SESSION_MS / 1000 - 2 <= at(expired) - at(stall) <= SESSION_MS / 1000 + 1
     completed = [r for r in events(recs, "rebalance_completed") if at(r) >= at(stall)]
     assert completed and completed[-1]["members"] == 2
+    assert completed[0]["stall"]["when"] == "after" and completed[0]["stall"]["stall_ms"] == stall["stall_ms"]
