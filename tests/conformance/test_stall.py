@@ -25,7 +25,7 @@ import pytest
 
 from tests.conformance.harness import all_partitions, create_topic, wait_converged
 
-pytestmark = pytest.mark.conformance
+pytestmark = [pytest.mark.conformance, pytest.mark.slow]
 
 SESSION_MS = 10_000
 HEARTBEAT_MS = 1_000
