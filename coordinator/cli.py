@@ -264,9 +264,10 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     metrics.collectors.append(GcWatch(schedule=loop.call_soon_threadsafe).install().metric_lines)
     metrics.replay_seconds, metrics.replay_records = stats["seconds"], stats["records"]
     log.info("replayed", records=stats["records"], seconds=stats["seconds"], groups=len(groups.list_groups()))
+    runtime.stall_listeners.append(metrics.on_stall)
     runtime.start(loop)
     console.start(loop)  # the log-end refresher, if a data cluster is known: its own task
-    lag = LoopLag().start(loop)
+    lag = LoopLag(stall_s=config.stall_threshold_ms / 1000 if config.stall_threshold_ms else None).start(loop)
     metrics.collectors.append(lag.metric_lines)
     await server.start()
     log.info("listening", host=host, port=port, advertised=f"{adv_host}:{config.advertised_port or port}",

@@ -75,6 +75,8 @@ class Config:
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
     rebalance_history_size: int = 20  # generations kept per group by the flight recorder
+    # herd's own stall (loop or process paused) of this long or longer gives members the time back
+    stall_threshold_ms: int = 1000
 
     # consumer lag: the Kafka cluster that holds the partitions' records (see coordinator/lag.py)
     data_bootstrap_server: str | None = None  # HOST:PORT[,HOST:PORT]; unset: commit ages only, no lag
@@ -97,6 +99,9 @@ class Config:
         for name in ("initial_rebalance_delay_ms", "min_session_timeout_ms", "offset_metadata_max_bytes"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must not be negative, got {getattr(self, name)}")
+        if self.stall_threshold_ms != 0 and self.stall_threshold_ms < 100:
+            raise ConfigError(f"stall_threshold_ms must be 0 (off) or at least 100 (the loop is looked at every "
+                              f"50 ms), got {self.stall_threshold_ms}")
         if self.max_session_timeout_ms < self.min_session_timeout_ms:
             raise ConfigError("max_session_timeout_ms must be >= min_session_timeout_ms")
         if not 0 <= self.port <= 65535:

@@ -28,14 +28,14 @@ import time
 from importlib import resources
 from urllib.parse import parse_qs
 
-from coordinator import logs
+from coordinator import logging_setup
 from coordinator.lag import LagRefresher, LagTracker, LogEndSource
 from protocol.consumer import PROTOCOL_TYPE as CONSUMER
 from protocol.consumer import decode_assignment
 
 __all__ = ["Console", "make_source"]
 
-log = logs.get("herd.console")
+log = logging_setup.get("herd.console")
 
 TABLE_TTL_S = 1.0
 GROUP_STEP = 1000

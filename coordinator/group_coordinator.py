@@ -347,6 +347,17 @@ class GroupCoordinator:
         out.shards = frozenset(touched)
         return out
 
+    def on_stall(self, stall_ms: int, now_ms: int, wall_ms: int, shift_ms: int | None = None) -> None:
+        """herd did not run for ``stall_ms`` and is back at ``now_ms`` (the runtime's stall
+        detector): every shard's deadlines move ``shift_ms`` (default ``stall_ms``; 0 after a system
+        suspend, which the monotonic clock already left out) later, and the flight recorder notes
+        the stall (see :meth:`Shard.on_stall`). Nothing fires here; the runtime reads the sockets
+        before it calls :meth:`on_timers` again."""
+        shift = stall_ms if shift_ms is None else shift_ms
+        for shard in self.shards:
+            shard.on_stall(stall_ms, shift, now_ms, wall_ms)
+        self.timers_changed = True
+
     def _timers_pushed(self) -> None:
         self.timers_changed = True
 

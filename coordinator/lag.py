@@ -40,11 +40,11 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterable
 from typing import Protocol, runtime_checkable
 
-from coordinator import logs
+from coordinator import logging_setup
 
 __all__ = ["LogEndSource", "LagTracker", "LagRefresher", "time_at", "DEFAULT_HISTORY"]
 
-log = logs.get("herd.lag")
+log = logging_setup.get("herd.lag")
 
 DEFAULT_HISTORY = 30
 RETAIN_STEP = 10_000

@@ -25,6 +25,7 @@ import time
 from urllib.parse import unquote
 
 from coordinator import logging_setup
+from coordinator.stall import STALL_BUCKETS
 from coordinator.store import FSYNC_BUCKETS
 from coordinator.versions import API_NAMES
 from protocol.errors import error_name
@@ -196,10 +197,19 @@ class Metrics:
         self.authentications = Counter("herd_sasl_authentications_total",
                                        "SASL authentications, by mechanism and result (ok, failed).",
                                        ("mechanism", "result"))
+        self.stalls = Counter("herd_stalls_total", "Times herd itself stalled (its loop or process did not run for "
+                              "stall_threshold_ms or more, or the system was suspended); members got the time back.")
+        self.stall_seconds = Histogram("herd_stall_seconds", "Length of herd's own stalls.", buckets=STALL_BUCKETS)
+        self.stall_seconds.series[()] = [0] * (len(STALL_BUCKETS) + 2)  # shown before the first stall
         self.replay_seconds = 0.0
         self.replay_records = 0
         self.gauges: list[Gauge] = []
         self.collectors: list = []  # () -> list of exposition lines, run at scrape time
+
+    def on_stall(self, stall_ms: int, kind: str) -> None:
+        """A Runtime stall listener: count it and observe its length."""
+        self.stalls.inc()
+        self.stall_seconds.observe(stall_ms / 1000)
 
     def gauge(self, name: str, help: str, labels: tuple, fn) -> None:
         self.gauges.append(Gauge(name, help, labels, fn))
@@ -209,7 +219,7 @@ class Metrics:
         requests = self.request_stats
         for metric in (requests.counter(), requests.error_counter(), requests.histogram(),
                        self.rebalance_seconds, self.connections_total, self.connections_refused,
-                       self.authentications):
+                       self.authentications, self.stalls, self.stall_seconds):
             lines += metric.render()
         lines += [
             "# HELP herd_shard_replay_seconds Time spent replaying the logs at start-up.",
