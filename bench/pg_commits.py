@@ -197,9 +197,9 @@ def main(argv=None):
     if args.quick:
         args.duration, args.concurrency, args.rounds, args.warmup = 2.0, "1,32", 1, 0.5
     levels = [int(x) for x in args.concurrency.split(",")]
-    from coordinator import logging_setup as logs
+    from coordinator import logging_setup
 
-    logs.configure("error", "console", sys.stderr)  # the stores log warnings; stdout is the JSON
+    logging_setup.configure("error", "console", sys.stderr)  # the stores log warnings; stdout is the JSON
     sys.path.insert(0, str(REPO_TESTS))
     from tools.postgres import PgServer
 

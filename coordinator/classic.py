@@ -132,6 +132,8 @@ class ClassicGroups:
             out.reply(ctx.token, join_response(version, errors.INCONSISTENT_GROUP_PROTOCOL, ""))
             return
         iid = ctx.instance_id
+        if iid is None and self.last_stall is not None:
+            self._drop_member_given_up_after_stall(group, ctx, now, wall, out)
         new_id = f"{iid if iid is not None else ctx.client_id}-{self._new_uuid()}"
         if iid is not None:
             old_id = group.static_members.get(iid)
@@ -146,6 +148,25 @@ class ClassicGroups:
             out.reply(ctx.token, join_response(version, errors.MEMBER_ID_REQUIRED, new_id))
         else:
             self._add_member_and_rebalance(group, ctx, new_id, now, wall, out)
+
+    def _drop_member_given_up_after_stall(self, group: Group, ctx: _JoinCtx, now: int, wall: int,
+                                          out: Result) -> None:
+        """A JoinGroup without a member id from the client id and host of a dynamic member that
+        lives on time herd gave back after its own stall: that client gave its session up and starts
+        over (librdkafka does after session.timeout.ms without a heartbeat answer: it drops its
+        member id, closes the coordinator connection and joins anew). The old member is removed now
+        (one per such JoinGroup) rather than when its moved deadline passes, which would hold the
+        group's next rebalance that long. Outside that window herd does as Kafka does."""
+        for m in group.members.values():
+            if (m.group_instance_id is None and now <= m.stall_until and m.join is None
+                    and m.client_id == ctx.client_id and m.client_host == ctx.client_host):
+                log.info("member_rejoined_as_new", group_id=group.group_id, member_id=m.member_id,
+                         client_id=m.client_id, client_host=m.client_host, generation=group.generation,
+                         shard=self.shard_id)
+                detail = (f"member {m.member_id} (client {m.client_id!r} from {m.client_host or '?'}) joined "
+                          f"again without its id after herd stalled: it had given its session up")
+                self._remove_member_and_update(group, m, "rejoined_as_new", detail, now, wall, out)
+                return
 
     def _join_existing_member(self, group: Group, ctx: _JoinCtx, now: int, wall: int, out: Result) -> None:
         req, version, token = ctx.req, ctx.version, ctx.token
@@ -316,6 +337,9 @@ class ClassicGroups:
             self._finish_rebalance(group, "restarted", now, wall)
         initial = group.state == EMPTY
         group.rebalance = RebalanceRecord(group, reason, detail, trigger, client_reason, now, wall)
+        stall = self.stall_mark(group, now)
+        if stall is not None:
+            group.rebalance.mark_stall(stall, now, during=False)
         self._count("rebalances_started")
         if initial:
             delay = self.config.initial_rebalance_delay_ms
@@ -428,12 +452,13 @@ class ClassicGroups:
             self._count(f"rebalances_completed_reason_{rec.reason}")
             for listener in self.listeners:
                 listener(entry)
+            stall = {} if rec.stall is None else {"stall": rec.stall}  # herd stalled during/just before
             log.info("rebalance_completed", group_id=group.group_id, generation=entry["generation"],
                      members=entry["members"], reason=rec.reason, duration_ms=entry["duration_ms"],
                      outcome=outcome, protocol=entry["protocol"], detail=rec.detail,
                      preparing_ms=entry["phases"]["preparing_ms"],
                      completing_ms=entry["phases"]["completing_ms"],
-                     shard=self.shard_id)
+                     shard=self.shard_id, **stall)
 
     # ==== SyncGroup ==============================================================================
 

@@ -37,6 +37,12 @@ SERVE_HELP = {
     "ssl_client_auth": "none (default), requested or required: ask clients for a certificate",
     "sasl_mechanisms": "enabled SASL mechanisms (default: PLAIN,SCRAM-SHA-256,SCRAM-SHA-512)",
     "sasl_users_file": "user:password per line (SASL_PLAINTEXT, SASL_SSL); keep it mode 600",
+    "data_bootstrap_server": "HOST:PORT[,HOST:PORT] of the Kafka cluster holding the partitions' records: "
+                             "consumer lag on /metrics and the console (default: none, commit ages only)",
+    "data_command_config": "TLS/SASL client properties file for --data-bootstrap-server (as herd groups "
+                           "--command-config)",
+    "lag_refresh_interval_ms": "how often the data cluster's log ends are read (default 30000)",
+    "lag_metrics": "partition (default): lag per group, topic and partition; group: per group only",
 }
 
 
@@ -163,6 +169,7 @@ def serve(config: cfg.Config, repair: bool = False) -> int:
 async def _serve(config: cfg.Config, repair: bool) -> int:
     from coordinator import logging_setup
     from coordinator.catalog import Catalog
+    from coordinator.console import Console, make_source
     from coordinator.gcwatch import GcWatch
     from coordinator.group_coordinator import GroupCoordinator
     from coordinator.looplag import LoopLag
@@ -200,6 +207,8 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     install_collectors(metrics, groups, store, server)
     if node is not None:
         metrics.collectors.append(node.metric_lines)
+    console = Console(config, groups, source=make_source(config), now_ms=runtime.now_ms)
+    metrics.collectors.append(console.metric_lines)
     try:
         host, port = await server.bind()
     except OSError as exc:
@@ -210,6 +219,7 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
                             lambda g: groups.group_history(g, runtime.now_ms()),
                             failed_shards=None if clustered else (lambda: groups.failed_shards),
                             readiness=node.readiness if clustered else None)
+        http.console = console
         try:
             mport = await http.bind(config.metrics_host, config.metrics_port)
         except OSError as exc:
@@ -272,8 +282,10 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     metrics.collectors.append(GcWatch(schedule=loop.call_soon_threadsafe).install().metric_lines)
     metrics.replay_seconds, metrics.replay_records = stats["seconds"], stats["records"]
     log.info("replayed", records=stats["records"], seconds=stats["seconds"], groups=len(groups.list_groups()))
+    runtime.stall_listeners.append(metrics.on_stall)
     runtime.start(loop)
-    lag = LoopLag().start(loop)
+    console.start(loop)  # the log-end refresher, if a data cluster is known: its own task
+    lag = LoopLag(stall_s=config.stall_threshold_ms / 1000 if config.stall_threshold_ms else None).start(loop)
     metrics.collectors.append(lag.metric_lines)
     await server.start()
     log.info("listening", host=host, port=port, advertised=f"{adv_host}:{config.advertised_port or port}",
@@ -301,6 +313,7 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     server.stop_accepting()
     if http is not None:
         http.close()
+    console.stop()
     runtime.shutdown()
     await store.close()
     await asyncio.sleep(0.05)  # let the last durable replies go out

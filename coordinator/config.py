@@ -75,6 +75,15 @@ class Config:
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
     rebalance_history_size: int = 20  # generations kept per group by the flight recorder
+    # herd's own stall (loop or process paused) of this long or longer gives members the time back
+    stall_threshold_ms: int = 1000
+
+    # consumer lag: the Kafka cluster that holds the partitions' records (see coordinator/lag.py)
+    data_bootstrap_server: str | None = None  # HOST:PORT[,HOST:PORT]; unset: commit ages only, no lag
+    data_command_config: str | None = None  # TLS/SASL client properties for it (as herd groups --command-config)
+    lag_refresh_interval_ms: int = 30000  # how often its log-end offsets are read
+    lag_history_size: int = 30  # (log end, time) samples kept per partition for time lag
+    lag_metrics: str = "partition"  # partition: lag per group, topic and partition; group: per group only
 
     def validate(self) -> Config:
         def positive(name):
@@ -84,11 +93,15 @@ class Config:
         for name in ("offsets_partitions", "group_max_size", "offsets_retention_minutes",
                      "offsets_retention_check_interval_ms", "default_partitions", "max_frame_size",
                      "connections_max_idle_ms", "max_connections", "max_pending_bytes_per_connection",
-                     "rebalance_history_size", "shard_lease_ms"):
+                     "rebalance_history_size", "shard_lease_ms",
+                     "lag_refresh_interval_ms"):
             positive(name)
         for name in ("initial_rebalance_delay_ms", "min_session_timeout_ms", "offset_metadata_max_bytes"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must not be negative, got {getattr(self, name)}")
+        if self.stall_threshold_ms != 0 and self.stall_threshold_ms < 100:
+            raise ConfigError(f"stall_threshold_ms must be 0 (off) or at least 100 (the loop is looked at every "
+                              f"50 ms), got {self.stall_threshold_ms}")
         if self.max_session_timeout_ms < self.min_session_timeout_ms:
             raise ConfigError("max_session_timeout_ms must be >= min_session_timeout_ms")
         if not 0 <= self.port <= 65535:
@@ -108,6 +121,7 @@ class Config:
             raise ConfigError(f"fsync must be 'always' or 'never', got {self.fsync!r}")
         self._validate_security()
         self._validate_store()
+        self._validate_lag()
         if self.log_format not in ("auto", "json", "console"):
             raise ConfigError(f"log_format must be auto, json or console, got {self.log_format!r}")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
@@ -176,6 +190,22 @@ class Config:
         from coordinator.cluster.url import redact
 
         return redact(self.store)
+
+    def _validate_lag(self) -> None:
+        if self.lag_history_size < 2:
+            raise ConfigError(f"lag_history_size must be at least 2, got {self.lag_history_size}")
+        if self.lag_metrics not in ("partition", "group"):
+            raise ConfigError(f"lag_metrics must be 'partition' or 'group', got {self.lag_metrics!r}")
+        if self.data_bootstrap_server is not None:
+            servers = [s.strip() for s in self.data_bootstrap_server.split(",")]
+            for server in servers:
+                host, sep, port = server.rpartition(":")
+                if not sep or not host.strip("[]") or not port.isdigit() or not 1 <= int(port) <= 65535:
+                    raise ConfigError(f"data_bootstrap_server wants HOST:PORT[,HOST:PORT], got "
+                                      f"{self.data_bootstrap_server!r}")
+        elif self.data_command_config is not None:
+            raise ConfigError("data_command_config is set but data_bootstrap_server is not "
+                              "(the TLS/SASL settings are for the data cluster's connections)")
 
     @property
     def enabled_mechanisms(self) -> list[str]:

@@ -93,7 +93,7 @@ class Parked:
 class Member:
     __slots__ = ("member_id", "group_instance_id", "client_id", "client_host", "rebalance_timeout_ms",
                  "session_timeout_ms", "protocol_type", "protocols", "assignment", "join", "sync",
-                 "is_new", "hb_key", "joined_wall_ms")
+                 "is_new", "hb_key", "joined_wall_ms", "stall_until")
 
     def __init__(self, member_id: str, group_instance_id: str | None, client_id: str, client_host: str,
                  rebalance_timeout_ms: int, session_timeout_ms: int, protocol_type: str,
@@ -113,6 +113,8 @@ class Member:
         self.is_new = False
         self.hb_key = hb_key
         self.joined_wall_ms = joined_wall_ms
+        # until when (monotonic ms) its session lives on time herd gave back after a stall
+        self.stall_until = 0
 
     @property
     def is_static(self) -> bool:
@@ -166,7 +168,7 @@ class RebalanceRecord:
 
     __slots__ = ("reason", "detail", "trigger", "client_reason", "initial", "from_generation",
                  "started_ms", "started_wall_ms", "awaited", "joined", "removed", "join_done_ms",
-                 "synced", "protocol", "generation", "members", "outcome", "ended_ms", "ended_wall_ms")
+                 "synced", "protocol", "generation", "members", "outcome", "ended_ms", "ended_wall_ms", "stall")
 
     def __init__(self, group: Group, reason: str, detail: str, trigger: dict | None,
                  client_reason: str | None, now_ms: int, wall_ms: int):
@@ -197,6 +199,15 @@ class RebalanceRecord:
         self.outcome: str | None = None
         self.ended_ms: int | None = None
         self.ended_wall_ms: int | None = None
+        # herd itself stalled during this rebalance or just before it started (Shard.on_stall)
+        self.stall: dict | None = None
+
+    def mark_stall(self, stall: dict, now_ms: int, during: bool) -> None:
+        """herd stalled for ``stall["stall_ms"]`` while this rebalance was in progress (``during``)
+        or shortly before it started: an operator reading the history sees it was not the members."""
+        self.stall = {"stall_ms": stall["stall_ms"], "stall_ended_wall_ms": stall["ended_wall_ms"],
+                      "when": "during" if during else "after",
+                      "started_after_stall_ms": None if during else now_ms - stall["ended_ms"]}
 
     def on_join(self, member: Member, now_ms: int) -> None:
         entry = self.awaited.get(member.member_id)
@@ -278,6 +289,7 @@ class RebalanceRecord:
             "joined": [dict(j) for j in self.joined],
             "removed": [dict(r) for r in self.removed],
             "sync": [{"member_id": mid, "synced_after_ms": after} for mid, after in self.synced.items()],
+            "stall": None if self.stall is None else dict(self.stall),
         }
 
 

@@ -352,6 +352,17 @@ class GroupCoordinator:
         out.shards = frozenset(touched)
         return out
 
+    def on_stall(self, stall_ms: int, now_ms: int, wall_ms: int, shift_ms: int | None = None) -> None:
+        """herd did not run for ``stall_ms`` and is back at ``now_ms`` (the runtime's stall
+        detector): every shard's deadlines move ``shift_ms`` (default ``stall_ms``; 0 after a system
+        suspend, which the monotonic clock already left out) later, and the flight recorder notes
+        the stall (see :meth:`Shard.on_stall`). Nothing fires here; the runtime reads the sockets
+        before it calls :meth:`on_timers` again."""
+        shift = stall_ms if shift_ms is None else shift_ms
+        for shard in self.shards:
+            shard.on_stall(stall_ms, shift, now_ms, wall_ms)
+        self.timers_changed = True
+
     def _timers_pushed(self) -> None:
         self.timers_changed = True
 
@@ -477,6 +488,45 @@ class GroupCoordinator:
         names = ("offset", "leader_epoch", "metadata", "commit_timestamp", "expire_timestamp")
         return {topic: {p: dict(zip(names, records.offset_value_fields(v), strict=True)) for p, v in parts.items()}
                 for topic, parts in stored.items()}
+
+    def committed_by_shard(self):
+        """Every committed offset, for lag and commit ages (read-only): yields one list per shard
+        of ``(group_id, topic, partition, offset, commit_timestamp)``; Empty and member-less groups
+        included. Each list is complete when yielded, so a caller may wait between shards (the
+        state moves on meanwhile; no iteration spans it)."""
+        fields = records.offset_value_fields
+        for shard in self.shards:
+            rows = []
+            for gid, topics in shard.offsets.items():
+                for topic, parts in topics.items():
+                    for p, v in parts.items():
+                        off, _, _, ts, _ = fields(v)
+                        rows.append((gid, topic, p, off, ts))
+            yield rows
+
+    def committed_partitions(self):
+        """The ``(topic, partition)`` pairs with a committed offset in any group: yields one list
+        per shard (complete when yielded; a pair committed in several shards comes once per shard)."""
+        for shard in self.shards:
+            yield list({(topic, p) for topics in shard.offsets.values() for topic, parts in topics.items()
+                        for p in parts})
+
+    def rebalance_starts(self, group_id: str) -> list[int]:
+        """Wall times (ms) at which the recorded rebalances of a group started (the one in progress
+        included), oldest first; [] for an unknown group."""
+        g = self._group(group_id)
+        if g is None:
+            return []
+        starts = [r.started_wall_ms for r in g.history]
+        if g.rebalance is not None:
+            starts.append(g.rebalance.started_wall_ms)
+        return starts
+
+    def member_assignments(self, group_id: str) -> dict[str, bytes]:
+        """Each member's assignment as the leader sent it (ConsumerProtocol bytes for consumer
+        groups); {} for an unknown group."""
+        g = self._group(group_id)
+        return {} if g is None else {mid: m.assignment for mid, m in g.members.items()}
 
     def snapshot_stats(self) -> dict:
         """Gauges and counters for metrics: groups by state, members, parked requests, plus the

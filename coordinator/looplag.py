@@ -19,9 +19,12 @@ BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 class LoopLag:
-    def __init__(self, interval: float = 0.05, warn_s: float = 0.25, clock=time.monotonic):
+    def __init__(self, interval: float = 0.05, warn_s: float = 0.25, clock=time.monotonic,
+                 stall_s: float | None = None):
         self.interval = interval
         self.warn_s = warn_s
+        # a lag this long is a stall: the stall detector (coordinator.stall) logs it, once
+        self.stall_s = stall_s
         self.clock = clock
         self.counts = [0] * (len(BUCKETS) + 1)  # the last one: over the largest bucket
         self.total = 0.0
@@ -53,7 +56,7 @@ class LoopLag:
         self.total += lag
         if lag > self.max:
             self.max = lag
-        if lag >= self.warn_s:
+        if lag >= self.warn_s and (self.stall_s is None or lag < self.stall_s):
             log.warning("loop.lag", lag_ms=round(lag * 1000, 1))
 
     def quantile(self, q: float) -> float | None:

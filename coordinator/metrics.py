@@ -15,6 +15,7 @@ HTTP (``--metrics-port``; off by default):
   reloaded on its own; /readyz 503 with the reason while it joins or the database does not answer)
   GET /groups                       JSON: every group with state, protocol, members
   GET /groups/<group>/history       JSON: the rebalance flight recorder for that group
+  GET /, /console/*, /api/*         the operator's console and its JSON (coordinator/console.py)
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import time
 from urllib.parse import unquote
 
 from coordinator import logging_setup
+from coordinator.stall import STALL_BUCKETS
 from coordinator.store import FSYNC_BUCKETS
 from coordinator.versions import API_NAMES
 from protocol.errors import error_name
@@ -197,10 +199,19 @@ class Metrics:
         self.authentications = Counter("herd_sasl_authentications_total",
                                        "SASL authentications, by mechanism and result (ok, failed).",
                                        ("mechanism", "result"))
+        self.stalls = Counter("herd_stalls_total", "Times herd itself stalled (its loop or process did not run for "
+                              "stall_threshold_ms or more, or the system was suspended); members got the time back.")
+        self.stall_seconds = Histogram("herd_stall_seconds", "Length of herd's own stalls.", buckets=STALL_BUCKETS)
+        self.stall_seconds.series[()] = [0] * (len(STALL_BUCKETS) + 2)  # shown before the first stall
         self.replay_seconds = 0.0
         self.replay_records = 0
         self.gauges: list[Gauge] = []
         self.collectors: list = []  # () -> list of exposition lines, run at scrape time
+
+    def on_stall(self, stall_ms: int, kind: str) -> None:
+        """A Runtime stall listener: count it and observe its length."""
+        self.stalls.inc()
+        self.stall_seconds.observe(stall_ms / 1000)
 
     def gauge(self, name: str, help: str, labels: tuple, fn) -> None:
         self.gauges.append(Gauge(name, help, labels, fn))
@@ -210,7 +221,7 @@ class Metrics:
         requests = self.request_stats
         for metric in (requests.counter(), requests.error_counter(), requests.histogram(),
                        self.rebalance_seconds, self.connections_total, self.connections_refused,
-                       self.authentications):
+                       self.authentications, self.stalls, self.stall_seconds):
             lines += metric.render()
         lines += [
             "# HELP herd_shard_replay_seconds Time spent replaying the logs at start-up.",
@@ -243,6 +254,7 @@ class HttpEndpoint:
         self.history_view = history_view  # (group_id) -> JSON-able or None
         self.failed_shards = failed_shards  # () -> [shard ids stopped after a log write failure]
         self.readiness = readiness  # a cluster node's: () -> None (ready) or why not
+        self.console = None  # coordinator.console.Console: GET /, /console/*, /api/*
         self.max_request = max_request
         self.server = None
         # False while herd starts (the log is replayed): /healthz says "starting", /readyz, /metrics
@@ -270,11 +282,14 @@ class HttpEndpoint:
             line = head.split(b"\r\n", 1)[0].decode("latin-1")
             parts = line.split()
             if len(parts) < 2 or parts[0] not in ("GET", "HEAD"):
-                status, ctype, body = 405, "text/plain", b"only GET is supported\n"
+                status, ctype, body, more = 405, "text/plain", b"only GET is supported\n", []
             else:
-                status, ctype, body = self.route(parts[1])
+                if self.console is not None and self.ready:
+                    await self.console.prepare_for(parts[1])
+                status, ctype, body, *more = self.route(parts[1])
+            extra = "".join(f"{k}: {v}\r\n" for k, v in more[0].items()) if more else ""
             writer.write(f"HTTP/1.1 {status} {_REASONS.get(status, 'OK')}\r\nContent-Type: {ctype}\r\n"
-                         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode())
+                         f"Content-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n".encode())
             if parts and parts[0] != "HEAD":
                 writer.write(body)
             await writer.drain()
@@ -286,8 +301,10 @@ class HttpEndpoint:
         finally:
             writer.close()
 
-    def route(self, target: str) -> tuple[int, str, bytes]:
-        path = unquote(target.split("?", 1)[0])
+    def route(self, target: str) -> tuple:
+        """``(status, content type, body)``, or with a 4th item: extra headers."""
+        raw_path, _, query = target.partition("?")
+        path = unquote(raw_path)
         if path in ("/healthz", "/readyz") and self.readiness is not None and self.ready:
             if path == "/healthz":
                 return 200, "text/plain", b"ok\n"
@@ -314,6 +331,10 @@ class HttpEndpoint:
             if hist is None:
                 return 404, "application/json", _json({"error": f"unknown group {group}"})
             return 200, "application/json", _json(hist)
+        if self.console is not None:
+            answer = self.console.route(path, query)
+            if answer is not None:
+                return answer
         return 404, "text/plain", b"not found\n"
 
 
@@ -321,7 +342,7 @@ def _json(obj) -> bytes:
     return (json.dumps(obj, indent=2, default=str) + "\n").encode()
 
 
-_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
 
 
 def _family(name: str, kind: str, help: str, samples) -> list[str]:

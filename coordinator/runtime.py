@@ -60,6 +60,7 @@ from coordinator.catalog import Catalog, is_topic_record
 from coordinator.clock import SystemClock
 from coordinator.responses import error_response
 from coordinator.result import Result
+from coordinator.stall import StallDetector
 from coordinator.store import ShardFencedError
 from coordinator.versions import (
     FETCH,
@@ -159,6 +160,11 @@ class Runtime:
         self.shard_failed = None
         self.topic_store = None
         store.set_listener(self._on_durable)
+        # herd's own stalls (coordinator.stall): started with the loop; while _held, no timer of
+        # the core fires (the sockets are read first); listeners get (stall_ms, kind) (metrics)
+        self.stall: StallDetector | None = None
+        self.stall_listeners: list = []
+        self._held = False
 
     def now_ms(self) -> int:
         return self.clock.monotonic_ms()
@@ -255,6 +261,9 @@ class Runtime:
         writes = self.catalog.configured_topics()
         if writes:
             self._catalog_result(Result(writes, []), None)
+        # looks from now on: the replay before was no stall (loaded members got fresh deadlines)
+        self.stall = StallDetector(self.clock, getattr(self.config, "stall_threshold_ms", 0),
+                                   on_stall=self._on_stall).start(loop)
         self.arm(force=True)
 
     # ---- requests ----------------------------------------------------------------------------
@@ -470,8 +479,8 @@ class Runtime:
         """Re-arm the loop timer at the coordinator's next deadline. Skipped unless a deadline may
         have moved earlier (a heartbeat only extends one: nothing to do) or ``force``."""
         groups = self.groups
-        if not (force or groups.timers_changed):
-            return
+        if self._held or not (force or groups.timers_changed):
+            return  # held: _release_hold re-arms
         deadline = groups.next_check()
         if deadline == self._timer_at:
             return
@@ -486,8 +495,46 @@ class Runtime:
     def _fire(self) -> None:
         self._timer = None
         self._timer_at = None
+        if self.stall is not None:
+            self.stall.check()  # back from a stall? then its deadlines move and we are held
+        if self._held:
+            return
         clock = self.clock
         self.apply(self.groups.on_timers(clock.monotonic_ms(), clock.wall_ms()))
+        self.arm(force=True)
+
+    # ---- stalls --------------------------------------------------------------------------------
+
+    def _on_stall(self, give_back_ms: int, kind: str, stall_ms: int) -> None:
+        """herd was away for ``stall_ms`` (the detector, from a loop timer callback): every
+        deadline moves ``give_back_ms`` later, and no timer of the core fires until the sockets
+        have been read (the heartbeats that waited there come first)."""
+        clock = self.clock
+        self.groups.on_stall(stall_ms, clock.monotonic_ms(), clock.wall_ms(), shift_ms=give_back_ms)
+        for listener in self.stall_listeners:
+            listener(stall_ms, kind)
+        self.hold_timers()
+
+    def hold_timers(self) -> None:
+        """Fire no core timer until the loop has polled its sockets: two ``call_soon`` hops. From a
+        timer callback, uvloop (libuv) runs the first hop in this iteration's idle phase, then
+        polls I/O (the read callbacks run), then the second hop; asyncio's own loop runs the first
+        after its next select, before that select's read callbacks, and the second after them.
+        (``tests/coordinator/test_stall.py`` checks the order on uvloop with real sockets.)"""
+        if self.loop is None:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = None
+        self._held = True
+        self.loop.call_soon(self._release_hold, 2)
+
+    def _release_hold(self, hops: int) -> None:
+        if hops > 1:
+            self.loop.call_soon(self._release_hold, hops - 1)
+            return
+        self._held = False
         self.arm(force=True)
 
     # ---- shutdown ----------------------------------------------------------------------------
@@ -496,6 +543,8 @@ class Runtime:
         """Answer every parked request with NOT_COORDINATOR and stop the timer."""
         self._closing = True
         self._flush()
+        if self.stall is not None:
+            self.stall.stop()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

@@ -95,6 +95,9 @@ class Shard(ClassicGroups, Offsets):
         self.refusal = errors.NONE
         self._new_uuid = new_uuid or (lambda: str(uuid.uuid4()))
         self.stats = stats if stats is not None else {}
+        # the last stall of herd itself (on_stall): {"stall_ms", "ended_ms", "ended_wall_ms"}; the
+        # flight recorder marks the rebalances it may have caused
+        self.last_stall: dict | None = None
 
     def _count(self, name: str, n: int = 1) -> None:
         self.stats[name] = self.stats.get(name, 0) + n
@@ -192,6 +195,35 @@ class Shard(ClassicGroups, Offsets):
                 self._prepare_rebalance(group, "over_capacity", detail, None, None, now, wall, out)
         self.timers.schedule(_RETENTION_KEY, now + self.config.offsets_retention_check_interval_ms)
         return out
+
+    def on_stall(self, stall_ms: int, shift_ms: int, now: int, wall: int) -> None:
+        """herd did not run for ``stall_ms`` (a stalled loop, SIGSTOP, a frozen VM) and came back at
+        ``now``: every deadline (sessions, rebalances, pending members, pending syncs, consumer
+        groups' timers: all keys of :attr:`timers`) moves ``shift_ms`` later, so each member gets
+        back the time herd was away; a rebalance in progress is marked in the flight recorder.
+
+        A client may have given its session up meanwhile on its own: librdkafka (confluent-kafka)
+        drops a member id after ``session.timeout.ms`` without a successful heartbeat answer and
+        joins again as a new member. Such a member, present at the stall, whose client (client id
+        and host) sends a JoinGroup with no member id within a session timeout of the stall, is
+        removed at once (``rejoined_as_new``, see ``ClassicGroups._drop_member_given_up_after_stall``)
+        instead of holding the group's next rebalance until its moved deadline."""
+        self.timers.shift(shift_ms)
+        self.last_stall = {"stall_ms": stall_ms, "ended_ms": now, "ended_wall_ms": wall}
+        for group in self.groups.values():
+            for m in group.members.values():
+                m.stall_until = now + m.session_timeout_ms
+            if group.rebalance is not None:
+                group.rebalance.mark_stall(self.last_stall, now, during=True)
+
+    def stall_mark(self, group: Group, now: int) -> dict | None:
+        """The last stall, if a rebalance of ``group`` starting at ``now`` may come from it: it
+        ended less than the largest session timeout of the group's members ago."""
+        stall = self.last_stall
+        if stall is None:
+            return None
+        window = max((m.session_timeout_ms for m in group.members.values()), default=0)
+        return stall if now - stall["ended_ms"] <= max(window, self.config.min_session_timeout_ms) else None
 
     # ==== group admin ============================================================================
 

@@ -12,6 +12,9 @@ is never later than the true deadline. Moving a deadline later is a dict store (
 armed entry surfaces early it is re-armed at the stored deadline (one heap push per session
 timeout, not per heartbeat). Moving a deadline earlier pushes a new entry; the superseded entry is
 recognised as stale when it surfaces and dropped.
+
+:meth:`shift` moves every deadline later by the same amount: after herd itself stalled (its loop
+did not run), each key gets back the time herd was away (see ``coordinator.stall``).
 """
 from __future__ import annotations
 
@@ -130,6 +133,20 @@ class Timers:
             del self._deadline[key]
             return key
         return None
+
+    def shift(self, by: int) -> None:
+        """Move every deadline ``by`` ms later (``by`` > 0): herd stalled, and gives each key back
+        the time it was away. A uniform shift keeps the heap's order (and which entries are stale),
+        so it is one pass over the keys and the heap: no pushes, no re-heapify, and
+        :attr:`on_push` is not called (nothing moved earlier)."""
+        if by <= 0:
+            return
+        deadline, armed = self._deadline, self._armed
+        for key in deadline:
+            deadline[key] += by
+        for key in armed:
+            armed[key] += by
+        self._heap = [(when + by, seq, key) for when, seq, key in self._heap]
 
     def heap_size(self) -> int:
         """Entries physically in the heap (live + stale); for tests and diagnostics."""

@@ -28,3 +28,16 @@ def members(tmp_path):
         yield ms
     finally:
         ms.cleanup()
+
+
+@pytest.fixture(scope="session")
+def java_driver(tmp_path_factory):
+    """One JVM (herd.ref.Driver) for every Java client scenario and kafka-consumer-groups run of the
+    session; each test starts its own consumers in it."""
+    from tests.conformance.reference_clients import JavaDriver
+
+    driver = JavaDriver(tmp_path_factory.mktemp("java"))
+    try:
+        yield driver
+    finally:
+        driver.close()

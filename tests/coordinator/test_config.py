@@ -110,3 +110,25 @@ def test_a_kubernetes_service_link_named_herd_metrics_is_not_the_metrics_port_se
     assert load(None, env).metrics_port is None
     assert load(None, {**env, "HERD_ADVERTISED_PORT": "tcp://10.96.12.9:9092"}).advertised_port is None
     assert load(None, {"HERD_METRICS_PORT": "9404"}).metrics_port == 9404  # a real port still counts
+
+
+def test_lag_settings_by_their_issue_names():
+    c = load(env={"HERD_DATA_BOOTSTRAP_SERVER": "kafka1:9092,kafka2:9093", "HERD_LAG_METRICS": "group"},
+             overrides={"data_command_config": "client.properties", "lag_refresh_interval_ms": "5000"})
+    assert (c.data_bootstrap_server, c.data_command_config, c.lag_metrics, c.lag_refresh_interval_ms,
+            c.lag_history_size) == ("kafka1:9092,kafka2:9093", "client.properties", "group", 5000, 30)
+    d = Config()
+    assert (d.data_bootstrap_server, d.lag_refresh_interval_ms, d.lag_metrics) == (None, 30000, "partition")
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"HERD_DATA_BOOTSTRAP_SERVER": "kafka1"}, "HERD_DATA_BOOTSTRAP_SERVER: data_bootstrap_server wants HOST:PORT"),
+    ({"HERD_DATA_BOOTSTRAP_SERVER": "kafka1:99999"}, "wants HOST:PORT"),
+    ({"HERD_DATA_COMMAND_CONFIG": "x.properties"}, "data_bootstrap_server is not"),
+    ({"HERD_LAG_METRICS": "topic"}, "lag_metrics must be 'partition' or 'group'"),
+    ({"HERD_LAG_HISTORY_SIZE": "1"}, "lag_history_size must be at least 2"),
+    ({"HERD_LAG_REFRESH_INTERVAL_MS": "0"}, "lag_refresh_interval_ms must be positive"),
+])
+def test_bad_lag_settings_give_one_clear_message(env, message):
+    with pytest.raises(ConfigError, match=message):
+        load(env=env)

@@ -153,3 +153,28 @@ def test_a_budget_stops_pop_expired_with_work_still_due():
     t.steps = 0
     assert t.pop_expired(20, limit=1000) is None and t.steps == 70
     assert t.next_check() == 1000
+
+
+def test_shift_moves_every_deadline_and_keeps_lazy_and_stale_entries_right():
+    t = Timers()
+    pushes = []
+    t.schedule("a", 100)
+    t.schedule("b", 200)
+    t.schedule("c", 300)
+    t.schedule("a", 150)  # lazily extended: its heap entry stays at 100
+    t.schedule("c", 50)  # moved earlier: the entry at 300 is stale
+    t.schedule("d", 400)
+    t.cancel("d")  # stale too
+    t.on_push = lambda: pushes.append(1)
+    t.shift(1_000)
+    assert pushes == []  # nothing moved earlier
+    assert (t.deadline("a"), t.deadline("b"), t.deadline("c"), t.deadline("d")) == (1_150, 1_200, 1_050, None)
+    assert t.expired(1_049) == []
+    assert t.next_deadline() == 1_050
+    assert t.expired(1_150) == ["c", "a"]
+    assert t.expired(10_000) == ["b"]
+    assert len(t) == 0
+    t.shift(0)
+    t.schedule("e", 5)
+    t.shift(-10)  # never backwards
+    assert t.deadline("e") == 5

@@ -841,7 +841,8 @@ def test_render_history_of_every_kind_of_entry():
          "awaited": [{**_who("a", "ca"), "rejoined_after_ms": 30, "outcome": "rejoined"}],
          "slowest_member": {"member_id": "a", "rejoined_after_ms": 30},
          "joined": [{**_who("b", "cb"), "joined_after_ms": 0}], "removed": [],
-         "sync": [{"member_id": "a", "synced_after_ms": 10}, {"member_id": "b", "synced_after_ms": None}]},
+         "sync": [{"member_id": "a", "synced_after_ms": 10}, {"member_id": "b", "synced_after_ms": None}],
+         "stall": {"stall_ms": 15_000, "stall_ended_wall_ms": 0, "when": "after", "started_after_stall_ms": 20}},
         {"generation": 8, "previous_generation": 7, "reason": "member_left", "detail": "LeaveGroup for a, b",
          "trigger": {"member_ids": ["a", "b"]}, "client_reason": "shutting down", "initial": False,
          "outcome": "empty", "protocol": None, "members": 0, "started_wall_ms": 1_000, "ended_wall_ms": 1_000,
@@ -872,6 +873,8 @@ def test_render_history_of_every_kind_of_entry():
     assert "  trigger    ca@/10.0.0.9 [a]\n  trigger    cb@/10.0.0.9 [b]\n  waited for nobody" in text
     assert "  client     shutting down" in text and "  removed    ca@/10.0.0.9 [a]: left after 0 ms" in text
     assert "  result     protocol -, 0 members" in text
+    assert "  stall      started 20 ms after herd stalled 15000 ms" in text
+    assert text.count("  stall ") == 1  # entries without a stall (or from an older herd) say nothing
     assert ("generation 8 -> ?  1970-01-01 00:00:02.000  static_member_replaced  in_progress for 5000 ms"
             in text)
     assert "rejoined after 4000 ms (replacing s1)" in text and "cx@/10.0.0.9 [x]: did not rejoin" in text

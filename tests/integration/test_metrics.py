@@ -412,3 +412,32 @@ def test_http_methods_and_paths(herd):
     status, _, _ = request(herd, "/nope")
     assert status == 404
     assert herd.proc.poll() is None
+
+
+def test_a_sigstop_of_herd_is_counted_and_the_heartbeat_that_waited_keeps_the_member(herd):
+    """herd stopped for 1.5 s (stall_threshold_ms 1000) under a member with a 1 s session whose
+    heartbeat waits in the socket meanwhile: the member is kept, the stall is counted once."""
+    import os
+    import signal
+
+    before = scrape(herd)
+    with RawClient(herd.address) as c:
+        mid, gen = join_group(c, "paused", session_ms=1_000)
+        os.kill(herd.proc.pid, signal.SIGSTOP)
+        try:
+            time.sleep(0.3)
+            corr = c.send(m.HeartbeatRequest(group_id="paused", generation_id=gen, member_id=mid), 3)
+            time.sleep(1.2)
+        finally:
+            os.kill(herd.proc.pid, signal.SIGCONT)
+        assert c.receive(12, 3, corr).error_code == E.NONE  # read before the overdue session ran
+        time.sleep(0.5)  # the session, from the heartbeat, would have ended during the pause
+        hb = c.call(m.HeartbeatRequest(group_id="paused", generation_id=gen, member_id=mid), 3)
+        assert hb.error_code == E.NONE and group_state(herd, "paused") == "Stable"
+    after = scrape(herd)
+    assert value(after, "herd_stalls_total") == value(before, "herd_stalls_total") + 1
+    name, fam = "herd_stall_seconds_count", "herd_stall_seconds"
+    assert value(after, name, fam) == value(before, name, fam) + 1
+    assert (value(after, "herd_stall_seconds_sum", fam) - value(before, "herd_stall_seconds_sum", fam)) >= 1.5
+    assert value(after, "herd_stall_seconds_bucket", fam, le="1") == value(before, "herd_stall_seconds_bucket", fam,
+                                                                            le="1")

@@ -59,6 +59,7 @@ NOT_RUN = {
         "reset-offsets and --from-file are tested in tests/integration/test_admin.py",
     "$ herd groups history billing --http 127.0.0.1:9404": "sample output",
     "pyproject.toml  Makefile  README.md  Dockerfile  docker-compose.yml  .ci/run": "the layout",
+    "location /herd/ {": "an nginx configuration; the console's relative URLs are tested in tests/console",
     "[Service]": "a systemd unit; the notify protocol is tested in tests/coordinator/test_notify.py",
     "livenessProbe:   {httpGet: {path: /healthz, port: 9404}, periodSeconds: 10, timeoutSeconds: 2}":
         "Kubernetes probes; /healthz and /readyz are tested in tests/integration/test_metrics.py",

@@ -1,0 +1,368 @@
+"""herd against a real Apache Kafka broker: the same loads, in one run, against both.
+
+``python -m bench.vs_kafka [--quick] [--loads commits,rebalance,heartbeats,startup]
+[--commit-procs 1,4] [--commit-duration 5] [--members 50] [--hb-groups 10000] [--hb-members 10]
+[--hb-duration 20] [--startup-offsets 1000000] [--kafka-heap 2g]``
+
+Servers (all on loopback, started and stopped here):
+
+* ``herd``: fsync=always, a commit is acknowledged once it is fdatasynced.
+* ``kafka``: Apache Kafka 4.4.0 (``make reference-deps`` resolves its jars from Maven), KRaft, one
+  node, defaults (``offsets.topic.num.partitions`` 50): a commit is acknowledged once written to the
+  page cache of its one replica, not fsynced.
+* ``kafka-flush``: the same with ``log.flush.interval.messages=1`` (``flush.messages=1`` for every
+  topic, ``__consumer_offsets`` included): every append is flushed to disk before the answer, so it
+  acknowledges only what is on disk, as herd does. Only the commit load runs on it.
+
+Both get ``group.initial.rebalance.delay.ms`` 0 and topic ``bench`` with 100 partitions.
+
+Loads (each row says which server; ratios are herd / kafka, > 1 = herd better, for throughput, and
+kafka / herd for latencies and costs):
+
+* ``commits``: bench.commits' synchronous cell: 1 and 4 confluent-kafka processes, each committing 10
+  partitions per OffsetCommit as fast as it can for ``--commit-duration`` s (commits/s, p50/p99 ms,
+  server CPU µs per commit).
+* ``rebalance``: ``--members`` confluent-kafka members (eager range, session 10 s, heartbeat 1 s) in
+  one group on ``bench``; time to a complete assignment after one member leaves (close()), and after
+  one new member joins; the server's CPU over each rebalance.
+* ``heartbeats``: bench.loadgen: ``--hb-groups`` groups × ``--hb-members`` members join over raw
+  connections, then heartbeat every 3 s for ``--hb-duration`` s: heartbeat p50/p99, errors, server
+  CPU µs per heartbeat and RSS.
+* ``startup``: ``--startup-offsets`` offsets committed over the wire (100 partitions per
+  OffsetCommit, groups of 100 partitions), then the server restarted: seconds from process start
+  until an OffsetFetch of the last group answers its offsets, and RSS after.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from bench import _util as U
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+_now = time.perf_counter
+
+
+# -- servers ------------------------------------------------------------------------------------
+
+class KafkaTarget:
+    def __init__(self, name: str, heap: str, overrides: dict):
+        from tools.kafka_broker import KafkaBroker
+
+        self.name = name
+        self._tmp = tempfile.TemporaryDirectory(prefix=f"bench-{name}-", dir=U.default_tmp_root())
+        base = {"offsets.topic.num.partitions": 50, "group.initial.rebalance.delay.ms": 0,
+                "num.network.threads": 3, "num.io.threads": 8}
+        base.update(overrides)
+        self.broker = KafkaBroker(self._tmp.name, base, heap=heap, start_timeout=180)
+
+    def __enter__(self):
+        self.broker.start()
+        create_topic(self.bootstrap, "bench", 100)
+        return self
+
+    def __exit__(self, *exc):
+        self.broker.__exit__(*exc)
+        self._tmp.cleanup()
+
+    @property
+    def bootstrap(self) -> str:
+        return self.broker.bootstrap
+
+    @property
+    def pid(self) -> int:
+        return self.broker.pid
+
+    def restart(self) -> float:
+        return self.broker.restart()
+
+
+class HerdTarget:
+    name = "herd"
+
+    def __init__(self):
+        self.herd = U.Herd(fsync="always", topics=("bench:100",), initial_rebalance_delay_ms=0,
+                           log_level="warning")
+
+    def __enter__(self):
+        self.herd.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.herd.__exit__(*exc)
+
+    @property
+    def bootstrap(self) -> str:
+        return self.herd.bootstrap
+
+    @property
+    def pid(self) -> int:
+        return self.herd.pid
+
+    def restart(self) -> float:
+        self.herd.stop()
+        t0 = time.monotonic()
+        self.herd.start()
+        return time.monotonic() - t0
+
+
+def create_topic(bootstrap: str, name: str, partitions: int) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+    admin.create_topics([NewTopic(name, partitions, 1)], operation_timeout=30)[name].result(timeout=60)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        md = admin.list_topics(name, timeout=10).topics[name]
+        if md.error is None and len(md.partitions) == partitions and all(
+                p.leader >= 0 for p in md.partitions.values()):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"topic {name} not ready on {bootstrap}")
+
+
+def server_usage(pid: int) -> dict:
+    return {"cpu_ns": U.proc_cpu_ns(pid), "rss_mb": U.proc_rss_bytes(pid) / 2**20}
+
+
+# -- loads --------------------------------------------------------------------------------------
+
+def load_commits(t, args) -> list[dict]:
+    from bench import commits
+
+    cargs = SimpleNamespace(partitions=10, topic="bench", topic_partitions=100, duration=args.commit_duration,
+                            warmup=20, max_commits=10_000_000, outstanding=0)
+    rows = []
+    for procs in args.commit_procs:
+        r = commits.run_cell(t.name, t.bootstrap, t.pid, procs, cargs, 1, "sync")
+        keep = ("target", "procs", "commits", "errors", "commits_per_s", "latency_ms", "server_cpu_us_per_commit")
+        rows.append({k: r[k] for k in keep} | {"server_rss_mb": U.proc_rss_bytes(t.pid) / 2**20})
+        print(f"  {t.name} commits {procs}p: {r['commits_per_s']:.0f}/s p50 {r['latency_ms'].get('p50')}",
+              file=sys.stderr, flush=True)
+    return rows
+
+
+def load_rebalance(t, args) -> dict:
+    from bench.rebalance import Member, wait_complete
+
+    group = f"vs-rebalance-{t.name}-{int(time.time() * 1000) % 10**8}"
+    conf = {"bootstrap.servers": t.bootstrap, "group.id": group, "session.timeout.ms": 10000,
+            "heartbeat.interval.ms": 1000, "partition.assignment.strategy": "range", "enable.auto.commit": False,
+            "socket.nagle.disable": True, "log_level": 3, "max.poll.interval.ms": 300000}
+    members = [Member(i, dict(conf, **{"client.id": f"vs-{i}"}), "bench") for i in range(args.members)]
+    out = {"target": t.name, "members": args.members}
+    extra = None
+    try:
+        t0 = _now()
+        for mb in members:
+            mb.start()
+        got = wait_complete(members, t0, 100, 120, 1.0)
+        out["start_to_stable_s"] = None if got is None else got - t0
+        if got is None:
+            return out
+        live = list(members)
+        victim = live.pop(len(live) // 2)
+        cpu0 = U.proc_cpu_ns(t.pid)
+        victim.stop_requested.set()
+        while victim.close_started is None and victim.is_alive():
+            time.sleep(0.0005)
+        t_leave = victim.close_started or _now()
+        done = wait_complete(live, t_leave, 100, 60, 1.0)
+        out["leave_to_complete_s"] = None if done is None else done - t_leave
+        out["leave_server_cpu_ms"] = (U.proc_cpu_ns(t.pid) - cpu0) / 1e6
+        extra = Member(args.members, dict(conf, **{"client.id": "vs-new"}), "bench")
+        cpu0 = U.proc_cpu_ns(t.pid)
+        t_join = _now()
+        extra.start()
+        done = wait_complete(live + [extra], t_join, 100, 60, 1.0)
+        out["join_to_complete_s"] = None if done is None else done - t_join
+        out["join_server_cpu_ms"] = (U.proc_cpu_ns(t.pid) - cpu0) / 1e6
+        out["server_rss_mb"] = U.proc_rss_bytes(t.pid) / 2**20
+    finally:
+        for mb in members + ([extra] if extra else []):
+            mb.stop_requested.set()
+        for mb in members + ([extra] if extra else []):
+            mb.join(30)
+    print(f"  {t.name} rebalance: leave {out.get('leave_to_complete_s')} join {out.get('join_to_complete_s')}",
+          file=sys.stderr, flush=True)
+    return out
+
+
+def load_heartbeats(t, args) -> dict:
+    from bench.loadgen import LoadGen
+
+    with LoadGen(t.bootstrap, args.hb_groups, args.hb_members, procs=2,
+                 group_prefix=f"vs-hb-{t.name}-{int(time.time()) % 10**6}") as lg:
+        joined = lg.join()
+        cpu0 = U.proc_cpu_ns(t.pid)
+        hb = lg.window(args.hb_duration)
+        cpu = (U.proc_cpu_ns(t.pid) - cpu0) / 1e9
+    out = {"target": t.name, "groups": args.hb_groups, "members": args.hb_members,
+           "join_s": joined.get("seconds") if isinstance(joined, dict) else None,
+           "groups_complete": joined.get("groups_complete") if isinstance(joined, dict) else None,
+           "heartbeats": hb["heartbeats"], "heartbeats_per_s": hb["heartbeats_per_s"],
+           "latency_ms": hb["latency_ms"], "errors": hb["errors"], "members_failed": hb["members_failed"],
+           "unanswered": hb["unanswered"],
+           "server_cpu_us_per_heartbeat": cpu * 1e6 / hb["heartbeats"] if hb["heartbeats"] else None,
+           "server_rss_mb": U.proc_rss_bytes(t.pid) / 2**20}
+    print(f"  {t.name} heartbeats: {out['heartbeats_per_s']:.0f}/s {out['latency_ms']}", file=sys.stderr, flush=True)
+    return out
+
+
+def _commit_offsets(bootstrap: str, n_offsets: int, conns: int = 4, window: int = 32) -> tuple[float, int]:
+    """n_offsets over the wire: groups of 100 partitions of topic bench, one OffsetCommit v8 each,
+    ``window`` requests in flight per connection. Returns (seconds, groups)."""
+    from protocol import messages as m
+    from tools.rawclient import RawClient
+
+    groups = max(1, n_offsets // 100)
+    host, port = bootstrap.split(":")
+    errors = []
+
+    def worker(k: int):
+        with RawClient((host, int(port)), timeout=120) as c:
+            pending = []
+            for g in range(k, groups, conns):
+                req = m.OffsetCommitRequest(group_id=f"vs-start-{g:07d}", generation_id_or_member_epoch=-1, topics=[
+                    m.OffsetCommitRequestTopic(name="bench", partitions=[
+                        m.OffsetCommitRequestPartition(partition_index=p, committed_offset=g + p, committed_metadata="")
+                        for p in range(100)])])
+                pending.append(c.send(req, 8))
+                if len(pending) >= window:
+                    r = c.receive(8, 8, pending.pop(0))
+                    if any(p.error_code for t in r.topics for p in t.partitions):
+                        errors.append(r)
+            for cid in pending:
+                c.receive(8, 8, cid)
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(conns)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    if errors:
+        raise RuntimeError(f"commit errors: {errors[0]}")
+    return time.monotonic() - t0, groups
+
+
+def _fetch_ready(bootstrap: str, group: str, timeout: float = 600) -> float:
+    from protocol import messages as m
+    from tools.rawclient import RawClient
+
+    host, port = bootstrap.split(":")
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        try:
+            with RawClient((host, int(port)), timeout=30) as c:
+                while time.monotonic() - t0 < timeout:
+                    r = c.call(m.OffsetFetchRequest(group_id=group, topics=None), 7)
+                    if r.error_code == 0 and sum(len(t.partitions) for t in r.topics) == 100:
+                        return time.monotonic()
+                    time.sleep(0.05)
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{group} not readable after {timeout}s")
+
+
+def load_startup(t, args) -> dict:
+    cpu0 = U.proc_cpu_ns(t.pid)
+    secs, groups = _commit_offsets(t.bootstrap, args.startup_offsets)
+    commit_cpu = (U.proc_cpu_ns(t.pid) - cpu0) / 1e9
+    t0 = time.monotonic()
+    ready_s = t.restart()
+    served = _fetch_ready(t.bootstrap, f"vs-start-{groups - 1:07d}") - t0
+    out = {"target": t.name, "offsets": groups * 100, "commit_s": secs,
+           "server_cpu_us_per_100_partition_commit": commit_cpu * 1e6 / groups,
+           "restart_to_listening_s": ready_s, "restart_to_offsets_served_s": served,
+           "server_rss_mb_after_start": U.proc_rss_bytes(t.pid) / 2**20}
+    print(f"  {t.name} startup: {out['restart_to_offsets_served_s']:.2f}s", file=sys.stderr, flush=True)
+    return out
+
+
+# -- main ---------------------------------------------------------------------------------------
+
+def ratio(a, b):
+    return None if not a or not b else a / b
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m bench.vs_kafka", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small parameters (a few minutes in all)")
+    ap.add_argument("--loads", default="commits,rebalance,heartbeats,startup")
+    ap.add_argument("--commit-procs", default="1,4")
+    ap.add_argument("--commit-duration", type=float, default=None, help="seconds per cell (default 10, quick 3)")
+    ap.add_argument("--members", type=int, default=50)
+    ap.add_argument("--hb-groups", type=int, default=None, help="default 10000, quick 500")
+    ap.add_argument("--hb-members", type=int, default=10)
+    ap.add_argument("--hb-duration", type=float, default=None, help="default 20, quick 6")
+    ap.add_argument("--startup-offsets", type=int, default=None, help="default 1000000, quick 100000")
+    ap.add_argument("--kafka-heap", default="2g")
+    return ap
+
+
+def main(argv=None):
+    args = U.parse(build_parser(), argv)
+    q = args.quick
+    args.commit_procs = [int(x) for x in str(args.commit_procs).split(",") if x]
+    args.commit_duration = args.commit_duration or (3 if q else 10)
+    args.hb_groups = args.hb_groups or (500 if q else 10000)
+    args.hb_duration = args.hb_duration or (6 if q else 20)
+    args.startup_offsets = args.startup_offsets or (100_000 if q else 1_000_000)
+    loads = [x for x in args.loads.split(",") if x]
+    env = U.environment()
+    runs: dict[str, dict] = {}
+    targets = [("herd", HerdTarget, ()), ("kafka", KafkaTarget, ("kafka", args.kafka_heap, {})),
+               ("kafka-flush", KafkaTarget, ("kafka-flush", args.kafka_heap, {"log.flush.interval.messages": 1}))]
+    for name, cls, cargs in targets:
+        these = ["commits"] if name == "kafka-flush" else loads
+        these = [x for x in these if x in loads]
+        if not these:
+            continue
+        with cls(*cargs) as t:
+            r = runs[name] = {"idle_rss_mb": U.proc_rss_bytes(t.pid) / 2**20}
+            for load in these:
+                r[load] = globals()[f"load_{load}"](t, args)
+    # ratios: herd against each Kafka
+    ratios = {}
+    h = runs.get("herd", {})
+    for kname in ("kafka", "kafka-flush"):
+        k = runs.get(kname, {})
+        rr = {}
+        for hc, kc in zip(h.get("commits", []), k.get("commits", []), strict=False):
+            rr[f"commits_{hc['procs']}p_per_s"] = ratio(hc["commits_per_s"], kc["commits_per_s"])
+            rr[f"commits_{hc['procs']}p_p99"] = ratio(kc["latency_ms"].get("p99"), hc["latency_ms"].get("p99"))
+            rr[f"commits_{hc['procs']}p_cpu"] = ratio(kc["server_cpu_us_per_commit"], hc["server_cpu_us_per_commit"])
+        if "rebalance" in h and "rebalance" in k:
+            for x in ("leave_to_complete_s", "join_to_complete_s", "leave_server_cpu_ms", "join_server_cpu_ms"):
+                rr[f"rebalance_{x}"] = ratio(k["rebalance"].get(x), h["rebalance"].get(x))
+        if "heartbeats" in h and "heartbeats" in k:
+            for p in ("p50", "p99"):
+                rr[f"heartbeat_{p}"] = ratio(k["heartbeats"]["latency_ms"].get(p), h["heartbeats"]["latency_ms"].get(p))
+            kh, hh = k["heartbeats"], h["heartbeats"]
+            rr["heartbeat_cpu"] = ratio(kh["server_cpu_us_per_heartbeat"], hh["server_cpu_us_per_heartbeat"])
+            rr["heartbeat_rss"] = ratio(kh["server_rss_mb"], hh["server_rss_mb"])
+        if "startup" in h and "startup" in k:
+            rr["startup_offsets_served"] = ratio(k["startup"]["restart_to_offsets_served_s"],
+                                                 h["startup"]["restart_to_offsets_served_s"])
+            rr["startup_rss"] = ratio(k["startup"]["server_rss_mb_after_start"],
+                                      h["startup"]["server_rss_mb_after_start"])
+        if rr:
+            ratios[f"herd_vs_{kname}"] = rr
+    result = {"benchmark": "vs_kafka", **env, "data_filesystem": U.filesystem_of(U.default_tmp_root()),
+              "clients": U.client_versions(), "kafka_version": "4.4.0",
+              "params": {k: v for k, v in vars(args).items()}, "runs": runs,
+              "ratios (>1: herd better)": ratios}
+    return U.emit(result)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
