@@ -9,7 +9,13 @@ instead of keeping it down until a restart), :class:`OwnershipLostError` is a
 """
 from __future__ import annotations
 
+import asyncpg
+
 from coordinator.store import ShardFailedError, ShardFencedError
+
+# What a database call can raise when the database, the connection or the driver's state is not
+# well (asyncpg's InternalClientError, "another operation is in progress", is not an InterfaceError)
+DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, OSError, TimeoutError)
 
 
 class ClusterError(Exception):

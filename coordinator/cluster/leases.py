@@ -50,7 +50,7 @@ import structlog
 from coordinator.clock import Clock, SystemClock
 from coordinator.cluster import placement
 from coordinator.cluster.db import connect
-from coordinator.cluster.errors import ClusterError, DuplicateNodeError
+from coordinator.cluster.errors import DB_ERRORS, ClusterError, DuplicateNodeError
 from coordinator.cluster.url import PgURL
 
 log = structlog.get_logger("herd.leases")
@@ -189,7 +189,7 @@ class LeaseManager:
             await conn.execute("DELETE FROM herd_nodes WHERE node_id = $1 AND incarnation = $2",
                                self.node_id, self.incarnation, timeout=self._timeout)
             await self._notify()
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError, ClusterError) as exc:
+        except (*DB_ERRORS, ClusterError) as exc:
             log.warning("leases.stop_failed", error=str(exc))  # the leases lapse on their own
         await self._close_conn()
 
@@ -275,7 +275,12 @@ class LeaseManager:
             if self.clock.monotonic_ms() >= next_tick or self._wake.is_set() or lapsed:
                 self._wake.clear()
                 next_tick = self.clock.monotonic_ms() + self.table.renew_every_ms
-                await self.tick()
+                try:
+                    await self.tick()
+                except Exception as exc:  # noqa: BLE001 - never let the loop die: renewals must go on
+                    self.failed_ticks += 1
+                    log.warning("leases.tick_error", error=f"{type(exc).__name__}: {exc}")
+                    await self._close_conn()
 
     def _fence(self) -> None:
         for shard in self.table.expired(self.clock.monotonic_ms()):
@@ -328,7 +333,7 @@ class LeaseManager:
                 await self._register(0)
             nodes = await conn.fetch(VIEW_NODES_SQL, timeout=self._timeout)
             rows = await conn.fetch(VIEW_LEASES_SQL, timeout=self._timeout)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError, ClusterError) as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure of a round: the next one starts afresh
             self.failed_ticks += 1
             log.warning("leases.tick_failed", error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             await self._close_conn()
@@ -400,7 +405,7 @@ class LeaseManager:
             await self._conn.fetch(RELEASE_SQL, shards, [held[s] for s in shards], self.node_id,
                                    timeout=self._timeout)
             await self._notify()
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+        except DB_ERRORS as exc:
             log.warning("leases.release_failed", shards=shards, error=str(exc))  # they lapse on their own
         log.info("leases.released", shards=shards, node_id=self.node_id)
 
@@ -420,7 +425,7 @@ class LeaseManager:
         try:
             rows = await self._conn.fetch(ACQUIRE_SQL, list(shards), self.node_id, self.incarnation, self.lease_ms,
                                           timeout=self._timeout)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+        except DB_ERRORS as exc:
             log.warning("leases.acquire_failed", shards=list(shards), error=str(exc))
             await self._close_conn()
             return
@@ -467,7 +472,7 @@ class LeaseManager:
         self._wake.set()
 
     async def _notify(self) -> None:
-        with contextlib.suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError):
+        with contextlib.suppress(*DB_ERRORS):
             await self._conn.execute(f"NOTIFY {CHANNEL}, '{self.node_id}'", timeout=self._timeout)
 
     async def _register(self, wait_ms: int) -> None:

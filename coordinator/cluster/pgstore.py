@@ -48,7 +48,7 @@ import asyncpg
 import structlog
 
 from coordinator.cluster.db import connect
-from coordinator.cluster.errors import ClusterError, OwnershipLostError, StoreUnavailableError
+from coordinator.cluster.errors import DB_ERRORS, ClusterError, OwnershipLostError, StoreUnavailableError
 from coordinator.cluster.schema import SchemaInfo, ensure_schema
 from coordinator.cluster.url import PgURL
 from coordinator.store import FSYNC_BUCKETS, ShardStats, Store
@@ -212,7 +212,7 @@ class PgStore(Store):
                         raise OwnershipLostError(shard_id, epoch, f"shard {shard_id}: cannot load with epoch "
                                                  f"{epoch}: the lease is not this node's with that epoch")
                     rows = await conn.fetch(LOAD_SQL, shard_id, timeout=self.txn_timeout_s)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+        except DB_ERRORS as exc:
             raise StoreUnavailableError(f"shard {shard_id}: load failed: {_describe(exc)}", shard_id) from None
         st.epoch = epoch
         st.failed = None
@@ -276,7 +276,7 @@ class PgStore(Store):
         try:
             async with self._pool.acquire(timeout=self.txn_timeout_s) as conn:
                 return await fn(conn)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+        except DB_ERRORS as exc:
             raise StoreUnavailableError(f"{what}: {_describe(exc)}") from None
 
     def stats(self) -> list[ShardStats]:
@@ -381,7 +381,7 @@ class PgStore(Store):
                 self._wconn = conn = await self._connect_writer()
             rows = await conn.fetch(WRITE_SQL, shards, epochs, self.node_id, up_s, up_k, up_v, up_q, del_s, del_k,
                                     timeout=self.txn_timeout_s * 1.5 + 0.5)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError, ClusterError) as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever failed, the batch failed and the connection goes
             self.failed_transactions += 1
             self._drop_connection()
             reason = _describe(exc)

@@ -344,3 +344,44 @@ async def test_catalog_and_loads_fail_as_unavailable_when_the_database_is_down(p
         assert await a.load(0, epoch) == []
     finally:
         await a.close()
+
+
+async def test_any_driver_failure_fails_the_batch_and_the_next_one_uses_a_new_connection(pg, admin):
+    """asyncpg's InternalClientError ("another operation is in progress") is neither a PostgresError
+    nor an InterfaceError: it killed the writer task once, leaving every later commit of its shards
+    unanswered. Any failure of the write statement fails the batch (reported) and drops the
+    connection."""
+    a = await new_store(pg, node=1)
+    heard = Heard(a)
+    try:
+        epoch = await take(admin, 2, 1)
+        await a.load(2, epoch)
+        a.submit(2, [(b"k", b"v1")])
+        a.flush()
+        await a.drain()
+        real = a._wconn
+
+        class Broken:  # the writer's connection in a state the driver refuses to use
+            def is_closed(self):
+                return False
+
+            async def fetch(self, *args, **kw):
+                raise asyncpg.InternalClientError("cannot switch to state 12; another operation (2) is in progress")
+
+            def terminate(self):
+                real.terminate()
+
+        a._wconn = Broken()
+        a.submit(2, [(b"k", b"v2")])
+        a.flush()
+        await asyncio.wait_for(a.drain(), 5)
+        (seq, exc), = heard.of(2)[1:]
+        assert seq == 2 and isinstance(exc, StoreUnavailableError) and "InternalClientError" in str(exc)
+        assert a._wconn is None and a.failed_transactions == 1
+        await a.load(2, epoch)
+        a.submit(2, [(b"k", b"v3")])
+        a.flush()
+        await asyncio.wait_for(a.drain(), 5)
+        assert heard.of(2)[-1] == (3, None) and await records(admin, 2) == [(b"k", b"v3")]
+    finally:
+        await a.close()
