@@ -125,6 +125,8 @@ class Runtime:
         self.config = config
         self.groups = groups
         self.catalog = catalog
+        if hasattr(groups, "set_topics"):
+            groups.set_topics(catalog)  # consumer groups assign the catalog's topics (by topic id)
         self.store = store
         self.clock = clock if clock is not None else SystemClock()
         self.metrics = metrics
@@ -242,7 +244,13 @@ class Runtime:
         writes = self.catalog.configured_topics()
         if writes:
             self.apply(Result(writes, []), _catalog_failure)
+        self._topics_changed()  # also when nothing changed now: the catalog may have moved since
         self.arm(force=True)
+
+    def _topics_changed(self) -> None:
+        """Topics were created or grown: consumer groups subscribed to them get a new epoch."""
+        clock = self.clock
+        self.apply(self.groups.topics_changed(clock.monotonic_ms(), clock.wall_ms()))
 
     # ---- requests ----------------------------------------------------------------------------
 
@@ -267,7 +275,11 @@ class Runtime:
             else:
                 token.reply(resp)
             return
-        self.apply(self.catalog.handle(api_key, version, request, token), _catalog_failure)
+        result = self.catalog.handle(api_key, version, request, token)
+        self.apply(result, _catalog_failure)
+        if result.writes:  # a topic created (CreateTopics, or Metadata's auto-creation)
+            self._topics_changed()
+            self.arm()
 
     def heartbeat(self, version: int, request) -> int:
         """Heartbeat's one path (the edge answers it in place with cached bytes): it writes
