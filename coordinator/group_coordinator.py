@@ -29,8 +29,8 @@ import uuid
 
 from coordinator import records
 from coordinator.config import Config
-from coordinator.consumer import validate_offset_fetch
 from coordinator.consumer import records as consumer_records
+from coordinator.consumer import validate_offset_fetch
 from coordinator.consumer.group import MEMBER_STATES
 from coordinator.group import STATES, Group
 from coordinator.partitioning import shard_for as _shard_for

@@ -205,6 +205,14 @@ class Shard(ClassicGroups, Offsets, ConsumerProtocol):
                 # a "simple" group rebuilt from offsets replayed before the consumer group's
                 # records (a compacted log): the consumer group replaced it when it was made
                 self._remove_group(gid)
+        for gid, topics in self.offsets.items():
+            if gid not in self.groups and gid not in self.consumer.groups:
+                # offsets whose group gave way to another type that is gone since (an Empty
+                # consumer group deleted by a classic JoinGroup that never completed): a "simple"
+                # group keeps them reachable, as their replay would have made it
+                some = next(iter(next(iter(topics.values())).values()))
+                self.groups[gid] = Group(gid, state_wall_ms=records.offset_value_times(some)[0],
+                                         history_size=self.config.rebalance_history_size)
         self.consumer.on_loaded(now)
         for group in list(self.groups.values()):
             for m in group.members.values():
