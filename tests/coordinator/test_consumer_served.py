@@ -13,13 +13,13 @@ from protocol import errors as E
 from protocol import messages as m
 from tests.coordinator.test_group_harness import (
     COMMIT,
+    DEFAULT_PROTOCOLS,
     DELETE,
     DESCRIBE,
     FETCH,
     JOIN,
     LIST,
     ODELETE,
-    DEFAULT_PROTOCOLS,
     Harness,
 )
 
