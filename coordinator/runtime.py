@@ -53,14 +53,17 @@ from coordinator.responses import error_response
 from coordinator.result import Result
 from coordinator.store import ShardFencedError
 from coordinator.versions import (
+    CREATE_TOPICS,
     FETCH,
     GROUP_APIS,
+    METADATA,
 )
 from protocol import errors as E
 
 log = logging_setup.get("herd.runtime")
 
 FETCH_WAIT_CAP_MS = 30_000
+_CATALOG_WRITES = frozenset({METADATA, CREATE_TOPICS})  # may create topics: refused while closing
 # Records replayed between two turns of the event loop at start-up (~30 ms of replay): /healthz and
 # the signal handlers are answered during a replay of any length.
 REPLAY_STEP = 20_000
@@ -258,9 +261,11 @@ class Runtime:
         """Handle one request (any but Heartbeat, see :meth:`heartbeat`): its answer goes to
         ``token`` now, or once what it depends on is durable (``token.hold()`` first), or later
         (parked)."""
-        if self._closing:
+        if self._closing and (api_key in GROUP_APIS or api_key in _CATALOG_WRITES):
             token.reply(error_response(api_key, version, request, E.NOT_COORDINATOR))
             return
+        # while closing, the catalog's reads (FindCoordinator, ListOffsets, Fetch, DescribeCluster)
+        # are answered as usual: they write nothing (they have no NOT_COORDINATOR answer of their own)
         if api_key in GROUP_APIS:
             clock = self.clock
             self.apply(self.groups.handle(api_key, version, request, token, clock.monotonic_ms(), clock.wall_ms(),
