@@ -290,6 +290,30 @@ class Offsets:
                 self._write_group_tombstone(out, gid)
                 self._count("groups_expired")
                 groups_gone += 1
+        # consumer groups (Kafka's ConsumerGroup.offsetExpirationCondition): by commit time, never
+        # a topic its members subscribe to; an Empty one left with no offsets is deleted
+        for gid, cgroup in list(self.consumer.groups.items()):
+            stored = self.offsets.get(gid)
+            subscribed = _SubscribedTopics(cgroup)
+            all_gone = True
+            for topic, parts in list((stored or {}).items()):
+                if subscribed.is_subscribed_to_topic(topic):
+                    all_gone = False
+                    continue
+                for p, v in list(parts.items()):
+                    commit_ts, expire_ts = records.offset_value_times(v)
+                    if (wall >= expire_ts) if expire_ts != -1 else (wall - commit_ts >= retention):
+                        self._delete_offset(out, gid, topic, p)
+                        expired += 1
+                    else:
+                        all_gone = False
+            if all_gone and not cgroup.members:
+                recs, err = self.consumer.delete_group(gid)
+                if err == _NONE:
+                    self._consumer_writes(out, recs)
+                    self.consumer_history.pop(gid, None)
+                    self._count("groups_expired")
+                    groups_gone += 1
         if expired:
             self._count("offsets_expired", expired)
         if expired or groups_gone:

@@ -277,3 +277,24 @@ def test_a_topic_growing_bumps_the_epoch_and_the_member_gets_the_new_partitions(
     r = beat(h, "g", a.member_id, a.member_epoch, owned_of(a))
     assert owned_of(r) == {T: set(range(6))}
     assert "subscribed topic metadata changed" in h.gc.group_history("g")[-1]["reason"]
+
+
+def test_consumer_group_offsets_expire_by_commit_time_except_subscribed_topics_and_the_empty_group_goes():
+    h = harness(offsets_retention_minutes=1, offsets_retention_check_interval_ms=10_000)
+    a = join(h)
+    r = h.call(COMMIT, 9, m.OffsetCommitRequest(
+        group_id="g", generation_id_or_member_epoch=a.member_epoch, member_id=a.member_id, topics=[
+            m.OffsetCommitRequestTopic("t", [m.OffsetCommitRequestPartition(0, 3)]),
+            m.OffsetCommitRequestTopic("u", [m.OffsetCommitRequestPartition(0, 4)])]))
+    assert all(p.error_code == 0 for t in r.topics for p in t.partitions)
+    # the member keeps heartbeating for two minutes: u (not subscribed) expires, t stays
+    st = {a.member_id: [a.member_epoch, owned_of(a)]}
+    for _ in range(240):
+        h.advance(500)
+        beat(h, "g", a.member_id, st[a.member_id][0], st[a.member_id][1])
+    assert set(h.gc.group_offsets("g")) == {"t"}
+    # it leaves: once t's offset is past retention too, the Empty group is deleted
+    h.call(CGHB, 1, m.ConsumerGroupHeartbeatRequest(group_id="g", member_id=a.member_id, member_epoch=-1))
+    h.advance(20_000)
+    assert h.gc.group_offsets("g") == {} and h.gc.describe_group("g") is None
+    assert h.gc.stats["groups_expired"] == 1
