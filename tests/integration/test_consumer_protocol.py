@@ -38,8 +38,23 @@ def _daemon_args():
 
 @pytest.fixture(scope="module")
 def herd(tmp_path_factory):
-    with Daemon(tmp_path_factory.mktemp("kip848") / "data", *_daemon_args()) as d:
+    with Daemon(tmp_path_factory.mktemp("kip848") / "data", *_daemon_args(), "--metrics-port", "0") as d:
         yield d
+
+
+def _http_get(d: Daemon, path: str) -> str:
+    import json
+    import urllib.request
+
+    port = None
+    end = time.monotonic() + 10
+    while port is None and time.monotonic() < end:
+        for line in d.logs().splitlines():
+            if '"metrics listening"' in line:
+                port = json.loads(line)["port"]
+        time.sleep(0.02)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+        return r.read().decode()
 
 
 def consumer_config(bootstrap, group, **extra):
@@ -302,3 +317,35 @@ def test_herd_restarted_mid_group_and_the_group_resumes(tmp_path):
             ms.close_all()
     assert "Traceback" not in d.logs()
 
+
+
+def test_metrics_count_consumer_heartbeats_and_the_flight_recorder_says_why_epochs_moved(herd):
+    import json
+
+    def heartbeats():
+        for line in _http_get(herd, "/metrics").splitlines():
+            if line.startswith("herd_consumer_heartbeats_total "):
+                return float(line.split()[1])
+        raise AssertionError("no herd_consumer_heartbeats_total")
+
+    first = heartbeats()
+    ms = Members(herd.bootstrap, "g-metrics", "c")
+    try:
+        ms.add("p")
+        ms.wait(lambda: ms.owned["p"] == {0, 1, 2, 3}, 30, "one member")
+        ms.add("q")
+        ms.wait(lambda: ms.balanced(4) and len(ms.owned["q"]) == 2, 30, "two members")
+        ms.poll(3 * HEARTBEAT_MS / 1000)
+        assert heartbeats() >= first + 6  # joins and a few heartbeats each
+        text = _http_get(herd, "/metrics")
+        assert 'herd_consumer_groups{state="Stable"}' in text
+        history = json.loads(_http_get(herd, "/groups/g-metrics/history"))
+        reasons = [e["reason"] for e in history]
+        assert sum("joined" in r for r in reasons) == 2, history
+        epochs = [e["group_epoch"] for e in history]
+        assert epochs == sorted(epochs) and epochs[-1] >= 2
+        assert all(e["wall_ms"] > 0 for e in history)
+        groups = {g["group_id"]: g for g in json.loads(_http_get(herd, "/groups"))}
+        assert groups["g-metrics"]["type"] == "consumer" and groups["g-metrics"]["members"] == 2
+    finally:
+        ms.close_all()
