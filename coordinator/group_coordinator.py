@@ -148,17 +148,10 @@ class GroupCoordinator:
 
     def replay(self, shard_id: int, key: bytes, value: bytes | None) -> None:
         """Apply one record read back from shard ``shard_id``'s log. Record types this coordinator
-        does not own (KIP-848/share/streams groups) are skipped and counted in
+        does not own (share/streams groups) are skipped and counted in
         ``skipped_records``; undecodable bytes raise :class:`coordinator.records.RecordError`."""
         if not 0 <= shard_id < self._n:
             raise ValueError(f"shard {shard_id} out of range (offsets_partitions={self._n})")
-        if consumer_records.is_consumer_record(key):  # KIP-848 consumer group records (types 3-8)
-            gid = consumer_records.decode(key, None)[1]
-            owner = _shard_for(gid, self._n)
-            if owner != shard_id:
-                self.misplaced_records += 1
-            self.shards[owner].consumer.replay(key, value)
-            return
         plain = records.plain_offset_commit(key, value)
         if plain is not None:
             # the record herd writes for nearly every commit: the value is kept as it is, and the
@@ -171,6 +164,13 @@ class GroupCoordinator:
                     self.misplaced_records += 1
                 self.shards[owner]._apply_offset(gid, topic, partition, value)
                 return
+        if consumer_records.is_consumer_record(key):  # KIP-848 consumer group records (types 3-8)
+            gid = consumer_records.decode(key, None)[1]
+            owner = _shard_for(gid, self._n)
+            if owner != shard_id:
+                self.misplaced_records += 1
+            self.shards[owner].consumer.replay(key, value)
+            return
         rtype, key_obj = records.decode_key(key)
         if key_obj is None:
             self.skipped_records += 1
