@@ -196,6 +196,8 @@ class Runtime:
             try:
                 next(steps)
             except StopIteration as done:
+                if self.loop is not None:  # the catalog may have moved while another node had it
+                    self._topics_changed()
                 return done.value["records"]
             await asyncio.sleep(0)
 
