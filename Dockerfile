@@ -10,6 +10,8 @@ COPY pyproject.toml README.md ./
 COPY protocol ./protocol
 COPY coordinator ./coordinator
 COPY client ./client
+COPY admin ./admin
+COPY herd_cli.py ./
 COPY tools ./tools
 RUN pip install -q . \
     && useradd --system --uid 10001 --no-create-home herd \

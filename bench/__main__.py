@@ -23,6 +23,9 @@ def discover() -> list[str]:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__.strip(), "\n\nBenchmarks (`python -m bench.NAME --help` for one): " + " ".join(discover()))
+        return 0
     names = argv or discover()
     failed = []
     ran = 0

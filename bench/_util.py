@@ -1,17 +1,17 @@
 """Shared helpers for the benchmarks (not a benchmark itself: the name starts with ``_``).
 
 * :func:`environment` — date, machine, python, git revision: every JSON result carries it.
-* :class:`Herd` / :class:`Mock` — start the herd daemon / librdkafka's mock cluster as subprocesses
-  in their own process group on 127.0.0.1 and always stop them (SIGTERM, then SIGKILL of the group).
-  Both also get ``PR_SET_PDEATHSIG`` so they die with the benchmark even if it is killed hard.
+* :class:`Herd` / :class:`Mock` — start the herd daemon (the tests' launcher, ``tools/daemon.py``,
+  with the benchmarks' defaults) / librdkafka's mock cluster as subprocesses in their own process
+  group on 127.0.0.1 and always stop them (SIGTERM, then SIGKILL of the group). Both also get
+  ``PR_SET_PDEATHSIG`` so they die with the benchmark even if it is killed hard.
 * ``/proc`` readers: process CPU (per thread, ns resolution from ``schedstat``), RSS.
 * :func:`percentiles`, :func:`emit` (one JSON object on stdout, a short table on stderr).
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
+import argparse
 import datetime as _dt
 import json
 import os
@@ -23,6 +23,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from tools.daemon import Daemon, die_with_parent, stop_process_group
 
 REPO = Path(__file__).resolve().parents[1]
 MOCK_TOOL = REPO.parent / "shared" / "tools" / "mock_cluster.py"
@@ -263,226 +265,16 @@ def self_cpu_seconds() -> float:
 # ---- subprocess handling ----------------------------------------------------------------------
 
 
-def _die_with_parent():
-    """preexec_fn: SIGTERM this child when the benchmark process dies (Linux prctl)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+class Herd(Daemon):
+    """The one launcher (``tools/daemon.py``) with the benchmarks' defaults: ``with Herd(fsync="always")
+    as h: h.bootstrap, h.pid``. Its own session, dies with the benchmark, stopped with its process
+    group; a ``bench:100`` topic, INFO logs, data in a temp dir under ``default_tmp_root()`` unless
+    ``data_dir`` is given; ``wrap`` (e.g. py-spy) keeps ``pid`` the daemon's own."""
 
-
-def stop_process_group(proc: subprocess.Popen, timeout: float = 15.0) -> int | None:
-    """SIGTERM the child's process group, wait, then SIGKILL the group. Returns the exit code."""
-    if proc is None:
-        return None
-    try:
-        pgid = os.getpgid(proc.pid)
-    except ProcessLookupError:
-        pgid = None
-    if proc.poll() is None and pgid is not None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            pass
-    if pgid is not None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)  # stragglers (e.g. a py-spy wrapper's child)
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait(10)
-    return proc.returncode
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    except OSError:
-        return []
-    return [int(x) for x in text.split()]
-
-
-class Herd:
-    """``with Herd(fsync="always") as h: h.bootstrap, h.pid`` — a herd daemon on 127.0.0.1, port 0.
-
-    ``data_dir``: reuse a directory (default: a fresh temp dir under ``tmp_root``, removed at exit).
-    ``wrap``: a command prefix, e.g. ``["py-spy", "record", ..., "--"]``; ``pid`` is then the
-    daemon's own pid (the wrapper's child), so CPU readings stay the daemon's."""
-
-    def __init__(
-        self,
-        *,
-        fsync: str = "always",
-        topics=("bench:100",),
-        data_dir=None,
-        tmp_root=None,
-        initial_rebalance_delay_ms: int = 0,
-        extra_args=(),
-        log_level: str = "info",
-        wrap=None,
-        start_timeout: float = 120.0,
-        keep_data: bool = False,
-    ):
-        self.fsync = fsync
-        self.topics = list(topics)
-        self.initial_rebalance_delay_ms = initial_rebalance_delay_ms
-        self.extra_args = [str(a) for a in extra_args]
-        self.log_level = log_level
-        self.wrap = list(wrap or [])
-        self.start_timeout = start_timeout
-        self.keep_data = keep_data or data_dir is not None
-        self._tmp = None
-        if data_dir is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="herd-bench-", dir=tmp_root or default_tmp_root())
-            data_dir = Path(self._tmp.name) / "data"
-        self.data_dir = Path(data_dir)
-        self.port_file = self.data_dir.parent / f"{self.data_dir.name}.port"
-        self.log_path = self.data_dir.parent / f"{self.data_dir.name}.herd.log"
-        self.proc: subprocess.Popen | None = None
-        self.pid: int | None = None
-        self.port: int | None = None
-        self.start_seconds: float | None = None
-        self._log = None
-
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def command(self) -> list[str]:
-        cmd = [
-            sys.executable,
-            "-m",
-            "coordinator",
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--data-dir",
-            str(self.data_dir),
-            "--port-file",
-            str(self.port_file),
-            "--initial-rebalance-delay-ms",
-            str(self.initial_rebalance_delay_ms),
-            "--fsync",
-            self.fsync,
-            "--log-format",
-            "json",
-            "--log-level",
-            self.log_level,
-        ]
-        for t in self.topics:
-            cmd += ["--topic", t]
-        return self.wrap + cmd + self.extra_args
-
-    def start(self) -> Herd:
-        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
-        if self.port_file.exists():
-            self.port_file.unlink()
-        env = dict(os.environ)
-        for k in list(env):
-            if k.startswith("HERD_"):
-                env.pop(k)
-        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-        self._log = open(self.log_path, "ab")
-        started = time.perf_counter()
-        self.proc = subprocess.Popen(
-            self.command(),
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            cwd=str(REPO),
-            env=env,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
-        )
-        deadline = time.monotonic() + self.start_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"herd exited with {self.proc.returncode} during start-up:\n{self.logs()[-3000:]}")
-            if self.port_file.exists():
-                text = self.port_file.read_text().strip()
-                if text:
-                    self.start_seconds = time.perf_counter() - started
-                    self.port = int(text)
-                    break
-            time.sleep(0.005)
-        else:
-            self.stop()
-            raise RuntimeError(f"herd did not start within {self.start_timeout}s:\n{self.logs()[-3000:]}")
-        self.pid = self.proc.pid
-        if self.wrap:  # the daemon is the wrapper's child
-            for _ in range(200):
-                kids = _children(self.proc.pid)
-                if kids:
-                    self.pid = kids[0]
-                    break
-                time.sleep(0.01)
-        return self
-
-    def logs(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def log_events(self, event: str) -> list[dict]:
-        out = []
-        for line in self.logs().splitlines():
-            if f'"{event}"' not in line:
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                continue
-            if obj.get("event") == event:
-                out.append(obj)
-        return out
-
-    def stop(self) -> int | None:
-        code = None
-        try:
-            if self.proc is not None:
-                if self.wrap and self.pid and self.pid != self.proc.pid:
-                    # stop the daemon first so the wrapper (py-spy) can write its output
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(self.pid, signal.SIGTERM)
-                    try:
-                        self.proc.wait(60)
-                    except subprocess.TimeoutExpired:
-                        pass
-                code = stop_process_group(self.proc)
-        finally:
-            if self._log is not None:
-                self._log.close()
-                self._log = None
-        return code
-
-    def cleanup(self) -> None:
-        keep = os.environ.get("HERD_BENCH_LOGS")  # a directory to copy daemon logs into
-        if keep and self.log_path.exists():
-            import shutil
-
-            Path(keep).mkdir(parents=True, exist_ok=True)
-            shutil.copy(self.log_path, Path(keep) / f"herd-{self.pid}.log")
-        if self._tmp is not None and not self.keep_data:
-            self._tmp.cleanup()
-            self._tmp = None
-
-    def __enter__(self):
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            self.cleanup()
-            raise
-
-    def __exit__(self, *exc):
-        try:
-            self.stop()
-        finally:
-            self.cleanup()
+    def __init__(self, *, topics=("bench:100",), log_level: str = "info", start_timeout: float = 120.0,
+                 tmp_root=None, **kw):
+        super().__init__(topics=topics, log_level=log_level, start_timeout=start_timeout, isolate=True,
+                         tmp_root=tmp_root or default_tmp_root(), **kw)
 
 
 class Mock:
@@ -523,7 +315,7 @@ class Mock:
             stderr=subprocess.DEVNULL,
             text=True,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
         self.pid = self.proc.pid
         ready, _, _ = select.select([self.proc.stdout], [], [], self.start_timeout)
@@ -624,7 +416,7 @@ class PySpy:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
         time.sleep(0.5)  # let it attach
         return self
@@ -752,9 +544,22 @@ def quick_from_env() -> bool:
     return os.environ.get("HERD_BENCH_QUICK", "") not in ("", "0", "false", "no")
 
 
-def parse(parser, argv):
+def arg_parser(prog: str, description: str, quick: str) -> argparse.ArgumentParser:
+    """Where every benchmark's parser starts: ``python -m bench.NAME``, its description, and
+    ``--quick`` (``quick`` says what it shortens)."""
+    ap = argparse.ArgumentParser(prog=f"python -m {prog}", description=description)
+    ap.add_argument("--quick", action="store_true", help=quick)
+    return ap
+
+
+def parse(parser, argv, sized: dict | None = None):
     """Parse ``argv`` (None: defaults, as when ``python -m bench`` calls ``main()``), applying
-    ``HERD_BENCH_QUICK`` when no argv is given."""
+    ``HERD_BENCH_QUICK`` when no argv is given. ``sized``: ``{dest: (quick, full)}``, the value an
+    option left unset (None) takes with and without ``--quick``."""
     if argv is None:
         argv = ["--quick"] if quick_from_env() else []
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    for dest, (quick, full) in (sized or {}).items():
+        if getattr(args, dest) is None:
+            setattr(args, dest, quick if args.quick else full)
+    return args

@@ -26,7 +26,6 @@ ordering, fault injection), not here.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import signal
@@ -37,7 +36,7 @@ from pathlib import Path
 
 from bench import _util as U
 from protocol import messages as m
-from tests.support.kafka import RawClient
+from tools.rawclient import RawClient
 
 TOPICS = ("orders", "clicks", "payments")
 
@@ -207,10 +206,6 @@ class ChaosHerd(U.Herd):
             self.proc.wait(10)
         self.stop()  # closes the log handle; nothing left to signal
 
-    @property
-    def address(self):
-        return ("127.0.0.1", self.port)
-
 
 def run(cycles: int = 20, *, groups: int = 64, writers: int = 4, partitions: int = 4,
         kill_after=(0.3, 1.2), seed: int | None = None, data_dir=None, offsets_partitions: int = 50,
@@ -304,8 +299,7 @@ def run(cycles: int = 20, *, groups: int = 64, writers: int = 4, partitions: int
 
 
 def build_parser():
-    ap = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="3 cycles")
+    ap = U.arg_parser("bench.chaos", __doc__.split("\n")[0], "3 cycles")
     ap.add_argument("--cycles", type=int, default=None, help="kill/restart cycles (default 20)")
     ap.add_argument("--groups", type=int, default=64)
     ap.add_argument("--writers", type=int, default=4)
@@ -316,8 +310,8 @@ def build_parser():
 
 
 def main(argv=None):
-    args = U.parse(build_parser(), argv)
-    cycles = args.cycles if args.cycles is not None else (3 if args.quick else 20)
+    args = U.parse(build_parser(), argv, sized={"cycles": (3, 20)})
+    cycles = args.cycles
     lo, hi = (float(x) for x in args.kill_after.split(","))
     res = run(cycles, groups=args.groups, writers=args.writers, partitions=args.partitions,
               kill_after=(lo, hi), seed=args.seed, progress=lambda s: print(s, file=sys.stderr, flush=True))

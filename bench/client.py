@@ -361,7 +361,7 @@ class Child:
         env["PYTHONPATH"] = str(U.REPO) + os.pathsep + env.get("PYTHONPATH", "")
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            cwd=str(U.REPO), env=env, start_new_session=True, preexec_fn=U._die_with_parent,
+            cwd=str(U.REPO), env=env, start_new_session=True, preexec_fn=U.die_with_parent,
         )
 
     def read(self, timeout: float) -> dict:
@@ -483,8 +483,7 @@ def versions() -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m bench.client", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="10 members, 8 s idle window (< 60 s in all)")
+    ap = U.arg_parser("bench.client", __doc__.split("\n\n")[0], "10 members, 8 s idle window (< 60 s in all)")
     ap.add_argument("--members", type=int, default=None, help="members per library (default 50, quick 10)")
     ap.add_argument("--idle-s", type=float, default=None, help="idle CPU window (default 20, quick 8)")
     ap.add_argument("--libs", default=",".join(LIBS))
@@ -509,13 +508,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None):
-    args = U.parse(build_parser(), argv)
-    if args.members is None:
-        args.members = 10 if args.quick else 50
-    if args.idle_s is None:
-        args.idle_s = 8.0 if args.quick else 20.0
-    if args.settle is None:
-        args.settle = 0.5 if args.quick else 1.0
+    args = U.parse(build_parser(), argv, sized={"members": (10, 50), "idle_s": (8.0, 20.0), "settle": (0.5, 1.0)})
     if args.child:
         child_main(args)
         return

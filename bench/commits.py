@@ -230,8 +230,7 @@ def run_cell(target: str, bootstrap: str, server_pid: int, procs: int, args, rou
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m bench.commits", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="short runs (< 60 s in all)")
+    ap = U.arg_parser("bench.commits", __doc__.split("\n\n")[0], "short runs (< 60 s in all)")
     ap.add_argument("--procs", default="1,4", help="client process counts, comma separated (default 1,4)")
     ap.add_argument("--modes", default="sync,async", help="sync and/or async commits (default sync,async)")
     ap.add_argument("--outstanding", type=int, default=32, help="async: commits in flight per client")
@@ -256,13 +255,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None):
-    args = U.parse(build_parser(), argv)
-    if args.duration is None:
-        args.duration = 3.0 if args.quick else 10.0
-    if args.rounds is None:
-        args.rounds = 1 if args.quick else 2
-    if args.fsync_samples is None:
-        args.fsync_samples = 1_000 if args.quick else 3_000
+    args = U.parse(build_parser(), argv, sized={
+        "duration": (3.0, 10.0),
+        "rounds": (1, 2),
+        "fsync_samples": (1_000, 3_000),
+    })
     procs_list = [int(x) for x in args.procs.split(",") if x]
     modes = [x for x in args.modes.split(",") if x]
     if not modes or any(x not in ("sync", "async") for x in modes):

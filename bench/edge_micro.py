@@ -231,8 +231,7 @@ async def run(args) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m bench.edge_micro", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="fewer heartbeats")
+    ap = U.arg_parser("bench.edge_micro", __doc__.split("\n\n")[0], "fewer heartbeats")
     ap.add_argument("--groups", type=int, default=64, help="one-member groups joined (default 64)")
     ap.add_argument("--heartbeats", type=int, default=None, help="per pass and batch size (default 200000, "
                     "quick 50000)")
@@ -246,11 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None):
-    args = U.parse(build_parser(), argv)
-    if args.heartbeats is None:
-        args.heartbeats = 50_000 if args.quick else 200_000
-    if args.commits is None:
-        args.commits = 10_000 if args.quick else 50_000
+    args = U.parse(build_parser(), argv, sized={"heartbeats": (50_000, 200_000), "commits": (10_000, 50_000)})
     args.batches = [int(b) for b in args.batches.split(",") if b]
     args.kinds = [k for k in args.kinds.split(",") if k]
     if not args.kinds or set(args.kinds) - {"heartbeat", "commit"}:

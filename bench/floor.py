@@ -165,7 +165,7 @@ class _Floor:
 
     def __enter__(self):
         self.proc = subprocess.Popen(
-            self.cmd, stdout=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=U._die_with_parent
+            self.cmd, stdout=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=U.die_with_parent
         )
         line = self.proc.stdout.readline().strip()
         if not line.isdigit():
@@ -897,8 +897,7 @@ def fdatasync_probe(root: str, samples: int, record: int = 300) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m bench.floor", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small counts (< 60 s in all)")
+    ap = U.arg_parser("bench.floor", __doc__.split("\n\n")[0], "small counts (< 60 s in all)")
     ap.add_argument(
         "--targets",
         default=",".join(DEFAULT_TARGETS),
@@ -923,15 +922,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None):
-    args = U.parse(build_parser(), argv)
-    if args.requests is None:
-        args.requests = 15_000 if args.quick else 60_000
-    if args.fsync_samples is None:
-        args.fsync_samples = 1_000 if args.quick else 3_000
-    if args.connect_conns is None:
-        args.connect_conns = 100 if args.quick else 400
-    if args.connect_serial is None:
-        args.connect_serial = 30 if args.quick else 100
+    args = U.parse(build_parser(), argv, sized={
+        "requests": (15_000, 60_000),
+        "fsync_samples": (1_000, 3_000),
+        "connect_conns": (100, 400),
+        "connect_serial": (30, 100),
+    })
     targets = [t for t in args.targets.split(",") if t]
     unknown = [t for t in targets if t not in TARGETS]
     if unknown:
@@ -967,7 +963,7 @@ def main(argv=None):
                 ctx = U.Mock()
             with ctx as server:
                 results.append(measure_target(t, server, args, security))
-    probe = fdatasync_probe(U.default_tmp_root(), args.fsync_samples)
+    probe = fdatasync_probe(U.default_tmp_root(), args.fsync_samples) if args.fsync_samples > 0 else None
     result = {
         "benchmark": "floor",
         **env,
@@ -1054,11 +1050,12 @@ def main(argv=None):
                  "conns/s", "p50 ms", "p99 ms", "tcp+tls p50", "apiver p50", "sasl p50", "RSS KiB/conn"],
             )
         )
-    lat = probe["latency_us"]
-    text += (
-        f"\npwrite {probe['record_bytes']} B + fdatasync, preallocated file on {probe['filesystem']}: "
-        f"p50 {lat['p50']:.0f} µs, p99 {lat['p99']:.0f} µs, CPU {probe['cpu_us_per_call']:.0f} µs per call"
-    )
+    if probe is not None:
+        lat = probe["latency_us"]
+        text += (
+            f"\npwrite {probe['record_bytes']} B + fdatasync, preallocated file on {probe['filesystem']}: "
+            f"p50 {lat['p50']:.0f} µs, p99 {lat['p99']:.0f} µs, CPU {probe['cpu_us_per_call']:.0f} µs per call"
+        )
     for t, why in skipped.items():
         text += f"\nskipped {t}: {why}"
     U.emit(result, "server CPU per request, idle subtracted (one run, one driver)\n" + text)

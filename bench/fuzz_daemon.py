@@ -23,7 +23,6 @@ after and at its peak, whether herd is alive, and whether both good members kept
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -498,7 +497,7 @@ class GoodMember:
 
 
 def describe_good(address, group: str = GOOD_GROUP) -> tuple[str, list[str]]:
-    from tests.support.kafka import RawClient
+    from tools.rawclient import RawClient
     with RawClient(address, client_id="fuzz-observer") as c:
         g = c.call(m.DescribeGroupsRequest(groups=[group]), 5).groups[0]
     return g.group_state, [x.member_id for x in g.members]
@@ -609,8 +608,9 @@ def greedy_phase(address, pid: int, seconds: float = 4.0, catch_up_s: float = 60
 
 
 def build_parser():
-    ap = argparse.ArgumentParser(prog="python -m bench.fuzz_daemon", description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="50,000 frames")
+    from bench import _util as U
+
+    ap = U.arg_parser("bench.fuzz_daemon", __doc__.split("\n")[0], "50,000 frames")
     ap.add_argument("--frames", type=int, default=None, help="default 1,000,000")
     ap.add_argument("--workers", type=int, default=3)
     ap.add_argument("--seed", type=int, default=None)
@@ -622,9 +622,9 @@ def build_parser():
 
 def main(argv=None):
     from bench import _util as U
-    from tests.conformance.harness import Member  # an unmodified confluent-kafka consumer
-    args = U.parse(build_parser(), argv)
-    frames = args.frames if args.frames is not None else (50_000 if args.quick else 1_000_000)
+    from tools.member import Member  # an unmodified confluent-kafka consumer
+    args = U.parse(build_parser(), argv, sized={"frames": (50_000, 1_000_000)})
+    frames = args.frames
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     extra = ["--max-frame-size", str(1 << 20), "--max-connections", "2000"]
     if args.max_pending_bytes:

@@ -246,8 +246,7 @@ def run_target(target: str, bootstrap: str, args) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m bench.rebalance", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="one leave (< 60 s in all)")
+    ap = U.arg_parser("bench.rebalance", __doc__.split("\n\n")[0], "one leave (< 60 s in all)")
     ap.add_argument("--members", type=int, default=50)
     ap.add_argument(
         "--leaves", type=int, default=None, help="members closed one after another (default 3, quick 1)"
@@ -271,9 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None):
-    args = U.parse(build_parser(), argv)
-    if args.leaves is None:
-        args.leaves = 1 if args.quick else 3
+    args = U.parse(build_parser(), argv, sized={"leaves": (1, 3)})
     env = U.environment()
     topic = f"{args.topic}:{args.topic_partitions}"
     target_s = args.heartbeat_interval_ms / 1000 + 0.2

@@ -214,8 +214,7 @@ HEADER = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="500 groups × 10, 20 s window (< 45 s per mode)")
+    ap = U.arg_parser("bench.scale", __doc__.split("\n\n")[0], "500 groups × 10, 20 s window (< 45 s per mode)")
     ap.add_argument(
         "--mode",
         choices=("one", "pipelined", "both"),
@@ -271,9 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None):
-    args = U.parse(build_parser(), argv)
-    if args.groups is None:
-        args.groups = 500 if args.quick else 10_000
+    args = U.parse(build_parser(), argv, sized={"groups": (500, 10_000)})
     if args.duration is None:
         args.duration = 20.0 if args.quick else (30.0 if args.find_max else 60.0)
     modes = ["one", "pipelined"] if args.mode == "both" else [args.mode]

@@ -136,8 +136,7 @@ def run_mode(fsync: str, args) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m bench.server_cost", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small counts (< 60 s in all)")
+    ap = U.arg_parser("bench.server_cost", __doc__.split("\n\n")[0], "small counts (< 60 s in all)")
     ap.add_argument("--fsync", default="never,always", help="fsync modes to run (default never,always)")
     ap.add_argument("--heartbeats", type=int, default=None, help="default 100000 (quick 20000)")
     ap.add_argument("--commits", type=int, default=None, help="default 40000 (quick 5000)")
@@ -162,13 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None):
-    args = U.parse(build_parser(), argv)
-    if args.heartbeats is None:
-        args.heartbeats = 20_000 if args.quick else 100_000
-    if args.commits is None:
-        args.commits = 5_000 if args.quick else 40_000
-    if args.idle_seconds is None:
-        args.idle_seconds = 1.0 if args.quick else 3.0
+    args = U.parse(build_parser(), argv, sized={
+        "heartbeats": (20_000, 100_000),
+        "commits": (5_000, 40_000),
+        "idle_seconds": (1.0, 3.0),
+    })
     env = U.environment()
     modes = [run_mode(f, args) for f in args.fsync.split(",") if f]
     result = {

@@ -13,7 +13,7 @@ Members (kinds, mixed in every group):
   SIGKILLed for real; some are static members (``group.instance.id``) that are restarted under
   the same instance id after a kill.
 * ``confluent`` — an unmodified confluent-kafka (librdkafka) consumer in a child process
-  (``tests/conformance/member.py``): SIGTERM closes it (LeaveGroup), SIGKILL crashes it.
+  (``tools/member.py``): SIGTERM closes it (LeaveGroup), SIGKILL crashes it.
 
 Offsets committed by raw members are microseconds since the epoch at the time of the commit, so
 across all members of a group every commit carries a higher value than any earlier one: a
@@ -51,14 +51,14 @@ from protocol import messages as m
 from protocol.consumer import decode_assignment, decode_subscription, encode_assignment, encode_subscription
 
 REPO = Path(__file__).resolve().parents[1]
-MEMBER_SCRIPT = REPO / "tests" / "conformance" / "member.py"
+MEMBER_SCRIPT = REPO / "tools" / "member.py"
 TOPICS = {"soak-a": 6, "soak-b": 4}
 
 RETRIABLE = {E.COORDINATOR_LOAD_IN_PROGRESS, E.COORDINATOR_NOT_AVAILABLE, E.NOT_COORDINATOR}
 
 
 def _client():
-    from tests.support.kafka import RawClient
+    from tools.rawclient import RawClient
     return RawClient
 
 
@@ -673,8 +673,9 @@ def metrics_url(herd) -> str | None:
 
 
 def build_parser():
-    ap = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="60 s")
+    from bench import _util as U
+
+    ap = U.arg_parser("bench.soak", __doc__.split("\n")[0], "60 s")
     ap.add_argument("--seconds", type=float, default=None, help="default 600")
     ap.add_argument("--groups", type=int, default=6)
     ap.add_argument("--max-members", type=int, default=4, help="per group")
@@ -689,11 +690,11 @@ def build_parser():
 
 def main(argv=None):
     from bench import _util as U
-    args = U.parse(build_parser(), argv)
+    args = U.parse(build_parser(), argv, sized={"seconds": (60.0, 600.0)})
     if args.member:
         member_main(json.loads(args.member))
         return None
-    seconds = args.seconds if args.seconds is not None else (60.0 if args.quick else 600.0)
+    seconds = args.seconds
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     with U.Herd(topics=[f"{t}:{n}" for t, n in TOPICS.items()], extra_args=HERD_ARGS) as herd:
         soak = Soak(("127.0.0.1", herd.port), herd.bootstrap, groups=args.groups, seconds=seconds, seed=seed,

@@ -130,8 +130,7 @@ def start_once(data_dir: Path, fsync: str, log_level: str, shards: int, wrap=Non
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m bench.startup", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="250,000 records, 2 runs (< 60 s)")
+    ap = U.arg_parser("bench.startup", __doc__.split("\n\n")[0], "250,000 records, 2 runs (< 60 s)")
     ap.add_argument(
         "--records", type=int, default=None, help="offset-commit records (default 1000000, quick 250000)"
     )
@@ -154,11 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None):
-    args = U.parse(build_parser(), argv)
-    if args.runs is None:
-        args.runs = 2 if args.quick else 3
-    if args.records is None:
-        args.records = 250_000 if args.quick else 1_000_000
+    args = U.parse(build_parser(), argv, sized={"runs": (2, 3), "records": (250_000, 1_000_000)})
     env = U.environment()
     with tempfile.TemporaryDirectory(prefix="herd-bench-startup-", dir=U.default_tmp_root()) as tmp:
         data_dir = Path(args.data_dir) if args.data_dir else Path(tmp) / "data"

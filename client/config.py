@@ -40,11 +40,17 @@ DEFAULTS: dict[str, object] = {
     "isolation.level": "read_uncommitted",
     "connections.max.idle.ms": 540000,  # accepted for compatibility; connections stay open
     "max.frame.bytes": 100 * 1024 * 1024,  # not a Kafka name: the largest response frame accepted
+    # Not a Kafka name: how long a member that is not in a stable group may go without reaching its
+    # coordinator (every connection attempt failing) before poll() raises NoBrokersAvailableError.
+    "broker.unreachable.timeout.ms": 30000,
     # Not a Kafka name: {api name or key: highest version to use}, for brokers that advertise
     # versions they cannot parse (librdkafka's mock cluster: {"JoinGroup": 5, "SyncGroup": 3}).
     "api.versions.max": None,
     **SECURITY_DEFAULTS,
 }
+
+# The broker's default group.min.session.timeout.ms (Kafka's, and herd's min_session_timeout_ms).
+_BROKER_MIN_SESSION_MS = 6000
 
 _INT_KEYS = {k for k, v in DEFAULTS.items() if isinstance(v, int) and not isinstance(v, bool)}
 _BOOL_KEYS = {"enable.auto.commit", "allow.auto.create.topics"}
@@ -157,6 +163,7 @@ class ClientConfig:
     isolation_level: str = "read_uncommitted"
     connections_max_idle_ms: int = 540000
     max_frame_bytes: int = 100 * 1024 * 1024
+    broker_unreachable_timeout_ms: int = 30000
     api_versions_max: dict = field(default_factory=dict)  # api key -> highest version
     security: SecurityConfig = field(default_factory=SecurityConfig)  # TLS / SASL (passwords not in repr)
 
@@ -225,13 +232,32 @@ def parse_config(bootstrap_servers=None, group_id=None, config: dict | None = No
         isolation_level=iso,
         connections_max_idle_ms=values["connections.max.idle.ms"],
         max_frame_bytes=values["max.frame.bytes"],
+        broker_unreachable_timeout_ms=values["broker.unreachable.timeout.ms"],
         api_versions_max=_api_caps(values["api.versions.max"]),
         security=security,
     )
-    if cfg.session_timeout_ms <= 0 or cfg.heartbeat_interval_ms <= 0 or cfg.max_poll_interval_ms <= 0:
-        raise ValueError(
-            "session.timeout.ms, heartbeat.interval.ms and max.poll.interval.ms must be positive"
-        )
+    if (cfg.session_timeout_ms <= 0 or cfg.heartbeat_interval_ms <= 0 or cfg.max_poll_interval_ms <= 0
+            or cfg.broker_unreachable_timeout_ms <= 0):
+        raise ValueError("session.timeout.ms, heartbeat.interval.ms, max.poll.interval.ms and "
+                         "broker.unreachable.timeout.ms must be positive")
     if cfg.heartbeat_interval_ms >= cfg.session_timeout_ms:
-        raise ValueError("heartbeat.interval.ms must be lower than session.timeout.ms")
+        raise ValueError(_heartbeat_problem(cfg, "heartbeat.interval.ms" in merged))
     return cfg
+
+
+def _heartbeat_problem(cfg: ClientConfig, heartbeat_given: bool) -> str:
+    """Why a heartbeat interval that is not below the session timeout is refused, naming the
+    default when the caller set only one of the two (they may not know the other exists)."""
+    session, heartbeat = cfg.session_timeout_ms, cfg.heartbeat_interval_ms
+    third = max(1, session // 3)
+    if heartbeat_given:
+        hint = (f"heartbeat.interval.ms={heartbeat} must be lower than session.timeout.ms={session}: set it to "
+                f"about a third of the session timeout or less, e.g. heartbeat_interval_ms={third}")
+    else:
+        hint = (f"session.timeout.ms={session} must be above heartbeat.interval.ms, which was not set (its "
+                f"default is {heartbeat}): set heartbeat_interval_ms (heartbeat.interval.ms) too, to about a "
+                f"third of the session timeout or less, e.g. heartbeat_interval_ms={third}")
+    if session < _BROKER_MIN_SESSION_MS:
+        hint += (f"; note that brokers refuse a session.timeout.ms below their group.min.session.timeout.ms "
+                 f"({_BROKER_MIN_SESSION_MS} by default in Kafka and herd)")
+    return hint

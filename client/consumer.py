@@ -66,6 +66,14 @@ call has a timeout (``default.api.timeout.ms`` unless given), so none can hang f
 ``committed``, ``seek``, ``position`` and ``assignment``; a ``poll`` from inside a callback
 returns the assignment without running anything.
 
+A broker that cannot be reached (nothing listening at the bootstrap address, a coordinator
+address that does not route) is logged at WARNING, naming the address and the error, at the first
+failed attempt and every 10 s while it lasts; the consumer keeps reconnecting. A ``poll`` that ends
+without a stable group raises ``NoBrokersAvailableError`` (a ``KafkaTimeoutError``, not fatal) once
+no coordinator has been reached for ``broker.unreachable.timeout.ms`` (default 30000): catch it to
+keep waiting (a broker restarting), or let it end the program (a wrong address). A member already
+in a stable group keeps its partitions through an outage, and its polls do not raise.
+
 Errors (``client.errors``): ``CommitFailedError`` (the member lost its generation: rejoin via
 ``poll`` and reprocess from the committed offsets), ``RebalanceInProgressError`` (commit during a
 rebalance: poll, then commit again), ``FencedInstanceIdError`` (another process took this
@@ -332,7 +340,26 @@ class GroupConsumer:
                     continue
                 self._handle_event(ev)
         self._raise_callback_errors()
+        self._raise_if_unreachable()
         return self._view
+
+    def _raise_if_unreachable(self) -> None:
+        """After a poll that ends without a stable group: NoBrokersAvailableError if no coordinator
+        has been reached for broker.unreachable.timeout.ms while connection attempts fail."""
+        snap = self._net.snapshot
+        since = snap.unreachable_since
+        if not snap.subscribed or snap.stable or since is None or not snap.connect_failure:
+            return
+        waited = time.monotonic() - since
+        limit = self._config.s("broker_unreachable_timeout_ms")
+        if waited < limit:
+            return
+        servers = ",".join(f"{h}:{p}" for h, p in self._config.bootstrap_servers)
+        raise cerr.NoBrokersAvailableError(
+            f"no group coordinator reached for {waited:.1f}s (broker.unreachable.timeout.ms="
+            f"{self._config.broker_unreachable_timeout_ms}): {snap.connect_failure}. Is a broker running at "
+            f"{servers}? The consumer keeps trying: poll again to go on waiting."
+        )
 
     def _poll_quietly(self) -> bool:
         """With the poll lock held: run what is due; True if the group is stable (or there is no

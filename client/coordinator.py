@@ -255,6 +255,11 @@ class Snapshot:
     coordinator: tuple | None
     protocol: str
     rejoin_reason: str = ""
+    # Since when no coordinator connection has been ready (monotonic; None while one is), and the
+    # last failed connection attempt since then ("" if none failed): the user's poll raises
+    # NoBrokersAvailableError once that has lasted broker.unreachable.timeout.ms.
+    unreachable_since: float | None = None
+    connect_failure: str = ""
 
 
 @dataclass
@@ -323,6 +328,11 @@ class ConsumerCoordinator:
         }
         self._boot_index = 0
         self._last_conn_problem = ""  # why the last connection dropped or could not be made
+        # No coordinator reached since (None while the coordinator connection is ready), and the
+        # last failed connection attempt since then: what poll's NoBrokersAvailableError reports.
+        self._unreachable_since: float | None = now
+        self._connect_failure = ""
+        self._failing: dict[tuple, list] = {}  # (host, port) -> [failures, first at, last warning at]
         self.coordinator: tuple | None = None  # (node_id, host, port)
         self._find_backoff = self._backoff(config.retry_backoff_ms, config.retry_backoff_max_ms)
         self._next_find = now
@@ -450,6 +460,8 @@ class ConsumerCoordinator:
             self.closed,
             self.coordinator,
             self.rejoin_reason,
+            self._unreachable_since,
+            self._connect_failure,
         )
         if key == self._snap_key:
             return self._snap
@@ -469,6 +481,8 @@ class ConsumerCoordinator:
             coordinator=self.coordinator,
             protocol=self.protocol,
             rejoin_reason=self.rejoin_reason,
+            unreachable_since=self._unreachable_since,
+            connect_failure=self._connect_failure,
         )
         return self._snap
 
@@ -480,6 +494,9 @@ class ConsumerCoordinator:
             return self._advance(now)
         self.subscription = topics
         self._poll_expired = False
+        if not self.coordinator_ready:
+            self._unreachable_since = now  # the wait for a coordinator starts with the subscription
+            self._connect_failure = ""
         # Subscribing is the user being active: the poll timer starts now (in Kafka the join
         # happens inside poll(), which resets it first; here the join starts at once, and a stale
         # timer would have the fresh member leave again right after joining).
@@ -582,6 +599,10 @@ class ConsumerCoordinator:
         c.state = "ready"
         c.versions = dict(versions)
         c.backoff.reset()
+        self._reached(c.target, now)
+        if conn == COORDINATOR:
+            self._unreachable_since = None
+            self._connect_failure = ""
         if conn == LEAVER:
             if self._closing is None:
                 return
@@ -616,6 +637,10 @@ class ConsumerCoordinator:
             self._finish_close()
             return
         self._last_conn_problem = f"{conn} connection: {reason or 'lost'}"
+        if conn == COORDINATOR and was == "ready" and self._unreachable_since is None:
+            self._unreachable_since = now
+        if was != "ready":  # a connection attempt failed
+            self._connect_failed(conn, c.target, reason or "connection lost", now)
         if conn == BOOTSTRAP:
             if was != "ready":
                 self._boot_index = (self._boot_index + 1) % len(self.cfg.bootstrap_servers)
@@ -767,12 +792,44 @@ class ConsumerCoordinator:
         self.coordinator = None
         self._next_find = now
         c = self._conns[COORDINATOR]
+        if c.state == "ready" and self._unreachable_since is None:
+            self._unreachable_since = now
         if disconnect and c.state != "down":
             c.state = "down"
             c.versions = {}
             c.next_attempt = now
             self._actions.append(Disconnect(COORDINATOR, reason))
             self._fail_inflight(COORDINATOR, cerr.KafkaConnectionError(f"coordinator dropped: {reason}"), now)
+
+    # -- reaching brokers -----------------------------------------------------------------------
+    _WARN_EVERY_S = 10.0  # a broker that stays unreachable: one WARNING at first, then one per this
+
+    def _connect_failed(self, conn: str, target, reason: str, now: float) -> None:
+        """A connection attempt to ``target`` failed: say so at WARNING (as Kafka's clients do), once
+        at first and then every ``_WARN_EVERY_S`` while it lasts; remember it for poll's error."""
+        host, port = target if target else ("?", "?")
+        role = "bootstrap server" if conn == BOOTSTRAP else "group coordinator"
+        self._connect_failure = f"cannot reach the {role} {host}:{port}: {reason}"
+        entry = self._failing.get(target)
+        if entry is None:
+            self._failing[target] = [1, now, now]
+            log.warning(
+                "%s; retrying (is a broker running at that address?). poll() raises "
+                "NoBrokersAvailableError after broker.unreachable.timeout.ms (%d) without a coordinator",
+                self._connect_failure,
+                self.cfg.broker_unreachable_timeout_ms,
+            )
+            return
+        entry[0] += 1
+        if now - entry[2] >= self._WARN_EVERY_S:
+            entry[2] = now
+            log.warning("%s; still retrying (%d attempts in %.0fs)", self._connect_failure, entry[0], now - entry[1])
+
+    def _reached(self, target, now: float) -> None:
+        entry = self._failing.pop(target, None)
+        if entry is not None:
+            log.info("reached %s:%s after %d failed attempts in %.1fs", target[0], target[1], entry[0],
+                        now - entry[1])
 
     # -- FindCoordinator ------------------------------------------------------------------------
     def _on_find(self, entry: _Inflight, resp, now: float) -> None:

@@ -18,6 +18,11 @@ What the consumer raises, and when:
 - :class:`FencedInstanceIdError` -- another process joined with the same ``group.instance.id``.
   Fatal: this consumer can only be closed.
 - :class:`KafkaTimeoutError` -- a blocking call did not complete within its timeout.
+- :class:`NoBrokersAvailableError` (a ``KafkaTimeoutError``) -- raised by ``poll`` of a member that
+  is not in a stable group when no coordinator has been reached for ``broker.unreachable.timeout.ms``
+  (default 30 s) and connection attempts fail; every failed attempt is logged at WARNING first,
+  naming the address and the error. Not fatal: the consumer keeps reconnecting, so a loop that
+  catches it rides through a broker restart.
 - :class:`IllegalStateError` -- the call does not make sense now (closed consumer, seek on a
   partition that is not assigned, ...).
 - Errors of a JoinGroup or SyncGroup that the group may outgrow (``GroupMaxSizeReachedError``,
@@ -39,6 +44,7 @@ from protocol import errors as codes
 __all__ = [
     "KafkaError",
     "KafkaTimeoutError",
+    "NoBrokersAvailableError",
     "KafkaConnectionError",
     "IllegalStateError",
     "ProtocolMismatchError",
@@ -104,6 +110,14 @@ class KafkaTimeoutError(KafkaError):
     """A blocking call did not complete in time."""
 
     always_retriable = True
+
+
+class NoBrokersAvailableError(KafkaTimeoutError):
+    """``poll`` found no group coordinator reached for ``broker.unreachable.timeout.ms``: every
+    connection attempt failed (nothing listening at the bootstrap address, a wrong port or host, a
+    coordinator address that does not resolve or route). Not fatal: the consumer keeps trying, and
+    the next ``poll`` raises it again while the outage lasts (a member that is already stable keeps
+    its partitions and is not interrupted)."""
 
 
 class KafkaConnectionError(KafkaError):

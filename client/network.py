@@ -46,14 +46,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from client import errors as cerr
-from client.connection import (
-    CLIENT_VERSIONS,
-    AuthenticationFailed,
-    Connection,
-    ConnectionBroken,
-    Ready,
-    Response,
-)
 from client.coordinator import (
     Connect,
     ConsumerCoordinator,
@@ -65,6 +57,14 @@ from client.coordinator import (
     Stop,
 )
 from client.security import tls_failure
+from protocol.client_connection import (
+    CLIENT_VERSIONS,
+    AuthenticationFailed,
+    Connection,
+    ConnectionBroken,
+    Ready,
+    Response,
+)
 
 log = logging.getLogger("herd.client.network")
 

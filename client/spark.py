@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import re
 import socket
@@ -81,13 +82,15 @@ from dataclasses import dataclass, field
 from client import errors as cerr
 from client.assignors import Assignor, MemberSubscription
 from client.config import parse_bootstrap, security_of
-from client.connection import AuthenticationFailed, Connection, ConnectionBroken, Ready, Response
 from client.consumer import GroupConsumer
 from client.security import SecurityConfig, tls_failure
 from client.types import OffsetAndMetadata, TopicPartition
 from protocol import errors as codes
 from protocol import messages as m
+from protocol.client_connection import AuthenticationFailed, Connection, ConnectionBroken, Ready, Response
 from protocol.consumer import decode_assignment, decode_subscription
+
+log = logging.getLogger("herd.client.spark")
 
 __all__ = [
     "GroupJob",
@@ -594,6 +597,17 @@ def _check_topics_retrying(job: GroupJob) -> None:
             backoff = min(backoff * 2, 1.0)
 
 
+def _poll(consumer: GroupConsumer, timeout_s: float) -> frozenset:
+    """``consumer.poll``, riding through herd being unreachable (a restart while the member joins):
+    the client keeps reconnecting, and the task's ``task_timeout_s`` bounds the wait, not
+    ``broker.unreachable.timeout.ms``."""
+    try:
+        return consumer.poll(timeout_s)
+    except cerr.NoBrokersAvailableError as exc:
+        log.info("%s; still waiting for herd", exc)
+        return consumer.assignment()
+
+
 def run_member(job: GroupJob, process, spark_partition: int = 0, attempt: int = 0, on_start=None) -> dict:
     """Be one member of ``job``'s group until the group's work is done: the body of a Spark task
     (usable without Spark too). ``process(tp, start, end)`` handles records [start, end) of ``tp``
@@ -636,7 +650,7 @@ def run_member(job: GroupJob, process, spark_partition: int = 0, attempt: int = 
             if time.monotonic() > deadline:
                 raise TimeoutError(f"group {job.group_id}: no progress for {job.task_timeout_s}s (no chunk "
                                    f"committed by this task or by the rest of the group)")
-            assigned = consumer.poll(0.0)
+            assigned = _poll(consumer, 0.0)
             generation = consumer.generation()
             key = (generation, assigned)
             if key != seen_key:  # a new assignment: (re)read where each partition stands
@@ -672,7 +686,7 @@ def run_member(job: GroupJob, process, spark_partition: int = 0, attempt: int = 
                     # the partition may have moved: the next owner redoes this chunk (at least once)
                     stats["commit_failures"] += 1
                     seen_key = None
-                    consumer.poll(job.poll_timeout_s)
+                    _poll(consumer, job.poll_timeout_s)
                 continue
             # Nothing left here: done when the whole group's work is committed.
             try:
@@ -689,7 +703,7 @@ def run_member(job: GroupJob, process, spark_partition: int = 0, attempt: int = 
                 if group_progress >= 0:
                     deadline = time.monotonic() + job.task_timeout_s
                 group_progress = progress
-            consumer.poll(job.poll_timeout_s)
+            _poll(consumer, job.poll_timeout_s)
         stats["partitions"] = sorted(str(tp) for tp in worked)
         return stats
     except cerr.FencedInstanceIdError as exc:

@@ -1,7 +1,8 @@
-"""The ``herd`` command.
+"""``herd serve``: run the daemon (every setting as a flag, HERD_* variable or TOML key).
 
-``herd serve``   run the daemon (every setting as a flag, HERD_* variable or TOML key)
-``herd groups``  operate on groups of any Kafka-compatible coordinator (see coordinator/admin.py)
+The ``herd`` command (``herd_cli``) adds this module's ``serve`` parser next to ``herd groups``
+(``admin/``); ``python -m coordinator serve ...`` runs it alone. Nothing here imports ``admin`` or
+``client``.
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def _one_line_error(parser: argparse.ArgumentParser):
     return error
 
 
-def _serve_parser(sub) -> None:
+def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="run the coordinator daemon",
                        description="Run the herd coordinator daemon.")
     p.error = _one_line_error(p)
@@ -75,10 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="herd", description="herd: a Kafka-protocol consumer-group coordinator")
     ap.error = _one_line_error(ap)
     sub = ap.add_subparsers(dest="command", required=True)
-    _serve_parser(sub)
-    from coordinator import admin
-    if admin is not None:
-        admin.add_parser(sub)
+    add_parser(sub)
     return ap
 
 
@@ -89,17 +87,22 @@ def load_config(args) -> cfg.Config:
     return cfg.load(args.config, os.environ, overrides)
 
 
-def main(argv=None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def run(args) -> int:
+    """Run ``herd serve`` as parsed into ``args``: its exit code; a setting or start-up mistake is
+    printed as one line (exit 2)."""
     try:
-        if args.command == "serve":
-            config = load_config(args)
-            return serve(config, repair=args.repair)
-        return args.func(args)
+        config = load_config(args)
+        return serve(config, repair=args.repair)
     except (cfg.ConfigError, CliError) as exc:
         print(f"herd: error: {exc}", file=sys.stderr)
         return 2
+
+
+def main(argv=None) -> int:
+    """``python -m coordinator serve ...``: the daemon alone (``herd`` is ``herd_cli.main``)."""
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
     except KeyboardInterrupt:
         return 130
 

@@ -64,6 +64,11 @@ class Config:
     max_pending_bytes_per_connection: int = 16 * 1024 * 1024
     fsync: str = "always"  # always | never
 
+    # where shards are stored: "file" (the log in data_dir) or postgresql://USER[:PASSWORD]@HOST:PORT/DB
+    # (a cluster). repr=False: the URL may carry a password; show ``store_display`` instead.
+    store: str = field(default="file", repr=False)
+    shard_lease_ms: int = 10000  # how long a node owns a shard without renewing (PostgreSQL store)
+
     # security of the listener (Kafka: listeners=<protocol>://..., ssl.*, sasl.enabled.mechanisms)
     security_protocol: str = "PLAINTEXT"  # PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
     ssl_certfile: str | None = None  # PEM: the server's certificate chain (and key, if no keyfile)
@@ -89,7 +94,7 @@ class Config:
         for name in ("offsets_partitions", "group_max_size", "offsets_retention_minutes",
                      "offsets_retention_check_interval_ms", "default_partitions", "max_frame_size",
                      "connections_max_idle_ms", "max_connections", "max_pending_bytes_per_connection",
-                     "rebalance_history_size"):
+                     "rebalance_history_size", "shard_lease_ms"):
             positive(name)
         for name in ("initial_rebalance_delay_ms", "min_session_timeout_ms", "offset_metadata_max_bytes"):
             if getattr(self, name) < 0:
@@ -113,6 +118,7 @@ class Config:
             raise ConfigError(f"fsync must be 'always' or 'never', got {self.fsync!r}")
         self.consumer_group_config()  # the group_consumer_* settings, checked as Kafka does
         self._validate_security()
+        self._validate_store()
         if self.log_format not in ("auto", "json", "console"):
             raise ConfigError(f"log_format must be auto, json or console, got {self.log_format!r}")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
@@ -174,6 +180,34 @@ class Config:
             raise ConfigError(re.sub(r"group\.consumer\.([a-z.]+)",
                                      lambda mo: "group_consumer_" + mo.group(1).replace(".", "_"),
                                      str(exc))) from None
+
+    def _validate_store(self) -> None:
+        if self.store == "file":
+            return
+        from coordinator.cluster.url import StoreURLError, parse_store_url
+
+        try:
+            parse_store_url(self.store)
+        except StoreURLError as exc:  # its message starts with "store" and never holds the password
+            raise ConfigError(str(exc)) from None
+
+    @property
+    def store_url(self):
+        """The parsed PostgreSQL URL (a :class:`coordinator.cluster.url.PgURL`), or None for ``file``."""
+        if self.store == "file":
+            return None
+        from coordinator.cluster.url import parse_store_url
+
+        return parse_store_url(self.store)
+
+    @property
+    def store_display(self) -> str:
+        """``store`` for logs and messages: ``file``, or the URL with its password as ``***``."""
+        if self.store == "file":
+            return "file"
+        from coordinator.cluster.url import redact
+
+        return redact(self.store)
 
     @property
     def enabled_mechanisms(self) -> list[str]:

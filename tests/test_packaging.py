@@ -164,10 +164,10 @@ def requirement_name(req: str) -> str:
 def test_pyproject_declares_console_script_and_runtime_deps(pyproject):
     project = pyproject["project"]
     assert project["name"] == "herd"
-    assert project["scripts"]["herd"] == "coordinator.cli:main"
+    assert project["scripts"]["herd"] == "herd_cli:main"
     names = {requirement_name(r) for r in project["dependencies"]}
     assert {"uvloop", "structlog"} <= names
-    for name in ("protocol", "coordinator", "client", "tools"):
+    for name in ("protocol", "coordinator", "client", "admin", "tools"):
         assert (ROOT / name / "__init__.py").exists()
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 
 from client.config import parse_config
-from client.connection import CLIENT_VERSIONS
 from client.coordinator import (
     BOOTSTRAP,
     COORDINATOR,
@@ -19,6 +18,7 @@ from client.coordinator import (
 )
 from client.types import TopicPartition
 from protocol import messages as m
+from protocol.client_connection import CLIENT_VERSIONS
 from protocol.consumer import (
     Assignment,
     Subscription,

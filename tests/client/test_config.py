@@ -74,3 +74,20 @@ def test_bootstrap_listener_urls_and_bad_ports():
     for bad in ("h:9092x", "h:0", "h:70000", "h:"):
         with pytest.raises(ValueError, match=r"bootstrap server .*the port must be a number from 1 to 65535"):
             parse_bootstrap(bad)
+
+
+def test_a_short_session_timeout_names_the_default_heartbeat_and_what_to_set():
+    # The user set only session.timeout.ms: the message must name the setting they did not set,
+    # its default, and a value that works (it used to say only "heartbeat.interval.ms must be
+    # lower than session.timeout.ms").
+    with pytest.raises(ValueError) as err:
+        parse_config("h:1", "g", session_timeout_ms=1000)
+    msg = str(err.value)
+    assert "session.timeout.ms=1000" in msg and "not set" in msg and "default is 3000" in msg
+    assert "heartbeat_interval_ms=333" in msg
+    assert "group.min.session.timeout.ms (6000 by default" in msg  # herd would refuse 1000 anyway
+    parse_config("h:1", "g", session_timeout_ms=1000, heartbeat_interval_ms=333)  # the advice works
+    with pytest.raises(ValueError) as err:
+        parse_config("h:1", "g", {"session.timeout.ms": 7000, "heartbeat.interval.ms": 8000})
+    assert str(err.value) == ("heartbeat.interval.ms=8000 must be lower than session.timeout.ms=7000: set it to "
+                              "about a third of the session timeout or less, e.g. heartbeat_interval_ms=2333")

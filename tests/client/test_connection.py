@@ -6,9 +6,9 @@ import struct
 
 import pytest
 
-from client.connection import CLIENT_VERSIONS, Connection, ConnectionBroken, Ready, Response, negotiate
 from protocol import errors as E
 from protocol import messages as m
+from protocol.client_connection import CLIENT_VERSIONS, Connection, ConnectionBroken, Ready, Response, negotiate
 from protocol.framing import frame
 from protocol.headers import encode_response_header
 from tests.client.harness import requests_in
@@ -126,3 +126,30 @@ def test_negotiate_takes_highest_common_and_drops_disjoint():
     got = negotiate({11: (0, 20), 12: (5, 6), 14: (9, 10)}, {11: (0, 9), 12: (0, 4), 14: (0, 5)})
     assert got == {11: 9}
     assert set(negotiate({k: (0, 100) for k in CLIENT_VERSIONS})) == set(CLIENT_VERSIONS)
+
+
+def test_software_name_and_what_is_awaited():
+    # herd groups names itself herd-admin, and says which request it waits for when it times out
+    conn = Connection(client_id="herd-admin", software=("herd-admin", "1"))
+    conn.initiate()
+    assert conn.awaiting() == [(0, 18, m.ApiVersionsRequest.MAX_VERSION)]
+    [(h, req)] = requests_in(conn.data_to_send())
+    assert (req.client_software_name, req.client_software_version) == ("herd-admin", "1")
+    [ready] = conn.receive(answer(h, BROKER))
+    assert isinstance(ready, Ready) and conn.awaiting() == []
+    corr = conn.send(m.FindCoordinatorRequest(key="g"), 3)
+    assert conn.awaiting() == [(corr, 10, 3)]
+
+
+def test_a_response_larger_than_the_limit_reports_its_size():
+    conn = Connection(max_frame_size=1000)
+    conn.initiate()
+    conn.data_to_send()
+    with pytest.raises(ConnectionBroken) as info:
+        conn.receive(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+    assert info.value.frame_size == int.from_bytes(b"HTTP", "big")
+    conn = Connection()
+    conn.initiate()
+    with pytest.raises(ConnectionBroken) as info:
+        conn.receive(struct.pack(">ii", 4, 12345))  # an unknown correlation id: no size to report
+    assert info.value.frame_size is None

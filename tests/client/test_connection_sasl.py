@@ -9,9 +9,9 @@ import hmac
 
 import pytest
 
-from client.connection import AuthenticationFailed, Connection, ConnectionBroken, Ready
 from protocol import errors as E
 from protocol import messages as m
+from protocol.client_connection import AuthenticationFailed, Connection, ConnectionBroken, Ready
 from protocol.framing import frame
 from protocol.headers import encode_response_header
 from tests.client.harness import requests_in
@@ -208,3 +208,38 @@ def test_scram_exchange_with_protocol_sasl(name):
     h, req = next_request(conn, 36)
     with pytest.raises(AuthenticationFailed):
         conn.receive(answer(h, m.SaslAuthenticateResponse(auth_bytes=b"v=" + base64.b64encode(b"x" * 32))))
+
+
+def test_refusals_carry_their_facts_for_a_tool_that_words_them_itself():
+    # herd groups (admin/session.py) names the server first in its own words: it reads these
+    conn = Connection(sasl=("PLAIN", "a", "b"))
+    with pytest.raises(AuthenticationFailed) as info:
+        api_versions_done(conn, broker())
+    assert (info.value.reason, info.value.mechanism, info.value.username) == ("no_sasl", "PLAIN", "a")
+
+    conn = Connection(sasl=("SCRAM-SHA-512", "a", "b"))
+    api_versions_done(conn)
+    h, _ = next_request(conn, 17)
+    with pytest.raises(AuthenticationFailed) as info:
+        conn.receive(answer(h, m.SaslHandshakeResponse(error_code=E.UNSUPPORTED_SASL_MECHANISM,
+                                                       mechanisms=["PLAIN", "SCRAM-SHA-256"])))
+    assert (info.value.reason, info.value.enabled) == ("mechanism", ("PLAIN", "SCRAM-SHA-256"))
+
+    for code, reason in ((E.ILLEGAL_SASL_STATE, "not_sasl_listener"), (E.UNKNOWN_SERVER_ERROR, "handshake")):
+        conn = Connection(sasl=("PLAIN", "a", "b"))
+        api_versions_done(conn)
+        h, _ = next_request(conn, 17)
+        with pytest.raises(AuthenticationFailed) as info:
+            conn.receive(answer(h, m.SaslHandshakeResponse(error_code=code)))
+        assert (info.value.reason, info.value.error_code) == (reason, code)
+
+    conn = Connection(sasl=("PLAIN", "alice", "wrong"))
+    api_versions_done(conn)
+    h, _ = next_request(conn, 17)
+    conn.receive(answer(h, m.SaslHandshakeResponse(mechanisms=["PLAIN"])))
+    h, _ = next_request(conn, 36)
+    with pytest.raises(AuthenticationFailed) as info:
+        conn.receive(answer(h, m.SaslAuthenticateResponse(error_code=E.SASL_AUTHENTICATION_FAILED,
+                                                          error_message="bad password")))
+    assert (info.value.reason, info.value.username, info.value.error_code, info.value.broker_message) == (
+        "refused", "alice", E.SASL_AUTHENTICATION_FAILED, "bad password")

@@ -1439,3 +1439,42 @@ def test_a_stray_leave_answer_does_not_end_the_close_early():
     assert not h.stopped
     h.respond(fetch, m.OffsetFetchResponse(groups=[m.OffsetFetchResponseGroup(group_id="g", topics=[])]))
     assert [r.handle for r in h.take_replies()][0] is handle and h.stopped
+
+
+def test_unreachable_brokers_are_warned_about_and_timed_in_the_snapshot(caplog):
+    # A wrong port used to give an INFO line per attempt and nothing else: poll returned an empty
+    # assignment forever. Now each address that cannot be reached gets a WARNING naming it and the
+    # error (again every 10 s while it lasts), and the snapshot says since when no coordinator was
+    # reached and why, which the user's poll turns into NoBrokersAvailableError.
+    import logging
+
+    h = Harness(broker_unreachable_timeout_ms=5000)
+    caplog.set_level(logging.INFO, logger="herd.client")
+    t0 = h.now
+    h.call("subscribe", ["t"])
+    assert h.core.snapshot().unreachable_since == t0 and h.core.snapshot().connect_failure == ""
+    for _ in range(30):  # 15 s of refused connections, over both bootstrap servers
+        if any(c.conn == BOOTSTRAP for c in h.connects):
+            h.connects.clear()
+            h.disconnected(BOOTSTRAP, "connect failed: ECONNREFUSED")
+        h.tick(0.5)
+    snap = h.core.snapshot()
+    assert snap.unreachable_since == t0 and not snap.stable
+    assert snap.connect_failure.startswith("cannot reach the bootstrap server b")
+    assert snap.connect_failure.endswith(": connect failed: ECONNREFUSED")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    for addr in ("b1:9092", "b2:9093"):
+        mine = [w for w in warnings if addr in w]
+        assert mine[0].startswith(f"cannot reach the bootstrap server {addr}: connect failed: ECONNREFUSED; "
+                                  "retrying") and "broker.unreachable.timeout.ms (5000)" in mine[0]
+        assert 2 <= len(mine) <= 3, mine  # the first, then one per 10 s: not one per attempt
+    # the broker comes back: reached, and the outage is over
+    h.find_coordinator()
+    snap = h.core.snapshot()
+    assert snap.unreachable_since is None and snap.connect_failure == ""
+    assert any(r.levelno == logging.INFO and r.getMessage().startswith("reached b") for r in caplog.records)
+    # the coordinator connection drops (a restart): the outage starts then, with no failure yet
+    h.now += 1
+    h.disconnected(COORDINATOR, "closed by the broker")
+    snap = h.core.snapshot()
+    assert snap.unreachable_since == h.now and snap.connect_failure == ""

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conformance.harness import Members
-from tests.support.daemon import Daemon
+from tools.daemon import Daemon
 
 # Kafka's group.initial.rebalance.delay.ms (3000 by default), shortened. Not 0: kafka-python 3.0.12
 # strands a leader whose first JoinGroup is answered before the metadata of its topic arrives (it

@@ -2,24 +2,11 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from tests.support.daemon import REPO
-
-MEMBER_SCRIPT = Path(__file__).with_name("member.py")
-
-# Short but legal timeouts (herd's default group.min.session.timeout.ms is 6000, as Kafka's).
-SESSION_MS = 6000
-HEARTBEAT_MS = 500
-MAX_POLL_MS = 10000  # also the rebalance timeout the clients send
-
+from tools.member import HEARTBEAT_MS, MAX_POLL_MS, SESSION_MS, Member  # noqa: F401 (the tests' names)
 
 # Warnings about the host, not about what a client sent: a stalled event loop or a slow GC pause
 # on a loaded CI machine, a missing C CRC32C. Every other warning or error the daemon logs while a
@@ -64,96 +51,6 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str | Call
             msg = what() if callable(what) else what
             raise AssertionError(f"timed out after {timeout}s waiting for {msg}")
         time.sleep(interval)
-
-
-class Member:
-    """A member.py child process and the JSON events it printed."""
-
-    def __init__(self, tmp_path: Path, client: str, bootstrap: str, group: str, topics: list[str],
-                 name: str, *, assignor: str | None = None, instance_id: str | None = None,
-                 session_ms: int = SESSION_MS, heartbeat_ms: int = HEARTBEAT_MS,
-                 max_poll_ms: int = MAX_POLL_MS):
-        self.name = name
-        self.client = client
-        cfg = dict(client=client, bootstrap=bootstrap, group=group, topics=topics, name=name,
-                   assignor=assignor, instance_id=instance_id, session_ms=session_ms,
-                   heartbeat_ms=heartbeat_ms, max_poll_ms=max_poll_ms)
-        self.stderr_path = tmp_path / f"member-{name}.stderr"
-        self._stderr = open(self.stderr_path, "ab")
-        env = dict(os.environ)
-        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-        self.proc = subprocess.Popen(
-            [sys.executable, str(MEMBER_SCRIPT), json.dumps(cfg)], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=self._stderr, cwd=str(REPO), env=env)
-        self.events: list[dict] = []
-        self._lock = threading.Lock()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue
-            with self._lock:
-                self.events.append(ev)
-
-    # -- views ---------------------------------------------------------------------------------
-    def snapshot(self) -> list[dict]:
-        with self._lock:
-            return list(self.events)
-
-    def state(self) -> dict | None:
-        """The last full-assignment report: {"partitions", "generation", "member_id", "t"}."""
-        for ev in reversed(self.snapshot()):
-            if ev["ev"] == "state":
-                return ev
-        return None
-
-    def partitions(self) -> set[tuple[str, int]]:
-        st = self.state()
-        return {tuple(p) for p in st["partitions"]} if st else set()
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def describe(self) -> str:
-        st = self.state()
-        return (f"{self.name}({self.client}, alive={self.alive()}): "
-                f"{sorted(p for _, p in self.partitions())} gen={st and st['generation']}")
-
-    def stderr_tail(self, n: int = 3000) -> str:
-        try:
-            return self.stderr_path.read_text(errors="replace")[-n:]
-        except OSError:
-            return ""
-
-    # -- control -------------------------------------------------------------------------------
-    def stop(self, timeout: float = 20.0) -> int | None:
-        """SIGTERM: the member closes its consumer (LeaveGroup for dynamic members) and exits."""
-        if self.alive():
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        self._reader.join(5)
-        return self.proc.returncode
-
-    def kill(self) -> None:
-        if self.alive():
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-    def cleanup(self) -> None:
-        self.kill()
-        for f in (self.proc.stdin, self.proc.stdout):
-            try:
-                f.close()
-            except OSError:
-                pass
-        self._stderr.close()
 
 
 class Members:

@@ -37,7 +37,7 @@ from tests.conformance.harness import (
     wait_converged,
     wait_until,
 )
-from tests.support.daemon import REPO
+from tools.daemon import REPO
 
 pytestmark = pytest.mark.conformance
 

@@ -20,8 +20,8 @@ from concurrent.futures import Future
 import pytest
 
 from protocol import messages as m
-from tests.support.daemon import REPO, Daemon
-from tests.support.kafka import RawClient
+from tools.daemon import REPO, Daemon
+from tools.rawclient import RawClient
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 
@@ -63,7 +63,7 @@ def _metrics_port(d: Daemon) -> int:
 
 
 def run(*args, env=None, timeout=30) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-m", "coordinator", "groups", *map(str, args)], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "herd_cli", "groups", *map(str, args)], capture_output=True,
                        text=True, cwd=str(REPO), env=env or ENV, timeout=timeout)
     assert "Traceback" not in r.stderr, r.stderr
     return r
@@ -586,8 +586,9 @@ def test_reset_offsets_export_and_from_file(herd, tmp_path):
             for p in doc["groups"][0]["partitions"]] == [("t", 1, 8, 3)]
     assert fetch_offsets(herd, "csv-a") == {("t", 0): 7, ("t", 1): 3}
 
-    assert fails(herd, "reset-offsets", "--from-file", one) == (
-        f"invalid --from-file {one} line 1: expected GROUP,TOPIC,PARTITION,OFFSET")
+    assert fails(herd, "reset-offsets", "--from-file", one) == (  # issue 24, snag 7: ask for the group
+        f"--from-file {one} line 1 has no group column (TOPIC,PARTITION,OFFSET): name the one group it is for "
+        f"with --group GROUP")
     assert fails(herd, "reset-offsets", "csv-c", "--from-file", plan) == (
         f"No reset plan for group 'csv-c' found in {plan}.")
     bad = tmp_path / "bad.csv"
@@ -831,7 +832,7 @@ def _who(mid, client, instance=None):
 
 
 def test_render_history_of_every_kind_of_entry():
-    from coordinator.admin import render_history
+    from admin.history import render_history
     hist = [
         {"generation": 7, "previous_generation": 6, "reason": "member_joined", "detail": "member b joined",
          "trigger": _who("b", "cb"), "client_reason": None, "initial": False, "outcome": "stable",
@@ -878,19 +879,21 @@ def test_render_history_of_every_kind_of_entry():
 
 
 def test_durations_datetimes_servers_and_cells():
-    from coordinator import admin
-    from coordinator.cli import CliError
-    assert admin.parse_duration("PT1H30M") == 5400 and admin.parse_duration("P1DT2S") == 86402
-    assert admin.parse_duration("pt0.5s") == 0.5
+    from admin.errors import CliError
+    from admin.output import _cell
+    from admin.reset import parse_datetime, parse_duration
+    from admin.session import parse_servers
+    assert parse_duration("PT1H30M") == 5400 and parse_duration("P1DT2S") == 86402
+    assert parse_duration("pt0.5s") == 0.5
     for bad in ("P", "PT", "1H", "P1H", "PT1D"):
         with pytest.raises(CliError):
-            admin.parse_duration(bad)
-    assert admin.parse_datetime("1970-01-01T00:00:01Z") == 1000
-    assert admin.parse_datetime("1970-01-01T02:00:00.500+02:00") == 500
-    assert admin.parse_servers("a:1, b:2,[::1]:3") == [("a", 1), ("b", 2), ("::1", 3)]
-    assert admin.parse_servers("host") == [("host", 9092)]
-    assert admin._cell(None) == "-" and admin._cell("") == "-" and admin._cell(0) == "0"
-    assert admin._cell("a b\x1b[0m\u200b") == "a b\\x1b[0m\\u200b"
+            parse_duration(bad)
+    assert parse_datetime("1970-01-01T00:00:01Z") == 1000
+    assert parse_datetime("1970-01-01T02:00:00.500+02:00") == 500
+    assert parse_servers("a:1, b:2,[::1]:3") == [("a", 1), ("b", 2), ("::1", 3)]
+    assert parse_servers("host") == [("host", 9092)]
+    assert _cell(None) == "-" and _cell("") == "-" and _cell(0) == "0"
+    assert _cell("a b\x1b[0m\u200b") == "a b\\x1b[0m\\u200b"
 
 
 # ---- an older broker: every API capped at a low version --------------------------------------------
@@ -1118,7 +1121,7 @@ class DataCluster(_LoopbackServer):
 
 
 def test_herd_is_known_to_hold_no_records():
-    from coordinator.admin import holds_records
+    from admin.session import holds_records
     from coordinator.versions import SUPPORTED
     assert not holds_records(SUPPORTED)  # herd advertises Fetch and Produce, but no API of a log store
     kafka = {**SUPPORTED, **DataCluster.LOG_APIS}

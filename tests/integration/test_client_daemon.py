@@ -2,7 +2,7 @@
 poll-timeout paths, cooperative rebalancing, static restart, and mixed groups with unmodified
 third-party clients.
 
-The daemon is started by the ``herd_daemon`` fixture below through ``tests/support/daemon.py``; swap
+The daemon is started by the ``herd_daemon`` fixture below through ``tools/daemon.py``; swap
 it for the project's shared daemon fixture once there is one. Everything is bounded: short
 sessions, explicit deadlines, every consumer closed in ``finally``.
 """
@@ -21,7 +21,7 @@ import time
 import pytest
 
 from client import GroupConsumer, TopicPartition
-from tests.support.daemon import Daemon
+from tools.daemon import Daemon
 
 pytestmark = pytest.mark.integration
 
@@ -161,7 +161,7 @@ CHILD = textwrap.dedent("""
 
 
 def test_kill_9_member_expires_after_session(herd_daemon):
-    from tests.support.daemon import REPO
+    from tools.daemon import REPO
 
     g = group()
     c = consumer(herd_daemon, g)
@@ -434,7 +434,7 @@ def test_a_member_removed_while_busy_cannot_commit_over_its_lost_partitions(herd
     After a poll has run on_partitions_lost and the new assignment, commits work again."""
     from client.errors import CommitFailedError
     from protocol import messages as m
-    from tests.support.kafka import RawClient
+    from tools.rawclient import RawClient
 
     g = group()
     lost = []

@@ -16,8 +16,8 @@ import pytest
 from client import GroupConsumer, TopicPartition
 from client import errors as cerr
 from client.spark import GroupJob, describe_group, partitions_for, run_member
-from tests.support.daemon import REPO, Daemon
 from tests.support.pki import make_pki
+from tools.daemon import REPO, Daemon
 
 pytestmark = pytest.mark.integration
 
@@ -153,7 +153,7 @@ def test_a_spark_task_runs_with_the_jobs_security_settings(sasl_ssl, pki):
 def groups(*args, timeout=30):
     env = dict(os.environ, PYTHONPATH=str(REPO))
     env.pop("HERD_BOOTSTRAP", None)
-    r = subprocess.run([sys.executable, "-m", "coordinator", "groups", *map(str, args)], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "herd_cli", "groups", *map(str, args)], capture_output=True,
                        text=True, cwd=str(REPO), env=env, timeout=timeout)
     assert "Traceback" not in r.stderr, r.stderr
     return r

@@ -22,8 +22,8 @@ import pytest
 from bench import chaos
 from protocol import errors as E
 from protocol import messages as m
-from tests.support.daemon import REPO, Daemon
-from tests.support.kafka import RawClient
+from tools.daemon import REPO, Daemon
+from tools.rawclient import RawClient
 
 pytestmark = pytest.mark.integration
 

@@ -26,8 +26,8 @@ import pytest
 from coordinator.records import decode_key
 from coordinator.store.logformat import read_log_file
 from protocol import messages as m
-from tests.support.daemon import REPO, Daemon
-from tests.support.kafka import RawClient
+from tools.daemon import REPO, Daemon
+from tools.rawclient import RawClient
 
 pytestmark = pytest.mark.integration
 

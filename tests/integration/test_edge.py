@@ -15,8 +15,8 @@ import pytest
 from protocol import errors as E
 from protocol import messages as m
 from protocol.headers import encode_request_header
-from tests.support.daemon import REPO, Daemon
-from tests.support.kafka import RawClient
+from tools.daemon import REPO, Daemon
+from tools.rawclient import RawClient
 
 pytestmark = pytest.mark.integration
 
@@ -174,7 +174,7 @@ def test_a_failed_start_leaves_no_stale_port_file(tmp_path):
 def run_cli(*args, env=None):
     e = dict(os.environ, PYTHONPATH=str(REPO))
     e.update(env or {})
-    return subprocess.run([sys.executable, "-m", "coordinator", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "herd_cli", *args], capture_output=True, text=True,
                           timeout=30, env=e, cwd=str(REPO))
 
 

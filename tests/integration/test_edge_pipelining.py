@@ -12,8 +12,8 @@ import pytest
 from protocol import errors as E
 from protocol import messages as m
 from protocol.headers import decode_response_header, encode_request_header
-from tests.support.daemon import Daemon
-from tests.support.kafka import RawClient
+from tools.daemon import Daemon
+from tools.rawclient import RawClient
 
 pytestmark = pytest.mark.integration
 

@@ -25,7 +25,7 @@ from bench import _util as U
 from bench import fuzz_daemon as F
 from bench import soak
 from protocol import messages as m
-from tests.support.kafka import RawClient
+from tools.rawclient import RawClient
 
 pytestmark = pytest.mark.integration
 
@@ -41,7 +41,6 @@ def herd(tmp_path_factory):
                     "--max-connections", str(MAX_CONNECTIONS),
                     "--max-pending-bytes-per-connection", str(MAX_PENDING),
                     "--max-frame-size", str(1 << 20), "--metrics-port", "0"]) as h:
-        h.address = ("127.0.0.1", h.port)
         h.metrics = soak.metrics_url(h)
         yield h
 

@@ -21,8 +21,8 @@ from protocol.consumer import (
     encode_assignment,
     encode_subscription,
 )
-from tests.support.daemon import Daemon
-from tests.support.kafka import RawClient
+from tools.daemon import Daemon
+from tools.rawclient import RawClient
 
 pytestmark = pytest.mark.integration
 

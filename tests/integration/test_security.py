@@ -15,9 +15,9 @@ import pytest
 from protocol import errors as E
 from protocol import messages as m
 from protocol.sasl import client_mechanism
-from tests.support.daemon import REPO, Daemon
-from tests.support.kafka import RawClient
 from tests.support.pki import make_pki
+from tools.daemon import REPO, Daemon
+from tools.rawclient import RawClient
 
 pytestmark = pytest.mark.integration
 

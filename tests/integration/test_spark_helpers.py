@@ -19,7 +19,7 @@ from client.spark import (
     run_member,
     starting_offsets_json,
 )
-from tests.support.daemon import Daemon
+from tools.daemon import Daemon
 
 pytestmark = pytest.mark.integration
 
@@ -287,3 +287,45 @@ def _two_members(job) -> dict:
     for t in threads:
         t.join(60)
     return out
+
+
+def test_a_member_rides_through_herd_restarting_while_it_joins(tmp_path, caplog, monkeypatch):
+    # A member whose group is not stable when herd goes away gets NoBrokersAvailableError from
+    # poll once broker.unreachable.timeout.ms passes (what a new user pointed at a wrong port
+    # needs to see); a Spark task must not fail on it while herd restarts: it keeps trying, bounded
+    # by its own task_timeout_s.
+    import logging
+    import threading
+
+    caplog.set_level(logging.INFO, logger="herd.client.spark")
+    real_committed = GroupConsumer.committed
+    # the task's lookups wait up to 30 s for herd; 1 s here, so that its polls come sooner
+    monkeypatch.setattr(GroupConsumer, "committed",
+                        lambda self, parts, timeout_s=None: real_committed(self, parts, timeout_s=1.0))
+    with Daemon(tmp_path / "data", initial_rebalance_delay_ms=3000) as d:  # the first join waits 3 s
+        ensure_topic(d.bootstrap, "bouncing", 1)
+        port = d.port
+        job = GroupJob(d.bootstrap, "bouncing-job", {TopicPartition("bouncing", 0): 10}, chunk_size=5,
+                       task_timeout_s=30, config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500,
+                                                  "broker.unreachable.timeout.ms": 300,
+                                                  "reconnect.backoff.max.ms": 100})
+        joining = threading.Event()
+        out, done = [], []
+        t = threading.Thread(target=lambda: out.append(
+            run_member(job, lambda tp, a, b: done.append((a, b)), on_start=lambda info: joining.set())))
+        t.start()
+        assert joining.wait(30)
+        time.sleep(0.5)  # its JoinGroup waits in herd's initial rebalance delay
+    try:  # herd is down: the member is refused, and its polls raise NoBrokersAvailableError
+        deadline = time.monotonic() + 20
+        while not any("no group coordinator reached" in r.getMessage() for r in caplog.records) and \
+                time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert any("no group coordinator reached" in r.getMessage() for r in caplog.records)
+        assert t.is_alive()
+        with Daemon(tmp_path / "data", "--port", str(port)) as d:  # back, on the same port and data
+            t.join(60)
+            assert out and out[0]["records"] == 10 and done == [(0, 5), (5, 10)]
+            assert group_offsets(d.bootstrap, "bouncing-job", "bouncing") == {TopicPartition("bouncing", 0): 10}
+    finally:
+        t.join(10)

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from tests.support.daemon import Daemon
+from tools.daemon import Daemon
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from client.spark import GroupJob, describe_group, group_offsets, history_dataframe, offsets_dataframe
-from tests.support.daemon import Daemon
+from tools.daemon import Daemon
 from tools.spark_demo import run_demo
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.slow]

@@ -20,7 +20,7 @@ from client.spark import (
     starting_offsets_json,
     with_source_position,
 )
-from tests.support.daemon import Daemon
+from tools.daemon import Daemon
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.slow]
 

@@ -7,9 +7,9 @@ import socket
 import ssl
 import threading
 
-from client.connection import CLIENT_VERSIONS
 from protocol import errors as E
 from protocol import messages as m
+from protocol.client_connection import CLIENT_VERSIONS
 from protocol.framing import FrameDecoder, frame
 from protocol.headers import decode_request_header, encode_response_header
 from protocol.sasl import SaslError, Users, server_mechanism

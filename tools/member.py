@@ -1,6 +1,7 @@
-"""One group member, run as a child process by the conformance tests.
+"""One group member of an unmodified third-party client, as a child process: the program, and
+:class:`Member`, the handle the conformance tests and the benchmarks (bench.fuzz_daemon) start it with.
 
-    python member.py '<json config>'
+    python tools/member.py '<json config>'
 
 Config keys: client ("kafka-python" | "aiokafka" | "confluent"), bootstrap, group, topics,
 assignor (optional: "range" | "roundrobin" | "cooperative-sticky"; default: the client's own
@@ -24,9 +25,19 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MEMBER_SCRIPT = Path(__file__).resolve()
+
+# Short but legal timeouts (herd's default group.min.session.timeout.ms is 6000, as Kafka's).
+SESSION_MS = 6000
+HEARTBEAT_MS = 500
+MAX_POLL_MS = 10000  # also the rebalance timeout the clients send
 
 STOP = threading.Event()
 
@@ -206,6 +217,96 @@ def run_confluent(cfg: dict) -> None:
     finally:
         consumer.close()
         emit("closed")
+
+
+class Member:
+    """A member.py child process and the JSON events it printed."""
+
+    def __init__(self, tmp_path: Path, client: str, bootstrap: str, group: str, topics: list[str],
+                 name: str, *, assignor: str | None = None, instance_id: str | None = None,
+                 session_ms: int = SESSION_MS, heartbeat_ms: int = HEARTBEAT_MS,
+                 max_poll_ms: int = MAX_POLL_MS):
+        self.name = name
+        self.client = client
+        cfg = dict(client=client, bootstrap=bootstrap, group=group, topics=topics, name=name,
+                   assignor=assignor, instance_id=instance_id, session_ms=session_ms,
+                   heartbeat_ms=heartbeat_ms, max_poll_ms=max_poll_ms)
+        self.stderr_path = tmp_path / f"member-{name}.stderr"
+        self._stderr = open(self.stderr_path, "ab")
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(MEMBER_SCRIPT), json.dumps(cfg)], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=self._stderr, cwd=str(REPO), env=env)
+        self.events: list[dict] = []
+        self._lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            with self._lock:
+                self.events.append(ev)
+
+    # -- views ---------------------------------------------------------------------------------
+    def snapshot(self) -> list[dict]:
+        with self._lock:
+            return list(self.events)
+
+    def state(self) -> dict | None:
+        """The last full-assignment report: {"partitions", "generation", "member_id", "t"}."""
+        for ev in reversed(self.snapshot()):
+            if ev["ev"] == "state":
+                return ev
+        return None
+
+    def partitions(self) -> set[tuple[str, int]]:
+        st = self.state()
+        return {tuple(p) for p in st["partitions"]} if st else set()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def describe(self) -> str:
+        st = self.state()
+        return (f"{self.name}({self.client}, alive={self.alive()}): "
+                f"{sorted(p for _, p in self.partitions())} gen={st and st['generation']}")
+
+    def stderr_tail(self, n: int = 3000) -> str:
+        try:
+            return self.stderr_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    # -- control -------------------------------------------------------------------------------
+    def stop(self, timeout: float = 20.0) -> int | None:
+        """SIGTERM: the member closes its consumer (LeaveGroup for dynamic members) and exits."""
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._reader.join(5)
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.alive():
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def cleanup(self) -> None:
+        self.kill()
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+        self._stderr.close()
 
 
 def main() -> None:

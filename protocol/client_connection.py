@@ -86,12 +86,32 @@ def negotiate(
 
 
 class ConnectionBroken(Exception):
-    """The connection cannot go on (bad frame, unexpected correlation id, failed handshake)."""
+    """The connection cannot go on (bad frame, unexpected correlation id, failed handshake).
+    ``frame_size`` is the size prefix of a response larger than ``max_frame_size`` (often a server
+    that is not Kafka at all), else None."""
+
+    def __init__(self, message: str, frame_size: int | None = None):
+        super().__init__(message)
+        self.frame_size = frame_size
 
 
 class AuthenticationFailed(ConnectionBroken):
     """The SASL handshake failed for good: wrong credentials, a mechanism the broker does not
-    enable, a broker listener without SASL. ``str()`` says why (the broker's message if it sent one)."""
+    enable, a broker listener without SASL. ``str()`` says why (the broker's message if it sent one).
+
+    The same facts, for a tool that words them its own way: ``reason`` is one of ``no_sasl`` (the
+    broker offers no SaslHandshake v1 / SaslAuthenticate), ``mechanism`` (not enabled; ``enabled``
+    lists the broker's), ``not_sasl_listener`` (ILLEGAL_SASL_STATE), ``handshake`` (another
+    SaslHandshake error, ``error_code``) or ``refused`` (SaslAuthenticate failed: ``error_code`` and
+    the broker's ``broker_message``, or the mechanism's own complaint in ``broker_message`` with
+    ``error_code`` None); ``mechanism`` and ``username`` are the ones tried."""
+
+    def __init__(self, message: str, reason: str = "refused", mechanism: str | None = None,
+                 username: str | None = None, enabled: tuple[str, ...] = (), error_code: int | None = None,
+                 broker_message: str | None = None):
+        super().__init__(message)
+        self.reason, self.mechanism, self.username = reason, mechanism, username
+        self.enabled, self.error_code, self.broker_message = tuple(enabled), error_code, broker_message
 
 
 @dataclass(frozen=True)
@@ -121,8 +141,10 @@ class Connection:
         api_versions_version: int = messages.ApiVersionsRequest.MAX_VERSION,
         sasl: tuple[str, str, str] | None = None,
         mechanism_factory=None,
+        software: tuple[str, str] = (SOFTWARE_NAME, SOFTWARE_VERSION),
     ):
         self.client_id = client_id
+        self._software = software  # ApiVersions v3+: client_software_name, client_software_version
         self._decoder = FrameDecoder(max_frame_size)
         self._out = bytearray()
         self._next_corr = 0
@@ -153,6 +175,11 @@ class Connection:
         """Correlation ids of user requests awaiting a response (handshake excluded)."""
         return [c for c in self._inflight if c != self._handshake_corr and c != self._sasl_corr]
 
+    def awaiting(self) -> list[tuple[int, int, int]]:
+        """``(correlation id, api key, version)`` of every request sent and not yet answered, the
+        handshake's included, oldest first: what a blocking owner is waiting for."""
+        return [(c, k, v) for c, (k, v) in self._inflight.items()]
+
     def data_to_send(self) -> bytes:
         data = bytes(self._out)
         self._out.clear()
@@ -169,7 +196,7 @@ class Connection:
             raise ConnectionBroken("ApiVersions negotiation did not converge")
         self._handshake_version = version
         req = messages.ApiVersionsRequest(
-            client_software_name=SOFTWARE_NAME, client_software_version=SOFTWARE_VERSION
+            client_software_name=self._software[0], client_software_version=self._software[1]
         )
         self._handshake_corr = self._queue(req, version)
 
@@ -195,7 +222,7 @@ class Connection:
         try:
             frames = self._decoder.feed(data)
         except ProtocolError as exc:
-            raise ConnectionBroken(f"bad frame: {exc}") from None
+            raise ConnectionBroken(f"bad frame: {exc}", getattr(exc, "size", None)) from None
         events = []
         for payload in frames:
             if len(payload) < 4:
@@ -270,7 +297,8 @@ class Connection:
         if hs is None or hs[1] < 1 or auth is None:
             raise AuthenticationFailed(
                 "the broker does not offer SASL authentication (SaslHandshake v1 and SaslAuthenticate): "
-                "is its listener SASL_PLAINTEXT or SASL_SSL? (check security.protocol)"
+                "is its listener SASL_PLAINTEXT or SASL_SSL? (check security.protocol)",
+                "no_sasl", self._sasl[0], self._sasl[1],
             )
         self._sasl_auth_version = min(auth[1], messages.SaslAuthenticateRequest.MAX_VERSION)
         self._sasl_corr = self._queue(messages.SaslHandshakeRequest(mechanism=self._sasl[0]), 1)
@@ -292,15 +320,18 @@ class Connection:
                 enabled = ", ".join(resp.mechanisms) or "none"
                 raise AuthenticationFailed(
                     f"the broker does not enable SASL mechanism {mech_name} (it enables: {enabled}); "
-                    f"check sasl.mechanism"
+                    f"check sasl.mechanism",
+                    "mechanism", mech_name, username, enabled=tuple(resp.mechanisms), error_code=resp.error_code,
                 )
             if resp.error_code == codes.ILLEGAL_SASL_STATE:
                 raise AuthenticationFailed(
                     "the broker's listener does not take SASL (SaslHandshake: ILLEGAL_SASL_STATE): check "
-                    "security.protocol"
+                    "security.protocol",
+                    "not_sasl_listener", mech_name, username, error_code=resp.error_code,
                 )
             if resp.error_code != codes.NONE:
-                raise AuthenticationFailed(f"SaslHandshake failed: {codes.error_name(resp.error_code)}")
+                raise AuthenticationFailed(f"SaslHandshake failed: {codes.error_name(resp.error_code)}",
+                                           "handshake", mech_name, username, error_code=resp.error_code)
             factory = self._mechanism_factory
             if factory is None:
                 from protocol.sasl import client_mechanism as factory
@@ -309,13 +340,16 @@ class Connection:
             return None
         if resp.error_code != codes.NONE:
             why = resp.error_message or codes.error_name(resp.error_code)
-            raise AuthenticationFailed(f"SASL {mech_name} authentication of {username!r} failed: {why}")
+            raise AuthenticationFailed(f"SASL {mech_name} authentication of {username!r} failed: {why}",
+                                       "refused", mech_name, username, error_code=resp.error_code,
+                                       broker_message=resp.error_message)
         from protocol.sasl import SaslError
 
         try:
             token = self._mechanism.step(bytes(resp.auth_bytes or b""))
         except SaslError as exc:
-            raise AuthenticationFailed(f"SASL {mech_name} authentication of {username!r} failed: {exc}") from None
+            raise AuthenticationFailed(f"SASL {mech_name} authentication of {username!r} failed: {exc}",
+                                       "refused", mech_name, username, broker_message=str(exc)) from None
         if token is not None:
             self._send_token(token)
             return None

@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 import trustme
 
-from coordinator.admin import CliError, command_security, parse_servers
-from coordinator.command_config import parse_properties, security_from_properties
+from admin.command_config import parse_properties, security_from_properties
+from admin.commands import command_security
+from admin.errors import CliError
+from admin.session import parse_servers
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +164,7 @@ def _security(ca, password="s3cret", mechanism="SCRAM-SHA-512"):
 
 
 def test_admin_connection_over_tls_and_scram(tls_server, broker):
-    from coordinator.admin import BrokerConnection, Deadline
+    from admin.session import BrokerConnection, Deadline
     from protocol import messages as m
 
     conn = BrokerConnection("127.0.0.1", broker.port, Deadline(10), security=_security(tls_server[0]))
@@ -174,7 +176,7 @@ def test_admin_connection_over_tls_and_scram(tls_server, broker):
 
 
 def test_admin_wrong_password_is_one_line_and_no_other_server_is_tried(tls_server, broker):
-    from coordinator.admin import AuthError, Cluster, Deadline
+    from admin.session import AuthError, Cluster, Deadline
 
     cluster = Cluster([("127.0.0.1", broker.port), ("127.0.0.1", broker.port)], Deadline(10),
                       _security(tls_server[0], password="nope"))
@@ -185,7 +187,7 @@ def test_admin_wrong_password_is_one_line_and_no_other_server_is_tried(tls_serve
 
 
 def test_admin_certificate_that_does_not_verify(tmp_path, broker):
-    from coordinator.admin import AuthError, BrokerConnection, Deadline
+    from admin.session import AuthError, BrokerConnection, Deadline
 
     trustme.CA().cert_pem.write_to_path(str(tmp_path / "other.pem"))
     with pytest.raises(AuthError, match=r"TLS certificate verification of 127.0.0.1:\d+ failed"):

@@ -1,0 +1,385 @@
+"""``herd groups list | describe | offsets | delete | delete-offsets``, and what they share with
+``reset-offsets`` (the clusters of a command, the groups and partitions it names)."""
+from __future__ import annotations
+
+from admin.errors import CliError
+from admin.output import _note, print_json, print_table
+from admin.session import LATEST, Cluster, Deadline, _addr, _error_text, parse_servers
+from client.security import SecurityConfig
+from protocol import errors as E
+from protocol.consumer import decode_assignment
+from protocol.wire import ProtocolError
+
+STATES = ("Empty", "Stable", "PreparingRebalance", "CompletingRebalance", "Dead")
+INACTIVE = ("Empty", "Dead")
+
+
+def command_security(path: str | None) -> SecurityConfig:
+    """``--command-config FILE`` -> the connections' TLS / SASL settings (PLAINTEXT without one)."""
+    if path is None:
+        return SecurityConfig()
+    from admin.command_config import load_command_config
+
+    try:
+        security, ignored = load_command_config(path)
+    except OSError as exc:
+        raise CliError(f"--command-config {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    if ignored:
+        _note(f"--command-config {path}: not used by herd groups: {', '.join(ignored)}")
+    return security
+
+
+def _clusters(args):
+    deadline = Deadline(args.timeout)
+    security = command_security(args.command_config)  # one config for every connection, as Kafka's tool
+    groups = Cluster(parse_servers(args.bootstrap_server, protocol=security.protocol), deadline, security)
+    if args.data_bootstrap_server:
+        data = Cluster(parse_servers(args.data_bootstrap_server, "--data-bootstrap-server", security.protocol),
+                       deadline, security)
+    else:
+        data = groups
+    return groups, data
+
+
+def _close(*clusters) -> None:
+    for c in clusters:
+        c.close()
+
+
+def _selected_groups(args, cluster: Cluster) -> list[str]:
+    names = list(dict.fromkeys([*args.groups, *args.more_groups]))
+    if args.all_groups:
+        if names:
+            raise CliError("give group names or --all-groups, not both")
+        return [g["group"] for g in cluster.list_groups([])]
+    if not names:
+        raise CliError("which group? give GROUP (or --group GROUP, or --all-groups)")
+    for n in names:
+        if not n:
+            raise CliError("the group id must not be empty")
+    return names
+
+
+def _parse_topic(spec: str) -> tuple[str, list[int] | None]:
+    topic, sep, parts = spec.partition(":")
+    if not topic:
+        raise CliError(f"invalid --topic {spec!r}: expected TOPIC or TOPIC:P,P,...")
+    if not sep:
+        return topic, None
+    try:
+        ps = sorted({int(x) for x in parts.split(",")})
+    except ValueError:
+        raise CliError(f"invalid --topic {spec!r}: partitions are numbers (TOPIC:0,1,2)") from None
+    if any(p < 0 for p in ps):
+        raise CliError(f"invalid --topic {spec!r}: partitions are not negative")
+    return topic, ps
+
+
+def known_partitions(topics, data: Cluster, cluster: Cluster) -> dict[str, set[int] | None]:
+    """The partitions of each topic, from the data cluster, else from the coordinator's (herd's
+    catalog); None for a topic neither knows."""
+    out: dict[str, set[int] | None] = {}
+    todo = sorted(set(topics))
+    for source in dict.fromkeys([data, cluster]):  # the same cluster once
+        if not todo:
+            break
+        md = source.metadata(todo)
+        for t in todo:
+            info = md.get(t)
+            if info is None or info["error"] == E.UNKNOWN_TOPIC_OR_PARTITION:
+                out[t] = None
+            elif info["error"] != E.NONE:
+                raise CliError(f"cannot read the metadata of topic '{t}': {_error_text(info['error'])}")
+            else:
+                out[t] = set(info["partitions"])
+        todo = [t for t in todo if out[t] is None]
+    return out
+
+
+def _resolve_topics(specs: list[str], data: Cluster, cluster: Cluster) -> list[tuple[str, int]]:
+    """The partitions ``--topic`` names: every partition of a bare topic, the given ones of
+    TOPIC:P,P (which must exist where the topic is known)."""
+    parsed = [_parse_topic(s) for s in specs]
+    known = known_partitions([t for t, _ in parsed], data, cluster)
+    out = set()
+    for t, ps in parsed:
+        if ps is None:
+            if known[t] is None:
+                raise CliError(f"topic '{t}' does not exist")
+            ps = known[t]
+        out.update((t, p) for p in ps)
+    check_partitions(out, known, _where(data, cluster))
+    return sorted(out)
+
+
+def _where(data: Cluster, cluster: Cluster) -> str:
+    return " or ".join(dict.fromkeys(c.any().address for c in (data, cluster)))
+
+
+def check_partitions(tps, known: dict[str, set[int] | None], where: str) -> None:
+    """Kafka's check that every partition to reset exists. A topic no cluster knows is let through
+    with a warning: herd keeps offsets for any topic (the data may live anywhere)."""
+    missing = sorted((t, p) for t, p in tps if known.get(t) is not None and p not in known[t])
+    if missing:
+        raise CliError('The partitions "' + ",".join(f"{t}-{p}" for t, p in missing) + '" do not exist')
+    for t in sorted({t for t, _ in tps if known.get(t) is None}):
+        _note(f"warning: topic '{t}' does not exist on {where}: its partitions are not checked")
+
+
+def _canonical_state(text: str) -> str:
+    for s in STATES:
+        if s.lower() == text.lower():
+            return s
+    raise CliError(f"unknown group state {text!r} (one of {', '.join(STATES)})")
+
+
+def cmd_list(args) -> int:
+    states = [_canonical_state(s) for s in (args.state or [])]
+    cluster, _ = _clusters(args)
+    try:
+        listed = cluster.list_groups(states)
+        want_states = args.state is not None or args.output == "json"
+        if want_states and any(g["state"] is None for g in listed):
+            for g in listed:  # ListGroups < v4 has no states: ask each coordinator
+                g["state"] = cluster.describe_group(g["group"])[0].group_state
+            if states:
+                listed = [g for g in listed if g["state"] in states]
+    finally:
+        cluster.close()
+    if args.output == "json":
+        print_json({"groups": listed})
+    elif args.state is not None:
+        print_table(["GROUP", "STATE"], [[g["group"], g["state"]] for g in listed])
+    else:
+        for g in listed:
+            print(g["group"])
+    return 0
+
+
+def _assignment(member) -> list[tuple[str, int]]:
+    try:
+        _, asg = decode_assignment(member.member_assignment)
+    except ProtocolError:
+        return []
+    return sorted((tp.topic, p) for tp in asg.assigned_partitions for p in tp.partitions)
+
+
+def _lag(current, log_end):
+    if current is None or log_end is None or log_end < current:
+        return None
+    return log_end - current
+
+
+def describe_one(group: str, cluster: Cluster, data: Cluster) -> dict | None:
+    """Everything describe shows about one group; None when it does not exist."""
+    d, conn = cluster.describe_group(group)
+    committed = cluster.committed(group)
+    if d.group_state == "Dead" and not committed:
+        return None
+    consumer = d.protocol_type in ("consumer", "")
+    members, owner = [], {}
+    for mem in d.members:
+        tps = _assignment(mem) if consumer else []
+        by_topic: dict[str, list[int]] = {}
+        for t, p in tps:
+            by_topic.setdefault(t, []).append(p)
+            owner[(t, p)] = mem
+        members.append({"consumer_id": mem.member_id, "group_instance_id": mem.group_instance_id,
+                        "host": mem.client_host, "client_id": mem.client_id, "partitions": len(tps),
+                        "assignment": [{"topic": t, "partitions": ps} for t, ps in sorted(by_topic.items())]})
+    tps = sorted(set(committed) | set(owner))
+    # a server holding no records (herd) knows no log ends: LOG-END-OFFSET and LAG are unknown
+    log_end = data.list_offsets(tps, LATEST) if tps and data.holds_records() else {}
+    rows = []
+    for t, p in tps:
+        cur = committed.get((t, p), {}).get("offset")
+        end = log_end.get((t, p))
+        mem = owner.get((t, p))
+        rows.append({"topic": t, "partition": p, "current_offset": cur, "log_end_offset": end,
+                     "lag": _lag(cur, end), "consumer_id": mem.member_id if mem else None,
+                     "group_instance_id": mem.group_instance_id if mem else None,
+                     "host": mem.client_host if mem else None, "client_id": mem.client_id if mem else None})
+    return {"group": group, "state": d.group_state, "protocol_type": d.protocol_type,
+            "assignment_strategy": d.protocol_data or None,
+            "coordinator": {"id": conn.node_id, "host": conn.host, "port": conn.port},
+            "member_count": len(d.members), "members": members, "partitions": rows}
+
+
+def cmd_describe(args) -> int:
+    if args.verbose and not args.members:
+        raise CliError("--verbose goes with --members")
+    cluster, data = _clusters(args)
+    try:
+        names = _selected_groups(args, cluster)
+        described, missing = [], []
+        for g in names:
+            info = describe_one(g, cluster, data)
+            if info is None:
+                missing.append(g)
+            else:
+                described.append(info)
+    finally:
+        _close(cluster, data)
+    if args.output == "json":
+        print_json({"groups": described})
+    else:
+        printed = [False]
+
+        def separate():  # a blank line between the tables of two groups, none before the first
+            if printed[0]:
+                print()
+            printed[0] = True
+        for info in described:
+            _print_describe(info, args, separate)
+    if missing:
+        if len(missing) == 1:
+            raise CliError(f"Consumer group '{missing[0]}' does not exist.")
+        raise CliError("Consumer groups " + ", ".join(f"'{g}'" for g in missing) + " do not exist.")
+    return 0
+
+
+def _print_describe(info: dict, args, separate=lambda: None) -> None:
+    g, state = info["group"], info["state"]
+    if args.state:
+        separate()
+        c = info["coordinator"]
+        print_table(["GROUP", "COORDINATOR (ID)", "ASSIGNMENT-STRATEGY", "STATE", "#MEMBERS"],
+                    [[g, f"{_addr(c['host'], c['port'])} ({c['id']})", info["assignment_strategy"], state,
+                      info["member_count"]]])
+        return
+    if state == "Empty" or state == "Dead":
+        _note(f"Consumer group '{g}' has no active members.")
+    elif state in ("PreparingRebalance", "CompletingRebalance"):
+        _note(f"Warning: Consumer group '{g}' is rebalancing.")
+    if args.members:
+        headers = ["GROUP", "CONSUMER-ID", "GROUP-INSTANCE-ID", "HOST", "CLIENT-ID", "#PARTITIONS"]
+        if args.verbose:
+            headers.append("ASSIGNMENT")
+        rows = []
+        for mem in info["members"]:
+            row = [g, mem["consumer_id"], mem["group_instance_id"], mem["host"], mem["client_id"],
+                   mem["partitions"]]
+            if args.verbose:
+                row.append(", ".join(f"{a['topic']}({','.join(map(str, a['partitions']))})"
+                                     for a in mem["assignment"]) or "-")
+            rows.append(row)
+        if rows:
+            separate()
+            print_table(headers, rows)
+        return
+    if info["partitions"]:
+        separate()
+        print_table(["GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "CONSUMER-ID",
+                     "HOST", "CLIENT-ID"],
+                    [[g, r["topic"], r["partition"], r["current_offset"], r["log_end_offset"], r["lag"],
+                      r["consumer_id"], r["host"], r["client_id"]] for r in info["partitions"]])
+
+
+def cmd_offsets(args) -> int:
+    cluster, data = _clusters(args)
+    try:
+        d, _ = cluster.describe_group(args.group)
+        committed = cluster.committed(args.group)
+    finally:
+        _close(cluster, data)
+    if d.group_state == "Dead" and not committed:
+        raise CliError(f"Consumer group '{args.group}' does not exist.")
+    rows = [{"topic": t, "partition": p, **v} for (t, p), v in sorted(committed.items())]
+    if args.output == "json":
+        print_json({"group": args.group, "state": d.group_state, "offsets": rows})
+    elif rows:
+        print_table(["GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "LEADER-EPOCH", "METADATA"],
+                    [[args.group, r["topic"], r["partition"], r["offset"], r["leader_epoch"], r["metadata"]]
+                     for r in rows])
+    else:
+        _note(f"Consumer group '{args.group}' has no committed offsets.")
+    return 0
+
+
+def cmd_delete(args) -> int:
+    cluster, _ = _clusters(args)
+    results = []
+    try:
+        for group in dict.fromkeys(args.group):
+            code = cluster.delete_group(group)
+            results.append({"group": group, "deleted": code == E.NONE,
+                            "error": None if code == E.NONE else E.error_name(code)})
+    finally:
+        cluster.close()
+    failed = [r for r in results if not r["deleted"]]
+    if args.output == "json":
+        print_json({"groups": results})
+    else:
+        ok = [r["group"] for r in results if r["deleted"]]
+        if ok:
+            names = ", ".join(f"'{g}'" for g in ok)
+            print(f"Deletion of requested consumer groups ({names}) was successful.")
+    if failed:
+        msgs = [_delete_error(r["group"], r["error"]) for r in failed]
+        if len(msgs) == 1:
+            raise CliError(msgs[0])
+        raise CliError(f"{len(msgs)} groups could not be deleted: " + "; ".join(msgs))
+    return 0
+
+
+def _delete_error(group: str, name: str) -> str:
+    if name == "NON_EMPTY_GROUP":
+        return f"Group '{group}' could not be deleted: the group is not empty (it has active members)."
+    if name == "GROUP_ID_NOT_FOUND":
+        return f"Group '{group}' could not be deleted: Consumer group '{group}' does not exist."
+    code = getattr(E, name, None)
+    return f"Group '{group}' could not be deleted: {_error_text(code) if code is not None else name}"
+
+
+def cmd_delete_offsets(args) -> int:
+    cluster, data = _clusters(args)
+    try:
+        parsed = [_parse_topic(s) for s in args.topic]
+        whole = [t for t, ps in parsed if ps is None]
+        if whole:  # all partitions: those the cluster knows, else those the group has offsets for
+            committed = cluster.committed(args.group)
+            md = data.metadata(sorted(set(whole)))
+        parts: dict[str, set[int]] = {}
+        for t, ps in parsed:
+            if ps is None:
+                info = md.get(t)
+                known = set(info["partitions"]) if info and info["error"] == E.NONE else set()
+                known |= {p for (ct, p) in committed if ct == t}
+                if not known:
+                    raise CliError(f"topic '{t}' does not exist and group '{args.group}' has no offsets "
+                                   "for it")
+                ps = known
+            parts.setdefault(t, set()).update(ps)
+        top, codes = cluster.delete_offsets(args.group, {t: sorted(ps) for t, ps in sorted(parts.items())})
+    finally:
+        _close(cluster, data)
+    if top == E.GROUP_ID_NOT_FOUND:
+        raise CliError(f"Consumer group '{args.group}' does not exist.")
+    if top == E.NON_EMPTY_GROUP or top == E.GROUP_SUBSCRIBED_TO_TOPIC:
+        pass  # reported per partition below
+    elif top != E.NONE:
+        raise CliError(f"cannot delete offsets of group '{args.group}': {_error_text(top)}")
+    rows = []
+    for t, ps in sorted(parts.items()):
+        for p in sorted(ps):
+            code = codes.get((t, p), top)
+            rows.append({"topic": t, "partition": p, "deleted": code == E.NONE,
+                         "error": None if code == E.NONE else E.error_name(code)})
+    if args.output == "json":
+        print_json({"group": args.group, "partitions": rows})
+    else:
+        print_table(["TOPIC", "PARTITION", "STATUS"],
+                    [[r["topic"], r["partition"], "Successful" if r["deleted"] else f"Error: {r['error']}"]
+                     for r in rows])
+    bad = [r for r in rows if not r["deleted"]]
+    if bad:
+        r = bad[0]
+        why = ("the group is subscribed to the topic" if r["error"] == "GROUP_SUBSCRIBED_TO_TOPIC"
+               else _error_text(getattr(E, r["error"], E.UNKNOWN_SERVER_ERROR)))
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise CliError(f"could not delete the offset of {r['topic']}-{r['partition']} for group "
+                       f"'{args.group}': {why}{more}")
+    return 0
+

@@ -1,0 +1,142 @@
+"""The project's layers, read from the source with ``ast``: which package may import which, and no
+two project modules importing each other (directly or round a longer loop).
+
+Every import counts, a lazy one inside a function too: a daemon that imports the admin tool "only
+when needed" still depends on it.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("protocol", "coordinator", "client", "admin", "tools", "bench")
+TOP_MODULES = ("herd_cli",)
+# package -> the project packages it may import (itself always)
+ALLOWED = {
+    "protocol": set(),
+    "coordinator": {"protocol"},
+    "client": {"protocol"},
+    "admin": {"client", "protocol"},
+}
+OURS = set(PACKAGES) | set(TOP_MODULES) | {"tests"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def project_modules() -> dict[str, Path]:
+    out = {}
+    for pkg in (*PACKAGES, "tests"):
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            if "node_modules" not in path.parts:
+                out[module_name(path)] = path
+    for name in TOP_MODULES:
+        out[name] = ROOT / f"{name}.py"
+    return out
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """The project modules ``name`` imports, anywhere in it (``from pkg import mod`` names the
+    module when ``pkg.mod`` is one)."""
+    tree = ast.parse(path.read_text(), str(path))
+    is_pkg = path.name == "__init__.py"
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".")
+                base = base[: len(base) - node.level + (1 if is_pkg else 0)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in known else mod for a in node.names]
+        else:
+            continue
+        for t in targets:
+            if t.split(".")[0] not in OURS:
+                continue
+            while t and t not in known:  # a name inside a module: the module
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                found.add(t)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    mods = project_modules()
+    known = set(mods)
+    return {name: imports_of(name, path, known) for name, path in mods.items()}
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, on, stack, out = {}, {}, set(), [], []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(g.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    bad = []
+    for name, deps in sorted(graph().items()):
+        pkg = name.split(".")[0]
+        if pkg not in ALLOWED:
+            continue
+        for d in sorted(deps):
+            dpkg = d.split(".")[0]
+            if dpkg != pkg and dpkg not in ALLOWED[pkg]:
+                bad.append(f"{name} imports {d}")
+    assert not bad, "\n".join(bad)
+
+
+def test_benchmarks_import_nothing_from_the_tests():
+    bad = [f"{n} imports {d}" for n, deps in sorted(graph().items()) if n.split(".")[0] == "bench"
+           for d in sorted(deps) if d.split(".")[0] == "tests"]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_two_project_modules_import_each_other():
+    assert cycles(graph()) == []
+
+
+def test_the_checker_sees_lazy_imports_and_cycles(tmp_path):
+    # the checks above would pass vacuously if the reader missed an import inside a function
+    src = "def f():\n    from client import network\n    import admin.cli\n"
+    path = tmp_path / "m.py"
+    path.write_text(src)
+    assert imports_of("coordinator.m", path, {"client.network", "admin.cli", "client"}) == {
+        "client.network", "admin.cli"}
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert graph()["herd_cli"] >= {"coordinator.cli", "admin.cli"}

@@ -1,0 +1,80 @@
+"""`make run` as the README describes it: HOST / PORT / DATA_DIR on make's command line become flags,
+otherwise herd's own defaults and the HERD_* environment apply (flags beat the environment, so the
+Makefile must not pass a flag nobody asked for), and ARGS carries any other `herd serve` flag."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from client.spark import partitions_for
+
+REPO = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+
+
+def make_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES") and not k.startswith("HERD_")}
+    env.update(extra)
+    return env
+
+
+def serve_line(*make_args: str, **env) -> str:
+    """The `herd serve` command `make run` would run (make -n prints without running)."""
+    out = subprocess.run(["make", "-n", "--no-print-directory", "run", *make_args], cwd=REPO,
+                         env=make_env(**env), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    [line] = [ln for ln in out.stdout.splitlines() if " serve" in ln and "herd" in ln]
+    return line.split(" serve", 1)[1].split()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_make_run_passes_only_what_is_given_on_its_command_line():
+    assert serve_line() == []  # herd's defaults: 127.0.0.1:9092, ./herd-data
+    # the environment (HERD_PORT, or a PORT a platform sets) is herd's to read, not a flag
+    assert serve_line(HERD_PORT="19093", PORT="3000", HOST="0.0.0.0") == []
+    assert serve_line("HOST=0.0.0.0", "PORT=19092", "DATA_DIR=/var/lib/herd") == [
+        "--host", "'0.0.0.0'", "--port", "'19092'", "--data-dir", "'/var/lib/herd'"]
+    assert serve_line("PORT=19092", "ARGS=--topic orders:6 --metrics-port 9404") == [
+        "--port", "'19092'", "--topic", "orders:6", "--metrics-port", "9404"]
+
+
+def test_make_run_binds_the_port_of_herd_port_and_creates_the_args_topic(tmp_path):
+    port = free_port()
+    log = tmp_path / "make-run.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(["make", "--no-print-directory", "run", "ARGS=--topic orders:6"], cwd=REPO,
+                                env=make_env(HERD_PORT=str(port), HERD_DATA_DIR=str(tmp_path / "data")),
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"make run did not listen on {port}:\n{log.read_text(errors='replace')}")
+                time.sleep(0.1)
+        assert len(partitions_for(f"127.0.0.1:{port}", "orders")) == 6
+        assert (tmp_path / "data").is_dir()
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in the terminal: make and herd both get it
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
