@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tests.support.daemon import REPO, Daemon
+from tools.daemon import REPO, Daemon
 
 ck = pytest.importorskip("confluent_kafka")
 from confluent_kafka import TopicPartition  # noqa: E402
@@ -214,7 +214,7 @@ def test_commit_and_fetch_with_member_epochs_read_back_by_a_classic_client(herd)
         assert [(tp.partition, tp.offset, tp.error) for tp in got] == [(p, 100 + p, None) for p in range(4)]
         # the commit carried the member's epoch: another epoch is refused, the right one accepted
         from protocol import messages as m
-        from tests.support.kafka import RawClient
+        from tools.rawclient import RawClient
 
         def raw_commit(epoch):
             with RawClient(herd.address) as rc:
