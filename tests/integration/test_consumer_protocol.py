@@ -42,18 +42,22 @@ def herd(tmp_path_factory):
         yield d
 
 
-def _http_get(d: Daemon, path: str) -> str:
+def _metrics_port(d: Daemon) -> int:
     import json
-    import urllib.request
 
-    port = None
     end = time.monotonic() + 10
-    while port is None and time.monotonic() < end:
+    while time.monotonic() < end:
         for line in d.logs().splitlines():
             if '"metrics listening"' in line:
-                port = json.loads(line)["port"]
+                return json.loads(line)["port"]
         time.sleep(0.02)
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+    raise AssertionError("the daemon did not log its metrics port")
+
+
+def _http_get(d: Daemon, path: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{_metrics_port(d)}{path}", timeout=10) as r:
         return r.read().decode()
 
 
@@ -347,5 +351,47 @@ def test_metrics_count_consumer_heartbeats_and_the_flight_recorder_says_why_epoc
         assert all(e["wall_ms"] > 0 for e in history)
         groups = {g["group_id"]: g for g in json.loads(_http_get(herd, "/groups"))}
         assert groups["g-metrics"]["type"] == "consumer" and groups["g-metrics"]["members"] == 2
+        # herd groups history renders it
+        from tests.integration.test_admin import run
+
+        r = run("history", "g-metrics", "--http", f"127.0.0.1:{_metrics_port(herd)}")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.startswith("Consumer group 'g-metrics':") and r.stdout.count("joined") == 2
+        assert f"group epoch {epochs[-1]}" in r.stdout
+    finally:
+        ms.close_all()
+
+
+def test_herd_groups_shows_the_type_member_epochs_and_target_vs_current_assignment(herd):
+    from tests.integration.test_admin import js, ok, table
+
+    ms = Members(herd.bootstrap, "g-cli", "k")
+    try:
+        ms.add("e")
+        ms.add("f")
+        ms.wait(lambda: ms.balanced(6) and all(len(p) == 3 for p in ms.owned.values()), 30, "two members 3/3")
+        ms.poll(2 * HEARTBEAT_MS / 1000)
+        # list: the type column, and the type filter (ListGroups v5)
+        rows = {r[0]: r[1:] for r in table(ok(herd, "list", "--state", "--type"))[1:]}
+        assert rows["g-cli"] == ["Stable", "consumer"]
+        consumer_only = {g["group"] for g in js(herd, "list", "--type", "consumer")["groups"]}
+        classic_only = {g["group"] for g in js(herd, "list", "--type", "classic")["groups"]}
+        assert "g-cli" in consumer_only and "g-cli" not in classic_only
+        # describe: ConsumerGroupDescribe's view
+        (info,) = js(herd, "describe", "g-cli")["groups"]
+        assert info["type"] == "consumer" and info["state"] == "Stable" and info["assignment_strategy"] == "uniform"
+        assert info["group_epoch"] == info["target_assignment_epoch"] >= 2
+        by_client = {mm["client_id"]: mm for mm in info["members"]}
+        assert set(by_client) == {"e", "f"}
+        for name, mm in by_client.items():
+            assert mm["member_epoch"] == info["target_assignment_epoch"]  # reconciled
+            assert mm["assignment"] == mm["target_assignment"] == [{"topic": "k", "partitions": sorted(ms.owned[name])}]
+        text = ok(herd, "describe", "g-cli", "--members", "--verbose")
+        head, *rest = table(text)
+        assert head == ["GROUP", "CONSUMER-ID", "GROUP-INSTANCE-ID", "HOST", "CLIENT-ID", "#PARTITIONS",
+                        "CURRENT-EPOCH", "CURRENT-ASSIGNMENT", "TARGET-EPOCH", "TARGET-ASSIGNMENT"]
+        assert len(rest) == 2 and all(r[6] == str(info["group_epoch"]) for r in rest)
+        state = table(ok(herd, "describe", "g-cli", "--state"))
+        assert state[0][-3:] == ["GROUP-EPOCH", "TARGET-ASSIGNMENT-EPOCH", "#MEMBERS"] and state[1][-1] == "2"
     finally:
         ms.close_all()
