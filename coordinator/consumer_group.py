@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import structlog
 
-from coordinator.consumer import ConsumerGroups, validate_offset_commit, validate_offset_fetch
+from coordinator.consumer import ConsumerGroups
 from coordinator.consumer.coordinator import HeartbeatError
 from coordinator.group import EMPTY
 from coordinator.responses import join_response
@@ -31,7 +31,7 @@ from coordinator.result import Result
 from protocol import errors
 from protocol.messages import ConsumerGroupHeartbeatResponse
 
-__all__ = ["ConsumerProtocol", "CONSUMER_TIMER_KINDS", "validate_offset_commit", "validate_offset_fetch"]
+__all__ = ["ConsumerProtocol", "CONSUMER_TIMER_KINDS", "PROTOCOL_TYPE"]
 
 log = structlog.get_logger("herd.group")
 
