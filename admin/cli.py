@@ -78,6 +78,8 @@ def add_parser(sub) -> None:
     p.add_argument("--state", nargs="*", metavar="STATE", default=None,
                    help="show each group's state; with states, only groups in those states "
                         f"({', '.join(STATES[:-1])})")
+    p.add_argument("--type", nargs="*", metavar="TYPE", default=None,
+                   help="show each group's type; with types, only groups of those types (classic, consumer)")
     _common(p)
     p.set_defaults(func=cmd_list)
 

@@ -10,7 +10,9 @@ from protocol import errors as E
 from protocol.consumer import decode_assignment
 from protocol.wire import ProtocolError
 
-STATES = ("Empty", "Stable", "PreparingRebalance", "CompletingRebalance", "Dead")
+# classic group states, then KIP-848 consumer group states (Assigning, Reconciling), then Dead
+STATES = ("Empty", "Stable", "PreparingRebalance", "CompletingRebalance", "Assigning", "Reconciling", "Dead")
+TYPES = ("classic", "consumer")
 INACTIVE = ("Empty", "Dead")
 
 
@@ -135,11 +137,18 @@ def _canonical_state(text: str) -> str:
     raise CliError(f"unknown group state {text!r} (one of {', '.join(STATES)})")
 
 
+def _canonical_type(text: str) -> str:
+    if text.lower() in TYPES:
+        return text.lower()
+    raise CliError(f"unknown group type {text!r} (one of {', '.join(TYPES)})")
+
+
 def cmd_list(args) -> int:
     states = [_canonical_state(s) for s in (args.state or [])]
+    types = [_canonical_type(t) for t in (args.type or [])]
     cluster, _ = _clusters(args)
     try:
-        listed = cluster.list_groups(states)
+        listed = cluster.list_groups(states, types)
         want_states = args.state is not None or args.output == "json"
         if want_states and any(g["state"] is None for g in listed):
             for g in listed:  # ListGroups < v4 has no states: ask each coordinator
@@ -150,8 +159,12 @@ def cmd_list(args) -> int:
         cluster.close()
     if args.output == "json":
         print_json({"groups": listed})
-    elif args.state is not None:
-        print_table(["GROUP", "STATE"], [[g["group"], g["state"]] for g in listed])
+    elif args.state is not None or args.type is not None:
+        # as kafka-consumer-groups.sh --list [--state] [--type]: GROUP, then what was asked for
+        headers = ["GROUP"] + (["STATE"] if args.state is not None else []) + \
+            (["TYPE"] if args.type is not None else [])
+        print_table(headers, [[g["group"]] + ([g["state"]] if args.state is not None else []) +
+                              ([g["type"] or "-"] if args.type is not None else []) for g in listed])
     else:
         for g in listed:
             print(g["group"])
@@ -172,23 +185,19 @@ def _lag(current, log_end):
     return log_end - current
 
 
-def describe_one(group: str, cluster: Cluster, data: Cluster) -> dict | None:
-    """Everything describe shows about one group; None when it does not exist."""
-    d, conn = cluster.describe_group(group)
-    committed = cluster.committed(group)
-    if d.group_state == "Dead" and not committed:
-        return None
-    consumer = d.protocol_type in ("consumer", "")
-    members, owner = [], {}
-    for mem in d.members:
-        tps = _assignment(mem) if consumer else []
-        by_topic: dict[str, list[int]] = {}
-        for t, p in tps:
-            by_topic.setdefault(t, []).append(p)
-            owner[(t, p)] = mem
-        members.append({"consumer_id": mem.member_id, "group_instance_id": mem.group_instance_id,
-                        "host": mem.client_host, "client_id": mem.client_id, "partitions": len(tps),
-                        "assignment": [{"topic": t, "partitions": ps} for t, ps in sorted(by_topic.items())]})
+def _consumer_assignment(assignment) -> list[tuple[str, int]]:
+    parts = assignment.topic_partitions if assignment else []
+    return sorted((tp.topic_name, p) for tp in parts for p in tp.partitions)
+
+
+def _by_topic(tps) -> list[dict]:
+    by_topic: dict[str, list[int]] = {}
+    for t, p in tps:
+        by_topic.setdefault(t, []).append(p)
+    return [{"topic": t, "partitions": ps} for t, ps in sorted(by_topic.items())]
+
+
+def _partition_rows(committed, owner, data: Cluster) -> list[dict]:
     tps = sorted(set(committed) | set(owner))
     # a server holding no records (herd) knows no log ends: LOG-END-OFFSET and LAG are unknown
     log_end = data.list_offsets(tps, LATEST) if tps and data.holds_records() else {}
@@ -198,10 +207,55 @@ def describe_one(group: str, cluster: Cluster, data: Cluster) -> dict | None:
         end = log_end.get((t, p))
         mem = owner.get((t, p))
         rows.append({"topic": t, "partition": p, "current_offset": cur, "log_end_offset": end,
-                     "lag": _lag(cur, end), "consumer_id": mem.member_id if mem else None,
-                     "group_instance_id": mem.group_instance_id if mem else None,
-                     "host": mem.client_host if mem else None, "client_id": mem.client_id if mem else None})
-    return {"group": group, "state": d.group_state, "protocol_type": d.protocol_type,
+                     "lag": _lag(cur, end), "consumer_id": mem["consumer_id"] if mem else None,
+                     "group_instance_id": mem["group_instance_id"] if mem else None,
+                     "host": mem["host"] if mem else None, "client_id": mem["client_id"] if mem else None})
+    return rows
+
+
+def describe_consumer_one(group: str, d, conn, cluster: Cluster, data: Cluster) -> dict:
+    """A KIP-848 consumer group (from ConsumerGroupDescribe): members with their epochs, current
+    and target assignments, the group and target assignment epochs."""
+    committed = cluster.committed(group)
+    members, owner = [], {}
+    for mem in d.members:
+        current = _consumer_assignment(mem.assignment)
+        target = _consumer_assignment(mem.target_assignment)
+        info = {"consumer_id": mem.member_id, "group_instance_id": mem.instance_id, "host": mem.client_host,
+                "client_id": mem.client_id, "partitions": len(current), "member_epoch": mem.member_epoch,
+                "assignment": _by_topic(current), "target_assignment": _by_topic(target)}
+        members.append(info)
+        for tp in current:
+            owner[tp] = info
+    return {"group": group, "type": "consumer", "state": d.group_state, "protocol_type": "consumer",
+            "assignment_strategy": d.assignor_name or None, "group_epoch": d.group_epoch,
+            "target_assignment_epoch": d.assignment_epoch,
+            "coordinator": {"id": conn.node_id, "host": conn.host, "port": conn.port},
+            "member_count": len(d.members), "members": members,
+            "partitions": _partition_rows(committed, owner, data)}
+
+
+def describe_one(group: str, cluster: Cluster, data: Cluster) -> dict | None:
+    """Everything describe shows about one group; None when it does not exist."""
+    cd, conn = cluster.describe_consumer_group(group)
+    if cd is not None:
+        return describe_consumer_one(group, cd, conn, cluster, data)
+    d, conn = cluster.describe_group(group)
+    committed = cluster.committed(group)
+    if d.group_state == "Dead" and not committed:
+        return None
+    consumer = d.protocol_type in ("consumer", "")
+    members, owner = [], {}
+    for mem in d.members:
+        tps = _assignment(mem) if consumer else []
+        info = {"consumer_id": mem.member_id, "group_instance_id": mem.group_instance_id,
+                "host": mem.client_host, "client_id": mem.client_id, "partitions": len(tps),
+                "assignment": _by_topic(tps)}
+        members.append(info)
+        for tp in tps:
+            owner[tp] = info
+    rows = _partition_rows(committed, owner, data)
+    return {"group": group, "type": "classic", "state": d.group_state, "protocol_type": d.protocol_type,
             "assignment_strategy": d.protocol_data or None,
             "coordinator": {"id": conn.node_id, "host": conn.host, "port": conn.port},
             "member_count": len(d.members), "members": members, "partitions": rows}
@@ -242,28 +296,36 @@ def cmd_describe(args) -> int:
 
 def _print_describe(info: dict, args, separate=lambda: None) -> None:
     g, state = info["group"], info["state"]
+    consumer = info.get("type") == "consumer"
     if args.state:
         separate()
         c = info["coordinator"]
-        print_table(["GROUP", "COORDINATOR (ID)", "ASSIGNMENT-STRATEGY", "STATE", "#MEMBERS"],
-                    [[g, f"{_addr(c['host'], c['port'])} ({c['id']})", info["assignment_strategy"], state,
-                      info["member_count"]]])
+        headers = ["GROUP", "COORDINATOR (ID)", "ASSIGNMENT-STRATEGY", "STATE"]
+        row = [g, f"{_addr(c['host'], c['port'])} ({c['id']})", info["assignment_strategy"], state]
+        if consumer:  # as kafka-consumer-groups.sh 4.x for a consumer group
+            headers += ["GROUP-EPOCH", "TARGET-ASSIGNMENT-EPOCH"]
+            row += [info["group_epoch"], info["target_assignment_epoch"]]
+        print_table(headers + ["#MEMBERS"], [row + [info["member_count"]]])
         return
     if state == "Empty" or state == "Dead":
         _note(f"Consumer group '{g}' has no active members.")
-    elif state in ("PreparingRebalance", "CompletingRebalance"):
+    elif state in ("PreparingRebalance", "CompletingRebalance", "Assigning", "Reconciling"):
         _note(f"Warning: Consumer group '{g}' is rebalancing.")
     if args.members:
         headers = ["GROUP", "CONSUMER-ID", "GROUP-INSTANCE-ID", "HOST", "CLIENT-ID", "#PARTITIONS"]
         if args.verbose:
-            headers.append("ASSIGNMENT")
+            # a consumer group (KIP-848): each member's epoch, what it owns and what it is moving to
+            headers += (["CURRENT-EPOCH", "CURRENT-ASSIGNMENT", "TARGET-EPOCH", "TARGET-ASSIGNMENT"] if consumer
+                        else ["ASSIGNMENT"])
         rows = []
         for mem in info["members"]:
             row = [g, mem["consumer_id"], mem["group_instance_id"], mem["host"], mem["client_id"],
                    mem["partitions"]]
-            if args.verbose:
-                row.append(", ".join(f"{a['topic']}({','.join(map(str, a['partitions']))})"
-                                     for a in mem["assignment"]) or "-")
+            if args.verbose and consumer:
+                row += [mem["member_epoch"], _fmt_assignment(mem["assignment"]), info["target_assignment_epoch"],
+                        _fmt_assignment(mem["target_assignment"])]
+            elif args.verbose:
+                row.append(_fmt_assignment(mem["assignment"]))
             rows.append(row)
         if rows:
             separate()
@@ -275,6 +337,10 @@ def _print_describe(info: dict, args, separate=lambda: None) -> None:
                      "HOST", "CLIENT-ID"],
                     [[g, r["topic"], r["partition"], r["current_offset"], r["log_end_offset"], r["lag"],
                       r["consumer_id"], r["host"], r["client_id"]] for r in info["partitions"]])
+
+
+def _fmt_assignment(assignment: list[dict]) -> str:
+    return ", ".join(f"{a['topic']}({','.join(map(str, a['partitions']))})" for a in assignment) or "-"
 
 
 def cmd_offsets(args) -> int:

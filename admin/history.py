@@ -86,10 +86,25 @@ def _who(e: dict) -> str:
     return s + f" [{e.get('member_id')}]"
 
 
+def render_consumer_history(group: str, hist: list[dict]) -> list[str]:
+    """A KIP-848 consumer group's flight recorder: each move of its group epoch (or of its target
+    assignment epoch), why, and the group after it."""
+    out = [f"Consumer group '{group}': {len(hist)} epoch move{'s' if len(hist) != 1 else ''} recorded, "
+           "oldest first (times UTC)."]
+    for e in hist:
+        out.append(f"group epoch {e.get('group_epoch')}  {_when(e.get('wall_ms'))}  {e.get('reason')}")
+        members = e.get("members")
+        out.append(f"  then       target assignment epoch {e.get('assignment_epoch')}, {e.get('state')}, "
+                   f"{_cell(members)} member{'' if members == 1 else 's'}")
+    return out
+
+
 def render_history(group: str, hist: list[dict]) -> list[str]:
     """The flight recorder as a readable timeline, oldest first."""
     if not hist:
         return [f"Group '{group}': no rebalances recorded."]
+    if all("group_epoch" in e for e in hist):  # a KIP-848 consumer group
+        return render_consumer_history(group, hist)
     reasons: dict[str, int] = {}
     people: dict[str, dict] = {}  # member id -> who (client id, host), from every entry
     for e in hist:

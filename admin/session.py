@@ -392,19 +392,45 @@ class Cluster:
         time.sleep(min(0.1, max(left, 0)))
         self.deadline.check(what)
 
-    def list_groups(self, states: list[str]) -> list[dict]:
+    def list_groups(self, states: list[str], types: list[str] | None = None) -> list[dict]:
+        """Every group of every broker: group, protocol_type, state (None before ListGroups v4) and
+        type (``classic`` / ``consumer``; None before v5). ``types`` filters by type (v5+; older
+        servers know only classic groups, so the filter is applied here)."""
         self.metadata([])
         seen: dict[str, dict] = {}
         for node_id in sorted(self.brokers):
             conn = self.node(node_id)
             resp, v = conn.call(lambda v: m.ListGroupsRequest(
-                states_filter=list(states) if v is not None and v >= 4 else []))
+                states_filter=list(states) if v is not None and v >= 4 else [],
+                types_filter=list(types or []) if v is not None and v >= 5 else []))
             if resp.error_code != E.NONE:
                 raise CliError(f"ListGroups failed on {conn.address}: {_error_text(resp.error_code)}")
             for g in resp.groups:
+                gtype = (g.group_type or None) if v >= 5 else None
+                if types and v < 5 and "classic" not in types:
+                    continue
                 seen[g.group_id] = {"group": g.group_id, "protocol_type": g.protocol_type,
-                                    "state": g.group_state if v >= 4 else None}
+                                    "state": g.group_state if v >= 4 else None, "type": gtype}
         return sorted(seen.values(), key=lambda g: g["group"])
+
+    def describe_consumer_group(self, group: str):
+        """KIP-848: the group as ConsumerGroupDescribe sees it, with its coordinator; ``(None,
+        conn)`` when the server does not serve that API or the group is not a consumer group
+        (then DescribeGroups describes it)."""
+        conn = self.coordinator(group)
+        if m.ConsumerGroupDescribeRequest.API_KEY not in conn.versions:
+            return None, conn
+
+        def error_of(resp, v):
+            return resp.groups[0].error_code if resp.groups else E.NONE
+        resp, v, conn = self.group_call(group, lambda v: m.ConsumerGroupDescribeRequest(group_ids=[group]),
+                                        error_of)
+        d = resp.groups[0] if resp.groups else None
+        if d is None or d.error_code == E.GROUP_ID_NOT_FOUND:
+            return None, conn
+        if d.error_code != E.NONE:
+            raise CliError(f"cannot describe group '{group}': {_error_text(d.error_code)}")
+        return d, conn
 
     def describe_group(self, group: str):
         def error_of(resp, v):

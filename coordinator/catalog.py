@@ -14,7 +14,12 @@ cluster whose logs are all empty:
 * CreateTopics: adds topics (replication factor -1 or 1 on this one-node cluster).
 
 Topics are durable: each is a herd-specific record in shard 0's log (key type ``TOPIC_RECORD``),
-so they survive restarts and are compacted with everything else. Pure: no I/O, no clock.
+so they survive restarts and are compacted with everything else. Each carries the topic's id, a
+UUID minted when the topic is created and never changed (Metadata v10+ and Fetch v13+ name topics
+by id; KIP-848 assignments are by topic id). A record with the nil id (none written by herd so far,
+but an id must never be missing) gets one minted once at start-up, written back durably.
+A ``--topic name:N`` with more partitions than the topic has grows it at start-up (never shrinks).
+Pure: no I/O, no clock.
 """
 from __future__ import annotations
 
@@ -36,6 +41,7 @@ _VALUE = struct.Struct(">hi16s")
 _TOPIC_RE = re.compile(r"[a-zA-Z0-9._-]+")
 MAX_TOPIC_LEN = 249
 MAX_PARTITIONS = 100_000
+NIL_ID = bytes(16)  # Kafka's Uuid.ZERO_UUID: no topic id
 MAX_TIMESTAMP, LATEST_TIERED_TIMESTAMP = -3, -5  # ListOffsets special timestamps (-1 latest, -2 earliest)
 
 # What a broker without an authorizer reports: every operation the resource type supports (Kafka's
@@ -123,19 +129,37 @@ class Catalog:
 
     def create(self, name: str, partitions: int, writes: list) -> Topic:
         """Create (in memory, via replay) and queue the durable record into ``writes``."""
-        topic = Topic(name, partitions, uuid.uuid4().bytes)
-        key, value = topic_key(name), topic_value(topic)
+        return self._write(Topic(name, partitions, uuid.uuid4().bytes), writes)
+
+    def _write(self, topic: Topic, writes: list) -> Topic:
+        key, value = topic_key(topic.name), topic_value(topic)
         self.replay(key, value)
         writes.append((CATALOG_SHARD, key, value))
         return topic
 
     def configured_topics(self) -> list:
-        """Writes that create the ``--topic`` topics not yet known (run once after replay)."""
+        """Writes run once after replay: create the ``--topic`` topics not yet known, grow those
+        configured with more partitions than they have, and give any topic without an id one."""
         writes: list = []
+        for topic in list(self.topics.values()):
+            if topic.topic_id == NIL_ID:
+                self._write(Topic(topic.name, topic.partitions, uuid.uuid4().bytes), writes)
         for name, parts in self.config.topics:
-            if name not in self.topics:
+            topic = self.topics.get(name)
+            if topic is None:
                 self.create(name, parts, writes)
+            elif parts > topic.partitions:
+                self._write(Topic(name, parts, topic.topic_id), writes)
         return writes
+
+    # ---- the catalog as consumer groups see it (coordinator.consumer.Topics) ------------------
+
+    def get(self, name: str) -> tuple[bytes, int] | None:
+        topic = self.topics.get(name)
+        return None if topic is None else (topic.topic_id, topic.partitions)
+
+    def names(self):
+        return self.topics.keys()
 
     # ---- APIs --------------------------------------------------------------------------------
 

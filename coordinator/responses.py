@@ -14,6 +14,8 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 from coordinator.versions import (
+    CONSUMER_GROUP_DESCRIBE,
+    CONSUMER_GROUP_HEARTBEAT,
     CREATE_TOPICS,
     DELETE_GROUPS,
     DESCRIBE_GROUPS,
@@ -107,6 +109,11 @@ def described_group_error(group_id: str, code: int) -> DescribeGroupsResponseDes
     return DescribeGroupsResponseDescribedGroup(error_code=code, group_id=group_id)
 
 
+def consumer_described_group_error(group_id: str, code: int) -> m.ConsumerGroupDescribeResponseDescribedGroup:
+    """One group of a ConsumerGroupDescribe answered ``code``."""
+    return m.ConsumerGroupDescribeResponseDescribedGroup(error_code=code, group_id=group_id)
+
+
 def error_response(api_key: int, version: int, request, code: int):
     """The response Kafka sends for ``request`` when the whole request fails with ``code``."""
     if api_key == JOIN_GROUP:
@@ -132,6 +139,11 @@ def error_response(api_key: int, version: int, request, code: int):
                                              for g in request.groups_names])
     if api_key == OFFSET_DELETE:
         return OffsetDeleteResponse(error_code=code)
+    if api_key == CONSUMER_GROUP_HEARTBEAT:
+        return m.ConsumerGroupHeartbeatResponse(error_code=code)
+    if api_key == CONSUMER_GROUP_DESCRIBE:
+        return m.ConsumerGroupDescribeResponse(groups=[consumer_described_group_error(g, code)
+                                                       for g in request.group_ids])
     if api_key == METADATA:  # no error code of its own: each topic named is not available
         return m.MetadataResponse(topics=[
             m.MetadataResponseTopic(error_code=errors.LEADER_NOT_AVAILABLE, name=t.name)
@@ -162,6 +174,8 @@ def as_error(resp, code: int):
                                                for p in t.partitions]) for t in resp.topics])
     if isinstance(resp, OffsetDeleteResponse):
         return OffsetDeleteResponse(error_code=code)
+    if isinstance(resp, m.ConsumerGroupHeartbeatResponse):
+        return m.ConsumerGroupHeartbeatResponse(error_code=code)
     if isinstance(resp, DeleteGroupsResponse):
         return DeleteGroupsResponse(results=[DeleteGroupsResponseDeletableGroupResult(r.group_id, code)
                                              for r in resp.results])
@@ -178,4 +192,7 @@ def as_error(resp, code: int):
         return DescribeGroupsResponse(groups=[described_group_error(g.group_id, code) for g in resp.groups])
     if isinstance(resp, ListGroupsResponse):
         return ListGroupsResponse(error_code=code)
+    if isinstance(resp, m.ConsumerGroupDescribeResponse):
+        return m.ConsumerGroupDescribeResponse(groups=[consumer_described_group_error(g.group_id, code)
+                                                       for g in resp.groups])
     return resp

@@ -54,14 +54,17 @@ from coordinator.result import Result
 from coordinator.stall import StallDetector
 from coordinator.store import ShardFencedError
 from coordinator.versions import (
+    CREATE_TOPICS,
     FETCH,
     GROUP_APIS,
+    METADATA,
 )
 from protocol import errors as E
 
 log = logging_setup.get("herd.runtime")
 
 FETCH_WAIT_CAP_MS = 30_000
+_CATALOG_WRITES = frozenset({METADATA, CREATE_TOPICS})  # may create topics: refused while closing
 # Records replayed between two turns of the event loop at start-up (~30 ms of replay): /healthz and
 # the signal handlers are answered during a replay of any length.
 REPLAY_STEP = 20_000
@@ -126,6 +129,8 @@ class Runtime:
         self.config = config
         self.groups = groups
         self.catalog = catalog
+        if hasattr(groups, "set_topics"):
+            groups.set_topics(catalog)  # consumer groups assign the catalog's topics (by topic id)
         self.store = store
         self.clock = clock if clock is not None else SystemClock()
         self.metrics = metrics
@@ -197,6 +202,8 @@ class Runtime:
             try:
                 next(steps)
             except StopIteration as done:
+                if self.loop is not None:  # the catalog may have moved while another node had it
+                    self._topics_changed()
                 return done.value["records"]
             await asyncio.sleep(0)
 
@@ -251,7 +258,13 @@ class Runtime:
         # looks from now on: the replay before was no stall (loaded members got fresh deadlines)
         self.stall = StallDetector(self.clock, getattr(self.config, "stall_threshold_ms", 0),
                                    on_stall=self._on_stall).start(loop)
+        self._topics_changed()  # also when nothing changed now: the catalog may have moved since
         self.arm(force=True)
+
+    def _topics_changed(self) -> None:
+        """Topics were created or grown: consumer groups subscribed to them get a new epoch."""
+        clock = self.clock
+        self.apply(self.groups.topics_changed(clock.monotonic_ms(), clock.wall_ms()))
 
     # ---- requests ----------------------------------------------------------------------------
 
@@ -259,9 +272,11 @@ class Runtime:
         """Handle one request (any but Heartbeat, see :meth:`heartbeat`): its answer goes to
         ``token`` now, or once what it depends on is durable (``token.hold()`` first), or later
         (parked)."""
-        if self._closing:
+        if self._closing and (api_key in GROUP_APIS or api_key in _CATALOG_WRITES):
             token.reply(error_response(api_key, version, request, E.NOT_COORDINATOR))
             return
+        # while closing, the catalog's reads (FindCoordinator, ListOffsets, Fetch, DescribeCluster)
+        # are answered as usual: they write nothing (they have no NOT_COORDINATOR answer of their own)
         if api_key in GROUP_APIS:
             clock = self.clock
             self.apply(self.groups.handle(api_key, version, request, token, clock.monotonic_ms(), clock.wall_ms(),
@@ -276,7 +291,11 @@ class Runtime:
             else:
                 token.reply(resp)
             return
-        self.apply(self.catalog.handle(api_key, version, request, token), _catalog_failure)
+        result = self.catalog.handle(api_key, version, request, token)
+        self.apply(result, _catalog_failure)
+        if result.writes:  # a topic created (CreateTopics, or Metadata's auto-creation)
+            self._topics_changed()
+            self.arm()
 
     def heartbeat(self, version: int, request) -> int:
         """Heartbeat's one path (the edge answers it in place with cached bytes): it writes

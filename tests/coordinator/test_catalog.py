@@ -175,3 +175,45 @@ def test_describe_cluster_refuses_the_controller_endpoint_type():
         r = cat.describe_cluster(m.DescribeClusterRequest(endpoint_type=endpoint), 1)
         assert r.error_code == code, endpoint
         assert (r.brokers != []) == (code == E.NONE)
+
+
+def test_topic_ids_are_stable_and_metadata_v12_answers_by_id():
+    cat = catalog(topics=(("t", 2),))
+    writes = cat.configured_topics()
+    tid = cat.topics["t"].topic_id
+    assert tid != bytes(16) and len(tid) == 16
+    # replayed into a fresh catalog: the same id, and nothing to write again
+    fresh = catalog(topics=(("t", 2),))
+    for _, k, v in writes:
+        fresh.replay(k, v)
+    assert fresh.configured_topics() == [] and fresh.topics["t"].topic_id == tid
+    _, r = fresh.metadata(md("t"), 12)
+    assert r.topics[0].topic_id == tid
+    r = m.MetadataResponse.decode(r.encode(12), 12)
+    assert r.topics[0].topic_id == tid and r.topics[0].name == "t"
+    _, r = fresh.metadata(m.MetadataRequest(topics=[m.MetadataRequestTopic(topic_id=tid, name=None)]), 12)
+    assert (r.topics[0].error_code, r.topics[0].name, len(r.topics[0].partitions)) == (0, "t", 2)
+    _, r = fresh.metadata(m.MetadataRequest(topics=[m.MetadataRequestTopic(topic_id=bytes(range(16)), name=None)]), 12)
+    assert r.topics[0].error_code == E.UNKNOWN_TOPIC_ID
+    assert fresh.get("t") == (tid, 2) and list(fresh.names()) == ["t"] and fresh.get("x") is None
+
+
+def test_a_topic_without_an_id_gets_one_minted_once_durably_and_a_configured_topic_grows():
+    from coordinator.catalog import Topic, topic_key, topic_value
+
+    cat = catalog(topics=(("t", 2), ("u", 4)))
+    cat.replay(topic_key("t"), topic_value(Topic("t", 2, bytes(16))))  # a record with the nil id
+    cat.replay(topic_key("u"), topic_value(Topic("u", 1, b"u" * 16)))
+    writes = cat.configured_topics()
+    minted = cat.topics["t"].topic_id
+    assert minted != bytes(16)
+    assert cat.topics["u"].partitions == 4 and cat.topics["u"].topic_id == b"u" * 16  # grown, same id
+    again = catalog(topics=(("t", 2), ("u", 4)))
+    for _, k, v in [(0, topic_key("t"), topic_value(Topic("t", 2, bytes(16)))),
+                    (0, topic_key("u"), topic_value(Topic("u", 1, b"u" * 16))), *writes]:
+        again.replay(k, v)
+    assert again.configured_topics() == []  # once: the minted id and the growth are durable
+    assert again.topics["t"].topic_id == minted and again.topics["u"].partitions == 4
+    shrink = catalog(topics=(("u", 2),))
+    shrink.replay(topic_key("u"), topic_value(Topic("u", 4, b"u" * 16)))
+    assert shrink.configured_topics() == [] and shrink.topics["u"].partitions == 4  # never shrinks

@@ -245,12 +245,12 @@ def test_list(herd, members):
     assert rows["list-stable"] == "Stable" and rows["list-empty"] == "Empty"
 
     stable = js(herd, "list", "--state", "stable")["groups"]  # case-insensitive, as Kafka's tool
-    assert {"group": "list-stable", "protocol_type": "consumer", "state": "Stable"} in stable
+    assert {"group": "list-stable", "protocol_type": "consumer", "state": "Stable", "type": "classic"} in stable
     assert all(g["state"] == "Stable" for g in stable)
     both = {g["group"] for g in js(herd, "list", "--state", "Empty", "Stable")["groups"]}
     assert {"list-stable", "list-empty"} <= both
     everything = js(herd, "list")["groups"]
-    assert set(everything[0]) == {"group", "protocol_type", "state"}
+    assert set(everything[0]) == {"group", "protocol_type", "state", "type"}
 
     assert fails(herd, "list", "--state", "Sleeping").startswith("unknown group state 'Sleeping'")
 
@@ -285,9 +285,10 @@ def test_describe_partitions_members_and_state(herd, members):
 
     doc = js(herd, "describe", g)
     (info,) = doc["groups"]
-    assert set(info) == {"group", "state", "protocol_type", "assignment_strategy", "coordinator",
+    assert set(info) == {"group", "type", "state", "protocol_type", "assignment_strategy", "coordinator",
                          "member_count", "members", "partitions"}
     assert info["group"] == g and info["state"] == "Stable" and info["protocol_type"] == "consumer"
+    assert info["type"] == "classic"
     assert info["assignment_strategy"] in ("range", "roundrobin") and info["member_count"] == 2
     assert info["coordinator"] == {"id": 0, "host": "127.0.0.1", "port": herd.port}
     parts = {(p["topic"], p["partition"]): p for p in info["partitions"]}

@@ -53,7 +53,7 @@ NOT_RUN = {
         "a fragment of a Spark streaming query; tested in tests/spark/test_streaming.py",
     "zip -qr herd-client.zip client protocol          # from a herd checkout":
         "spark-submit to a YARN cluster",
-    "herd groups list            [--state [STATE ...]]": "a synopsis of herd groups",
+    "herd groups list            [--state [STATE ...]] [--type [classic|consumer ...]]": "a synopsis of herd groups",
     "$ herd groups describe billing": "sample output",
     "herd groups reset-offsets --all-groups --all-topics --to-earliest --export > plan.csv   # a dry run":
         "reset-offsets and --from-file are tested in tests/integration/test_admin.py",
