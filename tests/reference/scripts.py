@@ -290,6 +290,50 @@ def heartbeat_during_rebalance(r: Run):
 
 
 @script
+def describe_assignments_through_rebalances(r: Run):
+    """What DescribeGroups shows of each member in every state: the last assignment while the
+    group rebalances (empty for a member that joined since), none for anyone once a new member
+    interrupts CompletingRebalance, the new ones when Stable again, no members when Empty."""
+    group, topic = r.group(), r.topic(partitions=4)
+    (ca, ida), (cb, idb), gen = two_members(r, group, topic)
+    conns = {ida: ca, idb: cb}
+
+    def newcomer(name):
+        c = r.conn(f"ref-{name}")
+        j = r.call(c, join_req(group, topics=(topic,)), 9, f"{name} join")
+        conns[j.member_id] = c
+        return j.member_id, r.send(c, join_req(group, j.member_id, topics=(topic,)), 9)
+
+    def answers(pending):  # who leads is the server's pick: join answers are not recorded
+        return [p.conn.raw.receive(p.api_key, p.version, p.cid) for p in pending]
+
+    idc, pc = newcomer("c")
+    r.wait_state(group, "PreparingRebalance")
+    describe(r, ca, group, label="preparing: c joined")
+    for mid in (ida, idb):
+        r.call(conns[mid], m.HeartbeatRequest(group_id=group, generation_id=gen, member_id=mid), 4,
+               "heartbeat")
+    pending = [r.send(conns[mid], join_req(group, mid, topics=(topic,)), 9) for mid in (ida, idb)]
+    answers(pending + [pc])
+    describe(r, ca, group, label="completing")
+    idd, pd = newcomer("d")
+    r.wait_state(group, "PreparingRebalance")
+    describe(r, ca, group, label="preparing again: d joined before the leader's sync")
+    pending = [r.send(conns[mid], join_req(group, mid, topics=(topic,)), 9) for mid in (ida, idb, idc)]
+    got = answers(pending + [pd])
+    leader, gen = got[0].leader, got[0].generation_id
+    parts = {ida: [0], idb: [1], idc: [2], idd: [3]}
+    pl = r.send(conns[leader], sync_req(group, gen, leader, [(mid, assignment({topic: ps}))
+                                                             for mid, ps in parts.items()]), 5)
+    others = [r.send(conns[mid], sync_req(group, gen, mid), 5) for mid in parts if mid != leader]
+    answers([pl] + others)
+    describe(r, ca, group, label="stable")
+    r.call(ca, m.LeaveGroupRequest(group_id=group, members=[
+        m.LeaveGroupRequestMemberIdentity(member_id=mid) for mid in parts]), 5, "everyone leaves")
+    describe(r, ca, group, label="empty")
+
+
+@script
 def sync_follower_before_leader(r: Run):
     group, topic = r.group(), r.topic(partitions=2)
     two_members(r, group, topic)  # two_members sends the leader's sync first; here the reverse below
@@ -565,6 +609,34 @@ def find_coordinator_versions(r: Run):
     for v in range(4):
         r.call(c, m.FindCoordinatorRequest(key=group, key_type=0), v, f"find v{v}")
     r.call(c, m.FindCoordinatorRequest(coordinator_keys=[group, ""], key_type=0), 4, "find v4 batch")
+
+
+@script
+def find_coordinator_key_type_errors(r: Run):
+    """Share groups (key type 2: no share coordinator on either server) and an unknown key type,
+    at every version that has a key type: the error and its message, per key at v4+."""
+    c = r.conn()
+    for key_type in (2, 5):
+        for v in range(1, 4):
+            r.call(c, m.FindCoordinatorRequest(key=r.group(), key_type=key_type), v, f"type {key_type} v{v}")
+        for v in range(4, 7):
+            r.call(c, m.FindCoordinatorRequest(coordinator_keys=[r.group(), ""], key_type=key_type), v,
+                   f"type {key_type} v{v} batch")
+
+
+@script
+def find_coordinator_transactions(r: Run):
+    """Key type 1. Kafka creates __transaction_state on the first such request and answers
+    COORDINATOR_NOT_AVAILABLE until it has a leader: asked again (not recorded) until it does."""
+    import time
+
+    c = r.conn()
+    deadline = time.monotonic() + 30
+    while c.raw.call(m.FindCoordinatorRequest(key="ref-txn", key_type=1), 3).error_code == E.COORDINATOR_NOT_AVAILABLE:
+        assert time.monotonic() < deadline, f"{r.server}: no transaction coordinator within 30 s"
+        time.sleep(0.1)
+    r.call(c, m.FindCoordinatorRequest(key="ref-txn", key_type=1), 3, "txn v3")
+    r.call(c, m.FindCoordinatorRequest(coordinator_keys=["ref-txn"], key_type=1), 4, "txn v4")
 
 
 # -- every version of the other group APIs --------------------------------------------------------
