@@ -416,6 +416,49 @@ def static_member_restart_keeps_assignment(r: Run):
 
 
 @script
+def static_member_restart_at_group_max_size(r: Run):
+    """A full group (group.max.size static members, Stable); one of them restarts (empty member
+    id, its group.instance.id)."""
+    import time
+
+    from tests.reference.conftest import GROUP_MAX_SIZE
+
+    group, topic = r.group(), r.topic(partitions=GROUP_MAX_SIZE)
+    conns, ids = [], []
+    probe, deadline = r.conn("ref-probe"), time.monotonic() + 30
+    # a fresh Kafka creates __consumer_offsets on the first FindCoordinator: wait for it (not recorded)
+    while probe.raw.call(m.FindCoordinatorRequest(key=group, key_type=0), 3).error_code:
+        assert time.monotonic() < deadline, f"{r.server}: no group coordinator within 30 s"
+        time.sleep(0.1)
+
+    def answers(pending):  # who leads is the server's pick: join answers are not recorded
+        return [p.conn.raw.receive(p.api_key, p.version, p.cid) for p in pending]
+
+    for i in range(GROUP_MAX_SIZE):  # each newcomer starts a rebalance the others rejoin
+        c = r.conn(f"ref-s{i}")
+        pending = [r.send(c, join_req(group, topics=(topic,), instance_id=f"inst-{i}"), 9)]
+        if i:
+            r.wait_state(group, "PreparingRebalance")
+            pending += [r.send(conns[j], join_req(group, ids[j], topics=(topic,), instance_id=f"inst-{j}"), 9)
+                        for j in range(i)]
+        got = answers(pending)
+        conns.append(c)
+        ids.append(got[0].member_id)
+    gen, leader = got[0].generation_id, ids.index(got[0].leader)
+    asg = [(mid, assignment({topic: [i]})) for i, mid in enumerate(ids)]
+    order = [leader] + [i for i in range(GROUP_MAX_SIZE) if i != leader]
+    pending = [r.send(conns[i], sync_req(group, gen, ids[i], asg if i == leader else (),
+                                         instance_id=f"inst-{i}"), 5) for i in order]
+    answers(pending)
+    r.note("member ids, in join order", ids)  # numbers the minted ids alike on both servers
+    describe(r, conns[0], group, label="full")
+    c = r.conn("ref-restart")
+    r.call(c, join_req(group, topics=(topic,), instance_id="inst-0"), 9, "inst-0 restarts")
+    d = r.conn("ref-probe").raw.call(m.DescribeGroupsRequest(groups=[group]), 5).groups[0]
+    r.note("after", {"state": d.group_state, "members": len(d.members)})
+
+
+@script
 def static_leave_by_instance_id(r: Run):
     group, topic = r.group(), r.topic()
     c, mid, gen = one_member(r, group, topic, instance_id="inst-1")

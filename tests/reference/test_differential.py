@@ -54,6 +54,16 @@ EXPECTED: dict[str, tuple[str, list]] = {
     'offset_fetch_v0': ('OP-2', [
         ('[1]fetch v0', {'topics': [{'name': 't-<run>', 'partitions': [{'partition_index': 0, 'committed_offset': 5, 'committed_leader_epoch': -1, 'metadata': 'meta', 'error_code': 0}, {'partition_index': 1, 'committed_offset': 6, 'committed_leader_epoch': -1, 'metadata': 'meta', 'error_code': 0}, {'partition_index': 2, 'committed_offset': -1, 'committed_leader_epoch': -1, 'metadata': '', 'error_code': 0}]}], 'error_code': 0, 'groups': []}, '<connection closed>'),
     ]),
+    'static_member_restart_at_group_max_size': ('OP-5', [
+        ('[2]inst-0 restarts.error_code', 0, 81),
+        ('[2]inst-0 restarts.generation_id', 4, -1),
+        ('[2]inst-0 restarts.protocol_type', 'consumer', None),
+        ('[2]inst-0 restarts.protocol_name', 'range', None),
+        ('[2]inst-0 restarts.leader', 'inst-0-#5', ''),
+        ('[2]inst-0 restarts.skip_assignment', True, False),
+        ('[2]inst-0 restarts.member_id', 'inst-0-#5', ''),
+        ('[2]inst-0 restarts.members[len]', 4, 0),
+    ]),
 }
 
 
