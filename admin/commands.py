@@ -295,8 +295,14 @@ def cmd_describe(args) -> int:
 
 
 def _print_describe(info: dict, args, separate=lambda: None) -> None:
+    """One group's table, as Kafka's kafka-consumer-groups prints it (same columns, same notes on
+    stderr; docs/compatibility.md lists what differs and why)."""
     g, state = info["group"], info["state"]
     consumer = info.get("type") == "consumer"
+    if state == "Empty" or state == "Dead":
+        _note(f"Consumer group '{g}' has no active members.")
+    elif state in ("PreparingRebalance", "CompletingRebalance", "Assigning", "Reconciling"):
+        _note(f"Warning: Consumer group '{g}' is rebalancing.")
     if args.state:
         separate()
         c = info["coordinator"]
@@ -307,29 +313,9 @@ def _print_describe(info: dict, args, separate=lambda: None) -> None:
             row += [info["group_epoch"], info["target_assignment_epoch"]]
         print_table(headers + ["#MEMBERS"], [row + [info["member_count"]]])
         return
-    if state == "Empty" or state == "Dead":
-        _note(f"Consumer group '{g}' has no active members.")
-    elif state in ("PreparingRebalance", "CompletingRebalance", "Assigning", "Reconciling"):
-        _note(f"Warning: Consumer group '{g}' is rebalancing.")
     if args.members:
-        headers = ["GROUP", "CONSUMER-ID", "GROUP-INSTANCE-ID", "HOST", "CLIENT-ID", "#PARTITIONS"]
-        if args.verbose:
-            # a consumer group (KIP-848): each member's epoch, what it owns and what it is moving to
-            headers += (["CURRENT-EPOCH", "CURRENT-ASSIGNMENT", "TARGET-EPOCH", "TARGET-ASSIGNMENT"] if consumer
-                        else ["ASSIGNMENT"])
-        rows = []
-        for mem in info["members"]:
-            row = [g, mem["consumer_id"], mem["group_instance_id"], mem["host"], mem["client_id"],
-                   mem["partitions"]]
-            if args.verbose and consumer:
-                row += [mem["member_epoch"], _fmt_assignment(mem["assignment"]), info["target_assignment_epoch"],
-                        _fmt_assignment(mem["target_assignment"])]
-            elif args.verbose:
-                row.append(_fmt_assignment(mem["assignment"]))
-            rows.append(row)
-        if rows:
-            separate()
-            print_table(headers, rows)
+        _print_members(g, info["members"], args.verbose, separate,
+                       target_epoch=info.get("target_assignment_epoch") if consumer else None)
         return
     if info["partitions"]:
         separate()
@@ -339,8 +325,33 @@ def _print_describe(info: dict, args, separate=lambda: None) -> None:
                       r["consumer_id"], r["host"], r["client_id"]] for r in info["partitions"]])
 
 
-def _fmt_assignment(assignment: list[dict]) -> str:
-    return ", ".join(f"{a['topic']}({','.join(map(str, a['partitions']))})" for a in assignment) or "-"
+def _print_members(g: str, members: list[dict], verbose: bool, separate, target_epoch=None) -> None:
+    """Kafka's --members table: GROUP-INSTANCE-ID only when a member has one; --verbose adds
+    Kafka 4's CURRENT-EPOCH, CURRENT-ASSIGNMENT (``t:0,1;u:2``), TARGET-EPOCH and TARGET-ASSIGNMENT
+    (the epochs and the target belong to KIP-848 groups, ``target_epoch`` given: "-" for a classic
+    group). The header is printed for a group without members too, as Kafka does."""
+    with_instance = any(mem["group_instance_id"] for mem in members)
+    headers = ["GROUP", "CONSUMER-ID", *(["GROUP-INSTANCE-ID"] if with_instance else []), "HOST", "CLIENT-ID",
+               "#PARTITIONS"]
+    if verbose:
+        headers += ["CURRENT-EPOCH", "CURRENT-ASSIGNMENT", "TARGET-EPOCH", "TARGET-ASSIGNMENT"]
+    rows = []
+    for mem in members:
+        row = [g, mem["consumer_id"], *([mem["group_instance_id"]] if with_instance else []), mem["host"],
+               mem["client_id"], mem["partitions"]]
+        if verbose and target_epoch is not None:  # a consumer group (KIP-848)
+            row += [mem.get("member_epoch"), member_assignment_text(mem["assignment"]), target_epoch,
+                    member_assignment_text(mem.get("target_assignment") or [])]
+        elif verbose:
+            row += [None, member_assignment_text(mem["assignment"]), None, None]
+        rows.append(row)
+    separate()
+    print_table(headers, rows)
+
+
+def member_assignment_text(assignment: list[dict]) -> str | None:
+    """Kafka 4's CURRENT-ASSIGNMENT: ``topic:0,1,2`` per topic, topics joined by ``;``."""
+    return ";".join(f"{a['topic']}:{','.join(map(str, a['partitions']))}" for a in assignment) or None
 
 
 def cmd_offsets(args) -> int:
@@ -436,6 +447,8 @@ def cmd_delete_offsets(args) -> int:
     if args.output == "json":
         print_json({"group": args.group, "partitions": rows})
     else:
+        if all(r["deleted"] for r in rows):  # Kafka's tool: this line before the table when all went well
+            print(f"Request succeeded for deleting offsets from group {args.group}.")
         print_table(["TOPIC", "PARTITION", "STATUS"],
                     [[r["topic"], r["partition"], "Successful" if r["deleted"] else f"Error: {r['error']}"]
                      for r in rows])

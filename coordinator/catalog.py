@@ -28,6 +28,7 @@ import struct
 import uuid
 from dataclasses import dataclass
 
+from coordinator.responses import kafka_error_message
 from coordinator.result import Result
 from coordinator.versions import CREATE_TOPICS, DESCRIBE_CLUSTER, FETCH, FIND_COORDINATOR, LIST_OFFSETS, METADATA
 from protocol import errors as E
@@ -36,6 +37,9 @@ from protocol.wire import ProtocolError
 
 TOPIC_RECORD = 0x7F00  # herd's own record type, outside Kafka's __consumer_offsets range
 CATALOG_SHARD = 0
+# FindCoordinator key types other than a group (0): Kafka's CoordinatorType
+TRANSACTION_KEY = 1
+SHARE_KEY = 2
 _KEY = struct.Struct(">hh")
 _VALUE = struct.Struct(">hi16s")
 _TOPIC_RE = re.compile(r"[a-zA-Z0-9._-]+")
@@ -164,28 +168,33 @@ class Catalog:
     # ---- APIs --------------------------------------------------------------------------------
 
     def find_coordinator(self, req: m.FindCoordinatorRequest, version: int) -> m.FindCoordinatorResponse:
-        def answer(key: str, key_type: int):
-            if key_type != 0:
-                return (E.INVALID_REQUEST, "herd coordinates consumer groups only "
-                        f"(key type {key_type} is not supported)")
-            return E.NONE, None  # "" too: Kafka hashes any key, and OffsetCommit/Fetch take group ""
+        """Every group key is this node's. Error messages are shaped as Kafka's
+        (KafkaApis.handleFindCoordinatorRequest, measured on 4.4): v1-3 carry ``Errors.message()``
+        ("NONE" on success, the error's default message otherwise); at v4+ a key's own answer
+        carries "" (the schema's default) and only a whole-request error (an unknown key type)
+        puts the default message on every key."""
+        key_type = req.key_type if version >= 1 else 0
+        if key_type == 0:  # "" too: Kafka hashes any key, and OffsetCommit/Fetch take group ""
+            code, key_message = E.NONE, ""
+        elif key_type == TRANSACTION_KEY:  # herd: no transactions (compatibility.md OP-4)
+            code = E.INVALID_REQUEST
+            key_message = "herd coordinates consumer groups only (key type 1, transactions, is not supported)"
+        elif key_type == SHARE_KEY:  # as Kafka without a share coordinator: the key's own error
+            code, key_message = E.INVALID_REQUEST, ""
+        else:  # Kafka: CoordinatorType.forId throws InvalidRequestException for the request
+            code, key_message = E.INVALID_REQUEST, E.ERRORS[E.INVALID_REQUEST].message
 
+        ok = code == E.NONE
+        node_id, host, port = (self.node_id, self.host, self.port) if ok else (-1, "", -1)
         resp = m.FindCoordinatorResponse()
         if version >= 4:
-            for key in req.coordinator_keys:
-                code, msg = answer(key, req.key_type)
-                ok = code == E.NONE
-                resp.coordinators.append(m.FindCoordinatorResponseCoordinator(
-                    key=key, node_id=self.node_id if ok else -1, host=self.host if ok else "",
-                    port=self.port if ok else -1, error_code=code, error_message=msg))
+            resp.coordinators = [m.FindCoordinatorResponseCoordinator(
+                key=key, node_id=node_id, host=host, port=port, error_code=code, error_message=key_message)
+                for key in req.coordinator_keys]
             return resp
-        code, msg = answer(req.key, req.key_type if version >= 1 else 0)
         resp.error_code = code
-        resp.error_message = msg
-        if code == E.NONE:
-            resp.node_id, resp.host, resp.port = self.node_id, self.host, self.port
-        else:
-            resp.node_id, resp.host, resp.port = -1, "", -1
+        resp.error_message = key_message if key_type == TRANSACTION_KEY else kafka_error_message(code)
+        resp.node_id, resp.host, resp.port = node_id, host, port
         return resp
 
     def _topic_metadata(self, topic: Topic) -> m.MetadataResponseTopic:

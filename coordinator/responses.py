@@ -2,6 +2,7 @@
 
 * Version-shaped answers: :func:`join_response`, :func:`sync_response` (fields that do not exist
   at a version are left out, never sent as something a client could misread).
+* Kafka's ``error_message`` for a code: :func:`kafka_error_message`.
 * Whole-request errors, built from the request: :func:`error_response` (a shard that does not
   serve, a coordinator that is shutting down, a topic write that failed). For a request naming
   several groups the error goes on each group (:func:`described_group_error`,
@@ -75,6 +76,13 @@ def sync_response(version: int, error: int, protocol_type: str | None = None,
         protocol_type = protocol_name = None
     return SyncGroupResponse(error_code=error, protocol_type=protocol_type, protocol_name=protocol_name,
                              assignment=assignment)
+
+
+def kafka_error_message(code: int) -> str:
+    """What Kafka's ``Errors.message()`` gives for ``code``: its exception's default message, and
+    the name "NONE" for no error (the one code without an exception). Kafka puts it in the
+    ``error_message`` of FindCoordinator v1-3 and of every whole-request error answer."""
+    return "NONE" if code == _NONE else errors.ERRORS[code].message
 
 
 # ---- whole-request errors, from the request ------------------------------------------------------

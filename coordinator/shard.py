@@ -270,11 +270,15 @@ class Shard(ClassicGroups, Offsets, ConsumerProtocol):
                 members=[], authorized_operations=ops)
         stable = group.state == STABLE
         members = []
+        # As Kafka (GroupMetadataManager.describeGroups, ClassicGroupMember.describeNoMetadata):
+        # metadata only while Stable; the assignment always, i.e. each member's last one while
+        # the group rebalances (empty for a member that joined since, and for every member once
+        # a rebalance interrupted CompletingRebalance: _reset_and_propagate_assignment_error).
         for m in group.members.values():
             members.append(DescribeGroupsResponseDescribedGroupMember(
                 member_id=m.member_id, group_instance_id=m.group_instance_id, client_id=m.client_id,
                 client_host=m.client_host, member_metadata=m.metadata(group.protocol_name) if stable else b"",
-                member_assignment=m.assignment if stable else b""))
+                member_assignment=m.assignment))
         return DescribeGroupsResponseDescribedGroup(
             error_code=_NONE, group_id=group_id, group_state=group.state,
             # Kafka names the protocol of a Stable group only (GroupMetadata.summary)

@@ -113,6 +113,40 @@ def test_find_coordinator_single_and_batched():
     assert (r.error_code, r.node_id, r.port) == (0, 0, 9092)
 
 
+INVALID_REQUEST_MESSAGE = ("This most likely occurs because of a request being malformed by the client "
+                           "library or the message was sent to an incompatible broker. See the broker "
+                           "logs for more details.")
+
+
+def test_find_coordinator_error_messages_are_kafkas():
+    """compatibility.md, formerly KD-1 (measured on Kafka 4.4): v1-3 carry Errors.message():
+    "NONE" on success, the default message on an error; at v4+ each key's own answer carries ""
+    and an unknown key type (a whole-request error in Kafka) the default message on every key."""
+    cat = catalog()
+    for v in (1, 2, 3):
+        r = cat.find_coordinator(m.FindCoordinatorRequest(key="g", key_type=0), v)
+        assert (r.error_code, r.error_message) == (0, "NONE")
+        for key_type in (2, 5, -1):  # share groups (no share coordinator) and unknown types
+            r = cat.find_coordinator(m.FindCoordinatorRequest(key="g", key_type=key_type), v)
+            assert (r.error_code, r.error_message, r.node_id, r.host, r.port) == (
+                E.INVALID_REQUEST, INVALID_REQUEST_MESSAGE, -1, "", -1)
+    r = cat.find_coordinator(m.FindCoordinatorRequest(key="g"), 0)
+    assert r.error_code == 0  # v0 has no key type and no message
+    for v in (4, 5, 6):
+        req = m.FindCoordinatorRequest(coordinator_keys=["g", ""], key_type=0)
+        assert [(c.error_code, c.error_message) for c in cat.find_coordinator(req, v).coordinators] == [
+            (0, ""), (0, "")]
+        req = m.FindCoordinatorRequest(coordinator_keys=["g"], key_type=2)
+        assert [(c.error_code, c.error_message, c.node_id) for c in cat.find_coordinator(req, v).coordinators] == [
+            (E.INVALID_REQUEST, "", -1)]
+        req = m.FindCoordinatorRequest(coordinator_keys=["g", "h"], key_type=7)
+        assert [(c.error_code, c.error_message) for c in cat.find_coordinator(req, v).coordinators] == [
+            (E.INVALID_REQUEST, INVALID_REQUEST_MESSAGE)] * 2
+    # transactions: herd has no transaction coordinator and says so (compatibility.md OP-4)
+    r = cat.find_coordinator(m.FindCoordinatorRequest(key="txn", key_type=1), 3)
+    assert r.error_code == E.INVALID_REQUEST and "transactions" in r.error_message
+
+
 def test_list_offsets_and_fetch_answer_as_an_empty_log():
     cat = catalog(topics=(("t", 2),))
     assert len(cat.configured_topics()) == 1 and cat.configured_topics() == []
