@@ -5,8 +5,8 @@ from __future__ import annotations
 from admin.errors import CliError
 from admin.output import _note, print_json, print_table
 from admin.session import LATEST, Cluster, Deadline, _addr, _error_text, parse_servers
-from client.security import SecurityConfig
 from protocol import errors as E
+from protocol.client_security import SecurityConfig
 from protocol.consumer import decode_assignment
 from protocol.wire import ProtocolError
 
@@ -18,7 +18,7 @@ def command_security(path: str | None) -> SecurityConfig:
     """``--command-config FILE`` -> the connections' TLS / SASL settings (PLAINTEXT without one)."""
     if path is None:
         return SecurityConfig()
-    from admin.command_config import load_command_config
+    from protocol.client_properties import load_command_config
 
     try:
         security, ignored = load_command_config(path)

@@ -12,10 +12,10 @@ import ssl
 import time
 
 from admin.errors import CliError
-from client.security import SecurityConfig, tls_failure
 from protocol import errors as E
 from protocol import messages as m
 from protocol.client_connection import AuthenticationFailed, Connection, ConnectionBroken, Ready, Response
+from protocol.client_security import SecurityConfig, tls_failure
 from protocol.wire import EncodeError
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
