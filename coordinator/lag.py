@@ -29,7 +29,9 @@ The source (phase 2: a reader of the data cluster, ListOffsets batched per broke
     async def fetch(partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]
 
 returning the log end (ListOffsets LATEST) of the partitions it could read; it may raise or hang:
-the refresher bounds it.
+the refresher bounds it. A source that read some partitions but not all (one broker of several
+down) raises :class:`PartialFetch` with what it read: those samples are kept, the round counts as
+failed (``herd_lag_source_up`` 0) and the partitions it could not read go stale.
 """
 from __future__ import annotations
 
@@ -42,13 +44,22 @@ from typing import Protocol, runtime_checkable
 
 from coordinator import logging_setup
 
-__all__ = ["LogEndSource", "LagTracker", "LagRefresher", "time_at", "DEFAULT_HISTORY"]
+__all__ = ["LogEndSource", "LagTracker", "LagRefresher", "PartialFetch", "time_at", "DEFAULT_HISTORY"]
 
 log = logging_setup.get("herd.lag")
 
 DEFAULT_HISTORY = 30
 RETAIN_STEP = 10_000
 TopicPartition = tuple[str, int]
+
+
+class PartialFetch(Exception):
+    """Raised by a source that read some log ends but not all: ``found`` holds those it read,
+    ``str()`` says why the rest could not be."""
+
+    def __init__(self, found: dict, message: str):
+        super().__init__(message)
+        self.found = found
 
 
 @runtime_checkable
@@ -243,6 +254,9 @@ class LagRefresher:
                 continue
             except asyncio.CancelledError:
                 raise
+            except PartialFetch as exc:
+                errors.append(f"log-end fetch incomplete: {exc}"[:300])
+                ends = exc.found
             except Exception as exc:  # the source's failure is lag's problem, never the daemon's
                 errors.append(f"log-end fetch failed: {exc!r}"[:300])
                 continue
