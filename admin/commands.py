@@ -172,8 +172,11 @@ def _lag(current, log_end):
     return log_end - current
 
 
-def describe_one(group: str, cluster: Cluster, data: Cluster) -> dict | None:
-    """Everything describe shows about one group; None when it does not exist."""
+def describe_one(group: str, cluster: Cluster, data: Cluster, http: str | None = None,
+                 timeout: float = 10.0) -> dict | None:
+    """Everything describe shows about one group; None when it does not exist. With ``http`` (herd's
+    HTTP endpoint), herd's own view adds each partition's commit age and, when herd reads the data
+    cluster, its lag in seconds (and the log end, where this command has none of its own)."""
     d, conn = cluster.describe_group(group)
     committed = cluster.committed(group)
     if d.group_state == "Dead" and not committed:
@@ -192,15 +195,31 @@ def describe_one(group: str, cluster: Cluster, data: Cluster) -> dict | None:
     tps = sorted(set(committed) | set(owner))
     # a server holding no records (herd) knows no log ends: LOG-END-OFFSET and LAG are unknown
     log_end = data.list_offsets(tps, LATEST) if tps and data.holds_records() else {}
+    herd_view, now_ms = {}, None
+    if http is not None:
+        from admin.history import fetch_group_view
+
+        view = fetch_group_view(http, group, timeout)
+        if view is not None:
+            now_ms = view.get("now_ms")
+            herd_view = {(v["topic"], v["partition"]): v for v in view.get("partitions", [])}
     rows = []
     for t, p in tps:
         cur = committed.get((t, p), {}).get("offset")
         end = log_end.get((t, p))
         mem = owner.get((t, p))
+        seen = herd_view.get((t, p), {})
+        fresh = seen.get("log_end") is not None and seen.get("stale") is False
+        if end is None and fresh and seen.get("committed") == cur:
+            end = seen["log_end"]  # herd's own sample of the data cluster
+        commit_ms = seen.get("commit_ms")
         rows.append({"topic": t, "partition": p, "current_offset": cur, "log_end_offset": end,
                      "lag": _lag(cur, end), "consumer_id": mem.member_id if mem else None,
                      "group_instance_id": mem.group_instance_id if mem else None,
-                     "host": mem.client_host if mem else None, "client_id": mem.client_id if mem else None})
+                     "host": mem.client_host if mem else None, "client_id": mem.client_id if mem else None,
+                     "commit_age_seconds": (None if commit_ms is None or now_ms is None
+                                            else round(max(0, now_ms - commit_ms) / 1000, 3)),
+                     "lag_seconds": (seen.get("lag_seconds") if fresh and seen.get("committed") == cur else None)})
     return {"group": group, "state": d.group_state, "protocol_type": d.protocol_type,
             "assignment_strategy": d.protocol_data or None,
             "coordinator": {"id": conn.node_id, "host": conn.host, "port": conn.port},
@@ -210,12 +229,17 @@ def describe_one(group: str, cluster: Cluster, data: Cluster) -> dict | None:
 def cmd_describe(args) -> int:
     if args.verbose and not args.members:
         raise CliError("--verbose goes with --members")
+    http = None
+    if getattr(args, "http", None):
+        from admin.history import _http_base
+
+        http = _http_base(args.http, "describe")
     cluster, data = _clusters(args)
     try:
         names = _selected_groups(args, cluster)
         described, missing = [], []
         for g in names:
-            info = describe_one(g, cluster, data)
+            info = describe_one(g, cluster, data, http, args.timeout)
             if info is None:
                 missing.append(g)
             else:
@@ -232,7 +256,7 @@ def cmd_describe(args) -> int:
                 print()
             printed[0] = True
         for info in described:
-            _print_describe(info, args, separate)
+            _print_describe(info, args, separate, with_ages=http is not None)
     if missing:
         if len(missing) == 1:
             raise CliError(f"Consumer group '{missing[0]}' does not exist.")
@@ -240,7 +264,11 @@ def cmd_describe(args) -> int:
     return 0
 
 
-def _print_describe(info: dict, args, separate=lambda: None) -> None:
+def _seconds_cell(v):
+    return None if v is None else f"{v:.1f}"
+
+
+def _print_describe(info: dict, args, separate=lambda: None, with_ages: bool = False) -> None:
     g, state = info["group"], info["state"]
     if args.state:
         separate()
@@ -271,10 +299,15 @@ def _print_describe(info: dict, args, separate=lambda: None) -> None:
         return
     if info["partitions"]:
         separate()
-        print_table(["GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "CONSUMER-ID",
-                     "HOST", "CLIENT-ID"],
-                    [[g, r["topic"], r["partition"], r["current_offset"], r["log_end_offset"], r["lag"],
-                      r["consumer_id"], r["host"], r["client_id"]] for r in info["partitions"]])
+        headers = ["GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "CONSUMER-ID",
+                   "HOST", "CLIENT-ID"]
+        rows = [[g, r["topic"], r["partition"], r["current_offset"], r["log_end_offset"], r["lag"],
+                 r["consumer_id"], r["host"], r["client_id"]] for r in info["partitions"]]
+        if with_ages:  # herd's view (--http): Kafka's columns first, unchanged
+            headers[6:6] = ["LAG-SECONDS", "COMMIT-AGE"]
+            for row, r in zip(rows, info["partitions"], strict=True):
+                row[6:6] = [_seconds_cell(r["lag_seconds"]), _seconds_cell(r["commit_age_seconds"])]
+        print_table(headers, rows)
 
 
 def cmd_offsets(args) -> int:

@@ -19,7 +19,7 @@ import pytest
 from protocol import messages as m
 from tests.console import scenario as sc
 from tests.integration.test_metrics import parse
-from tools.daemon import Daemon
+from tools.daemon import REPO, Daemon
 from tools.rawclient import RawClient
 
 pytestmark = pytest.mark.integration
@@ -126,6 +126,14 @@ def until(what: str, pred, timeout: float = 30.0, every: float = 0.1):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def groups_cli(*args: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HERD_")}
+    r = subprocess.run([sys.executable, "-m", "herd_cli", "groups", *args], capture_output=True, text=True,
+                       timeout=60, cwd=str(REPO), env=env)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
 def log_ends(port: int, group: str) -> dict:
     detail = json.loads(sc.get(port, f"/api/group?id={group}")[2])
     return {p["partition"]: p["log_end"] for p in detail["partitions"] if p["topic"] == TOPIC}
@@ -184,6 +192,21 @@ def test_exact_lag_time_lag_stale_and_back(data_cluster, tmp_path):
         later_offsets, later, _ = lags(port)
         assert later_offsets == offset_lag
         assert all(later[k] >= time_lag[k] + 1.0 for k in time_lag), (time_lag, later)
+
+        # herd groups describe: the data cluster's own log ends (the mock's malformed ApiVersions and
+        # Metadata answers included), herd's commit ages and time lag through its HTTP port
+        out = json.loads(groups_cli("describe", "audit", "--bootstrap-server", d.bootstrap, "--data-bootstrap-server",
+                                    data_cluster.bootstrap, "--http", f"127.0.0.1:{port}", "--output", "json"))
+        rows = {r["partition"]: r for r in out["groups"][0]["partitions"]}
+        assert {p: (r["log_end_offset"], r["lag"]) for p, r in rows.items()} == {0: (20, 16), 1: (20, 10)}
+        assert all(r["lag_seconds"] > 0 and r["commit_age_seconds"] >= 1.0 for r in rows.values()), rows
+        table = groups_cli("describe", "reports", "--bootstrap-server", d.bootstrap, "--http", f"127.0.0.1:{port}")
+        head, *lines = table.splitlines()
+        assert head.split()[3:9] == ["CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "LAG-SECONDS", "COMMIT-AGE",
+                                     "CONSUMER-ID"]
+        cells = [line.split() for line in lines if line.startswith("reports")]
+        assert [c[3:6] for c in cells] == [["7", "20", "13"], ["2", "20", "18"]]  # herd's own log ends
+        assert all(float(c[6]) > 0 and float(c[7]) >= 1.0 for c in cells), table
 
         beats = Heartbeats(d.address)
         try:
