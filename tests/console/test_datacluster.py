@@ -4,6 +4,7 @@ backoff (on a manual clock), a leader that moved, and what the refresher makes o
 from __future__ import annotations
 
 import asyncio
+import ssl
 
 import pytest
 
@@ -14,10 +15,12 @@ from protocol import errors as E
 from protocol import messages as m
 from protocol.framing import FrameDecoder, frame
 from protocol.headers import encode_response_header, read_request_header
+from protocol.sasl import SaslError, Users, server_mechanism
+from tests.support.pki import make_pki
 
 # librdkafka's mock answers ApiVersions v3+ with this body (measured): it does not decode as v3
 MOCK_APIVERSIONS_V3 = b"\x00\x23\x01\x00\x12\x00\x00\x00\x02\x00\x00\x00\x00"
-VERSIONS = {18: (0, 3), 3: (0, 12), 2: (0, 7)}
+VERSIONS = {18: (0, 3), 3: (0, 12), 2: (0, 7), 17: (0, 1), 36: (0, 2)}
 
 
 class Broker:
@@ -33,7 +36,7 @@ class Broker:
         self.writers: list[asyncio.StreamWriter] = []
 
     async def start(self, port: int = 0):
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", port)
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", port, ssl=self.cluster.tls)
         self.port = self.server.sockets[0].getsockname()[1]
 
     async def stop(self):
@@ -46,6 +49,7 @@ class Broker:
         self.connections += 1
         self.writers.append(writer)
         decoder = FrameDecoder(1 << 20)
+        users, mech = self.cluster.users, None
         try:
             while data := await reader.read(65536):
                 for payload in decoder.feed(data):
@@ -53,8 +57,26 @@ class Broker:
                     self.requests.append((key, version))
                     if self.silent:
                         continue
+                    if key in (17, 36):  # SASL, with protocol.sasl's server side
+                        req = m.REQUESTS[key].decode(payload, version, pos)
+                        if key == 17:
+                            mech = server_mechanism(req.mechanism, users)
+                            resp = m.SaslHandshakeResponse(mechanisms=["PLAIN", "SCRAM-SHA-512"])
+                        else:
+                            try:
+                                resp = m.SaslAuthenticateResponse(auth_bytes=mech.step(req.auth_bytes))
+                            except SaslError as exc:
+                                resp = m.SaslAuthenticateResponse(error_code=E.SASL_AUTHENTICATION_FAILED,
+                                                                  error_message=str(exc))
+                                mech = None
+                            if mech is not None and mech.done:
+                                users = None  # authenticated
+                        writer.write(frame(encode_response_header(corr, key, version) + resp.encode(version)))
+                        continue
+                    if users is not None and key != 18:
+                        return  # not authenticated: as Kafka, the connection closes
                     writer.write(frame(self._answer(key, version, corr, payload, pos)))
-        except (ConnectionError, asyncio.CancelledError):
+        except (ConnectionError, asyncio.CancelledError, ssl.SSLError):
             pass
         finally:
             writer.close()
@@ -101,7 +123,8 @@ class Broker:
 
 
 class Cluster:
-    def __init__(self, n: int):
+    def __init__(self, n: int, tls: ssl.SSLContext | None = None, users: Users | None = None):
+        self.tls, self.users = tls, users
         self.brokers = [Broker(self, i + 1) for i in range(n)]
         self.leaders: dict[str, dict[int, int]] = {}
         self.ends: dict[tuple[str, int], int] = {}
@@ -246,3 +269,42 @@ def test_reader_from_config_reads_data_command_config(tmp_path):
     with pytest.raises(ValueError, match="names SASL_SSL but the data cluster's security.protocol is PLAINTEXT"):
         reader_from_config(Config(data_bootstrap_server="SASL_SSL://k1:9092"), timeout_ms=900)
     assert parse_servers("[::1]:9092, h:1") == [("::1", 9092), ("h", 1)]
+
+
+async def test_sasl_ssl_from_the_data_command_config_file(tmp_path):
+    from coordinator.config import Config
+
+    pki = make_pki(tmp_path, {"lag": "s3cret"})
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(str(pki / "server.pem"))
+    props = tmp_path / "data.properties"
+
+    def reader(password: str, ca: str = "ca.pem") -> DataClusterReader:
+        props.write_text("security.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-512\n"
+                         "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required "
+                         f'username="lag" password="{password}";\n'
+                         f"ssl.truststore.type=PEM\nssl.truststore.location={pki / ca}\n")
+        return reader_from_config(Config(data_bootstrap_server=f"127.0.0.1:{c.brokers[0].port}",
+                                         data_command_config=str(props)), timeout_ms=2000)
+
+    async with Cluster(1, tls=server, users=Users({"lag": "s3cret"})) as c:
+        c.leaders = {"t": {0: 1}}
+        c.ends = {("t", 0): 77}
+        good = reader("s3cret")
+        try:
+            assert await good.fetch([("t", 0)]) == {("t", 0): 77}
+            assert (36, 2) in c.brokers[0].requests  # authenticated with SaslAuthenticate v2
+        finally:
+            good.close()
+        wrong = reader("guess")
+        try:
+            with pytest.raises(DataClusterError, match="SASL SCRAM-SHA-512 authentication of 'lag' failed"):
+                await wrong.fetch([("t", 0)])
+        finally:
+            wrong.close()
+        untrusted = reader("s3cret", ca="other-ca.pem")
+        try:
+            with pytest.raises(DataClusterError, match=r"TLS certificate verification of 127.0.0.1:\d+ failed"):
+                await untrusted.fetch([("t", 0)])
+        finally:
+            untrusted.close()
