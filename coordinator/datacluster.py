@@ -237,6 +237,7 @@ class DataClusterReader:
         self.brokers: dict[int, tuple[str, int]] = {}  # node id -> address, from Metadata
         self.leaders: dict[str, dict[int, int]] = {}  # topic -> partition -> leader node id
         self.leaders_at: dict[str, int] = {}  # topic -> monotonic ms its leaders were read
+        self.topic_errors: dict[str, int] = {}  # topic -> the error Metadata gave (other than unknown)
         self.stats = {"connects": 0, "connect_failures": 0, "metadata_requests": 0, "list_offsets_requests": 0}
 
     def __repr__(self) -> str:
@@ -372,12 +373,20 @@ class DataClusterReader:
             self.brokers = {b.node_id: (b.host, b.port) for b in resp.brokers} or self.brokers
             now = self.clock.monotonic_ms()
             for t in resp.topics:
-                if t.error_code != E.NONE:  # UNKNOWN_TOPIC_OR_PARTITION, ...: no lag for it
+                self.leaders_at.pop(t.name, None)
+                if t.error_code != E.NONE:
+                    # UNKNOWN_TOPIC_OR_PARTITION: the cluster has no such topic, so it has no lag (not a
+                    # failure); anything else (no leader yet, not authorized) is one: asked again next time
                     self.leaders.pop(t.name, None)
-                    self.leaders_at.pop(t.name, None)
+                    if t.error_code == E.UNKNOWN_TOPIC_OR_PARTITION:
+                        self.topic_errors.pop(t.name, None)
+                    else:
+                        self.topic_errors[t.name] = t.error_code
                     continue
-                self.leaders[t.name] = {p.partition_index: p.leader_id for p in t.partitions}
-                self.leaders_at[t.name] = now
+                self.topic_errors.pop(t.name, None)
+                leaders = self.leaders[t.name] = {p.partition_index: p.leader_id for p in t.partitions}
+                if all(leader >= 0 for leader in leaders.values()):
+                    self.leaders_at[t.name] = now  # a partition without a leader: asked again next time
 
     # -- log ends ---------------------------------------------------------------------------------
     async def fetch(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
@@ -392,10 +401,20 @@ class DataClusterReader:
             if stale:
                 await self._metadata(stale, budget)  # raises when no broker answers at all
             by_leader: dict[int, list[TopicPartition]] = {}
+            leaderless = 0
             for tp in todo:
                 leader = self.leaders.get(tp[0], {}).get(tp[1])
-                if leader is not None and leader >= 0 and leader in self.brokers:
+                if leader is None:  # no such topic or partition on the data cluster: no lag, no error
+                    if tp[0] in self.topic_errors:
+                        leaderless += 1
+                    continue
+                if leader >= 0 and leader in self.brokers:
                     by_leader.setdefault(leader, []).append(tp)
+                else:
+                    leaderless += 1
+            if leaderless and attempt == 0:
+                codes = sorted({E.error_name(c) for c in self.topic_errors.values()}) or ["no leader"]
+                errors.append(f"{leaderless} partitions have no leader to ask ({', '.join(codes)})")
             results = await asyncio.gather(*(self._list_offsets(node, tps, budget)
                                              for node, tps in by_leader.items()), return_exceptions=True)
             moved: list[TopicPartition] = []

@@ -308,3 +308,21 @@ async def test_sasl_ssl_from_the_data_command_config_file(tmp_path):
                 await untrusted.fetch([("t", 0)])
         finally:
             untrusted.close()
+
+
+async def test_a_partition_without_a_leader_is_a_failure_and_its_leader_is_asked_again():
+    # a broker shutting down answers Metadata with leader -1 for its partitions: that must not pass
+    # for "nothing to read" (a quiet success with no samples), nor be remembered for 5 minutes
+    async with Cluster(1) as c:
+        c.leaders = {"t": {0: 1, 1: -1}}
+        c.ends = {("t", 0): 4, ("t", 1): 9}
+        reader = DataClusterReader(c.bootstrap, timeout_ms=2000)
+        try:
+            with pytest.raises(PartialFetch, match="1 partitions have no leader") as info:
+                await reader.fetch([("t", 0), ("t", 1)])
+            assert info.value.found == {("t", 0): 4}
+            c.leaders = {"t": {0: 1, 1: 1}}
+            assert await reader.fetch([("t", 0), ("t", 1)]) == {("t", 0): 4, ("t", 1): 9}
+            assert c.count(3) == [2]
+        finally:
+            reader.close()

@@ -218,9 +218,15 @@ def test_exact_lag_time_lag_stale_and_back(data_cluster, tmp_path):
                 offsets, seconds, fam = lags(port)
                 up = [s[2] for s in fam["herd_lag_source_up"]["samples"]]
                 stale_n = {s[1]["state"]: s[2] for s in fam["herd_lag_partitions"]["samples"]}["stale"]
+                last[:] = [up, offsets, seconds, stale_n]
                 return up == [0] and not offsets and not seconds and stale_n == 2
 
-            until("the lag to go stale", stale, timeout=30)
+            last: list = []
+            try:
+                until("the lag to go stale", stale, timeout=30)
+            except AssertionError:
+                status = json.loads(sc.get(port, "/api/groups")[2])["lag"]
+                raise AssertionError(f"not stale: {last}; {status}") from None
             detail = json.loads(sc.get(port, "/api/group?id=audit")[2])
             assert detail["lag"]["up"] is False and all(p["stale"] for p in detail["partitions"])
             assert max(beats.rtts) < 5.0, beats.rtts
