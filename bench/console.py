@@ -301,7 +301,12 @@ def bench_reader(args) -> dict:
         for n in topics:
             for p in range(partitions):
                 for _ in range(args.reader_records):
-                    producer.produce(n, b"x", partition=p)
+                    while True:
+                        try:
+                            producer.produce(n, b"x", partition=p)
+                            break
+                        except BufferError:  # the producer's queue is full: let it send
+                            producer.poll(0.05)
             producer.poll(0)
         assert producer.flush(120) == 0
         herd = Herd(fsync="never", topics=("bench:10",), extra_args=[
