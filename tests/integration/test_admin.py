@@ -294,9 +294,11 @@ def test_describe_partitions_members_and_state(herd, members):
     assert set(parts) == owned["client-a"] | owned["client-b"]
     for tp, p in parts.items():
         assert set(p) == {"topic", "partition", "current_offset", "log_end_offset", "lag", "consumer_id",
-                          "group_instance_id", "host", "client_id"}
+                          "group_instance_id", "host", "client_id", "commit_age_seconds", "lag_seconds"}
         assert p["current_offset"] == offsets.get(tp)
         assert p["log_end_offset"] is None and p["lag"] is None
+        # commit times and time lag are herd's own view: only with --http
+        assert p["commit_age_seconds"] is None and p["lag_seconds"] is None
         assert p["client_id"] == ("client-a" if tp in owned["client-a"] else "client-b")
     by_client = {x["client_id"]: x for x in info["members"]}
     for cid, tps in owned.items():
@@ -1177,3 +1179,22 @@ def test_describe_and_reset_against_a_data_cluster_that_holds_records(herd):
         assert fetch_offsets(herd, g) == {("t", 0): 100, ("t", 1): 60}
     finally:
         data.close()
+
+
+def test_describe_with_herds_http_port_adds_the_commit_age(herd):
+    g = "aged"
+    commit_raw(herd, g, {("t", 0): 3, ("t", 1): 4})
+    time.sleep(0.3)
+    text = ok(herd, "describe", g, "--http", herd.http)
+    rows = table(text)
+    assert rows[0] == ["GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "LAG-SECONDS",
+                       "COMMIT-AGE", "CONSUMER-ID", "HOST", "CLIENT-ID"]
+    assert_aligned(text)
+    for r in rows[1:]:
+        assert r[4:7] == ["-", "-", "-"]  # herd has no data cluster here: no log end, no lag, no time lag
+        assert 0.2 <= float(r[7]) < 60
+    doc = json.loads(ok(herd, "describe", g, "--http", herd.http, "--output", "json"))
+    ages = [p["commit_age_seconds"] for p in doc["groups"][0]["partitions"]]
+    assert all(0.2 <= a < 60 for a in ages) and all(p["lag_seconds"] is None for p in doc["groups"][0]["partitions"])
+    r = run("describe", g, "--bootstrap-server", herd.bootstrap, "--http", "127.0.0.1:1")
+    assert r.returncode == 2 and r.stderr == "herd: error: cannot connect to 127.0.0.1:1: Connection refused\n"
