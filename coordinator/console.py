@@ -65,10 +65,10 @@ def make_source(config) -> LogEndSource | None:
     if not config.data_bootstrap_server:
         return None
     from coordinator.datacluster import reader_from_config
+    from coordinator.lag import default_timeout_ms
 
-    # each fetch must end before the refresher gives up on it (LagRefresher's default timeout)
-    refresher_timeout = max(1000, config.lag_refresh_interval_ms // 2)
-    reader = reader_from_config(config, timeout_ms=max(100, refresher_timeout * 9 // 10))
+    # each fetch ends (with what it read, or why not) before the refresher gives up on it
+    reader = reader_from_config(config, timeout_ms=default_timeout_ms(config.lag_refresh_interval_ms) * 9 // 10)
     log.info("lag: reading log ends from the data cluster", data_bootstrap_server=config.data_bootstrap_server,
              security_protocol=reader.security.protocol, interval_ms=config.lag_refresh_interval_ms)
     return reader

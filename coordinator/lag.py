@@ -193,6 +193,11 @@ class LagTracker:
         return list(zip(memoryview(s[0]).cast("q"), memoryview(s[1]).cast("q"), strict=True))
 
 
+def default_timeout_ms(interval_ms: int) -> int:
+    """How long the refresher waits for one batch by default (a source should give up before)."""
+    return max(1000, interval_ms // 2)
+
+
 class LagRefresher:
     """The asyncio edge: every ``interval_ms``, the partitions committed in any group (from
     ``partitions()``, an iterable of lists of them, e.g. one per shard) are asked of ``source`` in
@@ -208,7 +213,7 @@ class LagRefresher:
         self.partitions = partitions
         self.clock = clock
         self.interval_ms = interval_ms
-        self.timeout_ms = timeout_ms if timeout_ms is not None else max(1000, interval_ms // 2)
+        self.timeout_ms = timeout_ms if timeout_ms is not None else default_timeout_ms(interval_ms)
         self.batch_size = batch_size
         self.task: asyncio.Task | None = None
         # status, for /metrics and the console
