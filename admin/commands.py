@@ -2,6 +2,8 @@
 ``reset-offsets`` (the clusters of a command, the groups and partitions it names)."""
 from __future__ import annotations
 
+import time
+
 from admin.errors import CliError
 from admin.output import _note, print_json, print_table
 from admin.session import LATEST, Cluster, Deadline, _addr, _error_text, parse_servers
@@ -194,7 +196,8 @@ def describe_one(group: str, cluster: Cluster, data: Cluster, http: str | None =
                         "assignment": [{"topic": t, "partitions": ps} for t, ps in sorted(by_topic.items())]})
     tps = sorted(set(committed) | set(owner))
     # a server holding no records (herd) knows no log ends: LOG-END-OFFSET and LAG are unknown
-    log_end = data.list_offsets(tps, LATEST) if tps and data.holds_records() else {}
+    holds = bool(tps) and data.holds_records()
+    log_end = data.list_offsets(tps, LATEST) if holds else {}
     herd_view, now_ms = {}, None
     if http is not None:
         from admin.history import fetch_group_view
@@ -203,6 +206,15 @@ def describe_one(group: str, cluster: Cluster, data: Cluster, http: str | None =
         if view is not None:
             now_ms = view.get("now_ms")
             herd_view = {(v["topic"], v["partition"]): v for v in view.get("partitions", [])}
+    # lag in seconds from the data cluster: how old the next record to consume is (when it was
+    # written, the log end passed the committed offset); herd's own estimate (--http) comes first
+    behind = {}
+    if holds:
+        behind = {tp: committed[tp]["offset"] for tp in tps if tp in committed and log_end.get(tp) is not None
+                  and committed[tp]["offset"] < log_end[tp]
+                  and herd_view.get(tp, {}).get("lag_seconds") is None}
+    written = data.record_times(behind) if behind else {}
+    wall_ms = time.time() * 1000
     rows = []
     for t, p in tps:
         cur = committed.get((t, p), {}).get("offset")
@@ -219,11 +231,26 @@ def describe_one(group: str, cluster: Cluster, data: Cluster, http: str | None =
                      "host": mem.client_host if mem else None, "client_id": mem.client_id if mem else None,
                      "commit_age_seconds": (None if commit_ms is None or now_ms is None
                                             else round(max(0, now_ms - commit_ms) / 1000, 3)),
-                     "lag_seconds": (seen.get("lag_seconds") if fresh and seen.get("committed") == cur else None)})
+                     "lag_seconds": _lag_seconds(cur, end, seen if fresh and seen.get("committed") == cur else {},
+                                                 written.get((t, p)), wall_ms)})
     return {"group": group, "state": d.group_state, "protocol_type": d.protocol_type,
             "assignment_strategy": d.protocol_data or None,
             "coordinator": {"id": conn.node_id, "host": conn.host, "port": conn.port},
             "member_count": len(d.members), "members": members, "partitions": rows}
+
+
+def _lag_seconds(cur, end, herds: dict, written_ms, wall_ms: float):
+    """herd's estimate when it has one; else 0 when caught up; else the age of the record at the
+    committed offset; None when unknown (as LAG, also for a committed offset past the log end)."""
+    if herds.get("lag_seconds") is not None:
+        return herds["lag_seconds"]
+    if cur is None or end is None or cur > end:  # past the log end: unknown, as LAG
+        return None
+    if cur == end:
+        return 0.0
+    if written_ms is None:
+        return None
+    return round(max(0.0, wall_ms - written_ms) / 1000, 3)
 
 
 def cmd_describe(args) -> int:
@@ -244,6 +271,8 @@ def cmd_describe(args) -> int:
                 missing.append(g)
             else:
                 described.append(info)
+        # LAG-SECONDS is shown when it can be known: herd's view, or a data cluster holding records
+        lag_seconds = http is not None or (any(i["partitions"] for i in described) and data.holds_records())
     finally:
         _close(cluster, data)
     if args.output == "json":
@@ -256,7 +285,7 @@ def cmd_describe(args) -> int:
                 print()
             printed[0] = True
         for info in described:
-            _print_describe(info, args, separate, with_ages=http is not None)
+            _print_describe(info, args, separate, with_ages=http is not None, with_lag_seconds=lag_seconds)
     if missing:
         if len(missing) == 1:
             raise CliError(f"Consumer group '{missing[0]}' does not exist.")
@@ -268,7 +297,8 @@ def _seconds_cell(v):
     return None if v is None else f"{v:.1f}"
 
 
-def _print_describe(info: dict, args, separate=lambda: None, with_ages: bool = False) -> None:
+def _print_describe(info: dict, args, separate=lambda: None, with_ages: bool = False,
+                    with_lag_seconds: bool = False) -> None:
     g, state = info["group"], info["state"]
     if args.state:
         separate()
@@ -303,10 +333,12 @@ def _print_describe(info: dict, args, separate=lambda: None, with_ages: bool = F
                    "HOST", "CLIENT-ID"]
         rows = [[g, r["topic"], r["partition"], r["current_offset"], r["log_end_offset"], r["lag"],
                  r["consumer_id"], r["host"], r["client_id"]] for r in info["partitions"]]
-        if with_ages:  # herd's view (--http): Kafka's columns first, unchanged
-            headers[6:6] = ["LAG-SECONDS", "COMMIT-AGE"]
-            for row, r in zip(rows, info["partitions"], strict=True):
-                row[6:6] = [_seconds_cell(r["lag_seconds"]), _seconds_cell(r["commit_age_seconds"])]
+        # herd's additions after Kafka's LAG, Kafka's columns otherwise unchanged
+        extra = (["LAG-SECONDS"] if with_lag_seconds or with_ages else []) + (["COMMIT-AGE"] if with_ages else [])
+        headers[6:6] = extra
+        for row, r in zip(rows, info["partitions"], strict=True):
+            row[6:6] = [_seconds_cell(r[{"LAG-SECONDS": "lag_seconds", "COMMIT-AGE": "commit_age_seconds"}[h]])
+                        for h in extra]
         print_table(headers, rows)
 
 

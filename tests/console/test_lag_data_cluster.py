@@ -200,6 +200,13 @@ def test_exact_lag_time_lag_stale_and_back(data_cluster, tmp_path):
         rows = {r["partition"]: r for r in out["groups"][0]["partitions"]}
         assert {p: (r["log_end_offset"], r["lag"]) for p, r in rows.items()} == {0: (20, 16), 1: (20, 10)}
         assert all(r["lag_seconds"] > 0 and r["commit_age_seconds"] >= 1.0 for r in rows.values()), rows
+        # without herd's view: the data cluster's own answer, the age of the record at the committed offset
+        # (produced a few seconds ago here), no commit age (Kafka's protocol carries no commit time)
+        out = json.loads(groups_cli("describe", "audit", "--bootstrap-server", d.bootstrap, "--data-bootstrap-server",
+                                    data_cluster.bootstrap, "--output", "json"))
+        rows = {r["partition"]: r for r in out["groups"][0]["partitions"]}
+        assert {p: r["lag"] for p, r in rows.items()} == {0: 16, 1: 10}
+        assert all(0 < r["lag_seconds"] < 300 and r["commit_age_seconds"] is None for r in rows.values()), rows
         table = groups_cli("describe", "reports", "--bootstrap-server", d.bootstrap, "--http", f"127.0.0.1:{port}")
         head, *lines = table.splitlines()
         assert head.split()[3:9] == ["CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "LAG-SECONDS", "COMMIT-AGE",
