@@ -4,7 +4,7 @@ The same information and options as Kafka's ``kafka-consumer-groups.sh``, spoken
 protocol, so it works against herd and against a real Kafka cluster alike::
 
     herd groups list            [--state [STATE ...]]
-    herd groups describe        GROUP... | --all-groups  [--members [--verbose] | --state]
+    herd groups describe        GROUP... | --all-groups  [--members [--verbose] | --state] [--http HOST:PORT]
     herd groups offsets         GROUP
     herd groups reset-offsets   GROUP... | --all-groups  (--topic T[:P,P..]... | --all-topics)
                                 (--to-earliest | --to-latest | --to-offset N | --shift-by N |
