@@ -2,11 +2,13 @@
 ``reset-offsets`` (the clusters of a command, the groups and partitions it names)."""
 from __future__ import annotations
 
+import time
+
 from admin.errors import CliError
 from admin.output import _note, print_json, print_table
 from admin.session import LATEST, Cluster, Deadline, _addr, _error_text, parse_servers
-from client.security import SecurityConfig
 from protocol import errors as E
+from protocol.client_security import SecurityConfig
 from protocol.consumer import decode_assignment
 from protocol.wire import ProtocolError
 
@@ -20,7 +22,7 @@ def command_security(path: str | None) -> SecurityConfig:
     """``--command-config FILE`` -> the connections' TLS / SASL settings (PLAINTEXT without one)."""
     if path is None:
         return SecurityConfig()
-    from admin.command_config import load_command_config
+    from protocol.client_properties import load_command_config
 
     try:
         security, ignored = load_command_config(path)
@@ -197,23 +199,54 @@ def _by_topic(tps) -> list[dict]:
     return [{"topic": t, "partitions": ps} for t, ps in sorted(by_topic.items())]
 
 
-def _partition_rows(committed, owner, data: Cluster) -> list[dict]:
+def _partition_rows(group: str, committed, owner, data: Cluster, http: str | None, timeout: float) -> list[dict]:
+    """One row per committed or owned partition. With ``http`` (herd's HTTP endpoint), herd's own
+    view adds each partition's commit age and, when herd reads the data cluster, its lag in seconds
+    (and the log end, where this command has none of its own)."""
     tps = sorted(set(committed) | set(owner))
     # a server holding no records (herd) knows no log ends: LOG-END-OFFSET and LAG are unknown
-    log_end = data.list_offsets(tps, LATEST) if tps and data.holds_records() else {}
+    holds = bool(tps) and data.holds_records()
+    log_end = data.list_offsets(tps, LATEST) if holds else {}
+    herd_view, now_ms = {}, None
+    if http is not None:
+        from admin.history import fetch_group_view
+
+        view = fetch_group_view(http, group, timeout)
+        if view is not None:
+            now_ms = view.get("now_ms")
+            herd_view = {(v["topic"], v["partition"]): v for v in view.get("partitions", [])}
+    # lag in seconds from the data cluster: how old the next record to consume is (when it was
+    # written, the log end passed the committed offset); herd's own estimate (--http) comes first
+    behind = {}
+    if holds:
+        behind = {tp: committed[tp]["offset"] for tp in tps if tp in committed and log_end.get(tp) is not None
+                  and committed[tp]["offset"] < log_end[tp]
+                  and herd_view.get(tp, {}).get("lag_seconds") is None}
+    written = data.record_times(behind) if behind else {}
+    wall_ms = time.time() * 1000
     rows = []
     for t, p in tps:
         cur = committed.get((t, p), {}).get("offset")
         end = log_end.get((t, p))
         mem = owner.get((t, p))
+        seen = herd_view.get((t, p), {})
+        fresh = seen.get("log_end") is not None and seen.get("stale") is False
+        if end is None and fresh and seen.get("committed") == cur:
+            end = seen["log_end"]  # herd's own sample of the data cluster
+        commit_ms = seen.get("commit_ms")
         rows.append({"topic": t, "partition": p, "current_offset": cur, "log_end_offset": end,
                      "lag": _lag(cur, end), "consumer_id": mem["consumer_id"] if mem else None,
                      "group_instance_id": mem["group_instance_id"] if mem else None,
-                     "host": mem["host"] if mem else None, "client_id": mem["client_id"] if mem else None})
+                     "host": mem["host"] if mem else None, "client_id": mem["client_id"] if mem else None,
+                     "commit_age_seconds": (None if commit_ms is None or now_ms is None
+                                            else round(max(0, now_ms - commit_ms) / 1000, 3)),
+                     "lag_seconds": _lag_seconds(cur, end, seen if fresh and seen.get("committed") == cur else {},
+                                                 written.get((t, p)), wall_ms)})
     return rows
 
 
-def describe_consumer_one(group: str, d, conn, cluster: Cluster, data: Cluster) -> dict:
+def describe_consumer_one(group: str, d, conn, cluster: Cluster, data: Cluster, http: str | None = None,
+                          timeout: float = 10.0) -> dict:
     """A KIP-848 consumer group (from ConsumerGroupDescribe): members with their epochs, current
     and target assignments, the group and target assignment epochs."""
     committed = cluster.committed(group)
@@ -232,14 +265,16 @@ def describe_consumer_one(group: str, d, conn, cluster: Cluster, data: Cluster) 
             "target_assignment_epoch": d.assignment_epoch,
             "coordinator": {"id": conn.node_id, "host": conn.host, "port": conn.port},
             "member_count": len(d.members), "members": members,
-            "partitions": _partition_rows(committed, owner, data)}
+            "partitions": _partition_rows(group, committed, owner, data, http, timeout)}
 
 
-def describe_one(group: str, cluster: Cluster, data: Cluster) -> dict | None:
-    """Everything describe shows about one group; None when it does not exist."""
+def describe_one(group: str, cluster: Cluster, data: Cluster, http: str | None = None,
+                 timeout: float = 10.0) -> dict | None:
+    """Everything describe shows about one group; None when it does not exist. ``http``: herd's
+    HTTP endpoint, for commit ages and herd's lag in seconds (see :func:`_partition_rows`)."""
     cd, conn = cluster.describe_consumer_group(group)
     if cd is not None:
-        return describe_consumer_one(group, cd, conn, cluster, data)
+        return describe_consumer_one(group, cd, conn, cluster, data, http, timeout)
     d, conn = cluster.describe_group(group)
     committed = cluster.committed(group)
     if d.group_state == "Dead" and not committed:
@@ -254,26 +289,47 @@ def describe_one(group: str, cluster: Cluster, data: Cluster) -> dict | None:
         members.append(info)
         for tp in tps:
             owner[tp] = info
-    rows = _partition_rows(committed, owner, data)
+    rows = _partition_rows(group, committed, owner, data, http, timeout)
     return {"group": group, "type": "classic", "state": d.group_state, "protocol_type": d.protocol_type,
             "assignment_strategy": d.protocol_data or None,
             "coordinator": {"id": conn.node_id, "host": conn.host, "port": conn.port},
             "member_count": len(d.members), "members": members, "partitions": rows}
 
 
+def _lag_seconds(cur, end, herds: dict, written_ms, wall_ms: float):
+    """herd's estimate when it has one; else 0 when caught up; else the age of the record at the
+    committed offset; None when unknown (as LAG, also for a committed offset past the log end)."""
+    if herds.get("lag_seconds") is not None:
+        return herds["lag_seconds"]
+    if cur is None or end is None or cur > end:  # past the log end: unknown, as LAG
+        return None
+    if cur == end:
+        return 0.0
+    if written_ms is None:
+        return None
+    return round(max(0.0, wall_ms - written_ms) / 1000, 3)
+
+
 def cmd_describe(args) -> int:
     if args.verbose and not args.members:
         raise CliError("--verbose goes with --members")
+    http = None
+    if getattr(args, "http", None):
+        from admin.history import _http_base
+
+        http = _http_base(args.http, "describe")
     cluster, data = _clusters(args)
     try:
         names = _selected_groups(args, cluster)
         described, missing = [], []
         for g in names:
-            info = describe_one(g, cluster, data)
+            info = describe_one(g, cluster, data, http, args.timeout)
             if info is None:
                 missing.append(g)
             else:
                 described.append(info)
+        # LAG-SECONDS is shown when it can be known: herd's view, or a data cluster holding records
+        lag_seconds = http is not None or (any(i["partitions"] for i in described) and data.holds_records())
     finally:
         _close(cluster, data)
     if args.output == "json":
@@ -286,7 +342,7 @@ def cmd_describe(args) -> int:
                 print()
             printed[0] = True
         for info in described:
-            _print_describe(info, args, separate)
+            _print_describe(info, args, separate, with_ages=http is not None, with_lag_seconds=lag_seconds)
     if missing:
         if len(missing) == 1:
             raise CliError(f"Consumer group '{missing[0]}' does not exist.")
@@ -294,9 +350,15 @@ def cmd_describe(args) -> int:
     return 0
 
 
-def _print_describe(info: dict, args, separate=lambda: None) -> None:
+def _seconds_cell(v):
+    return None if v is None else f"{v:.1f}"
+
+
+def _print_describe(info: dict, args, separate=lambda: None, with_ages: bool = False,
+                    with_lag_seconds: bool = False) -> None:
     """One group's table, as Kafka's kafka-consumer-groups prints it (same columns, same notes on
-    stderr; docs/compatibility.md lists what differs and why)."""
+    stderr; docs/compatibility.md lists what differs and why), plus herd's LAG-SECONDS and
+    COMMIT-AGE after LAG when they can be known."""
     g, state = info["group"], info["state"]
     consumer = info.get("type") == "consumer"
     if state == "Empty" or state == "Dead":
@@ -319,10 +381,17 @@ def _print_describe(info: dict, args, separate=lambda: None) -> None:
         return
     if info["partitions"]:
         separate()
-        print_table(["GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "CONSUMER-ID",
-                     "HOST", "CLIENT-ID"],
-                    [[g, r["topic"], r["partition"], r["current_offset"], r["log_end_offset"], r["lag"],
-                      r["consumer_id"], r["host"], r["client_id"]] for r in info["partitions"]])
+        headers = ["GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "CONSUMER-ID",
+                   "HOST", "CLIENT-ID"]
+        rows = [[g, r["topic"], r["partition"], r["current_offset"], r["log_end_offset"], r["lag"],
+                 r["consumer_id"], r["host"], r["client_id"]] for r in info["partitions"]]
+        # herd's additions after Kafka's LAG, Kafka's columns otherwise unchanged
+        extra = (["LAG-SECONDS"] if with_lag_seconds or with_ages else []) + (["COMMIT-AGE"] if with_ages else [])
+        headers[6:6] = extra
+        for row, r in zip(rows, info["partitions"], strict=True):
+            row[6:6] = [_seconds_cell(r[{"LAG-SECONDS": "lag_seconds", "COMMIT-AGE": "commit_age_seconds"}[h]])
+                        for h in extra]
+        print_table(headers, rows)
 
 
 def _print_members(g: str, members: list[dict], verbose: bool, separate, target_epoch=None) -> None:

@@ -12,9 +12,9 @@ from admin.output import _cell, print_json
 from admin.session import _strerror
 
 
-def _http_base(text: str | None) -> str:
+def _http_base(text: str | None, command: str = "history") -> str:
     if not text:
-        raise CliError("history reads herd's HTTP endpoint: give --http HOST:PORT (the --metrics-port of "
+        raise CliError(f"{command} reads herd's HTTP endpoint: give --http HOST:PORT (the --metrics-port of "
                        "herd serve) or set HERD_HTTP")
     if "://" not in text:
         text = "http://" + text
@@ -29,14 +29,34 @@ def _http_base(text: str | None) -> str:
 
 
 def fetch_history(base: str, group: str, timeout: float):
-    url = f"{base}/groups/{urllib.parse.quote(group, safe='')}/history"
+    return get_json(base, f"/groups/{urllib.parse.quote(group, safe='')}/history", group, timeout)
+
+
+def fetch_group_view(base: str, group: str, timeout: float) -> dict | None:
+    """herd's console view of a group (``GET /api/group``: commit times, and lag when herd reads
+    its data cluster); None when herd does not know the group."""
+    try:
+        view = get_json(base, f"/api/group?id={urllib.parse.quote(group, safe='')}", group, timeout)
+    except _Missing:
+        return None
+    if not isinstance(view, dict):
+        raise CliError(f"unexpected answer from {base}/api/group: not an object")
+    return view
+
+
+class _Missing(CliError):
+    pass
+
+
+def get_json(base: str, path: str, group: str, timeout: float):
+    url = f"{base}{path}"
     where = urllib.parse.urlsplit(base).netloc
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
             body = resp.read()
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
-            raise CliError(f"Consumer group '{group}' does not exist.") from None
+            raise _Missing(f"Consumer group '{group}' does not exist.") from None
         raise CliError(f"{where} answered HTTP {exc.code} for {url}") from None
     except urllib.error.URLError as exc:
         reason = exc.reason

@@ -295,9 +295,11 @@ def test_describe_partitions_members_and_state(herd, members):
     assert set(parts) == owned["client-a"] | owned["client-b"]
     for tp, p in parts.items():
         assert set(p) == {"topic", "partition", "current_offset", "log_end_offset", "lag", "consumer_id",
-                          "group_instance_id", "host", "client_id"}
+                          "group_instance_id", "host", "client_id", "commit_age_seconds", "lag_seconds"}
         assert p["current_offset"] == offsets.get(tp)
         assert p["log_end_offset"] is None and p["lag"] is None
+        # commit times and time lag are herd's own view: only with --http
+        assert p["commit_age_seconds"] is None and p["lag_seconds"] is None
         assert p["client_id"] == ("client-a" if tp in owned["client-a"] else "client-b")
     by_client = {x["client_id"]: x for x in info["members"]}
     for cid, tps in owned.items():
@@ -1126,6 +1128,42 @@ class DataCluster(_LoopbackServer):
                     pr.offset = next((start + i for i, ts in enumerate(stamps) if ts >= rp.timestamp), -1)
         return resp
 
+    def _api1(self, req):  # Fetch: the whole log as one uncompressed v2 batch (it holds the offset asked)
+        resp = m.FetchResponse(responses=[])
+        for rt in req.topics:
+            out = m.FetchResponseFetchableTopicResponse(topic=rt.topic, partitions=[])
+            resp.responses.append(out)
+            for rp in rt.partitions:
+                start, end, stamps = self.topics[rt.topic][rp.partition]
+                pd = m.FetchResponsePartitionData(partition_index=rp.partition, high_watermark=end,
+                                                  aborted_transactions=[])
+                if start <= rp.fetch_offset < end:
+                    pd.records = _batch(start, stamps)
+                out.partitions.append(pd)
+        return resp
+
+
+def _zigzag(n: int) -> bytes:
+    n = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _batch(base: int, stamps: list[int]) -> bytes:
+    """One uncompressed record batch (magic 2, CreateTime), a value of one byte per record."""
+    import struct
+
+    records = bytearray()
+    for i, ts in enumerate(stamps):
+        body = b"\x00" + _zigzag(ts - stamps[0]) + _zigzag(i) + _zigzag(-1) + _zigzag(1) + b"x" + _zigzag(0)
+        records += _zigzag(len(body)) + body
+    tail = struct.pack(">hiqqqhii", 0, len(stamps) - 1, stamps[0], max(stamps), -1, -1, -1, len(stamps)) + records
+    return struct.pack(">qiiBI", base, 4 + 1 + 4 + len(tail), 0, 2, 0) + tail
+
 
 def test_herd_is_known_to_hold_no_records():
     from admin.session import holds_records
@@ -1154,6 +1192,12 @@ def test_describe_and_reset_against_a_data_cluster_that_holds_records(herd):
         rows = table(cli("describe", g).stdout)
         assert [r[1:6] for r in rows[1:]] == [["t", "0", "40", "100", "60"],
                                              ["t", "1", "60", "50", "-"]]  # log end below: lag unknown
+        # LAG-SECONDS: how old the record at the committed offset is (t-0's offset 40: t0 + 30 s)
+        assert rows[0][6] == "LAG-SECONDS" and rows[2][6] == "-"
+        expected = (time.time() * 1000 - (t0 + 30_000)) / 1000
+        assert abs(float(rows[1][6]) - expected) < 60
+        doc = json.loads(cli("describe", g, "--output", "json").stdout)
+        assert abs(doc["groups"][0]["partitions"][0]["lag_seconds"] - expected) < 60
 
         def plan(*args):
             r = cli("reset-offsets", g, *args, "--output", "json")
@@ -1181,3 +1225,22 @@ def test_describe_and_reset_against_a_data_cluster_that_holds_records(herd):
         assert fetch_offsets(herd, g) == {("t", 0): 100, ("t", 1): 60}
     finally:
         data.close()
+
+
+def test_describe_with_herds_http_port_adds_the_commit_age(herd):
+    g = "aged"
+    commit_raw(herd, g, {("t", 0): 3, ("t", 1): 4})
+    time.sleep(0.3)
+    text = ok(herd, "describe", g, "--http", herd.http)
+    rows = table(text)
+    assert rows[0] == ["GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "LAG-SECONDS",
+                       "COMMIT-AGE", "CONSUMER-ID", "HOST", "CLIENT-ID"]
+    assert_aligned(text)
+    for r in rows[1:]:
+        assert r[4:7] == ["-", "-", "-"]  # herd has no data cluster here: no log end, no lag, no time lag
+        assert 0.2 <= float(r[7]) < 60
+    doc = json.loads(ok(herd, "describe", g, "--http", herd.http, "--output", "json"))
+    ages = [p["commit_age_seconds"] for p in doc["groups"][0]["partitions"]]
+    assert all(0.2 <= a < 60 for a in ages) and all(p["lag_seconds"] is None for p in doc["groups"][0]["partitions"])
+    r = run("describe", g, "--bootstrap-server", herd.bootstrap, "--http", "127.0.0.1:1")
+    assert r.returncode == 2 and r.stderr == "herd: error: cannot connect to 127.0.0.1:1: Connection refused\n"
