@@ -25,8 +25,9 @@ from memory as they always did: a Heartbeat (it writes nothing and reads only me
 Metadata/FindCoordinator; if the write before such a request then fails, it may have been
 answered where, handled later, it would have got COORDINATOR_NOT_AVAILABLE (the next request to
 that shard gets it). A steady-state ConsumerGroupHeartbeat is also answered in place, but only when
-no write of its shard is in flight (otherwise it takes the full path and waits like any other). Closing a connection (a malformed frame, an unsupported version) first
-answers the requests before the one that closes it, held ones included.
+no write of its shard is in flight (otherwise it takes the full path and waits like any other).
+Closing a connection (a malformed frame, an unsupported version) first answers the requests
+before the one that closes it, held ones included.
 """
 from __future__ import annotations
 
