@@ -66,6 +66,19 @@ Per process:
   the next request; the answers of one socket read release their successors in one write). Used
   to measure the server's CPU cost per request.
 
+* ``protocol="consumer"`` (``--protocol consumer``, KIP-848): each member joins with
+  ConsumerGroupHeartbeat v1 (epoch 0, a member id of its own making as v1 clients do, subscribed
+  to ``topic``, ``rebalance_timeout_ms``, no owned partitions), one connection per member of a
+  lane (``join_mode`` is ``member``), then heartbeats every ``cg_join_poll`` s, at once when the
+  answer brought an assignment to acknowledge, until its group has converged: every member at one
+  epoch, its latest assignment acknowledged, the ``topic_partitions`` partitions owned exactly once
+  between them. Then the heartbeats of ``hb_mode="one"`` run at the interval the server returned
+  (``hb_interval`` is ignored), with the epoch it returned and every other field null; an answer
+  with a new epoch or assignment changes the member's next beat (the owned partitions sent once,
+  at once, then null again, as librdkafka does; counted as ``answers_with_changes``).
+  ``verify`` uses ConsumerGroupDescribe (a member counts only at the epoch we hold); ``leave``
+  sends epoch -1 for every member still beating.
+
 No FindCoordinator/ApiVersions: the load tool talks to the one node it is given.
 """
 
