@@ -79,6 +79,17 @@ class ConsumerProtocol:
             self._consumer_epoch_moved(group, wall)
         out.reply(token, resp)
 
+    def consumer_heartbeat_steady(self, group_id: str, member_id: str, member_epoch: int, client_id: str,
+                                  client_host: str, now: int) -> int | None:
+        """The edge's steady-state ConsumerGroupHeartbeat (see ConsumerGroups.steady_heartbeat):
+        the heartbeat interval, or None for the full path (also for a classic group's id)."""
+        if group_id in self.groups:
+            return None
+        interval = self.consumer.steady_heartbeat(group_id, member_id, member_epoch, client_id, client_host, now)
+        if interval is not None:
+            self._count("consumer_heartbeats")
+        return interval
+
     def _consumer_epoch_moved(self, group, wall: int) -> None:
         """Hook for the flight recorder (see Shard): the group or assignment epoch moved."""
 

@@ -225,6 +225,16 @@ class GroupCoordinator:
             return self._unavailable(shard)
         return shard.heartbeat(req, version, now_ms)
 
+    def consumer_heartbeat_steady(self, group_id: str, member_id: str, member_epoch: int, client_id: str,
+                                  client_host: str, now_ms: int, write_pending) -> int | None:
+        """A steady-state ConsumerGroupHeartbeat answered at the edge: its heartbeat interval, or
+        None when the full path must answer it (the shard refuses requests, a write of the shard
+        is not durable yet, so the answer would wait for it, or the heartbeat changes anything)."""
+        shard = self.shards[_shard_for(group_id, self._n)]
+        if shard.refusal or self._closed or write_pending(shard.shard_id):
+            return None
+        return shard.consumer_heartbeat_steady(group_id, member_id, member_epoch, client_id, client_host, now_ms)
+
     def _join_group(self, version, req, token, now, wall, client_id, client_host) -> Result:
         shard = self._shard(req.group_id)
         err = self._unavailable(shard)

@@ -306,6 +306,23 @@ class Runtime:
         self.arm()
         return code
 
+    def consumer_heartbeat_steady(self, group_id: str, member_id: str, member_epoch: int, client_id: str,
+                                  client_host: str) -> int | None:
+        """A ConsumerGroupHeartbeat that changes nothing, answered at the edge (see
+        GroupCoordinator.consumer_heartbeat_steady): -> its heartbeat interval, or None: dispatch
+        it. Only when no write of its shard is in flight: the full path's answer would wait for
+        that write to be durable (and get its error if it failed)."""
+        if self._closing:
+            return None
+        interval = self.groups.consumer_heartbeat_steady(group_id, member_id, member_epoch, client_id, client_host,
+                                                         self.clock.monotonic_ms(), self._write_pending)
+        if interval is not None:
+            self.arm()
+        return interval
+
+    def _write_pending(self, shard_id: int) -> bool:
+        return self._submitted[shard_id] > self._durable_seq[shard_id]
+
     # ---- writes and replies --------------------------------------------------------------------
 
     def apply(self, result, on_failure=_group_failure) -> None:
