@@ -4,7 +4,7 @@ The same information and options as Kafka's ``kafka-consumer-groups.sh``, spoken
 protocol, so it works against herd and against a real Kafka cluster alike::
 
     herd groups list            [--state [STATE ...]]
-    herd groups describe        GROUP... | --all-groups  [--members [--verbose] | --state]
+    herd groups describe        GROUP... | --all-groups  [--members [--verbose] | --state] [--http HOST:PORT]
     herd groups offsets         GROUP
     herd groups reset-offsets   GROUP... | --all-groups  (--topic T[:P,P..]... | --all-topics)
                                 (--to-earliest | --to-latest | --to-offset N | --shift-by N |
@@ -19,7 +19,7 @@ Common options: ``--bootstrap-server HOST:PORT[,HOST:PORT]`` (default ``$HERD_BO
 127.0.0.1:9092), ``--data-bootstrap-server`` (where the partitions live, for log-end offsets and
 timestamp lookups; default: the bootstrap server), ``--timeout SECONDS`` (the whole command,
 default 10), ``--output table|json``, ``--command-config FILE`` (TLS and SASL for every
-connection, as Kafka's tool: a client properties file, see ``admin/command_config.py``).
+connection, as Kafka's tool: a client properties file, see ``protocol/client_properties.py``).
 
 How it talks to the server, as Kafka's admin client does: bootstrap, ApiVersions on every connection
 (each request uses the highest version both sides support), Metadata for the brokers and the
@@ -47,6 +47,6 @@ the protocol, the members and each phase's duration.
 The package, by job: ``session`` (the wire: blocking connections on the thin client's sans-IO
 ``Connection``, a cluster's brokers and coordinators), ``commands`` (list, describe, offsets,
 delete, delete-offsets), ``reset`` (reset-offsets plans), ``history``, ``output`` (tables, JSON),
-``command_config`` (``--command-config``), ``cli`` (the argument parser). ``herd_cli`` (the ``herd``
+``cli`` (the argument parser). ``herd_cli`` (the ``herd``
 command) imports ``admin.cli`` only for ``herd groups``.
 """

@@ -78,6 +78,8 @@ def add_parser(sub) -> None:
     p.add_argument("--state", nargs="*", metavar="STATE", default=None,
                    help="show each group's state; with states, only groups in those states "
                         f"({', '.join(STATES[:-1])})")
+    p.add_argument("--type", nargs="*", metavar="TYPE", default=None,
+                   help="show each group's type; with types, only groups of those types (classic, consumer)")
     _common(p)
     p.set_defaults(func=cmd_list)
 
@@ -90,6 +92,10 @@ def add_parser(sub) -> None:
     view.add_argument("--state", action="store_true", help="the group's coordinator, strategy, state, size")
     view.add_argument("--offsets", action="store_true", help="one row per partition (the default)")
     p.add_argument("--verbose", action="store_true", help="with --members: each member's partitions")
+    p.add_argument("--http", metavar="HOST:PORT", default=os.environ.get("HERD_HTTP") or None,
+                   help="herd's HTTP endpoint (herd serve --metrics-port; default $HERD_HTTP): adds each "
+                        "partition's commit age and, when herd reads the data cluster, its lag in seconds "
+                        "(LAG-SECONDS, COMMIT-AGE, in seconds)")
     _common(p)
     p.set_defaults(func=cmd_describe)
 

@@ -12,9 +12,9 @@ from admin.output import _cell, print_json
 from admin.session import _strerror
 
 
-def _http_base(text: str | None) -> str:
+def _http_base(text: str | None, command: str = "history") -> str:
     if not text:
-        raise CliError("history reads herd's HTTP endpoint: give --http HOST:PORT (the --metrics-port of "
+        raise CliError(f"{command} reads herd's HTTP endpoint: give --http HOST:PORT (the --metrics-port of "
                        "herd serve) or set HERD_HTTP")
     if "://" not in text:
         text = "http://" + text
@@ -29,14 +29,34 @@ def _http_base(text: str | None) -> str:
 
 
 def fetch_history(base: str, group: str, timeout: float):
-    url = f"{base}/groups/{urllib.parse.quote(group, safe='')}/history"
+    return get_json(base, f"/groups/{urllib.parse.quote(group, safe='')}/history", group, timeout)
+
+
+def fetch_group_view(base: str, group: str, timeout: float) -> dict | None:
+    """herd's console view of a group (``GET /api/group``: commit times, and lag when herd reads
+    its data cluster); None when herd does not know the group."""
+    try:
+        view = get_json(base, f"/api/group?id={urllib.parse.quote(group, safe='')}", group, timeout)
+    except _Missing:
+        return None
+    if not isinstance(view, dict):
+        raise CliError(f"unexpected answer from {base}/api/group: not an object")
+    return view
+
+
+class _Missing(CliError):
+    pass
+
+
+def get_json(base: str, path: str, group: str, timeout: float):
+    url = f"{base}{path}"
     where = urllib.parse.urlsplit(base).netloc
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
             body = resp.read()
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
-            raise CliError(f"Consumer group '{group}' does not exist.") from None
+            raise _Missing(f"Consumer group '{group}' does not exist.") from None
         raise CliError(f"{where} answered HTTP {exc.code} for {url}") from None
     except urllib.error.URLError as exc:
         reason = exc.reason
@@ -86,10 +106,25 @@ def _who(e: dict) -> str:
     return s + f" [{e.get('member_id')}]"
 
 
+def render_consumer_history(group: str, hist: list[dict]) -> list[str]:
+    """A KIP-848 consumer group's flight recorder: each move of its group epoch (or of its target
+    assignment epoch), why, and the group after it."""
+    out = [f"Consumer group '{group}': {len(hist)} epoch move{'s' if len(hist) != 1 else ''} recorded, "
+           "oldest first (times UTC)."]
+    for e in hist:
+        out.append(f"group epoch {e.get('group_epoch')}  {_when(e.get('wall_ms'))}  {e.get('reason')}")
+        members = e.get("members")
+        out.append(f"  then       target assignment epoch {e.get('assignment_epoch')}, {e.get('state')}, "
+                   f"{_cell(members)} member{'' if members == 1 else 's'}")
+    return out
+
+
 def render_history(group: str, hist: list[dict]) -> list[str]:
     """The flight recorder as a readable timeline, oldest first."""
     if not hist:
         return [f"Group '{group}': no rebalances recorded."]
+    if all("group_epoch" in e for e in hist):  # a KIP-848 consumer group
+        return render_consumer_history(group, hist)
     reasons: dict[str, int] = {}
     people: dict[str, dict] = {}  # member id -> who (client id, host), from every entry
     for e in hist:

@@ -289,8 +289,9 @@ def cmd_reset(args) -> int:
             for r in res["partitions"]:
                 out.writerow(([] if single else [res["group"]]) + [r["topic"], r["partition"], r["new_offset"]])
     elif planned:
-        print_table(["GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "NEW-OFFSET"],
-                    [[res["group"], r["topic"], r["partition"], r["current_offset"], r["new_offset"]]
+        # Kafka's columns (the committed offset being replaced is in --output json)
+        print_table(["GROUP", "TOPIC", "PARTITION", "NEW-OFFSET"],
+                    [[res["group"], r["topic"], r["partition"], r["new_offset"]]
                      for res in planned for r in res["partitions"]])
     if not args.execute and any(res["error"] is None for res in results):
         _note("Dry run: nothing was committed. Add --execute to commit these offsets.")

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import socket
 import ssl
+import struct
 import time
 
 from admin.errors import CliError
-from client.security import SecurityConfig, tls_failure
 from protocol import errors as E
 from protocol import messages as m
 from protocol.client_connection import AuthenticationFailed, Connection, ConnectionBroken, Ready, Response
+from protocol.client_security import SecurityConfig, tls_failure
 from protocol.wire import EncodeError
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
@@ -162,22 +163,22 @@ class BrokerConnection:
         why = exc.broker_message or (_error_text(exc.error_code) if exc.error_code is not None else str(exc))
         return AuthError(f"{self.address}: SASL {exc.mechanism} authentication of {exc.username!r} failed: {why}")
 
-    def version(self, cls) -> int:
-        """The highest version of ``cls``'s API both sides support."""
+    def version(self, cls, max_version: int | None = None) -> int:
+        """The highest version of ``cls``'s API both sides support (at most ``max_version``)."""
         theirs = self.versions.get(cls.API_KEY)
         name = cls.NAME.removesuffix("Request")
         if theirs is None:
             raise CliError(f"{self.address} does not support {name}")
-        v = min(theirs[1], cls.MAX_VERSION)
+        v = min(theirs[1], cls.MAX_VERSION, cls.MAX_VERSION if max_version is None else max_version)
         if v < max(theirs[0], cls.MIN_VERSION):
             raise CliError(f"{self.address} supports {name} v{theirs[0]}-{theirs[1]}, "
                            f"this tool v{cls.MIN_VERSION}-{cls.MAX_VERSION}")
         return v
 
-    def call(self, build):
+    def call(self, build, max_version: int | None = None):
         """``build(version) -> request``; returns ``(response, version)``."""
         probe = build(None)
-        version = self.version(type(probe))
+        version = self.version(type(probe), max_version)
         req = build(version)
         name = type(req).NAME.removesuffix("Request")
         try:
@@ -392,23 +393,49 @@ class Cluster:
         time.sleep(min(0.1, max(left, 0)))
         self.deadline.check(what)
 
-    def list_groups(self, states: list[str]) -> list[dict]:
+    def list_groups(self, states: list[str], types: list[str] | None = None) -> list[dict]:
+        """Every group of every broker: group, protocol_type, state (None before ListGroups v4) and
+        type (``classic`` / ``consumer``; None before v5). ``types`` filters by type (v5+; older
+        servers know only classic groups, so the filter is applied here)."""
         self.metadata([])
         seen: dict[str, dict] = {}
         for node_id in sorted(self.brokers):  # each broker lists the groups it coordinates (a cluster: fan out)
             conn = self.node(node_id)
             while True:
                 resp, v = conn.call(lambda v: m.ListGroupsRequest(
-                    states_filter=list(states) if v is not None and v >= 4 else []))
+                    states_filter=list(states) if v is not None and v >= 4 else [],
+                    types_filter=list(types or []) if v is not None and v >= 5 else []))
                 if resp.error_code != E.COORDINATOR_LOAD_IN_PROGRESS:
                     break
                 self._backoff(f"listing the groups of {conn.address} (it is loading them)")
             if resp.error_code != E.NONE:
                 raise CliError(f"ListGroups failed on {conn.address}: {_error_text(resp.error_code)}")
             for g in resp.groups:
+                gtype = (g.group_type or None) if v >= 5 else None
+                if types and v < 5 and "classic" not in types:
+                    continue
                 seen[g.group_id] = {"group": g.group_id, "protocol_type": g.protocol_type,
-                                    "state": g.group_state if v >= 4 else None}
+                                    "state": g.group_state if v >= 4 else None, "type": gtype}
         return sorted(seen.values(), key=lambda g: g["group"])
+
+    def describe_consumer_group(self, group: str):
+        """KIP-848: the group as ConsumerGroupDescribe sees it, with its coordinator; ``(None,
+        conn)`` when the server does not serve that API or the group is not a consumer group
+        (then DescribeGroups describes it)."""
+        conn = self.coordinator(group)
+        if m.ConsumerGroupDescribeRequest.API_KEY not in conn.versions:
+            return None, conn
+
+        def error_of(resp, v):
+            return resp.groups[0].error_code if resp.groups else E.NONE
+        resp, v, conn = self.group_call(group, lambda v: m.ConsumerGroupDescribeRequest(group_ids=[group]),
+                                        error_of)
+        d = resp.groups[0] if resp.groups else None
+        if d is None or d.error_code == E.GROUP_ID_NOT_FOUND:
+            return None, conn
+        if d.error_code != E.NONE:
+            raise CliError(f"cannot describe group '{group}': {_error_text(d.error_code)}")
+        return d, conn
 
     def describe_group(self, group: str):
         def error_of(resp, v):
@@ -543,3 +570,94 @@ class Cluster:
             self._backoff("waiting for partition leaders")
         return out
 
+
+    # -- record timestamps -------------------------------------------------------------------------
+
+    def record_times(self, offsets: dict[tuple[str, int], int]) -> dict[tuple[str, int], int | None]:
+        """The timestamp (epoch ms) of the record at each offset, read with Fetch from its leader
+        (None where it cannot be read: no such record, a log without v2 batches, a broker that does
+        not answer Fetch). Best effort: a failing leader only leaves its partitions None."""
+        out: dict[tuple[str, int], int | None] = dict.fromkeys(offsets)
+        if not offsets:
+            return out
+        md = self.metadata(sorted({t for t, _ in offsets}))
+        by_leader: dict[int, dict[str, list]] = {}
+        for (t, p), off in sorted(offsets.items()):
+            leader = md.get(t, {}).get("partitions", {}).get(p)
+            if leader is not None and leader >= 0:
+                by_leader.setdefault(leader, {}).setdefault(t, []).append(m.FetchRequestFetchPartition(
+                    partition=p, current_leader_epoch=-1, fetch_offset=off, last_fetched_epoch=-1,
+                    log_start_offset=-1, partition_max_bytes=_FETCH_PARTITION_BYTES))
+        for leader, topics in sorted(by_leader.items()):
+            def build(v, topics=topics):
+                return m.FetchRequest(replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=_FETCH_MAX_BYTES,
+                                      isolation_level=0, session_id=0, session_epoch=-1, rack_id="",
+                                      forgotten_topics_data=[],
+                                      topics=[m.FetchRequestFetchTopic(topic=t, partitions=ps)
+                                              for t, ps in topics.items()])
+            try:
+                # v4+ (record batches) by topic name: topic ids replace the names from v13
+                resp, _ = self.node(leader).call(build, max_version=12)
+            except AuthError:
+                raise
+            except CliError:
+                self._forget(leader)
+                continue
+            for rt in resp.responses:
+                for rp in rt.partitions:
+                    tp = (rt.topic, rp.partition_index)
+                    if tp in out and rp.error_code == E.NONE and rp.records:
+                        out[tp] = record_time(bytes(rp.records), offsets[tp])
+        return out
+
+
+_FETCH_PARTITION_BYTES = 64 * 1024  # a batch header is 61 bytes; a larger batch may come back cut
+_FETCH_MAX_BYTES = 4 * 1024 * 1024
+_BATCH = struct.Struct(">qiiBIhiqq")  # base offset .. max timestamp: the first 43 bytes of a v2 batch
+_RECORDS_AT = 61  # the records of a v2 batch start here
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    """A zigzag varint (Kafka's records) at ``pos``: ``(value, next position)``."""
+    shift = raw = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        raw |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return (raw >> 1) ^ -(raw & 1), pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")
+
+
+def record_time(records: bytes, offset: int) -> int | None:
+    """The timestamp of the record at ``offset`` in Fetch's ``records`` (v2 batches): LogAppendTime
+    batches give their append time; an uncompressed batch the record's own timestamp; a compressed
+    one its first record's (herd does not decompress: at most the batch's time span early). None
+    when no data batch holds ``offset``."""
+    pos, n = 0, len(records)
+    try:
+        while pos + _BATCH.size <= n:
+            base, length, _, magic, _, attrs, last_delta, base_ts, max_ts = _BATCH.unpack_from(records, pos)
+            end = pos + 12 + length
+            if magic != 2:
+                return None
+            if base + last_delta < offset or attrs & 0x20:  # before it, or a transaction marker
+                pos = end
+                continue
+            if attrs & 0x08:  # LogAppendTime: every record of the batch has the append time
+                return max_ts
+            if attrs & 0x07 == 0 and offset > base and end <= n:
+                p = pos + _RECORDS_AT
+                while p < end:
+                    size, q = _varint(records, p)
+                    ts_delta, r = _varint(records, q + 1)  # after the record's attributes byte
+                    off_delta, _ = _varint(records, r)
+                    if base + off_delta >= offset:
+                        return base_ts + ts_delta
+                    p = q + size
+            return base_ts
+    except (IndexError, ValueError, struct.error):
+        return None
+    return None

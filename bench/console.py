@@ -13,6 +13,14 @@ Parts (``--parts``, default all):
   after the 1 s cache, and a cached one; sorted by lag; filtered) and ``/api/group``.
 * ``browser`` (the same daemon): headless Chromium opens the console; the time from navigation
   start to the first page of groups drawn (the page's own ``performance.mark``), 5 times.
+* ``reader`` (a real Kafka broker as the data cluster, ``make reference-deps``; not in the default
+  parts: it starts a JVM): ``reader_groups`` groups x ``partitions`` partitions, each group its own
+  topic created on the broker with ``reader_records`` records per partition; a herd with
+  ``--data-bootstrap-server`` pointing at it (the real reader: Metadata, ListOffsets per leader)
+  refreshing every ``hb_refresh_ms``, the offsets committed to herd; then ``hb_groups`` x 3 members
+  heartbeat for ``hb_seconds`` while the refreshes go on. Reported: the refreshes' duration and CPU
+  (the daemon's own gauges), the daemon's CPU share and RSS, heartbeat latency, and the exact lag
+  herd reports for one partition against what was produced.
 * ``heartbeat``: heartbeat latency of ``hb_groups`` groups x 3 members (bench.loadgen) against a
   daemon holding the offsets, once without lag tracking and once with it (a fake source inside
   the daemon, ``--serve-fake``, refreshing every ``hb_refresh_ms``), same parameters.
@@ -266,6 +274,95 @@ def bench_heartbeat(args) -> dict:
     return out
 
 
+def bench_reader(args) -> dict:
+    """The real reader against a real Kafka broker (small parameters: the broker is a 512 MB JVM)."""
+    import tempfile
+
+    from bench.loadgen import LoadGen
+
+    try:
+        from confluent_kafka import Producer
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        from tools.kafka_broker import KafkaBroker
+    except ImportError as exc:
+        return {"skipped": f"needs confluent-kafka and the reference jars (make reference-deps): {exc}"}
+    groups, partitions = args.reader_groups, args.partitions
+    topics = [f"topic-{g:05d}" for g in range(groups)]
+    out: dict = {"groups": groups, "partitions": partitions, "tracked_partitions": groups * partitions}
+    with tempfile.TemporaryDirectory(prefix="herd-bench-kafka-") as tmp, KafkaBroker(tmp) as kafka:
+        admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+        t = time.perf_counter()
+        for i in range(0, len(topics), 50):
+            for f in admin.create_topics([NewTopic(n, partitions, 1) for n in topics[i:i + 50]]).values():
+                f.result(120)
+        out["kafka_topics_created_s"] = time.perf_counter() - t
+        producer = Producer({"bootstrap.servers": kafka.bootstrap, "linger.ms": 5})
+        for n in topics:
+            for p in range(partitions):
+                for _ in range(args.reader_records):
+                    while True:
+                        try:
+                            producer.produce(n, b"x", partition=p)
+                            break
+                        except BufferError:  # the producer's queue is full: let it send
+                            producer.poll(0.05)
+            producer.poll(0)
+        assert producer.flush(120) == 0
+        herd = Herd(fsync="never", topics=("bench:10",), extra_args=[
+            "--metrics-port", "0", "--data-bootstrap-server", kafka.bootstrap,
+            "--lag-refresh-interval-ms", str(args.hb_refresh_ms), "--lag-metrics", args.hb_lag_metrics])
+        with herd:
+            load_offsets(herd.bootstrap, groups, partitions)  # committed 500 + p (see commit_requests)
+            mport = metrics_port(herd)
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:  # every partition sampled once
+                lag = json.loads(http_get(mport, "/api/groups?limit=1")[1])["lag"]
+                if lag.get("last_success_ms") and lag.get("partitions") == groups * partitions:
+                    break
+                time.sleep(0.2)
+            refreshes0 = lag.get("refreshes", 0)
+            cpu0, t0 = proc_cpu_seconds(herd.pid), time.monotonic()
+            with LoadGen(herd.bootstrap, groups=args.hb_groups, members=3, procs=1, group_prefix="hb-reader",
+                         session_timeout_ms=60_000, rebalance_timeout_ms=60_000) as lg:
+                lg.join()
+                durations, cpus = [], []
+                stop = threading.Event()
+
+                def watch():
+                    seen = None
+                    while not stop.wait(0.25):
+                        st = json.loads(http_get(mport, "/api/groups?limit=1")[1])["lag"]
+                        if st.get("refreshes") != seen:
+                            seen = st.get("refreshes")
+                            durations.append(st["last_duration_s"] * 1000)
+                            cpus.append(st["last_cpu_s"] * 1000)
+
+                w = threading.Thread(target=watch, daemon=True)
+                w.start()
+                try:
+                    hb = lg.window(args.hb_seconds)
+                finally:
+                    stop.set()
+                    w.join(30)
+            cpu = proc_cpu_seconds(herd.pid) - cpu0
+            wall = time.monotonic() - t0
+            text = http_get(mport, "/metrics")[1].decode()
+            detail = json.loads(http_get(mport, "/api/group?id=g00000")[1])
+            p0 = next(p for p in detail["partitions"] if p["partition"] == 0)
+            out.update({
+                "refresh_ms": percentiles(durations), "refresh_cpu_ms": percentiles(cpus),
+                "refreshes_during_window": int(_sample(text, "herd_lag_refreshes_total")) - refreshes0,
+                "refresh_failures": int(_sample(text, "herd_lag_refresh_failures_total")),
+                "source_up": int(_sample(text, "herd_lag_source_up")),
+                "heartbeat_latency_ms": hb["latency_ms"], "heartbeat_errors": hb.get("errors"),
+                "daemon_cpu_fraction": cpu / wall, "rss_mb": proc_rss_bytes(herd.pid) / 2**20,
+                "lag_check": {"log_end": p0["log_end"], "committed": p0["committed"], "lag": p0["lag"],
+                              "expected_lag": args.reader_records - 500 if args.reader_records > 500 else 0},
+            })
+    return out
+
+
 def _sample(text: str, name: str) -> float:
     """The value of the sample named exactly ``name`` (labels included) in an exposition."""
     for ln in text.splitlines():
@@ -297,7 +394,10 @@ def main(argv=None):
     ap.add_argument("--hb-refresh-ms", type=int, default=2000)
     ap.add_argument("--hb-lag-metrics", default="partition", choices=("partition", "group"))
     ap.add_argument("--hb-variants", default="all", choices=("all", "lag-only"))
-    ap.add_argument("--parts", default=",".join(ALL_PARTS))
+    ap.add_argument("--reader-groups", type=int, default=100, help="groups (topics) of the reader part")
+    ap.add_argument("--reader-records", type=int, default=600, help="records per partition, reader part")
+    ap.add_argument("--parts", default=",".join(ALL_PARTS),
+                    help=f"comma-separated, of {', '.join(ALL_PARTS)} and reader (a real Kafka broker)")
     args = parse(ap, argv)
     if args.quick:
         args.groups, args.requests, args.browser_runs, args.hb_groups, args.hb_seconds = 1000, 20, 2, 100, 5.0
@@ -316,6 +416,8 @@ def main(argv=None):
                 result["browser"] = bench_browser(mport, args.browser_runs)
     if "heartbeat" in parts:
         result["heartbeat"] = bench_heartbeat(args)
+    if "reader" in parts:
+        result["reader"] = bench_reader(args)
     emit(result)
     return None
 

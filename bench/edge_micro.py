@@ -17,6 +17,13 @@ sends them), fed the same way; after each read the loop runs one turn (``asyncio
 is when the runtime writes the turn's log records (``fsync=never``: to the page cache) and the
 answers leave, so the µs per commit cover decode, the shard, the log records and their ``pwrite``,
 the answers, and one loop turn per read.
+
+``cgheartbeat``: each connection's member also joins a KIP-848 consumer group of its own
+(ConsumerGroupHeartbeat v1, subscribed to ``edge-topic``, 8 partitions, its assignment
+acknowledged); the frames are its steady-state heartbeat (group, member id, epoch; every other
+field null: nothing changes), fed as the Heartbeats are, with one loop turn after each read as for
+commits (the full path's answer may leave through the runtime). ``--no-cg-fast`` turns the edge's
+steady-state path off (every ConsumerGroupHeartbeat through the full dispatch): run both to compare.
 """
 from __future__ import annotations
 
@@ -46,6 +53,8 @@ from protocol.headers import decode_response_header
 HEARTBEAT_VERSION = 4
 COMMIT_VERSION = 9
 COMMIT_PARTITIONS = 10
+CG_VERSION = 1
+CG_TOPIC = ("edge-topic", 8)
 CLIENT_ID = "edge-micro"
 
 
@@ -119,6 +128,23 @@ async def _join(conn, tr, group_id: str) -> tuple[str, int]:
     return r.member_id, r.generation_id
 
 
+async def _cg_join(conn, tr, group_id: str, i: int) -> tuple[str, int]:
+    """A consumer-protocol member of ``group_id``: join, acknowledge; -> (member id, epoch)."""
+    mid = f"edge-member-{i:06d}-xxxxxx"
+    r = await _call(conn, tr, m.ConsumerGroupHeartbeatRequest(
+        group_id=group_id, member_id=mid, member_epoch=0, rebalance_timeout_ms=60_000,
+        subscribed_topic_names=[CG_TOPIC[0]], topic_partitions=[]), CG_VERSION)
+    if r.error_code or r.assignment is None or not r.assignment.topic_partitions:
+        raise RuntimeError(f"consumer join {group_id}: error {r.error_code}, assignment {r.assignment}")
+    owned = [m.ConsumerGroupHeartbeatRequestTopicPartitions(topic_id=tp.topic_id, partitions=tp.partitions)
+             for tp in r.assignment.topic_partitions]
+    a = await _call(conn, tr, m.ConsumerGroupHeartbeatRequest(
+        group_id=group_id, member_id=mid, member_epoch=r.member_epoch, topic_partitions=owned), CG_VERSION)
+    if a.error_code:
+        raise RuntimeError(f"consumer ack {group_id}: error {a.error_code}")
+    return mid, a.member_epoch
+
+
 def _time(conn: Connection, reads: list[bytes], frames_per_read: int, rounds: int) -> float:
     """Best CPU µs per heartbeat over ``rounds`` passes over ``reads``."""
     best = float("inf")
@@ -179,7 +205,7 @@ async def run(args) -> dict:
     logging_setup.configure("warning", "console")
     with tempfile.TemporaryDirectory(prefix="herd-edge-micro-") as tmp:
         config = Config(data_dir=tmp, fsync="never", offsets_partitions=50, initial_rebalance_delay_ms=0,
-                        log_level="warning")
+                        log_level="warning", topics=(CG_TOPIC,))
         store = LogStore(Path(tmp), config.offsets_partitions, fsync="never")
         store.open(latest_only=True)
         groups = GroupCoordinator(config, node_id=0)
@@ -188,6 +214,7 @@ async def run(args) -> dict:
         metrics = Metrics() if args.metrics else None
         server = Server(config, runtime, metrics)
         server.loop = loop
+        server.cg_fast = args.cg_fast
         runtime.replay({})
         runtime.start(loop)
         tr = FakeTransport()
@@ -198,6 +225,14 @@ async def run(args) -> dict:
                                      HEARTBEAT_VERSION, i, CLIENT_ID))
                   for i, (g, mid, gen) in enumerate(members)]
         commits = [_commit_frame(g, mid, gen, len(members) + i) for i, (g, mid, gen) in enumerate(members)]
+        cg_frames = []
+        if "cgheartbeat" in args.kinds:
+            for i in range(args.groups):
+                gid = f"edge-cg-{i}"
+                mid, epoch = await _cg_join(conn, tr, gid, i)
+                cg_frames.append(bytes(encode_frame(m.ConsumerGroupHeartbeatRequest(
+                    group_id=gid, member_id=mid, member_epoch=epoch), CG_VERSION, 2 * len(members) + i, CLIENT_ID)))
+            await _check(conn, tr, cg_frames, 68, CG_VERSION)
         # check that they are answered without error before measuring
         await _check(conn, tr, frames, 12, HEARTBEAT_VERSION)
         await _check(conn, tr, commits, 8, COMMIT_VERSION)
@@ -207,7 +242,8 @@ async def run(args) -> dict:
         gc.set_threshold(20_000, 10, 10)  # as herd serve does
         out = {}
         for kind in args.kinds:
-            src, total = (frames, args.heartbeats) if kind == "heartbeat" else (commits, args.commits)
+            src, total = {"heartbeat": (frames, args.heartbeats), "commit": (commits, args.commits),
+                          "cgheartbeat": (cg_frames, args.heartbeats)}[kind]
             by_batch = out[kind] = {}
             for batch in args.batches:
                 reps = max(1, total // len(src))
@@ -237,7 +273,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "quick 50000)")
     ap.add_argument("--commits", type=int, default=None, help="per pass and batch size (default 50000, "
                     "quick 10000)")
-    ap.add_argument("--kinds", default="heartbeat,commit", help="requests to measure (heartbeat, commit)")
+    ap.add_argument("--kinds", default="heartbeat,commit,cgheartbeat",
+                    help="requests to measure (heartbeat, commit, cgheartbeat)")
+    ap.add_argument("--no-cg-fast", dest="cg_fast", action="store_false",
+                    help="ConsumerGroupHeartbeat always through the full dispatch (the edge's steady-state "
+                         "path off)")
     ap.add_argument("--rounds", type=int, default=5, help="passes; the best is reported")
     ap.add_argument("--batches", default="1,8,32", help="frames per data_received call")
     ap.add_argument("--no-metrics", dest="metrics", action="store_false", help="Server without Metrics")
@@ -248,8 +288,8 @@ def main(argv=None):
     args = U.parse(build_parser(), argv, sized={"heartbeats": (50_000, 200_000), "commits": (10_000, 50_000)})
     args.batches = [int(b) for b in args.batches.split(",") if b]
     args.kinds = [k for k in args.kinds.split(",") if k]
-    if not args.kinds or set(args.kinds) - {"heartbeat", "commit"}:
-        raise SystemExit("--kinds: a comma-separated list of heartbeat, commit")
+    if not args.kinds or set(args.kinds) - {"heartbeat", "commit", "cgheartbeat"}:
+        raise SystemExit("--kinds: a comma-separated list of heartbeat, commit, cgheartbeat")
     if any(b > min(args.groups, Connection.FRAMES_PER_TURN) for b in args.batches):
         raise SystemExit(f"every batch must be <= --groups and <= {Connection.FRAMES_PER_TURN} (one loop turn)")
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
@@ -259,6 +299,7 @@ def main(argv=None):
         **U.environment(),
         "params": {"groups": args.groups, "heartbeats": args.heartbeats, "commits": args.commits,
                    "rounds": args.rounds, "batches": args.batches, "kinds": args.kinds, "metrics": args.metrics,
+                   "cg_fast": args.cg_fast, "cg_version": CG_VERSION,
                    "heartbeat_version": HEARTBEAT_VERSION, "commit_version": COMMIT_VERSION,
                    "commit_partitions": COMMIT_PARTITIONS, "quick": args.quick},
         "by_kind": res,

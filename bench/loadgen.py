@@ -66,6 +66,19 @@ Per process:
   the next request; the answers of one socket read release their successors in one write). Used
   to measure the server's CPU cost per request.
 
+* ``protocol="consumer"`` (``--protocol consumer``, KIP-848): each member joins with
+  ConsumerGroupHeartbeat v1 (epoch 0, a member id of its own making as v1 clients do, subscribed
+  to ``topic``, ``rebalance_timeout_ms``, no owned partitions), one connection per member of a
+  lane (``join_mode`` is ``member``), then heartbeats every ``cg_join_poll`` s, at once when the
+  answer brought an assignment to acknowledge, until its group has converged: every member at one
+  epoch, its latest assignment acknowledged, the ``topic_partitions`` partitions owned exactly once
+  between them. Then the heartbeats of ``hb_mode="one"`` run at the interval the server returned
+  (``hb_interval`` is ignored), with the epoch it returned and every other field null; an answer
+  with a new epoch or assignment changes the member's next beat (the owned partitions sent once,
+  at once, then null again, as librdkafka does; counted as ``answers_with_changes``).
+  ``verify`` uses ConsumerGroupDescribe (a member counts only at the epoch we hold); ``leave``
+  sends epoch -1 for every member still beating.
+
 No FindCoordinator/ApiVersions: the load tool talks to the one node it is given.
 """
 
@@ -73,6 +86,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import gc
 import heapq
 import json
@@ -82,6 +96,7 @@ import socket
 import struct
 import sys
 import time
+import uuid
 from array import array
 from collections import deque
 
@@ -105,8 +120,11 @@ LAG_TICK = 0.01  # the load processes' own stall probe: period and threshold, s
 LAG_STALL = 0.03
 HB_MODES = ("one", "pipelined")
 JOIN_MODES = ("pipelined", "member")
+PROTOCOLS = ("classic", "consumer")
+CGH = m.ConsumerGroupHeartbeatRequest.API_KEY
 
 DEFAULTS = {
+    "protocol": "classic",  # consumer: KIP-848 ConsumerGroupHeartbeat (join_mode member, hb_mode one)
     "members": 10,
     "session_timeout_ms": 30_000,
     "rebalance_timeout_ms": 60_000,
@@ -120,7 +138,10 @@ DEFAULTS = {
     "topic": "bench",
     "partitions_per_member": 2,
     "commit_partitions": 10,
-    "versions": {"join": 9, "sync": 5, "heartbeat": 4, "commit": 9, "describe": 5},
+    "versions": {"join": 9, "sync": 5, "heartbeat": 4, "commit": 9, "describe": 5, "cg_heartbeat": 1,
+                 "cg_describe": 0},
+    "topic_partitions": 100,  # consumer: the topic's partition count (a group is complete when they are all owned)
+    "cg_join_poll": 0.5,  # consumer: seconds between a joining member's heartbeats while its group converges
     "hb_schedule": True,  # scale mode: heartbeat every member from its join until the window ends
     "max_latency_samples": 5_000_000,
     "window_grace": 15.0,  # seconds after the window end to finish heartbeats that were due in it
@@ -324,6 +345,8 @@ class Member:
         "commit_tpl",
         "commit_pos",
         "commit_ok",
+        "owned",
+        "acking",
     )
 
     def __init__(self, group, index):
@@ -340,6 +363,8 @@ class Member:
         self.commit_tpl = None
         self.commit_pos = ()
         self.commit_ok = None
+        self.owned = None  # consumer: the assignment the server last gave, {topic id: partitions}
+        self.acking = False  # consumer: its heartbeat frame carries the owned partitions (an ack)
 
 
 class Group:
@@ -401,6 +426,9 @@ class Stats:
         self.hb_max_latency_before_window_us = 0.0
         self.hb_full_decodes = 0  # answers that were not the expected "no error" bytes
         self.hb_writes = 0  # socket writes that carried heartbeats (pipelined)
+        self.hb_changes = 0  # consumer: heartbeat answers with a new epoch or assignment
+        self.left = 0  # consumer: members that left (epoch -1) at the end
+        self.leave_errors: dict[str, int] = {}
         self.loop_stalls = array("d")  # (when, how late) pairs of the lag ticker
         self.members_failed = 0
         self.hb_unanswered = 0
@@ -455,6 +483,8 @@ class Worker:
         self.join_seconds = None
         topic = cfg["topic"]
         self.subscription = encode_subscription(Subscription(topics=[topic]), 1)
+        self.consumer = cfg.get("protocol") == "consumer"
+        self.hb_interval = cfg["hb_interval"]  # consumer: the server's heartbeat_interval_ms
         self.loop = None
 
     # -- commands from the parent --------------------------------------------------------------
@@ -463,7 +493,7 @@ class Worker:
 
     def join_lanes(self) -> int:
         cfg = self.cfg
-        if cfg["join_mode"] == "member":
+        if cfg["join_mode"] == "member" or self.consumer:
             return cfg["join_concurrency"]
         return max(1, -(-cfg["join_concurrency"] // cfg["join_batch"]))
 
@@ -495,6 +525,8 @@ class Worker:
                     self.send("window_done", self._hb_report())
                 elif kind == "verify":
                     self.send("verified", await self.verify())
+                elif kind == "leave":
+                    self.send("left", await self.leave())
                 elif kind == "burst":
                     self.send("burst_done", await self.burst(cmd[1], cmd[2], cmd[3] if len(cmd) > 3 else 1))
                 elif kind == "stop":
@@ -564,7 +596,7 @@ class Worker:
         lanes = [self.join_conns[i * size : (i + 1) * size] for i in range(n_lanes)]
         deadline = _now() + cfg["join_timeout"]
         started = _now()
-        pipelined = cfg["join_mode"] == "pipelined"
+        pipelined = cfg["join_mode"] == "pipelined" and not self.consumer
 
         async def one_by_one(groups, i):
             for g in groups:
@@ -802,7 +834,94 @@ class Worker:
 
     async def join_group(self, g: Group, conns: list[PipeConn]):
         g.done = asyncio.Event()
-        await asyncio.gather(*(self.join_member(g, mem, conns[mem.index]) for mem in g.members))
+        join = self.join_consumer if self.consumer else self.join_member
+        await asyncio.gather(*(join(g, mem, conns[mem.index]) for mem in g.members))
+
+    # -- the consumer protocol (KIP-848) ----------------------------------------------------------
+    def cg_request(self, g: Group, mem: Member, epoch: int, ack: bool):
+        """A ConsumerGroupHeartbeat. Epoch 0 (join): the full metadata (subscription, rebalance
+        timeout) and no owned partitions; -1: leave; otherwise the unchanged fields are null, and
+        the owned partitions are sent only as an acknowledgement of a new assignment (``ack``), as
+        librdkafka does."""
+        join = epoch == 0
+        owned = None
+        if join:
+            owned = []
+        elif ack:
+            owned = [m.ConsumerGroupHeartbeatRequestTopicPartitions(topic_id=t, partitions=sorted(ps))
+                     for t, ps in sorted((mem.owned or {}).items())]
+        return m.ConsumerGroupHeartbeatRequest(
+            group_id=g.group_id,
+            member_id=mem.member_id,
+            member_epoch=epoch,
+            rebalance_timeout_ms=self.cfg["rebalance_timeout_ms"] if join else -1,
+            subscribed_topic_names=[self.cfg["topic"]] if join else None,
+            topic_partitions=owned,
+        )
+
+    def cg_answer(self, mem: Member, r) -> bool:
+        """Apply a successful ConsumerGroupHeartbeat answer to ``mem``; -> whether its next
+        heartbeat differs (a new epoch, or a new assignment to acknowledge)."""
+        changed = False
+        if r.assignment is not None:
+            mem.owned = {tp.topic_id: frozenset(tp.partitions) for tp in r.assignment.topic_partitions}
+            mem.acking = changed = True
+        elif mem.acking:  # the acknowledgement went out and was answered: back to null
+            mem.acking = False
+            changed = True
+        if r.member_epoch != mem.generation:
+            mem.generation = r.member_epoch
+            changed = True
+        return changed
+
+    def cg_converged(self, g: Group) -> bool:
+        """Every member at the same epoch, its latest assignment acknowledged, and the topic's
+        partitions owned exactly once between them."""
+        epoch = g.members[0].generation
+        seen = 0
+        union = set()
+        for mem in g.members:
+            if mem.generation != epoch or mem.generation <= 0 or mem.acking or mem.owned is None:
+                return False
+            for t, ps in mem.owned.items():
+                seen += len(ps)
+                union.update((t, p) for p in ps)
+        return seen == len(union) == self.cfg["topic_partitions"]
+
+    async def join_consumer(self, g: Group, mem: Member, conn: PipeConn):
+        """One consumer-protocol member: join (epoch 0, a member id of its own making, as KIP-848
+        v1 clients do), then heartbeat every ``cg_join_poll`` s (at once when it has an assignment
+        to acknowledge) until its group has converged (:meth:`cg_converged`)."""
+        st, v = self.stats, self.v["cg_heartbeat"]
+        mem.member_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        mem.generation = 0
+        mem.owned, mem.acking = None, False
+        while not g.done.is_set():
+            r, lat = await conn.call(self.cg_request(g, mem, mem.generation, mem.acking), v)
+            st.join_requests += 1
+            if len(st.join_latency_us) < st.max_samples:
+                st.join_latency_us.append(lat * 1e6)
+            if r.error_code:
+                st.error(st.join_errors, r.error_code)
+                if r.error_code in (E.FENCED_MEMBER_EPOCH, E.UNKNOWN_MEMBER_ID):
+                    mem.generation, mem.owned, mem.acking = 0, None, False  # rejoin, as a client does
+                await asyncio.sleep(self.cfg["cg_join_poll"])
+                continue
+            if r.heartbeat_interval_ms > 0:
+                self.hb_interval = r.heartbeat_interval_ms / 1000
+            if self.cg_answer(mem, r) and mem.acking:
+                if g.gen_size.get(mem.generation) is None:
+                    g.gen_size[mem.generation] = 1
+                    g.rebalances += 1
+                continue  # acknowledge at once
+            if self.cg_converged(g):
+                g.generation = mem.generation
+                g.done.set()
+                return
+            try:
+                await asyncio.wait_for(g.done.wait(), self.cfg["cg_join_poll"])
+            except TimeoutError:
+                pass
 
     async def join_member(self, g: Group, mem: Member, conn: PipeConn):
         cfg, st, v = self.cfg, self.stats, self.v
@@ -911,42 +1030,56 @@ class Worker:
         }
 
     # -- checking the coordinator's view ---------------------------------------------------------
-    async def verify(self) -> dict:
-        """DescribeGroups (v5, 100 groups per request, all in one write) for every group: its state
-        and whether each member we still consider alive is still a member."""
-        version = self.v["describe"]
+    async def _spare_conn(self) -> PipeConn:
         conn = next((c for c in self.join_conns if not c.lost), None)
         if conn is None:
             conn = (await open_conns(self.host, self.port, 1, self.client_id))[0]
             self.join_conns.append(conn)
+        return conn
+
+    async def verify(self) -> dict:
+        """DescribeGroups (v5, 100 groups per request, all in one write) for every group
+        (consumer protocol: ConsumerGroupDescribe, a member counting only at the epoch we hold):
+        its state and whether each member we still consider alive is still a member."""
+        req_cls = m.ConsumerGroupDescribeRequest if self.consumer else m.DescribeGroupsRequest
+        version = self.v["cg_describe" if self.consumer else "describe"]
+        conn = await self._spare_conn()
         by_id = {g.group_id: g for g in self.groups}
         ids = list(by_id)
         frames, cids = [], []
         for i in range(0, len(ids), 100):
-            req = m.DescribeGroupsRequest(groups=ids[i : i + 100], include_authorized_operations=False)
+            if self.consumer:
+                req = req_cls(group_ids=ids[i : i + 100], include_authorized_operations=False)
+            else:
+                req = req_cls(groups=ids[i : i + 100], include_authorized_operations=False)
             cids.append(conn.next_cid())
             frames.append(bytes(encode_frame(req, version, cids[-1], self.client_id)))
         raw, _, _ = await conn.call_many(frames) if frames else ([], 0, 0)
         states: dict[str, int] = {}
         joined = expected = present = extra = stable_complete = 0
         for cid, resp in zip(cids, raw, strict=True):
-            got, pos = decode_response_header(resp, m.DescribeGroupsRequest.API_KEY, version)
+            got, pos = decode_response_header(resp, req_cls.API_KEY, version)
             if got != cid:
                 raise ConnectionLost(f"correlation id {got} != {cid}")
-            for dg in m.DescribeGroupsResponse.decode(resp, version, pos).groups:
+            for dg in m.RESPONSES[req_cls.API_KEY].decode(resp, version, pos).groups:
                 g = by_id.get(dg.group_id)
                 if g is None or g.joined_at is None:
                     continue
                 joined += 1
                 state = dg.group_state if not dg.error_code else f"error {E.error_name(dg.error_code)}"
                 states[state] = states.get(state, 0) + 1
-                there = {dm.member_id for dm in dg.members}
+                if self.consumer:  # a member is ours only at the epoch we hold
+                    held = {mem.member_id: mem.generation for mem in g.members}
+                    there = {dm.member_id for dm in dg.members if held.get(dm.member_id) == dm.member_epoch}
+                    extra += len(dg.members) - len(there)
+                else:
+                    there = {dm.member_id for dm in dg.members}
                 ours = [mem for mem in g.members if not mem.failed]
                 mine = sum(1 for mem in ours if mem.member_id in there)
                 expected += len(ours)
                 present += mine
                 extra += len(there) - mine
-                if state == "Stable" and mine == len(g.members) == len(there):
+                if state == "Stable" and mine == len(g.members) == len(there) == len(dg.members):
                     stable_complete += 1
         return {
             "groups": joined,
@@ -958,6 +1091,40 @@ class Worker:
             "members_unexpected": extra,
         }
 
+    async def leave(self) -> dict:
+        """Consumer protocol: every member still beating leaves (epoch -1), the members of a
+        heartbeat connection in one write; -> counts. Classic: nothing (its members expire)."""
+        st = self.stats
+        if not self.consumer:
+            return {"left": 0, "leave_errors": {}}
+        version = self.v["cg_heartbeat"]
+        per_conn: dict[int, list] = {}
+        for g in self.groups:
+            if g.joined_at is None:
+                continue
+            for mem in g.members:
+                if not mem.failed:
+                    per_conn.setdefault(g.slot % len(self.hb_conns), []).append((g, mem))
+
+        async def one(i, pairs):
+            conn = self.hb_conns[i]
+            if conn.lost:
+                conn = await self._spare_conn()
+            cids = [conn.next_cid() for _ in pairs]
+            frames = [bytes(encode_frame(self.cg_request(g, mem, -1, False), version, cid, self.client_id))
+                      for (g, mem), cid in zip(pairs, cids, strict=True)]
+            raw, _, _ = await conn.call_many(frames)
+            for cid, resp in zip(cids, raw, strict=True):
+                got, pos = decode_response_header(resp, CGH, version)
+                code = m.ConsumerGroupHeartbeatResponse.decode(resp, version, pos).error_code if got == cid else -1
+                if code:
+                    st.error(st.leave_errors, code)
+                else:
+                    st.left += 1
+
+        await asyncio.gather(*(one(i, pairs) for i, pairs in per_conn.items()))
+        return {"left": st.left, "leave_errors": st.leave_errors}
+
     # -- heartbeats ----------------------------------------------------------------------------
     def hb_request(self, g: Group, mem: Member):
         return m.HeartbeatRequest(
@@ -965,6 +1132,9 @@ class Worker:
         )
 
     def hb_frame(self, g: Group, mem: Member) -> bytearray:
+        if self.consumer:
+            return encode_frame(self.cg_request(g, mem, mem.generation, mem.acking), self.v["cg_heartbeat"], 0,
+                                self.client_id)
         return encode_frame(self.hb_request(g, mem), self.v["heartbeat"], 0, self.client_id)
 
     def fix_hb(self, g: Group, mem: Member, conn: PipeConn) -> None:
@@ -1020,7 +1190,7 @@ class Worker:
         """Start heartbeating a complete group. Groups are spread over the interval by a phase of
         their own (groups of a join batch complete together); in mode one, a group's members are
         also spread evenly over the interval; pipelined, they beat together."""
-        interval = self.cfg["hb_interval"]
+        interval = self.hb_interval
         sched = self.schedules[g.slot % len(self.schedules)]
         now = _now()
         phase = (g.slot * PHASE) % 1.0
@@ -1041,6 +1211,7 @@ class Worker:
             "hb_max_latency_before_window_us": st.hb_max_latency_before_window_us,
             "hb_full_decodes": st.hb_full_decodes,
             "hb_writes": st.hb_writes,
+            "hb_changes": st.hb_changes,
             "loop_stalls": st.loop_stalls.tobytes(),
             "errors": st.errors,
             "members_failed": st.members_failed,
@@ -1243,11 +1414,13 @@ class _Schedule:
     async def run(self):
         w = self.w
         st = w.stats
-        interval = w.cfg["hb_interval"]
-        version = w.v["heartbeat"]
+        interval = w.hb_interval
+        consumer = w.consumer
+        api_key = CGH if consumer else 12
+        version = w.v["cg_heartbeat" if consumer else "heartbeat"]
         conn = self.conn
         heap = self.heap
-        decode = m.HeartbeatResponse.decode
+        decode = (m.ConsumerGroupHeartbeatResponse if consumer else m.HeartbeatResponse).decode
         pack_into = struct.pack_into
         while True:
             w_end = w.window[1]
@@ -1276,18 +1449,25 @@ class _Schedule:
                 heap.clear()
                 return
             self.inflight = False
-            got, pos = decode_response_header(resp, 12, version)
+            got, pos = decode_response_header(resp, api_key, version)
             if got != cid:
                 st.errors["CORRELATION_ID_MISMATCH"] = st.errors.get("CORRELATION_ID_MISMATCH", 0) + 1
                 st.members_failed += 1 + len(heap)
                 heap.clear()
                 conn.abort(f"correlation id {got} != {cid}")
                 return
-            code = decode(resp, version, pos).error_code
+            r = decode(resp, version, pos)
+            code = r.error_code
             st.hb_sent += 1
             st.heartbeat_answered(w.window, sent, due, arrived, code, mem)
             if code:
                 continue
+            if consumer and w.cg_answer(mem, r):  # a new epoch or assignment: the next beat says so
+                st.hb_changes += 1
+                mem.hb_frame = w.hb_frame(mem.group, mem)
+                if mem.acking:  # acknowledge at once, as librdkafka does
+                    heapq.heappush(heap, (_now(), seq, mem))
+                    continue
             heapq.heappush(heap, (next_due(due, sent, interval, w.slip), seq, mem))
 
 
@@ -1546,8 +1726,13 @@ class LoadGen:
                 raise TypeError(f"unknown option {k}")
             cfg[k] = v
         total_hb = hb_conns if hb_conns is not None else groups
-        if cfg["hb_mode"] not in HB_MODES or cfg["join_mode"] not in JOIN_MODES:
-            raise ValueError(f"hb_mode must be one of {HB_MODES}, join_mode one of {JOIN_MODES}")
+        if cfg["hb_mode"] not in HB_MODES or cfg["join_mode"] not in JOIN_MODES or cfg["protocol"] not in PROTOCOLS:
+            raise ValueError(f"hb_mode must be one of {HB_MODES}, join_mode one of {JOIN_MODES}, "
+                             f"protocol one of {PROTOCOLS}")
+        if cfg["protocol"] == "consumer":
+            if cfg["hb_mode"] != "one":
+                raise ValueError("the consumer protocol runs with hb_mode one (each answer may change the next beat)")
+            cfg["join_mode"] = "member"  # each member joins on its own connection, as real clients do
         self.cfg = cfg
         self.hb_conns_total = max(self.procs, total_hb)
         self.group_prefix = group_prefix
@@ -1706,12 +1891,20 @@ class LoadGen:
             "members_failed": sum(r["members_failed"] for r in reps),
             "full_decodes": sum(r["hb_full_decodes"] for r in reps),
             "heartbeat_writes": sum(r["hb_writes"] for r in reps),
+            "answers_with_changes": sum(r["hb_changes"] for r in reps),
             "unanswered": sum(r["hb_unanswered"] for r in reps),
             "due_but_not_sent": sum(r["hb_not_sent"] for r in reps),
             "load_cpu_util": (cpu1 - cpu0) / max(1e-9, _now() - start),
             "slow": _stalls(reps, start),
             "load_stalls": _loop_stalls(reps, start),
         }
+
+    def leave(self, timeout: float = 120.0) -> dict:
+        """Consumer protocol: every member still beating leaves the group (epoch -1)."""
+        self._broadcast("leave")
+        reps = self._collect("left", timeout)
+        return {"members_left": sum(r["left"] for r in reps),
+                "errors": _merge_counts(r["leave_errors"] for r in reps)}
 
     def verify(self, timeout: float = 120.0) -> dict:
         """Ask the coordinator (DescribeGroups) about every joined group; -> merged counts."""
@@ -1779,6 +1972,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULTS["join_concurrency"],
         help="groups joining at once per process",
     )
+    ap.add_argument("--protocol", choices=PROTOCOLS, default=DEFAULTS["protocol"],
+                    help="consumer: KIP-848 ConsumerGroupHeartbeat at the server's interval (hb-mode one)")
     ap.add_argument("--hb-mode", choices=HB_MODES, default=DEFAULTS["hb_mode"])
     ap.add_argument("--join-mode", choices=JOIN_MODES, default=DEFAULTS["join_mode"])
     ap.add_argument("--join-batch", type=int, default=DEFAULTS["join_batch"], help="pipelined join: groups per round")
@@ -1806,11 +2001,13 @@ def cli(argv=None) -> int:
         hb_mode=args.hb_mode,
         join_mode=args.join_mode,
         join_batch=args.join_batch,
+        protocol=args.protocol,
     ) as lg:
         joined = lg.join()
         hb = lg.window(args.duration)
         verified = lg.verify()
-    print(json.dumps({"params": lg.params(), "join": joined, "heartbeat": hb, "verify": verified}))
+        left = lg.leave()
+    print(json.dumps({"params": lg.params(), "join": joined, "heartbeat": hb, "verify": verified, "leave": left}))
     return 0
 
 

@@ -1,6 +1,16 @@
-"""Rebalance latency: 50 confluent-kafka members in one group, herd against librdkafka's mock.
+"""Rebalance latency: 50 confluent-kafka members in one group, herd against librdkafka's mock,
+and herd's classic protocol (eager, cooperative-sticky) against its KIP-848 consumer protocol.
 
-``python -m bench.rebalance [--quick] [--members 50] [--leaves 3] [--targets herd,mock]``
+``python -m bench.rebalance [--quick] [--members 50] [--leaves 3] [--joins 1]
+[--targets herd,herd-cooperative,herd-consumer,mock]``
+
+Targets: ``herd`` and ``mock``: the classic protocol with ``--assignor`` (eager ``range``);
+``herd-cooperative``: herd, classic protocol, ``cooperative-sticky`` (incremental: only the moved
+partitions are revoked); ``herd-consumer``: herd, ``group.protocol=consumer`` (KIP-848: the
+server assigns, ``uniform``; herd runs with ``group_consumer_heartbeat_interval_ms`` /
+``group_consumer_session_timeout_ms`` set to ``--heartbeat-interval-ms`` / ``--session-timeout-ms``,
+which the consumer protocol takes from the server, not the client). Each target gets a fresh
+daemon (or mock), one after the other in the same invocation.
 
 Each member is a confluent-kafka ``Consumer`` in its own thread (``session.timeout.ms`` 10000,
 ``heartbeat.interval.ms`` 1000, eager ``range`` assignor) subscribed to topic ``bench`` (100
@@ -40,7 +50,11 @@ class Member(threading.Thread):
         self.conf = conf
         self.topic = topic
         self.lock = threading.Lock()
-        self.assignment: frozenset | None = None
+        # what it owns, from its callbacks applied incrementally: eager protocols revoke
+        # everything and assign the whole new set, incremental ones (cooperative-sticky, KIP-848)
+        # name only the partitions that move, and the same bookkeeping serves both
+        self.owned: set[int] = set()
+        self.changed_at = 0.0
         self.assigned_at = 0.0
         self.revoked_at = 0.0
         self.assigns = 0
@@ -53,19 +67,19 @@ class Member(threading.Thread):
 
     def _on_assign(self, consumer, partitions):
         with self.lock:
-            self.assignment = frozenset(p.partition for p in partitions)
-            self.assigned_at = _now()
+            self.owned.update(p.partition for p in partitions)
+            self.assigned_at = self.changed_at = _now()
             self.assigns += 1
 
     def _on_revoke(self, consumer, partitions):
         with self.lock:
-            self.assignment = None
-            self.revoked_at = _now()
+            self.owned.difference_update(p.partition for p in partitions)
+            self.revoked_at = self.changed_at = _now()
             self.revokes += 1
 
     def snapshot(self):
         with self.lock:
-            return self.assignment, self.assigned_at
+            return frozenset(self.owned), self.changed_at
 
     def run(self):
         from confluent_kafka import Consumer
@@ -73,7 +87,8 @@ class Member(threading.Thread):
         consumer = None
         try:
             consumer = Consumer(self.conf)
-            consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke)
+            consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                               on_lost=self._on_revoke)
             self.ready.set()
             deadline = time.monotonic() + 3600
             while not self.stop_requested.is_set() and time.monotonic() < deadline:
@@ -92,19 +107,21 @@ class Member(threading.Thread):
 
 
 def complete_since(members, since: float, partitions: int):
-    """-> time the last member got its part, if the live members hold a complete assignment all
-    received after ``since``; else None."""
+    """-> the time of the last callback, if the live members (fewer than the partitions) each own
+    some partitions, together all of them exactly once, and something changed after ``since``;
+    else None. (A member whose part did not change gets no callback under an incremental
+    protocol: its part still counts.)"""
     seen = 0
     latest = 0.0
     union = set()
     for mb in members:
         asg, at = mb.snapshot()
-        if asg is None or at < since:
+        if not asg:
             return None
         seen += len(asg)
         union |= asg
         latest = max(latest, at)
-    if seen != partitions or len(union) != partitions:
+    if seen != partitions or len(union) != partitions or latest < since:
         return None
     return latest
 
@@ -115,12 +132,12 @@ def wait_complete(members, since: float, partitions: int, timeout: float, settle
     while _now() < deadline:
         got = complete_since(members, since, partitions)
         if got is not None:
-            counts = [mb.assigns for mb in members]
+            counts = [mb.assigns + mb.revokes for mb in members]
             stable_until = _now() + settle
             ok = True
             while _now() < stable_until:
                 time.sleep(0.01)
-                if [mb.assigns for mb in members] != counts:
+                if [mb.assigns + mb.revokes for mb in members] != counts:
                     ok = False
                     break
             if ok:
@@ -138,12 +155,18 @@ def _spread(xs):
 
 def run_target(target: str, bootstrap: str, args) -> dict:
     group = f"bench-rebalance-{target}-{int(time.time() * 1000) % 10**8}"
+    if target == "herd-consumer":  # KIP-848: the timeouts and the assignor are the server's
+        protocol = {"group.protocol": "consumer"}
+    else:
+        protocol = {
+            "session.timeout.ms": args.session_timeout_ms,
+            "heartbeat.interval.ms": args.heartbeat_interval_ms,
+            "partition.assignment.strategy": "cooperative-sticky" if target == "herd-cooperative" else args.assignor,
+        }
     conf = {
         "bootstrap.servers": bootstrap,
         "group.id": group,
-        "session.timeout.ms": args.session_timeout_ms,
-        "heartbeat.interval.ms": args.heartbeat_interval_ms,
-        "partition.assignment.strategy": args.assignor,
+        **protocol,
         "enable.auto.commit": False,
         "auto.offset.reset": "latest",
         "socket.nagle.disable": True,
@@ -154,7 +177,7 @@ def run_target(target: str, bootstrap: str, args) -> dict:
         Member(i, dict(conf, **{"client.id": f"bench-rebalance-{i}"}), args.topic)
         for i in range(args.members)
     ]
-    out = {"target": target, "members": args.members}
+    out = {"target": target, "members": args.members, "client_protocol": protocol}
     try:
         t0 = _now()
         for mb in members:
@@ -193,10 +216,27 @@ def run_target(target: str, bootstrap: str, args) -> dict:
             if done is None:
                 break
         out["leaves"] = leaves
+        joins = []
+        for k in range(args.joins if got is not None and len(leaves) == args.leaves else 0):
+            newcomer = Member(args.members + k, dict(conf, **{"client.id": f"bench-rebalance-new-{k}"}), args.topic)
+            members.append(newcomer)
+            live.append(newcomer)
+            t_join = _now()
+            newcomer.start()
+            done = wait_complete(live, t_join, args.topic_partitions, args.timeout, args.settle)
+            revoked = sorted(mb.revoked_at - t_join for mb in live if mb.revoked_at >= t_join)
+            joins.append({"members_after": len(live), "join_to_complete_s": None if done is None else done - t_join,
+                          "revoked_s": _spread(revoked),
+                          "members_revoking": len(revoked)})
+            if done is None:
+                break
+        out["joins"] = joins
+        jvals = [x["join_to_complete_s"] for x in joins if x["join_to_complete_s"] is not None]
+        out["join_to_complete_median_s"] = statistics.median(jvals) if jvals else None
         vals = [x["leave_to_complete_s"] for x in leaves if x["leave_to_complete_s"] is not None]
         out["leave_to_complete_median_s"] = statistics.median(vals) if vals else None
         out["leave_to_complete_max_s"] = max(vals) if vals else None
-        out["incomplete"] = got is None or len(vals) < args.leaves
+        out["incomplete"] = got is None or len(vals) < args.leaves or len(jvals) < args.joins
     finally:
         for mb in members:
             mb.stop_requested.set()
@@ -211,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--leaves", type=int, default=None, help="members closed one after another (default 3, quick 1)"
     )
+    ap.add_argument("--joins", type=int, default=1, help="members added one after another, after the leaves")
     ap.add_argument("--session-timeout-ms", type=int, default=10_000)
     ap.add_argument("--heartbeat-interval-ms", type=int, default=1_000)
     ap.add_argument("--initial-rebalance-delay-ms", type=int, default=0, help="for herd and the mock")
@@ -221,7 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--timeout", type=float, default=60.0, help="give up waiting for an assignment after this"
     )
-    ap.add_argument("--targets", default="herd,mock")
+    ap.add_argument("--targets", default="herd,mock",
+                    help="any of herd (classic, --assignor), herd-cooperative, herd-consumer (KIP-848), mock")
     ap.add_argument("--fsync", default="always", choices=("always", "never"))
     ap.add_argument("--herd-log-level", default="info")
     return ap
@@ -234,12 +276,21 @@ def main(argv=None):
     target_s = args.heartbeat_interval_ms / 1000 + 0.2
     runs = {}
     for target in [t for t in args.targets.split(",") if t]:
-        if target == "herd":
+        if target in ("herd", "herd-cooperative", "herd-consumer"):
+            hb, session = args.heartbeat_interval_ms, args.session_timeout_ms
+            consumer_settings = [
+                "--group-consumer-heartbeat-interval-ms", hb,
+                "--group-consumer-min-heartbeat-interval-ms", min(hb, 5000),
+                "--group-consumer-session-timeout-ms", session,
+                "--group-consumer-min-session-timeout-ms", min(session, 45000),
+                "--group-consumer-max-session-timeout-ms", max(session, 60000),
+            ]
             with U.Herd(
                 fsync=args.fsync,
                 topics=[topic],
                 initial_rebalance_delay_ms=args.initial_rebalance_delay_ms,
                 log_level=args.herd_log_level,
+                extra_args=consumer_settings,
             ) as herd:
                 runs[target] = run_target(target, herd.bootstrap, args)
                 runs[target]["herd_rebalances"] = [
@@ -267,7 +318,8 @@ def main(argv=None):
         r = runs[target]
         print(
             f"  {target}: start→stable {r['start_to_stable_s']}, "
-            f"leaves {[x['leave_to_complete_s'] for x in r['leaves']]}",
+            f"leaves {[x['leave_to_complete_s'] for x in r['leaves']]}, "
+            f"joins {[x['join_to_complete_s'] for x in r['joins']]}",
             file=sys.stderr,
             flush=True,
         )
@@ -306,6 +358,7 @@ def main(argv=None):
             fmt(r["leave_to_complete_median_s"]),
             fmt(r["leave_to_complete_max_s"]),
             len(r["leaves"]),
+            fmt(r["join_to_complete_median_s"]),
             f"<= {target_s:.1f}" if t == "herd" else "",
             ("yes" if result.get("meets_target") else "NO") if t == "herd" else "",
         ]
@@ -316,7 +369,8 @@ def main(argv=None):
         f"rebalance ({args.members} confluent-kafka members)\n"
         + U.table(
             rows,
-            ["server", "start→stable s", "leave→complete median s", "max s", "leaves", "target", "holds"],
+            ["server", "start→stable s", "leave→complete median s", "max s", "leaves", "join→complete median s",
+             "target", "holds"],
         ),
     )
 

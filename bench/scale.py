@@ -1,7 +1,7 @@
 """Scale: G groups × M members joined and heartbeating against ONE herd daemon.
 
 ``python -m bench.scale [--quick] [--groups 10000] [--members 10] [--duration 60] [--find-max]
-[--mode one|pipelined|both] [--join-mode pipelined|member]``
+[--mode one|pipelined|both] [--join-mode pipelined|member] [--protocol classic|consumer|both]``
 
 The raw-protocol load tool (``bench/loadgen.py``: asyncio on uvloop, herd's codec, ``--procs``
 processes) joins every group (JoinGroup v9 with the MEMBER_ID_REQUIRED dance, SyncGroup v5 with
@@ -28,6 +28,15 @@ that it no longer has: ``members_expired``, counted with the failures). Error co
 answered DURING the joins (REBALANCE_IN_PROGRESS when members arrive at different times) are the
 protocol working and are reported separately. Targets: 0 errors, no member expired, p99 < 20 ms,
 RSS < 1.5 GB.
+
+``--protocol consumer`` (KIP-848): the members join with ConsumerGroupHeartbeat v1 (epoch 0, a
+member id of their own making, subscribed to ``bench``, 100 partitions), converge on the server's
+assignment (acknowledging each new one at once), then heartbeat at the interval the server returns
+(``group.consumer.heartbeat.interval.ms``, 5 s by default) with the epoch it returns, one in flight
+per connection (mode ``one``; ``--hb-interval`` is the classic members' interval only); the
+coordinator's view comes from ConsumerGroupDescribe (Stable, every member at the epoch we hold),
+and every member leaves (epoch -1) after it. ``both``: the classic run(s) first, then the consumer
+run, each on a fresh daemon, side by side in one JSON (``runs[].protocol``).
 
 ``--find-max``: for each mode, run steps of increasing member counts (``--steps``, members in
 all, groups = members / M) with a fresh daemon each, stop at the first step that misses a target,
@@ -70,9 +79,12 @@ def _pin(daemon_pid: int, load_pids: list[int]) -> dict | None:
     return {"daemon_cpus": sorted(daemon), "load_cpus": sorted(load)}
 
 
-def run_once(groups: int, args, hb_mode: str, label: str = "") -> dict:
+def run_once(groups: int, args, hb_mode: str, label: str = "", protocol: str = "classic") -> dict:
     hb_conns = args.hb_conns or min(groups, MAX_HB_CONNS)
+    consumer = protocol == "consumer"
     out = {
+        "protocol": protocol,
+        "variant": "consumer" if consumer else hb_mode,
         "heartbeat_mode": hb_mode,
         "join_mode": args.join_mode,
         "groups": groups,
@@ -80,7 +92,8 @@ def run_once(groups: int, args, hb_mode: str, label: str = "") -> dict:
         "members": groups * args.members,
     }
     profile_path = None
-    lanes = args.join_concurrency if args.join_mode == "member" else -(-args.join_concurrency // args.join_batch)
+    lanes = (args.join_concurrency if args.join_mode == "member" or consumer
+             else -(-args.join_concurrency // args.join_batch))
     join_pool = args.procs * lanes * args.members
     extra = ["--max-connections", str(hb_conns + join_pool + 200)]
     t_start = time.perf_counter()
@@ -96,7 +109,8 @@ def run_once(groups: int, args, hb_mode: str, label: str = "") -> dict:
                 members=args.members,
                 procs=args.procs,
                 hb_conns=hb_conns,
-                group_prefix=f"scale-{hb_mode}{label}",
+                group_prefix=f"scale-{'cg' if consumer else hb_mode}{label}",
+                protocol=protocol,
                 hb_mode=hb_mode,
                 join_mode=args.join_mode,
                 join_batch=args.join_batch,
@@ -139,6 +153,8 @@ def run_once(groups: int, args, hb_mode: str, label: str = "") -> dict:
             out["heartbeat"]["daemon_cpu_util_max_5s"] = sampler.max_cpu_util(5.0, first=n_join_samples)
             # the coordinator's own view: which groups are Stable, which members it still has
             out["verify"] = lg.verify()
+            if consumer:
+                out["leave"] = lg.leave()
             out["rss_end_mb"] = U.proc_rss_bytes(herd.pid) / 2**20
             out["rss_hwm_mb"] = U.proc_hwm_bytes(herd.pid) / 2**20
         out["rss_max_sampled_mb"] = sampler.max_rss() / 2**20
@@ -147,6 +163,7 @@ def run_once(groups: int, args, hb_mode: str, label: str = "") -> dict:
     hb = out["heartbeat"]
     p99 = hb["latency_ms"]["p99"]
     errors = sum(hb["errors"].values()) + hb["unanswered"] + hb["due_but_not_sent"]
+    errors += sum(out.get("leave", {}).get("errors", {}).values())
     expired = out["verify"]["members_missing"]
     failed = hb["members_failed"] + out["join"]["groups_failed"] * args.members + expired
     rss = max(out["rss_hwm_mb"], out["rss_max_sampled_mb"])
@@ -176,7 +193,7 @@ def _row(r: dict) -> list:
     hb = r["heartbeat"]
     lat = hb["latency_ms"]
     return [
-        r["heartbeat_mode"],
+        r.get("variant", r["heartbeat_mode"]),
         r["members"],
         r["groups"],
         f"{r['join']['seconds']:.1f}",
@@ -195,7 +212,7 @@ def _row(r: dict) -> list:
 
 
 HEADER = [
-    "hb mode",
+    "protocol/hb",
     "members",
     "groups",
     "join s",
@@ -221,6 +238,9 @@ def build_parser() -> argparse.ArgumentParser:
         default="both",
         help="heartbeats: one in flight per connection, a group's beats pipelined in one write, or both",
     )
+    ap.add_argument("--protocol", choices=("classic", "consumer", "both"), default="classic",
+                    help="classic groups (JoinGroup/SyncGroup/Heartbeat), KIP-848 consumer groups "
+                         "(ConsumerGroupHeartbeat; heartbeat mode one), or both side by side")
     ap.add_argument("--join-mode", choices=("pipelined", "member"), default="pipelined")
     ap.add_argument("--join-batch", type=int, default=25, help="pipelined join: groups per round per lane")
     ap.add_argument("--groups", type=int, default=None, help="default 10000 (quick 500)")
@@ -274,9 +294,14 @@ def main(argv=None):
     if args.duration is None:
         args.duration = 20.0 if args.quick else (30.0 if args.find_max else 60.0)
     modes = ["one", "pipelined"] if args.mode == "both" else [args.mode]
+    # (protocol, heartbeat mode) runs; the consumer protocol beats one in flight per connection
+    variants = [("classic", mo) for mo in modes] if args.protocol in ("classic", "both") else []
+    if args.protocol in ("consumer", "both"):
+        variants.append(("consumer", "one"))
     env = U.environment()
     params = {k: v for k, v in vars(args).items() if k not in ("profile_top",)}
     params["heartbeat_modes"] = modes
+    params["runs"] = [f"{p}/{mo}" for p, mo in variants]
     result = {"benchmark": "scale", **env, "params": params, "targets": TARGETS}
     title = "scale (targets: 0 errors, no member expired, p99 < 20 ms, RSS < 1.5 GB)\n"
     if args.find_max:
@@ -287,21 +312,22 @@ def main(argv=None):
             ).split(",")
         ]
         runs = []
-        best = {mo: None for mo in modes}
-        failing = {mo: None for mo in modes}
+        names = ["consumer" if p == "consumer" else mo for p, mo in variants]
+        best = {n: None for n in names}
+        failing = {n: None for n in names}
         # the modes take turns at each step (same machine conditions, side by side); a mode stops
         # at its first step that misses a target
         for i, members in enumerate(steps):
-            for mo in modes:
-                if failing[mo] is not None:
+            for name, (proto, mo) in zip(names, variants, strict=True):
+                if failing[name] is not None:
                     continue
-                r = run_once(max(1, members // args.members), args, mo, label=f"-s{i}")
+                r = run_once(max(1, members // args.members), args, mo, label=f"-s{i}", protocol=proto)
                 runs.append(r)
                 print(U.table([_row(r)], HEADER), file=sys.stderr, flush=True)
                 if r["meets_targets"]:
-                    best[mo] = r["members"]
+                    best[name] = r["members"]
                 else:
-                    failing[mo] = r["members"]
+                    failing[name] = r["members"]
         result.update(
             mode="find-max",
             runs=runs,
@@ -309,11 +335,14 @@ def main(argv=None):
             first_failing=failing,
         )
         text = U.table([_row(r) for r in runs], HEADER) + "\nlargest member count meeting the targets: " + ", ".join(
-            f"{mo} {best[mo]}" for mo in modes
+            f"{n} {best[n]}" for n in names
         )
     else:
-        runs = [run_once(args.groups, args, mo, label="") for mo in modes]
-        result.update(mode="single", runs=runs, meets_targets={r["heartbeat_mode"]: r["meets_targets"] for r in runs})
+        runs = []
+        for proto, mo in variants:
+            runs.append(run_once(args.groups, args, mo, label="", protocol=proto))
+            print(U.table([_row(runs[-1])], HEADER), file=sys.stderr, flush=True)
+        result.update(mode="single", runs=runs, meets_targets={r["variant"]: r["meets_targets"] for r in runs})
         if len(runs) == 1:
             result["run"] = runs[0]
         text = U.table([_row(r) for r in runs], HEADER)

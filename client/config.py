@@ -5,14 +5,14 @@ name is the Kafka name with dots written as underscores). Unknown names raise ``
 typo does not silently fall back to a default. Defaults are Kafka's consumer defaults.
 
 TLS and SASL take librdkafka's names (``security.protocol``, ``ssl.ca.location``,
-``sasl.username``, ...): see ``client/security.py``.
+``sasl.username``, ...): see ``protocol/client_security.py``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from client.security import ALIASES, PROTOCOLS, SECURITY_DEFAULTS, SecurityConfig, parse_security
+from protocol.client_security import ALIASES, PROTOCOLS, SECURITY_DEFAULTS, SecurityConfig, parse_security
 
 __all__ = ["ClientConfig", "DEFAULTS", "parse_config", "parse_bootstrap", "security_of"]
 

@@ -36,6 +36,13 @@ STEP_S = 1.0
 REPORT_EVERY_S = 5.0
 
 
+def say(line: str) -> None:
+    """One line in one write: the try-it runs three members in one terminal, and print's separate
+    write of its newline (unbuffered output, PYTHONUNBUFFERED) let two members' lines run together."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def _names(parts) -> str:
     return ", ".join(f"{tp.topic}-{tp.partition}" for tp in sorted(parts)) or "nothing"
 
@@ -48,15 +55,14 @@ class _Printer:
         self.consumer_ref = consumer_ref
 
     def on_partitions_revoked(self, revoked) -> None:
-        print(f"{self.name}: revoked {_names(revoked)}", flush=True)
+        say(f"{self.name}: revoked {_names(revoked)}")
 
     def on_partitions_lost(self, lost) -> None:
-        print(f"{self.name}: lost {_names(lost)}", flush=True)
+        say(f"{self.name}: lost {_names(lost)}")
 
     def on_partitions_assigned(self, added) -> None:
         consumer = self.consumer_ref[0]
-        print(f"{self.name}: assigned {_names(consumer.assignment())} (generation {consumer.generation()})",
-              flush=True)
+        say(f"{self.name}: assigned {_names(consumer.assignment())} (generation {consumer.generation()})")
 
 
 def main(argv=None) -> int:
@@ -89,7 +95,7 @@ def main(argv=None) -> int:
         return 2
     ref = [consumer]
     positions: dict[TopicPartition, int] = {}  # the next offset to process, per assigned partition
-    print(f"{name}: joining group {args.group!r} at {args.bootstrap_server} for topic {args.topic!r}", flush=True)
+    say(f"{name}: joining group {args.group!r} at {args.bootstrap_server} for topic {args.topic!r}")
     with consumer:
         consumer.subscribe([args.topic], listener=_Printer(name, ref))
         next_report = time.monotonic() + REPORT_EVERY_S
@@ -97,7 +103,7 @@ def main(argv=None) -> int:
             try:
                 assigned = consumer.poll(STEP_S)  # drives the group; returns the assignment
             except NoBrokersAvailableError as exc:
-                print(f"{name}: {exc}", flush=True)
+                say(f"{name}: {exc}")
                 continue
             for tp in list(positions):
                 if tp not in assigned:
@@ -116,18 +122,18 @@ def main(argv=None) -> int:
             except (RebalanceInProgressError, CommitFailedError) as exc:
                 # A member joined or left: this step's work is done again by whoever gets the
                 # partition (at least once). Poll to take part in the rebalance.
-                print(f"{name}: commit refused ({type(exc).__name__}): polling to rejoin", flush=True)
+                say(f"{name}: commit refused ({type(exc).__name__}): polling to rejoin")
                 positions.clear()
                 continue
             except KafkaTimeoutError as exc:
-                print(f"{name}: {exc}", flush=True)
+                say(f"{name}: {exc}")
                 positions.clear()
                 continue
             if time.monotonic() >= next_report:
                 next_report = time.monotonic() + REPORT_EVERY_S
-                print(f"{name}: committed " + ", ".join(f"{tp.topic}-{tp.partition}={off}"
-                                                        for tp, off in sorted(positions.items())), flush=True)
-        print(f"{name}: leaving the group", flush=True)
+                say(f"{name}: committed " + ", ".join(f"{tp.topic}-{tp.partition}={off}"
+                                                      for tp, off in sorted(positions.items())))
+        say(f"{name}: leaving the group")
     return 0
 
 

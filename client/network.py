@@ -56,7 +56,6 @@ from client.coordinator import (
     Snapshot,
     Stop,
 )
-from client.security import tls_failure
 from protocol.client_connection import (
     CLIENT_VERSIONS,
     AuthenticationFailed,
@@ -65,6 +64,7 @@ from protocol.client_connection import (
     Ready,
     Response,
 )
+from protocol.client_security import tls_failure
 
 log = logging.getLogger("herd.client.network")
 

@@ -83,11 +83,11 @@ from client import errors as cerr
 from client.assignors import Assignor, MemberSubscription
 from client.config import parse_bootstrap, security_of
 from client.consumer import GroupConsumer
-from client.security import SecurityConfig, tls_failure
 from client.types import OffsetAndMetadata, TopicPartition
 from protocol import errors as codes
 from protocol import messages as m
 from protocol.client_connection import AuthenticationFailed, Connection, ConnectionBroken, Ready, Response
+from protocol.client_security import SecurityConfig, tls_failure
 from protocol.consumer import decode_assignment, decode_subscription
 
 log = logging.getLogger("herd.client.spark")

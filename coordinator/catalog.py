@@ -14,7 +14,12 @@ cluster whose logs are all empty:
 * CreateTopics: adds topics (replication factor -1 or 1 on this one-node cluster).
 
 Topics are durable: each is a herd-specific record in shard 0's log (key type ``TOPIC_RECORD``),
-so they survive restarts and are compacted with everything else. Pure: no I/O, no clock.
+so they survive restarts and are compacted with everything else. Each carries the topic's id, a
+UUID minted when the topic is created and never changed (Metadata v10+ and Fetch v13+ name topics
+by id; KIP-848 assignments are by topic id). A record with the nil id (none written by herd so far,
+but an id must never be missing) gets one minted once at start-up, written back durably.
+A ``--topic name:N`` with more partitions than the topic has grows it at start-up (never shrinks).
+Pure: no I/O, no clock.
 
 In a cluster (``cluster`` set to a routing view, :class:`coordinator.cluster.node.Routing`):
 Metadata and DescribeCluster list every live node (``cluster.brokers()``), FindCoordinator answers
@@ -30,6 +35,7 @@ import uuid
 from dataclasses import dataclass
 
 from coordinator.partitioning import shard_for
+from coordinator.responses import kafka_error_message
 from coordinator.result import Result
 from coordinator.versions import CREATE_TOPICS, DESCRIBE_CLUSTER, FETCH, FIND_COORDINATOR, LIST_OFFSETS, METADATA
 from protocol import errors as E
@@ -38,11 +44,15 @@ from protocol.wire import ProtocolError
 
 TOPIC_RECORD = 0x7F00  # herd's own record type, outside Kafka's __consumer_offsets range
 CATALOG_SHARD = 0
+# FindCoordinator key types other than a group (0): Kafka's CoordinatorType
+TRANSACTION_KEY = 1
+SHARE_KEY = 2
 _KEY = struct.Struct(">hh")
 _VALUE = struct.Struct(">hi16s")
 _TOPIC_RE = re.compile(r"[a-zA-Z0-9._-]+")
 MAX_TOPIC_LEN = 249
 MAX_PARTITIONS = 100_000
+NIL_ID = bytes(16)  # Kafka's Uuid.ZERO_UUID: no topic id
 MAX_TIMESTAMP, LATEST_TIERED_TIMESTAMP = -3, -5  # ListOffsets special timestamps (-1 latest, -2 earliest)
 
 # What a broker without an authorizer reports: every operation the resource type supports (Kafka's
@@ -131,18 +141,27 @@ class Catalog:
 
     def create(self, name: str, partitions: int, writes: list) -> Topic:
         """Create (in memory, via replay) and queue the durable record into ``writes``."""
-        topic = Topic(name, partitions, uuid.uuid4().bytes)
-        key, value = topic_key(name), topic_value(topic)
+        return self._write(Topic(name, partitions, uuid.uuid4().bytes), writes)
+
+    def _write(self, topic: Topic, writes: list) -> Topic:
+        key, value = topic_key(topic.name), topic_value(topic)
         self.replay(key, value)
         writes.append((CATALOG_SHARD, key, value))
         return topic
 
     def configured_topics(self) -> list:
-        """Writes that create the ``--topic`` topics not yet known (run once after replay)."""
+        """Writes run once after replay: create the ``--topic`` topics not yet known, grow those
+        configured with more partitions than they have, and give any topic without an id one."""
         writes: list = []
+        for topic in list(self.topics.values()):
+            if topic.topic_id == NIL_ID:
+                self._write(Topic(topic.name, topic.partitions, uuid.uuid4().bytes), writes)
         for name, parts in self.config.topics:
-            if name not in self.topics:
+            topic = self.topics.get(name)
+            if topic is None:
                 self.create(name, parts, writes)
+            elif parts > topic.partitions:
+                self._write(Topic(name, parts, topic.topic_id), writes)
         return writes
 
     # ---- routing -----------------------------------------------------------------------------
@@ -162,30 +181,53 @@ class Catalog:
             return self.node_id, self.host, self.port
         return self.cluster.coordinator(shard_for(key, self.config.offsets_partitions))
 
+    # ---- the catalog as consumer groups see it (coordinator.consumer.Topics) ------------------
+
+    def get(self, name: str) -> tuple[bytes, int] | None:
+        topic = self.topics.get(name)
+        return None if topic is None else (topic.topic_id, topic.partitions)
+
+    def names(self):
+        return self.topics.keys()
+
     # ---- APIs --------------------------------------------------------------------------------
 
     def find_coordinator(self, req: m.FindCoordinatorRequest, version: int) -> m.FindCoordinatorResponse:
-        def answer(key: str, key_type: int):
-            if key_type != 0:
-                return (E.INVALID_REQUEST, "herd coordinates consumer groups only "
-                        f"(key type {key_type} is not supported)", None)
-            node = self.coordinator(key)  # "" too: Kafka hashes any key, and OffsetCommit/Fetch take group ""
-            if node is None:
-                return E.COORDINATOR_NOT_AVAILABLE, "The coordinator is not available.", None
-            return E.NONE, None, node
+        """Every group key is this node's (in a cluster: its shard's owner's, see :meth:`coordinator`). Error messages
+        are shaped as Kafka's (KafkaApis.handleFindCoordinatorRequest, measured on 4.4): v1-3 carry
+        ``Errors.message()`` ("NONE" on success, the error's default message otherwise); at v4+ a key's own
+        answer carries "" (the schema's default) and only a whole-request error (an unknown key type) puts the
+        default message on every key."""
+        key_type = req.key_type if version >= 1 else 0
+        if key_type == 0:  # "" too: Kafka hashes any key, and OffsetCommit/Fetch take group ""
+            code, key_message = E.NONE, ""
+        elif key_type == TRANSACTION_KEY:  # herd: no transactions (compatibility.md OP-4)
+            code = E.INVALID_REQUEST
+            key_message = "herd coordinates consumer groups only (key type 1, transactions, is not supported)"
+        elif key_type == SHARE_KEY:  # as Kafka without a share coordinator: the key's own error
+            code, key_message = E.INVALID_REQUEST, ""
+        else:  # Kafka: CoordinatorType.forId throws InvalidRequestException for the request
+            code, key_message = E.INVALID_REQUEST, E.ERRORS[E.INVALID_REQUEST].message
+
+        def route(key: str):
+            """-> (error code, (node id, host, port)) for one key: its shard's owner in a cluster,
+            COORDINATOR_NOT_AVAILABLE (retriable) while that is not known."""
+            if code != E.NONE:
+                return code, (-1, "", -1)
+            node = self.coordinator(key)
+            return (E.NONE, node) if node is not None else (E.COORDINATOR_NOT_AVAILABLE, (-1, "", -1))
 
         resp = m.FindCoordinatorResponse()
         if version >= 4:
             for key in req.coordinator_keys:
-                code, msg, node = answer(key, req.key_type)
-                node_id, host, port = node or (-1, "", -1)
+                c, (nid, h, p) = route(key)
                 resp.coordinators.append(m.FindCoordinatorResponseCoordinator(
-                    key=key, node_id=node_id, host=host, port=port, error_code=code, error_message=msg))
+                    key=key, node_id=nid, host=h, port=p, error_code=c, error_message=key_message))
             return resp
-        code, msg, node = answer(req.key, req.key_type if version >= 1 else 0)
-        resp.error_code = code
-        resp.error_message = msg
-        resp.node_id, resp.host, resp.port = node or (-1, "", -1)
+        c, (nid, h, p) = route(req.key)
+        resp.error_code = c
+        resp.error_message = key_message if key_type == TRANSACTION_KEY else kafka_error_message(c)
+        resp.node_id, resp.host, resp.port = nid, h, p
         return resp
 
     def _topic_metadata(self, topic: Topic) -> m.MetadataResponseTopic:

@@ -207,7 +207,11 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     install_collectors(metrics, groups, store, server)
     if node is not None:
         metrics.collectors.append(node.metric_lines)
-    console = Console(config, groups, source=make_source(config), now_ms=runtime.now_ms)
+    try:
+        source = make_source(config)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    console = Console(config, groups, source=source, now_ms=runtime.now_ms)
     metrics.collectors.append(console.metric_lines)
     try:
         host, port = await server.bind()

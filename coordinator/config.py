@@ -42,6 +42,16 @@ class Config:
     offsets_retention_check_interval_ms: int = 600000  # offsets.retention.check.interval.ms
     offset_metadata_max_bytes: int = 4096  # offset.metadata.max.bytes (counted in characters)
 
+    # consumer groups (KIP-848, ConsumerGroupHeartbeat): the server decides both timeouts
+    group_consumer_session_timeout_ms: int = 45000  # group.consumer.session.timeout.ms
+    group_consumer_min_session_timeout_ms: int = 45000  # group.consumer.min.session.timeout.ms
+    group_consumer_max_session_timeout_ms: int = 60000  # group.consumer.max.session.timeout.ms
+    group_consumer_heartbeat_interval_ms: int = 5000  # group.consumer.heartbeat.interval.ms
+    group_consumer_min_heartbeat_interval_ms: int = 5000  # group.consumer.min.heartbeat.interval.ms
+    group_consumer_max_heartbeat_interval_ms: int = 15000  # group.consumer.max.heartbeat.interval.ms
+    group_consumer_max_size: int = INT32_MAX  # group.consumer.max.size
+    group_consumer_assignors: str = "uniform,range"  # group.consumer.assignors (the first is the default)
+
     # topic catalog
     auto_create_topics: bool = True  # auto.create.topics.enable
     default_partitions: int = 1  # num.partitions
@@ -119,6 +129,7 @@ class Config:
                 raise ConfigError(f"{name} must not be empty (leave it unset for the default)")
         if self.fsync not in ("always", "never"):
             raise ConfigError(f"fsync must be 'always' or 'never', got {self.fsync!r}")
+        self.consumer_group_config()  # the group_consumer_* settings, checked as Kafka does
         self._validate_security()
         self._validate_store()
         self._validate_lag()
@@ -162,6 +173,27 @@ class Config:
         if self.security_protocol.startswith("SASL_") and not self.sasl_users_file:
             raise ConfigError(f"security_protocol {self.security_protocol} needs sasl_users_file "
                               "(user:password per line)")
+
+    def consumer_group_config(self):
+        """The ``group_consumer_*`` settings as the consumer-group core takes them (ConfigError
+        with one line when they do not fit together)."""
+        from coordinator.consumer import ConsumerGroupConfig
+
+        try:
+            return ConsumerGroupConfig(
+                session_timeout_ms=self.group_consumer_session_timeout_ms,
+                min_session_timeout_ms=self.group_consumer_min_session_timeout_ms,
+                max_session_timeout_ms=self.group_consumer_max_session_timeout_ms,
+                heartbeat_interval_ms=self.group_consumer_heartbeat_interval_ms,
+                min_heartbeat_interval_ms=self.group_consumer_min_heartbeat_interval_ms,
+                max_heartbeat_interval_ms=self.group_consumer_max_heartbeat_interval_ms,
+                max_size=self.group_consumer_max_size,
+                assignors=tuple(a.strip() for a in self.group_consumer_assignors.split(",") if a.strip()))
+        except ValueError as exc:
+            # the core names Kafka's settings (group.consumer.x.y); herd's are group_consumer_x_y
+            raise ConfigError(re.sub(r"group\.consumer\.([a-z.]+)",
+                                     lambda mo: "group_consumer_" + mo.group(1).replace(".", "_"),
+                                     str(exc))) from None
 
     def _validate_store(self) -> None:
         if self.store == "file":

@@ -59,14 +59,19 @@ SECURITY_HEADERS = {
 
 
 def make_source(config) -> LogEndSource | None:
-    """The log-end source for ``data_bootstrap_server``, or None without one (commit ages only).
+    """The log-end source for ``data_bootstrap_server`` (the data-cluster reader,
+    :mod:`coordinator.datacluster`, with the TLS/SASL settings of ``data_command_config``), or None
+    without one (commit ages only). ``ValueError`` (one line) for settings that cannot be used."""
+    if not config.data_bootstrap_server:
+        return None
+    from coordinator.datacluster import reader_from_config
+    from coordinator.lag import default_timeout_ms
 
-    Phase 2 plugs the data-cluster reader in here (ListOffsets batched per broker, ApiVersions
-    fallback, TLS/SASL from ``data_command_config``)."""
-    if config.data_bootstrap_server:
-        log.warning("data_bootstrap_server is set but this herd has no data-cluster reader yet: "
-                    "lag is not tracked, commit ages only", data_bootstrap_server=config.data_bootstrap_server)
-    return None
+    # each fetch ends (with what it read, or why not) before the refresher gives up on it
+    reader = reader_from_config(config, timeout_ms=default_timeout_ms(config.lag_refresh_interval_ms) * 9 // 10)
+    log.info("lag: reading log ends from the data cluster", data_bootstrap_server=config.data_bootstrap_server,
+             security_protocol=reader.security.protocol, interval_ms=config.lag_refresh_interval_ms)
+    return reader
 
 
 class _Row:
@@ -131,6 +136,9 @@ class Console:
     def stop(self) -> None:
         if self.refresher is not None:
             self.refresher.stop()
+            close = getattr(self.refresher.source, "close", None)
+            if close is not None:
+                close()
 
     # ---- the per-group table -----------------------------------------------------------------------
 

@@ -29,13 +29,23 @@ import uuid
 
 from coordinator import records
 from coordinator.config import Config
+from coordinator.consumer import records as consumer_records
+from coordinator.consumer import validate_offset_fetch
+from coordinator.consumer.group import MEMBER_STATES
 from coordinator.group import STATES, Group
 from coordinator.partitioning import shard_for as _shard_for
-from coordinator.responses import described_group_error, error_response, offset_fetch_group_error
+from coordinator.responses import (
+    consumer_described_group_error,
+    described_group_error,
+    error_response,
+    offset_fetch_group_error,
+)
 from coordinator.result import NO_SHARDS, Result
 from coordinator.shard import Shard
 from coordinator.versions import (
     API_NAMES,
+    CONSUMER_GROUP_DESCRIBE,
+    CONSUMER_GROUP_HEARTBEAT,
     DELETE_GROUPS,
     DESCRIBE_GROUPS,
     GROUP_APIS,
@@ -51,6 +61,7 @@ from coordinator.versions import (
 )
 from protocol import errors
 from protocol.messages import (
+    ConsumerGroupDescribeResponse,
     DeleteGroupsResponse,
     DeleteGroupsResponseDeletableGroupResult,
     DescribeGroupsResponse,
@@ -79,15 +90,18 @@ _REPLAY_PREFIXES_MAX = 100_000  # bounds the replay cache when there are very ma
 class GroupCoordinator:
     """All offsets partitions (shards) of this node. See the module docstring for the contract."""
 
-    def __init__(self, config: Config, node_id: int = 0, new_uuid=None):
+    def __init__(self, config: Config, node_id: int = 0, new_uuid=None, topics=None):
         self.config = config
         self.node_id = node_id
         self._new_uuid = new_uuid or (lambda: str(uuid.uuid4()))
+        # the topic catalog as consumer groups see it (get(name) -> (topic id, partitions) | None,
+        # names()); the runtime plugs the catalog in (set_topics)
+        self.topics = _Topics(topics)
+        self._consumer_config = config.consumer_group_config()
         self.stats: dict[str, int] = {}
         self._n = config.offsets_partitions
         self.rebalance_listeners: list = []  # called with each completed rebalance's history entry
-        self.shards = [Shard(i, config, self._new_uuid, self.stats, self.rebalance_listeners)
-                       for i in range(self._n)]
+        self.shards = [self._new_shard(i) for i in range(self._n)]
         # True when some shard's earliest deadline may have moved earlier since next_deadline()
         # last looked (see Timers.on_push): the runtime re-arms its timer only then.
         self.timers_changed = True
@@ -102,9 +116,19 @@ class GroupCoordinator:
             JOIN_GROUP: self._join_group, SYNC_GROUP: self._sync_group,
             LEAVE_GROUP: self._leave_group, OFFSET_COMMIT: self._offset_commit,
             OFFSET_FETCH: self._offset_fetch,
+            CONSUMER_GROUP_HEARTBEAT: self._consumer_group_heartbeat,
+            CONSUMER_GROUP_DESCRIBE: self._consumer_group_describe,
             LIST_GROUPS: self._list_groups, DESCRIBE_GROUPS: self._describe_groups,
             DELETE_GROUPS: self._delete_groups, OFFSET_DELETE: self._offset_delete,
         }
+
+    def _new_shard(self, shard_id: int) -> Shard:
+        return Shard(shard_id, self.config, self._new_uuid, self.stats, self.rebalance_listeners,
+                     topics=self.topics, consumer_config=self._consumer_config)
+
+    def set_topics(self, topics) -> None:
+        """The topic catalog consumer groups assign from (anything with ``get`` and ``names``)."""
+        self.topics.source = topics
 
     # ---- routing --------------------------------------------------------------------------------
 
@@ -124,7 +148,7 @@ class GroupCoordinator:
 
     def replay(self, shard_id: int, key: bytes, value: bytes | None) -> None:
         """Apply one record read back from shard ``shard_id``'s log. Record types this coordinator
-        does not own (KIP-848/share/streams groups) are skipped and counted in
+        does not own (share/streams groups) are skipped and counted in
         ``skipped_records``; undecodable bytes raise :class:`coordinator.records.RecordError`."""
         if not 0 <= shard_id < self._n:
             raise ValueError(f"shard {shard_id} out of range (offsets_partitions={self._n})")
@@ -140,6 +164,13 @@ class GroupCoordinator:
                     self.misplaced_records += 1
                 self.shards[owner]._apply_offset(gid, topic, partition, value)
                 return
+        if consumer_records.is_consumer_record(key):  # KIP-848 consumer group records (types 3-8)
+            gid = consumer_records.decode(key, None)[1]
+            owner = _shard_for(gid, self._n)
+            if owner != shard_id:
+                self.misplaced_records += 1
+            self.shards[owner].consumer.replay(key, value)
+            return
         rtype, key_obj = records.decode_key(key)
         if key_obj is None:
             self.skipped_records += 1
@@ -194,12 +225,24 @@ class GroupCoordinator:
             return self._unavailable(shard)
         return shard.heartbeat(req, version, now_ms)
 
+    def consumer_heartbeat_steady(self, group_id: str, member_id: str, member_epoch: int, client_id: str,
+                                  client_host: str, now_ms: int, write_pending) -> int | None:
+        """A steady-state ConsumerGroupHeartbeat answered at the edge: its heartbeat interval, or
+        None when the full path must answer it (the shard refuses requests, a write of the shard
+        is not durable yet, so the answer would wait for it, or the heartbeat changes anything)."""
+        shard = self.shards[_shard_for(group_id, self._n)]
+        if shard.refusal or self._closed or write_pending(shard.shard_id):
+            return None
+        return shard.consumer_heartbeat_steady(group_id, member_id, member_epoch, client_id, client_host, now_ms)
+
     def _join_group(self, version, req, token, now, wall, client_id, client_host) -> Result:
         shard = self._shard(req.group_id)
         err = self._unavailable(shard)
         if err:
             return Result([], [(token, error_response(JOIN_GROUP, version, req, err))])
         out = Result(shards=shard.shard_set)
+        if not shard.classic_join_allowed(req, version, token, out):
+            return out
         shard.join_group(req, version, token, client_id, client_host, now, wall, out)
         return out
 
@@ -241,6 +284,12 @@ class GroupCoordinator:
                 if err:
                     groups_out.append(offset_fetch_group_error(g.group_id, err))
                     continue
+                if version >= 9:
+                    cgroup = shard.consumer.groups.get(g.group_id)
+                    err = cgroup is not None and validate_offset_fetch(cgroup, g.member_id, g.member_epoch)
+                    if err:
+                        groups_out.append(offset_fetch_group_error(g.group_id, err))
+                        continue
                 wanted = None if g.topics is None else [(t.name, t.partition_indexes) for t in g.topics]
                 rows = shard.fetch_offsets(g.group_id, wanted)
                 groups_out.append(OffsetFetchResponseGroup(group_id=g.group_id, error_code=_NONE, topics=[
@@ -264,6 +313,40 @@ class GroupCoordinator:
                         for p, off, epoch, meta in parts])
                     for name, parts in rows])
         return Result([], [(token, resp)], frozenset(touched))
+
+    def _consumer_group_heartbeat(self, version, req, token, now, wall, client_id, client_host) -> Result:
+        shard = self._shard(req.group_id)
+        err = self._unavailable(shard)
+        if err:
+            return Result([], [(token, error_response(CONSUMER_GROUP_HEARTBEAT, version, req, err))])
+        out = Result(shards=shard.shard_set)
+        shard.consumer_group_heartbeat(req, version, token, client_id, client_host, now, wall, out)
+        return out
+
+    def _consumer_group_describe(self, version, req, token, now, wall, client_id, client_host) -> Result:
+        described = []
+        touched = set()
+        for gid in req.group_ids:
+            shard = self._shard(gid)
+            touched.add(shard.shard_id)
+            err = self._unavailable(shard)
+            if err:
+                described.append(consumer_described_group_error(gid, err))
+                continue
+            d = shard.consumer.describe([gid], req.include_authorized_operations)[0]
+            if d.error_code == errors.GROUP_ID_NOT_FOUND and gid in shard.groups:
+                d.error_message = f"Group {gid} is not a consumer group."  # Kafka's words for a classic one
+            described.append(d)
+        return Result([], [(token, ConsumerGroupDescribeResponse(groups=described))], frozenset(touched))
+
+    def topics_changed(self, now_ms: int, wall_ms: int) -> Result:
+        """A topic was created or grown in the catalog (and once after start-up): every consumer
+        group whose subscribed topics changed gets its new metadata and a group epoch bump."""
+        out = Result()
+        for shard in self.shards:
+            if not shard.refusal and not self._closed:
+                shard.consumer_topics_changed(now_ms, wall_ms, out)
+        return out
 
     def _describe_groups(self, version, req, token, now, wall, client_id, client_host) -> Result:
         include_ops = version >= 3 and req.include_authorized_operations
@@ -428,7 +511,7 @@ class GroupCoordinator:
         forget its groups, offsets and timers (another node serves them now; a later load replays
         them afresh), and refuse its requests with NOT_COORDINATOR."""
         res = self.refuse(shard_id, errors.NOT_COORDINATOR)
-        fresh = Shard(shard_id, self.config, self._new_uuid, self.stats, self.rebalance_listeners)
+        fresh = self._new_shard(shard_id)
         fresh.refusal = errors.NOT_COORDINATOR
         fresh.timers.on_push = self._timers_pushed
         self.shards[shard_id] = fresh
@@ -451,7 +534,10 @@ class GroupCoordinator:
             for g in shard.groups.values():
                 d = g.summary()
                 d["shard"] = shard.shard_id
+                d.setdefault("type", "classic")
                 res.append(d)
+            for g in shard.consumer.groups.values():
+                res.append(_consumer_summary(g, shard.shard_id))
         return res
 
     def describe_group(self, group_id: str, now_ms: int | None = None) -> dict | None:
@@ -460,8 +546,18 @@ class GroupCoordinator:
         shard = self._shard(group_id)
         g = shard.groups.get(group_id)
         if g is None:
-            return None
+            cg = shard.consumer.groups.get(group_id)
+            if cg is None:
+                return None
+            d = _consumer_summary(cg, shard.shard_id)
+            names = {tid: name for name, (tid, _) in cg.subscription_metadata.items()}
+            d["members"] = [_consumer_member(m, cg.target.get(m.member_id, {}), names) for m in cg.members.values()]
+            d["subscribed_topics"] = sorted(cg.subscription_metadata)
+            d["history"] = list(shard.consumer_history.get(group_id, ()))
+            d["offsets"] = sum(len(p) for p in shard.offsets.get(group_id, {}).values())
+            return d
         d = g.summary()
+        d.setdefault("type", "classic")
         d["shard"] = shard.shard_id
         d["members"] = [m.describe() for m in g.members.values()]
         d["pending_member_ids"] = sorted(g.pending_members)
@@ -477,6 +573,9 @@ class GroupCoordinator:
         the one in progress (outcome "in_progress") if any."""
         g = self._group(group_id)
         if g is None:
+            shard = self._shard(group_id)
+            if group_id in shard.consumer.groups:
+                return list(shard.consumer_history.get(group_id, ()))
             return None
         hist = [r.as_dict() for r in g.history]
         if g.rebalance is not None:
@@ -540,6 +639,48 @@ class GroupCoordinator:
                 pending += len(g.pending_members)
             parked += len(shard.parked())
             offsets += sum(len(p) for parts in shard.offsets.values() for p in parts.values())
+        consumer_by_state: dict[str, int] = {}
+        consumer_members = 0
+        for shard in self.shards:
+            for cg in shard.consumer.groups.values():
+                consumer_by_state[cg.state] = consumer_by_state.get(cg.state, 0) + 1
+                consumer_members += len(cg.members)
         return {"groups_by_state": by_state, "members": members, "pending_members": pending,
+                "consumer_groups_by_state": consumer_by_state, "consumer_members": consumer_members,
                 "parked_requests": parked, "offsets": offsets, "failed_shards": self.failed_shards,
                 "counters": dict(self.stats)}
+
+
+def _fmt_assignment(assignment: dict, names: dict) -> dict[str, list[int]]:
+    return {names.get(tid, tid.hex()): sorted(ps) for tid, ps in sorted(assignment.items()) if ps}
+
+
+def _consumer_summary(g, shard_id: int) -> dict:
+    return {"group_id": g.group_id, "type": "consumer", "state": g.state, "protocol_type": "consumer",
+            "protocol": None, "generation": g.group_epoch, "group_epoch": g.group_epoch,
+            "assignment_epoch": g.assignment_epoch, "members": len(g.members), "shard": shard_id}
+
+
+def _consumer_member(m, target: dict, names: dict) -> dict:
+    return {"member_id": m.member_id, "instance_id": m.instance_id, "client_id": m.client_id,
+            "client_host": m.client_host, "member_epoch": m.member_epoch,
+            "state": MEMBER_STATES.get(m.state, str(m.state)),
+            "subscribed_topics": list(m.subscribed_topic_names), "subscribed_topic_regex": m.subscribed_topic_regex,
+            "assignment": _fmt_assignment(m.assigned, names), "target_assignment": _fmt_assignment(target, names),
+            "pending_revocation": _fmt_assignment(m.pending_revocation, names)}
+
+
+class _Topics:
+    """The catalog seen by consumer groups, through one indirection so that the runtime can plug
+    the catalog in after the shards exist (:meth:`GroupCoordinator.set_topics`)."""
+
+    __slots__ = ("source",)
+
+    def __init__(self, source=None):
+        self.source = source
+
+    def get(self, name: str):
+        return None if self.source is None else self.source.get(name)
+
+    def names(self):
+        return () if self.source is None else self.source.names()

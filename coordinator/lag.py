@@ -29,7 +29,9 @@ The source (phase 2: a reader of the data cluster, ListOffsets batched per broke
     async def fetch(partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]
 
 returning the log end (ListOffsets LATEST) of the partitions it could read; it may raise or hang:
-the refresher bounds it.
+the refresher bounds it. A source that read some partitions but not all (one broker of several
+down) raises :class:`PartialFetch` with what it read: those samples are kept, the round counts as
+failed (``herd_lag_source_up`` 0) and the partitions it could not read go stale.
 """
 from __future__ import annotations
 
@@ -42,13 +44,22 @@ from typing import Protocol, runtime_checkable
 
 from coordinator import logging_setup
 
-__all__ = ["LogEndSource", "LagTracker", "LagRefresher", "time_at", "DEFAULT_HISTORY"]
+__all__ = ["LogEndSource", "LagTracker", "LagRefresher", "PartialFetch", "time_at", "DEFAULT_HISTORY"]
 
 log = logging_setup.get("herd.lag")
 
 DEFAULT_HISTORY = 30
 RETAIN_STEP = 10_000
 TopicPartition = tuple[str, int]
+
+
+class PartialFetch(Exception):
+    """Raised by a source that read some log ends but not all: ``found`` holds those it read,
+    ``str()`` says why the rest could not be."""
+
+    def __init__(self, found: dict, message: str):
+        super().__init__(message)
+        self.found = found
 
 
 @runtime_checkable
@@ -182,6 +193,11 @@ class LagTracker:
         return list(zip(memoryview(s[0]).cast("q"), memoryview(s[1]).cast("q"), strict=True))
 
 
+def default_timeout_ms(interval_ms: int) -> int:
+    """How long the refresher waits for one batch by default (a source should give up before)."""
+    return max(1000, interval_ms // 2)
+
+
 class LagRefresher:
     """The asyncio edge: every ``interval_ms``, the partitions committed in any group (from
     ``partitions()``, an iterable of lists of them, e.g. one per shard) are asked of ``source`` in
@@ -197,7 +213,7 @@ class LagRefresher:
         self.partitions = partitions
         self.clock = clock
         self.interval_ms = interval_ms
-        self.timeout_ms = timeout_ms if timeout_ms is not None else max(1000, interval_ms // 2)
+        self.timeout_ms = timeout_ms if timeout_ms is not None else default_timeout_ms(interval_ms)
         self.batch_size = batch_size
         self.task: asyncio.Task | None = None
         # status, for /metrics and the console
@@ -243,6 +259,9 @@ class LagRefresher:
                 continue
             except asyncio.CancelledError:
                 raise
+            except PartialFetch as exc:
+                errors.append(f"log-end fetch incomplete: {exc}"[:300])
+                ends = exc.found
             except Exception as exc:  # the source's failure is lag's problem, never the daemon's
                 errors.append(f"log-end fetch failed: {exc!r}"[:300])
                 continue

@@ -392,6 +392,15 @@ def install_collectors(metrics: Metrics, groups, store, server) -> None:
         lines += _family("herd_members_removed_total", "counter", "Members removed, by why.",
                          [(f'{{why="{k[len(removed):]}"}}', v) for k, v in sorted(counters.items())
                           if k.startswith(removed)])
+        lines += _family("herd_consumer_groups", "gauge", "KIP-848 consumer groups by state.",
+                         [(f'{{state="{s}"}}', n) for s, n in sorted(snap["consumer_groups_by_state"].items())])
+        lines += _family("herd_consumer_group_members", "gauge", "Members of all consumer groups.",
+                         [("", snap["consumer_members"])])
+        lines += _family("herd_consumer_heartbeats_total", "counter", "ConsumerGroupHeartbeat requests handled "
+                         "(joins, heartbeats and leaves).", [("", counters.get("consumer_heartbeats", 0))])
+        lines += _family("herd_consumer_group_epoch_bumps_total", "counter", "Consumer group epoch or "
+                         "target assignment moves (the flight recorder has why).",
+                         [("", counters.get("consumer_group_epoch_bumps", 0))])
         return lines
 
     def log_lines() -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import structlog
 
 from coordinator import records
+from coordinator.consumer import validate_offset_commit
 from coordinator.group import COMPLETING_REBALANCE, DEAD, EMPTY, PREPARING_REBALANCE, STABLE, Group
 from coordinator.responses import commit_error
 from coordinator.result import Result
@@ -33,6 +34,21 @@ _NONE = errors.NONE
 _COMMITTED = tuple(OffsetCommitResponsePartition(i, _NONE) for i in range(1024))
 
 
+class _SubscribedTopics:
+    """What offset_delete asks of a group, for a consumer group."""
+
+    def __init__(self, cgroup):
+        self.state = cgroup.state
+        self._topics = cgroup.subscribed_topic_names() | {
+            name for name, (tid, _) in cgroup.subscription_metadata.items()}
+
+    def uses_consumer_protocol(self) -> bool:
+        return True
+
+    def is_subscribed_to_topic(self, topic: str) -> bool:
+        return topic in self._topics
+
+
 class Offsets:
     """The offset handlers of :class:`~coordinator.shard.Shard` (a mixin)."""
 
@@ -52,7 +68,7 @@ class Offsets:
                 if not topics:
                     del self.offsets[gid]
             return
-        if gid not in self.groups:
+        if gid not in self.groups and gid not in self.consumer.groups:
             # offsets committed by a standalone consumer: a "simple" group with no protocol type
             self.groups[gid] = Group(gid, state_wall_ms=records.offset_value_times(value)[0],
                                      history_size=self.config.rebalance_history_size)
@@ -74,19 +90,26 @@ class Offsets:
         iid = req.group_instance_id if version >= 7 else None
         group = self.groups.get(gid)
         err = _NONE
-        if group is None:
+        cgroup = self.consumer.groups.get(gid) if group is None else None
+        if cgroup is not None:
+            # a consumer group: member epochs (Kafka's ConsumerGroup.validateOffsetCommit)
+            err = validate_offset_commit(cgroup, mid, gen, version)
+            if err != _NONE:
+                out.reply(token, commit_error(req, err))
+                return
+        elif group is None:
             if gen < 0:
                 # a standalone consumer (or the admin client): a "simple" group, kept by its offsets
                 group = Group(gid, state_wall_ms=wall, history_size=self.config.rebalance_history_size)
                 self.groups[gid] = group
             else:
                 err = errors.GROUP_ID_NOT_FOUND if version >= 9 else errors.ILLEGAL_GENERATION
-        if err == _NONE:
+        if err == _NONE and cgroup is None:
             err = self._validate_offset_commit(group, mid, iid, gen)
         if err != _NONE:
             out.reply(token, commit_error(req, err))
             return
-        if group.state in (STABLE, PREPARING_REBALANCE):
+        if cgroup is None and group.state in (STABLE, PREPARING_REBALANCE):
             member = group.members[mid]  # validated above
             self.timers.schedule(member.hb_key, now + member.session_timeout_ms)
         expire = -1
@@ -170,7 +193,8 @@ class Offsets:
         """``[(topic, [(partition, offset, leader_epoch, metadata)])]``; ``topics`` is a list of
         ``(name, [partitions])`` or None for everything committed. Unknown → offset -1."""
         group = self.groups.get(group_id)
-        stored = self.offsets.get(group_id) if group is not None and group.state != DEAD else None
+        exists = (group is not None and group.state != DEAD) or group_id in self.consumer.groups
+        stored = self.offsets.get(group_id) if exists else None
         fields = records.offset_value_fields
         if topics is None:
             if not stored:
@@ -193,6 +217,10 @@ class Offsets:
         gid = req.group_id
         error = _NONE
         group = self.groups.get(gid) if gid else None
+        if group is None and gid in self.consumer.groups:
+            # a consumer group (Kafka's ConsumerGroup.validateOffsetDelete accepts any state; a
+            # topic its members subscribe to is refused per partition)
+            group = _SubscribedTopics(self.consumer.groups[gid])
         if not gid:
             error = errors.INVALID_GROUP_ID
         elif group is None or group.state == DEAD:
@@ -262,6 +290,30 @@ class Offsets:
                 self._write_group_tombstone(out, gid)
                 self._count("groups_expired")
                 groups_gone += 1
+        # consumer groups (Kafka's ConsumerGroup.offsetExpirationCondition): by commit time, never
+        # a topic its members subscribe to; an Empty one left with no offsets is deleted
+        for gid, cgroup in list(self.consumer.groups.items()):
+            stored = self.offsets.get(gid)
+            subscribed = _SubscribedTopics(cgroup)
+            all_gone = True
+            for topic, parts in list((stored or {}).items()):
+                if subscribed.is_subscribed_to_topic(topic):
+                    all_gone = False
+                    continue
+                for p, v in list(parts.items()):
+                    commit_ts, expire_ts = records.offset_value_times(v)
+                    if (wall >= expire_ts) if expire_ts != -1 else (wall - commit_ts >= retention):
+                        self._delete_offset(out, gid, topic, p)
+                        expired += 1
+                    else:
+                        all_gone = False
+            if all_gone and not cgroup.members:
+                recs, err = self.consumer.delete_group(gid)
+                if err == _NONE:
+                    self._consumer_writes(out, recs)
+                    self.consumer_history.pop(gid, None)
+                    self._count("groups_expired")
+                    groups_gone += 1
         if expired:
             self._count("offsets_expired", expired)
         if expired or groups_gone:

@@ -2,6 +2,7 @@
 
 * Version-shaped answers: :func:`join_response`, :func:`sync_response` (fields that do not exist
   at a version are left out, never sent as something a client could misread).
+* Kafka's ``error_message`` for a code: :func:`kafka_error_message`.
 * Whole-request errors, built from the request: :func:`error_response` (a shard that does not
   serve, a coordinator that is shutting down, a topic write that failed). For a request naming
   several groups the error goes on each group (:func:`described_group_error`,
@@ -14,6 +15,8 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 from coordinator.versions import (
+    CONSUMER_GROUP_DESCRIBE,
+    CONSUMER_GROUP_HEARTBEAT,
     CREATE_TOPICS,
     DELETE_GROUPS,
     DESCRIBE_GROUPS,
@@ -75,6 +78,13 @@ def sync_response(version: int, error: int, protocol_type: str | None = None,
                              assignment=assignment)
 
 
+def kafka_error_message(code: int) -> str:
+    """What Kafka's ``Errors.message()`` gives for ``code``: its exception's default message, and
+    the name "NONE" for no error (the one code without an exception). Kafka puts it in the
+    ``error_message`` of FindCoordinator v1-3 and of every whole-request error answer."""
+    return "NONE" if code == _NONE else errors.ERRORS[code].message
+
+
 # ---- whole-request errors, from the request ------------------------------------------------------
 
 
@@ -107,6 +117,11 @@ def described_group_error(group_id: str, code: int) -> DescribeGroupsResponseDes
     return DescribeGroupsResponseDescribedGroup(error_code=code, group_id=group_id)
 
 
+def consumer_described_group_error(group_id: str, code: int) -> m.ConsumerGroupDescribeResponseDescribedGroup:
+    """One group of a ConsumerGroupDescribe answered ``code``."""
+    return m.ConsumerGroupDescribeResponseDescribedGroup(error_code=code, group_id=group_id)
+
+
 def error_response(api_key: int, version: int, request, code: int):
     """The response Kafka sends for ``request`` when the whole request fails with ``code``."""
     if api_key == JOIN_GROUP:
@@ -132,6 +147,11 @@ def error_response(api_key: int, version: int, request, code: int):
                                              for g in request.groups_names])
     if api_key == OFFSET_DELETE:
         return OffsetDeleteResponse(error_code=code)
+    if api_key == CONSUMER_GROUP_HEARTBEAT:
+        return m.ConsumerGroupHeartbeatResponse(error_code=code)
+    if api_key == CONSUMER_GROUP_DESCRIBE:
+        return m.ConsumerGroupDescribeResponse(groups=[consumer_described_group_error(g, code)
+                                                       for g in request.group_ids])
     if api_key == METADATA:  # no error code of its own: each topic named is not available
         return m.MetadataResponse(topics=[
             m.MetadataResponseTopic(error_code=errors.LEADER_NOT_AVAILABLE, name=t.name)
@@ -162,6 +182,8 @@ def as_error(resp, code: int):
                                                for p in t.partitions]) for t in resp.topics])
     if isinstance(resp, OffsetDeleteResponse):
         return OffsetDeleteResponse(error_code=code)
+    if isinstance(resp, m.ConsumerGroupHeartbeatResponse):
+        return m.ConsumerGroupHeartbeatResponse(error_code=code)
     if isinstance(resp, DeleteGroupsResponse):
         return DeleteGroupsResponse(results=[DeleteGroupsResponseDeletableGroupResult(r.group_id, code)
                                              for r in resp.results])
@@ -178,4 +200,7 @@ def as_error(resp, code: int):
         return DescribeGroupsResponse(groups=[described_group_error(g.group_id, code) for g in resp.groups])
     if isinstance(resp, ListGroupsResponse):
         return ListGroupsResponse(error_code=code)
+    if isinstance(resp, m.ConsumerGroupDescribeResponse):
+        return m.ConsumerGroupDescribeResponse(groups=[consumer_described_group_error(g.group_id, code)
+                                                       for g in resp.groups])
     return resp

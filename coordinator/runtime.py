@@ -63,14 +63,17 @@ from coordinator.result import Result
 from coordinator.stall import StallDetector
 from coordinator.store import ShardFencedError
 from coordinator.versions import (
+    CREATE_TOPICS,
     FETCH,
     GROUP_APIS,
+    METADATA,
 )
 from protocol import errors as E
 
 log = logging_setup.get("herd.runtime")
 
 FETCH_WAIT_CAP_MS = 30_000
+_CATALOG_WRITES = frozenset({METADATA, CREATE_TOPICS})  # may create topics: refused while closing
 # Records replayed between two turns of the event loop at start-up (~30 ms of replay): /healthz and
 # the signal handlers are answered during a replay of any length.
 REPLAY_STEP = 20_000
@@ -135,6 +138,8 @@ class Runtime:
         self.config = config
         self.groups = groups
         self.catalog = catalog
+        if hasattr(groups, "set_topics"):
+            groups.set_topics(catalog)  # consumer groups assign the catalog's topics (by topic id)
         self.store = store
         self.clock = clock if clock is not None else SystemClock()
         self.metrics = metrics
@@ -210,6 +215,8 @@ class Runtime:
             try:
                 next(steps)
             except StopIteration as done:
+                if self.loop is not None:  # the catalog may have moved while another node had it
+                    self._topics_changed()
                 return done.value["records"]
             await asyncio.sleep(0)
 
@@ -264,7 +271,13 @@ class Runtime:
         # looks from now on: the replay before was no stall (loaded members got fresh deadlines)
         self.stall = StallDetector(self.clock, getattr(self.config, "stall_threshold_ms", 0),
                                    on_stall=self._on_stall).start(loop)
+        self._topics_changed()  # also when nothing changed now: the catalog may have moved since
         self.arm(force=True)
+
+    def _topics_changed(self) -> None:
+        """Topics were created or grown: consumer groups subscribed to them get a new epoch."""
+        clock = self.clock
+        self.apply(self.groups.topics_changed(clock.monotonic_ms(), clock.wall_ms()))
 
     # ---- requests ----------------------------------------------------------------------------
 
@@ -272,9 +285,11 @@ class Runtime:
         """Handle one request (any but Heartbeat, see :meth:`heartbeat`): its answer goes to
         ``token`` now, or once what it depends on is durable (``token.hold()`` first), or later
         (parked)."""
-        if self._closing:
+        if self._closing and (api_key in GROUP_APIS or api_key in _CATALOG_WRITES):
             token.reply(error_response(api_key, version, request, E.NOT_COORDINATOR))
             return
+        # while closing, the catalog's reads (FindCoordinator, ListOffsets, Fetch, DescribeCluster)
+        # are answered as usual: they write nothing (they have no NOT_COORDINATOR answer of their own)
         if api_key in GROUP_APIS:
             if self.guard is not None:
                 self.guard()
@@ -291,8 +306,11 @@ class Runtime:
             else:
                 token.reply(resp)
             return
-        self._catalog_result(self.catalog.handle(api_key, version, request, token),
-                             (api_key, version, request, token))
+        result = self.catalog.handle(api_key, version, request, token)
+        self._catalog_result(result, (api_key, version, request, token))
+        if result.writes:  # a topic created (CreateTopics, or Metadata's auto-creation)
+            self._topics_changed()
+            self.arm()
 
     def _catalog_result(self, result, request) -> None:
         if not result.writes or self.topic_store is None:
@@ -340,6 +358,23 @@ class Runtime:
         code = self.groups.heartbeat(version, request, self.clock.monotonic_ms())
         self.arm()
         return code
+
+    def consumer_heartbeat_steady(self, group_id: str, member_id: str, member_epoch: int, client_id: str,
+                                  client_host: str) -> int | None:
+        """A ConsumerGroupHeartbeat that changes nothing, answered at the edge (see
+        GroupCoordinator.consumer_heartbeat_steady): -> its heartbeat interval, or None: dispatch
+        it. Only when no write of its shard is in flight: the full path's answer would wait for
+        that write to be durable (and get its error if it failed)."""
+        if self._closing:
+            return None
+        interval = self.groups.consumer_heartbeat_steady(group_id, member_id, member_epoch, client_id, client_host,
+                                                         self.clock.monotonic_ms(), self._write_pending)
+        if interval is not None:
+            self.arm()
+        return interval
+
+    def _write_pending(self, shard_id: int) -> bool:
+        return self._submitted[shard_id] > self._durable_seq[shard_id]
 
     # ---- writes and replies --------------------------------------------------------------------
 

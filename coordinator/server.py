@@ -24,8 +24,10 @@ durable, and refuses it if the write fails (see ``coordinator.runtime``). The ex
 from memory as they always did: a Heartbeat (it writes nothing and reads only membership), and
 Metadata/FindCoordinator; if the write before such a request then fails, it may have been
 answered where, handled later, it would have got COORDINATOR_NOT_AVAILABLE (the next request to
-that shard gets it). Closing a connection (a malformed frame, an unsupported version) first
-answers the requests before the one that closes it, held ones included.
+that shard gets it). A steady-state ConsumerGroupHeartbeat is also answered in place, but only when
+no write of its shard is in flight (otherwise it takes the full path and waits like any other).
+Closing a connection (a malformed frame, an unsupported version) first answers the requests
+before the one that closes it, held ones included.
 """
 from __future__ import annotations
 
@@ -62,6 +64,15 @@ _HeartbeatRequest = m.HeartbeatRequest
 _heartbeat_bodies: dict[tuple[int, int], bytes] = {}  # (version, error code) -> encoded body
 _heartbeat_tails: dict[tuple[int, int], bytes] = {}  # (version, code) -> header tail + body
 HEARTBEAT = 12
+CONSUMER_GROUP_HEARTBEAT = m.ConsumerGroupHeartbeatRequest.API_KEY
+# A steady-state ConsumerGroupHeartbeat's bytes after its member epoch: instance id, rack id null,
+# rebalance timeout -1, subscribed topic names, (v1+) regex, server assignor, topic partitions
+# null, no tagged fields. By version.
+_CG_STEADY_TAIL = (b"\x00\x00\xff\xff\xff\xff\x00\x00\x00\x00", b"\x00\x00\xff\xff\xff\xff\x00\x00\x00\x00\x00")
+_CG_OK_HEAD = b"\x00" + b"\x00" * 6 + b"\x00"  # header tags; throttle 0, error 0, error message null
+_CG_OK_END = b"\xff\x00"  # assignment null, no tagged fields
+_II = struct.Struct(">ii")
+_I32 = struct.Struct(">i")
 SASL_HANDSHAKE = m.SaslHandshakeRequest.API_KEY
 SASL_AUTHENTICATE = m.SaslAuthenticateRequest.API_KEY
 _SASL_APIS = frozenset({SASL_HANDSHAKE, SASL_AUTHENTICATE})
@@ -317,6 +328,9 @@ class Connection(asyncio.Protocol):
         if api_key == HEARTBEAT:
             self.heartbeat(version, correlation_id, client_id, frame, pos)
             return
+        if api_key == CONSUMER_GROUP_HEARTBEAT and self.server.cg_fast \
+                and self.consumer_heartbeat_steady(version, correlation_id, client_id, frame, pos):
+            return
         if api_key == produce.API_KEY:
             self.produce(version, correlation_id, client_id, frame, pos)
             return
@@ -368,6 +382,55 @@ class Connection(asyncio.Protocol):
         metrics = self.server.metrics
         if metrics is not None:
             metrics.request_stats.observe(HEARTBEAT, _now() - started, code)
+
+    def consumer_heartbeat_steady(self, version: int, correlation_id: int, client_id: str | None, frame: bytes,
+                                  pos: int) -> bool:
+        """A ConsumerGroupHeartbeat that changes nothing, answered in place, as a Heartbeat is: ->
+        False (nothing done) unless it is one. The frame must be exactly a group id and a member
+        id (compact strings of 1-126 bytes), an epoch > 0 and every other field null
+        (``_CG_STEADY_TAIL``), and the member Stable at its group's assignment epoch with nothing
+        to write or to wait for (see Runtime.consumer_heartbeat_steady); then the session deadline
+        moves and the answer is the full path's: member id, epoch, interval, no assignment.
+        Anything else (a join, an acknowledgement, a leave, an error to answer, a malformed
+        frame) takes the full path."""
+        try:
+            n = frame[pos] - 1
+            if not 0 < n < 127:
+                return False
+            g_end = pos + 1 + n
+            n = frame[g_end] - 1
+            if not 0 < n < 127:
+                return False
+            m_end = g_end + 1 + n
+            epoch = _I32.unpack_from(frame, m_end)[0]
+            if epoch <= 0 or frame[m_end + 4:] != _CG_STEADY_TAIL[version]:
+                return False
+            group_id = frame[pos + 1:g_end].decode()
+            member = frame[g_end + 1:m_end]
+            member_id = member.decode()
+        except (IndexError, struct.error, UnicodeDecodeError):
+            return False  # the full path's decoder says what is wrong
+        started = _now()
+        try:
+            interval = self.runtime.consumer_heartbeat_steady(group_id, member_id, epoch, client_id or "",
+                                                              self.client_host)
+        except Exception:  # our bug: log it with context, drop this connection, keep serving
+            log.exception("error handling request", peer=self.peer, client_id=client_id,
+                          api="ConsumerGroupHeartbeat", api_version=version)
+            self.close()
+            return True
+        if interval is None:
+            return False
+        body = b"".join((_CG_OK_HEAD, frame[g_end:m_end], _II.pack(epoch, interval), _CG_OK_END))
+        answer = _FRAME_HEAD.pack(len(body) + 4, correlation_id) + body
+        if self.held:  # behind an answer that waits for the log
+            self.held.append(answer)
+        else:
+            self.out += answer
+        metrics = self.server.metrics
+        if metrics is not None:
+            metrics.request_stats.observe(CONSUMER_GROUP_HEARTBEAT, _now() - started, 0)
+        return True
 
     def produce(self, version: int, correlation_id: int, client_id: str | None, frame: bytes, pos: int) -> None:
         """herd stores no records: every partition gets INVALID_REQUEST (acks=0: no answer)."""
@@ -664,6 +727,8 @@ class Server:
         self.connections: set[Connection] = set()
         self.server: asyncio.base_events.Server | None = None
         self.api_versions_cache = api_versions_response()
+        # ConsumerGroupHeartbeats that change nothing answered at the edge (False: all dispatched)
+        self.cg_fast = True
         self._idle_timer = None
         self.port = None
         self.refused_total = 0

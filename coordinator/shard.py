@@ -6,8 +6,9 @@ the timer dispatch, the operator's group admin (DescribeGroups, DeleteGroups, Li
 releasing parked requests. The request handlers live with what they serve:
 :mod:`coordinator.classic` (the classic group protocol: JoinGroup, SyncGroup, Heartbeat,
 LeaveGroup, and its rebalances) and :mod:`coordinator.offsets` (OffsetCommit, OffsetFetch,
-OffsetDelete, retention); :class:`Shard` is both (mixins sharing its state). A second group
-type (KIP-848's ``consumer`` groups) gets a module of its own next to ``classic``.
+OffsetDelete, retention) and :mod:`coordinator.consumer_group` (KIP-848's ``consumer`` groups:
+ConsumerGroupHeartbeat, over the pure core in :mod:`coordinator.consumer`, held as
+``self.consumer``); :class:`Shard` is all three (mixins sharing its state).
 
 Every handler takes ``now`` (monotonic ms, for timers) and ``wall`` (epoch ms, for record
 timestamps), both read by the runtime from one clock, and appends to a
@@ -39,12 +40,16 @@ Kafka) and only ever read back from records, so replay is deterministic.
 from __future__ import annotations
 
 import uuid
+from collections import deque
 
 import structlog
 
 from coordinator import records
 from coordinator.classic import ClassicGroups
 from coordinator.config import Config
+from coordinator.consumer import ConsumerGroups, StaticTopics
+from coordinator.consumer import records as consumer_records
+from coordinator.consumer_group import CONSUMER_TIMER_KINDS, PROTOCOL_TYPE, ConsumerProtocol
 from coordinator.group import (
     DEAD,
     EMPTY,
@@ -78,8 +83,9 @@ _NONE = errors.NONE
 _RETENTION_KEY = ("retention",)
 
 
-class Shard(ClassicGroups, Offsets):
-    def __init__(self, shard_id: int, config: Config, new_uuid=None, stats=None, listeners=None):
+class Shard(ClassicGroups, Offsets, ConsumerProtocol):
+    def __init__(self, shard_id: int, config: Config, new_uuid=None, stats=None, listeners=None,
+                 topics=None, consumer_config=None):
         self.shard_id = shard_id
         self.shard_set = frozenset((shard_id,))  # Result.shards of a request for this shard alone
         # callables given each completed rebalance's flight-recorder entry (metrics)
@@ -98,6 +104,13 @@ class Shard(ClassicGroups, Offsets):
         # the last stall of herd itself (on_stall): {"stall_ms", "ended_ms", "ended_wall_ms"}; the
         # flight recorder marks the rebalances it may have caused
         self.last_stall: dict | None = None
+        # KIP-848 consumer groups: the pure core, sharing this shard's timers; topics is the
+        # catalog as it sees it (get(name) -> (topic id, partitions), names())
+        self.consumer = ConsumerGroups(consumer_config or config.consumer_group_config(),
+                                       topics if topics is not None else StaticTopics(),
+                                       self._new_uuid, self.timers)
+        # the flight recorder of consumer groups: group id -> the last epoch moves (why, when)
+        self.consumer_history: dict[str, deque] = {}
 
     def _count(self, name: str, n: int = 1) -> None:
         self.stats[name] = self.stats.get(name, 0) + n
@@ -107,6 +120,9 @@ class Shard(ClassicGroups, Offsets):
     def replay(self, key: bytes, value: bytes | None) -> bool:
         """Apply one record from the log. False for a record type this coordinator does not own
         (skipped); :class:`records.RecordError` for bytes that cannot be decoded."""
+        if consumer_records.is_consumer_record(key):
+            self.consumer.replay(key, value)
+            return True
         rtype, key_obj = records.decode_key(key)
         if key_obj is None:
             return False
@@ -186,6 +202,21 @@ class Shard(ClassicGroups, Offsets):
         """After replay: session timers for loaded members, the retention cycle, and a rebalance for
         groups over ``group_max_size`` (the limit may have been lowered)."""
         out = Result()
+        for gid in self.consumer.groups:
+            classic = self.groups.get(gid)
+            if classic is not None and classic.state == EMPTY and not classic.members and not classic.protocol_type:
+                # a "simple" group rebuilt from offsets replayed before the consumer group's
+                # records (a compacted log): the consumer group replaced it when it was made
+                self._remove_group(gid)
+        for gid, topics in self.offsets.items():
+            if gid not in self.groups and gid not in self.consumer.groups:
+                # offsets whose group gave way to another type that is gone since (an Empty
+                # consumer group deleted by a classic JoinGroup that never completed): a "simple"
+                # group keeps them reachable, as their replay would have made it
+                some = next(iter(next(iter(topics.values())).values()))
+                self.groups[gid] = Group(gid, state_wall_ms=records.offset_value_times(some)[0],
+                                         history_size=self.config.rebalance_history_size)
+        self.consumer.on_loaded(now)
         for group in list(self.groups.values()):
             for m in group.members.values():
                 self.timers.schedule(m.hb_key, now + m.session_timeout_ms)
@@ -231,17 +262,23 @@ class Shard(ClassicGroups, Offsets):
                        include_authorized_operations: bool = False) -> DescribeGroupsResponseDescribedGroup:
         group = self.groups.get(group_id)
         ops = GROUP_AUTHORIZED_OPERATIONS if include_authorized_operations else -2147483648
+        # a consumer group is not a classic group: Kafka answers DescribeGroups v0-5 for it as for
+        # an unknown group (Dead, no error); ConsumerGroupDescribe describes it
         if group is None or group.state == DEAD:
             return DescribeGroupsResponseDescribedGroup(
                 error_code=_NONE, group_id=group_id, group_state=DEAD, protocol_type="", protocol_data="",
                 members=[], authorized_operations=ops)
         stable = group.state == STABLE
         members = []
+        # As Kafka (GroupMetadataManager.describeGroups, ClassicGroupMember.describeNoMetadata):
+        # metadata only while Stable; the assignment always, i.e. each member's last one while
+        # the group rebalances (empty for a member that joined since, and for every member once
+        # a rebalance interrupted CompletingRebalance: _reset_and_propagate_assignment_error).
         for m in group.members.values():
             members.append(DescribeGroupsResponseDescribedGroupMember(
                 member_id=m.member_id, group_instance_id=m.group_instance_id, client_id=m.client_id,
                 client_host=m.client_host, member_metadata=m.metadata(group.protocol_name) if stable else b"",
-                member_assignment=m.assignment if stable else b""))
+                member_assignment=m.assignment))
         return DescribeGroupsResponseDescribedGroup(
             error_code=_NONE, group_id=group_id, group_state=group.state,
             # Kafka names the protocol of a Stable group only (GroupMetadata.summary)
@@ -250,12 +287,21 @@ class Shard(ClassicGroups, Offsets):
 
     def delete_group(self, group_id: str, out: Result) -> int:
         group = self.groups.get(group_id)
-        if group is None or group.state == DEAD:
+        consumer = None
+        if group is None and group_id in self.consumer.groups:
+            recs, err = self.consumer.delete_group(group_id)
+            if err != _NONE:
+                return err
+            self._consumer_writes(out, recs)
+            self.consumer_history.pop(group_id, None)
+            consumer = True
+        elif group is None or group.state == DEAD:
             return errors.GROUP_ID_NOT_FOUND
-        if group.state != EMPTY:
+        elif group.state != EMPTY:
             return errors.NON_EMPTY_GROUP
-        for pid in list(group.pending_members):
-            self.timers.cancel(("pending", group_id, pid))
+        else:
+            for pid in list(group.pending_members):
+                self.timers.cancel(("pending", group_id, pid))
         stored = self.offsets.get(group_id)
         offsets = 0
         if stored:
@@ -263,9 +309,11 @@ class Shard(ClassicGroups, Offsets):
                 for p in list(parts):
                     self._delete_offset(out, group_id, topic, p)
                     offsets += 1
-        self._write_group_tombstone(out, group_id)
+        if consumer is None:
+            self._write_group_tombstone(out, group_id)
         self._count("groups_deleted")
-        log.info("group_deleted", group_id=group_id, offsets=offsets)
+        log.info("group_deleted", group_id=group_id, offsets=offsets,
+                 type=PROTOCOL_TYPE if consumer else "classic")
         return _NONE
 
     def list_groups(self, states: set[str] | None,
@@ -278,6 +326,9 @@ class Shard(ClassicGroups, Offsets):
                 continue
             res.append(ListGroupsResponseListedGroup(group.group_id, group.protocol_type or "", group.state,
                                                      "classic"))
+        if not types or PROTOCOL_TYPE in types:
+            for gid, state in self.consumer.list_groups(states):
+                res.append(ListGroupsResponseListedGroup(gid, PROTOCOL_TYPE, state, PROTOCOL_TYPE))
         return res
 
     # ==== timers =================================================================================
@@ -308,9 +359,27 @@ class Shard(ClassicGroups, Offsets):
                 self._on_join_timer(key[1], now, wall, out)
             elif kind == "sync":
                 self._expire_pending_sync(key[1], now, wall, out)
+            elif kind in CONSUMER_TIMER_KINDS:
+                self._consumer_timer(key, now, wall, out)
             elif kind == "retention":
                 self.expire_offsets(wall, out)
                 timers.schedule(_RETENTION_KEY, now + self.config.offsets_retention_check_interval_ms)
+
+    def _consumer_epoch_moved(self, group, wall: int) -> None:
+        """The flight recorder of consumer groups: each move of the group epoch or the target
+        assignment epoch, with why it moved (the core's reason) and when."""
+        hist = self.consumer_history.get(group.group_id)
+        if hist is None:
+            hist = self.consumer_history[group.group_id] = deque(maxlen=self.config.rebalance_history_size)
+        reason = group.epoch_reasons[-1][1] if group.epoch_reasons and \
+            group.epoch_reasons[-1][0] == group.group_epoch else "target assignment computed"
+        if hist and hist[-1]["group_epoch"] == group.group_epoch and hist[-1]["reason"] == reason:
+            hist[-1].update(assignment_epoch=group.assignment_epoch, state=group.state)
+            return
+        hist.append({"group_epoch": group.group_epoch, "assignment_epoch": group.assignment_epoch,
+                     "reason": reason, "state": group.state, "members": len(group.members),
+                     "wall_ms": wall})
+        self._count("consumer_group_epoch_bumps")
 
     # ==== lifecycle ==============================================================================
 

@@ -1,6 +1,9 @@
 """The APIs and versions herd serves: what ApiVersions advertises and what the server accepts.
 
-Only what is implemented is advertised. KIP-848's ConsumerGroupHeartbeat/Describe and transactions
+Only what is implemented is advertised. KIP-848's ConsumerGroupHeartbeat (v0-1) and
+ConsumerGroupDescribe (v0: the spec herd generates from has no v1) are served, and the finalized
+feature ``group.version`` 1 is advertised beside them, as a Kafka 4.x broker does (its brokers
+advertise the consumer-group APIs only when ``group.version`` >= 1). Transactions
 (TxnOffsetCommit) are not served. SaslHandshake/SaslAuthenticate are advertised on every listener,
 as Kafka does (on one without SASL they answer ILLEGAL_SASL_STATE).
 """
@@ -30,6 +33,8 @@ DELETE_GROUPS = m.DeleteGroupsRequest.API_KEY
 SASL_AUTHENTICATE = m.SaslAuthenticateRequest.API_KEY
 OFFSET_DELETE = m.OffsetDeleteRequest.API_KEY
 DESCRIBE_CLUSTER = m.DescribeClusterRequest.API_KEY
+CONSUMER_GROUP_HEARTBEAT = m.ConsumerGroupHeartbeatRequest.API_KEY
+CONSUMER_GROUP_DESCRIBE = m.ConsumerGroupDescribeRequest.API_KEY
 
 # api key -> (min, max) served. Every version the codec has for these APIs is served.
 SUPPORTED: dict[int, tuple[int, int]] = {
@@ -40,6 +45,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
         m.LeaveGroupRequest, m.SyncGroupRequest, m.DescribeGroupsRequest, m.ListGroupsRequest,
         m.ApiVersionsRequest, m.CreateTopicsRequest, m.DeleteGroupsRequest, m.OffsetDeleteRequest,
         m.DescribeClusterRequest, m.SaslHandshakeRequest, m.SaslAuthenticateRequest,
+        m.ConsumerGroupHeartbeatRequest, m.ConsumerGroupDescribeRequest,
     )
 }
 
@@ -50,8 +56,15 @@ SUPPORTED[produce.API_KEY] = (produce.MIN_VERSION, produce.MAX_VERSION)
 # The group APIs handled by the group coordinator (coordinator/group_coordinator.py).
 GROUP_APIS = frozenset({
     JOIN_GROUP, SYNC_GROUP, HEARTBEAT, LEAVE_GROUP, OFFSET_COMMIT, OFFSET_FETCH, LIST_GROUPS, DESCRIBE_GROUPS,
-    DELETE_GROUPS, OFFSET_DELETE,
+    DELETE_GROUPS, OFFSET_DELETE, CONSUMER_GROUP_HEARTBEAT, CONSUMER_GROUP_DESCRIBE,
 })
+
+# Kafka's feature flags in ApiVersions v3+ (KIP-584): name -> (min, max) supported, and the level
+# finalized. ``group.version`` 1 is what turns KIP-848 on in Kafka 4.x (GroupVersion.GV_1).
+GROUP_VERSION_FEATURE = "group.version"
+SUPPORTED_FEATURES = {GROUP_VERSION_FEATURE: (0, 1)}
+FINALIZED_FEATURES = {GROUP_VERSION_FEATURE: 1}
+FINALIZED_FEATURES_EPOCH = 1  # Kafka's is the metadata offset; herd's features never change
 
 API_NAMES = {key: cls.NAME[: -len("Request")] for key, cls in m.REQUESTS.items()}
 API_NAMES[produce.API_KEY] = "Produce"
@@ -67,4 +80,9 @@ def api_versions_response(error_code: int = 0) -> m.ApiVersionsResponse:
         error_code=error_code,
         api_keys=[m.ApiVersionsResponseApiVersion(api_key=k, min_version=lo, max_version=hi)
                   for k, (lo, hi) in sorted(SUPPORTED.items())],
+        supported_features=[m.ApiVersionsResponseSupportedFeatureKey(name=n, min_version=lo, max_version=hi)
+                            for n, (lo, hi) in sorted(SUPPORTED_FEATURES.items())],
+        finalized_features_epoch=FINALIZED_FEATURES_EPOCH,
+        finalized_features=[m.ApiVersionsResponseFinalizedFeatureKey(name=n, max_version_level=v, min_version_level=v)
+                            for n, v in sorted(FINALIZED_FEATURES.items())],
     )

@@ -121,6 +121,23 @@ def test_each_layer_imports_only_the_layers_below_it():
     assert not bad, "\n".join(bad)
 
 
+# protocol/ is shared by the daemon, the thin client and the admin tool (the codec, the sans-IO client
+# connection, the client TLS/SASL settings and properties file): it owns no I/O, so each program drives
+# it with its own (asyncio, a selector, blocking sockets). ``ssl`` is allowed: a TLS context is built
+# there (and the TLS layer is ssl's MemoryBIO), which reads the certificate files once.
+NO_IO = {"socket", "asyncio", "selectors", "threading", "subprocess", "uvloop", "urllib", "http"}
+
+
+def test_protocol_owns_no_io():
+    bad = []
+    for path in sorted((ROOT / "protocol").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            bad += [f"{path.relative_to(ROOT)} imports {n}" for n in names if n.split(".")[0] in NO_IO]
+    assert not bad, "\n".join(bad)
+
+
 def test_benchmarks_import_nothing_from_the_tests():
     bad = [f"{n} imports {d}" for n, deps in sorted(graph().items()) if n.split(".")[0] == "bench"
            for d in sorted(deps) if d.split(".")[0] == "tests"]

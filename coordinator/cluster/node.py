@@ -100,6 +100,8 @@ class ClusterNode:
                 self._topics[name] = record
                 self.catalog.replay(topic_key(name), record)
                 count += 1
+        if count and self.runtime.loop is not None:  # made on another node: consumer groups see them
+            self.runtime._topics_changed()
         return count
 
     async def start(self, host: str, port: int) -> None:

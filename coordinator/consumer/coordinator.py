@@ -438,6 +438,26 @@ class ConsumerGroups:
             group.settle()
         return out, resp
 
+    def steady_heartbeat(self, group_id: str, member_id: str, member_epoch: int, client_id: str,
+                         client_host: str, now: int) -> int | None:
+        """A steady-state heartbeat: every optional field of the request null (no subscription,
+        no owned partitions, no rebalance timeout, no instance or rack id, no assignor), from a
+        member that is known, Stable at its group's assignment epoch (nothing to reconcile, no
+        target to compute) and whose client id and host are the ones on record. Then
+        :meth:`heartbeat` would write nothing, change nothing but the session deadline and answer
+        (member id, its epoch, the interval, no assignment): that is done here, and the interval
+        returned. None: not such a heartbeat (the caller takes :meth:`heartbeat`)."""
+        group = self.groups.get(group_id)
+        if group is None or group.group_epoch != group.assignment_epoch:
+            return None
+        m = group.members.get(member_id)
+        if (m is None or m.member_epoch != member_epoch or member_epoch != group.assignment_epoch
+                or m.state != MEMBER_STABLE or not m.has_metadata or m.client_id != client_id
+                or m.client_host != client_host or _blank(group_id) or _blank(member_id)):
+            return None
+        self.timers.schedule((SESSION, group_id, member_id), now + self.config.session_timeout_ms)
+        return self.config.heartbeat_interval_ms
+
     def _validate(self, req, version: int) -> None:
         bad = E.INVALID_REQUEST
         if not req.group_id or _blank(req.group_id):

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import trustme
 
-from admin.command_config import parse_properties, security_from_properties
 from admin.commands import command_security
 from admin.errors import CliError
 from admin.session import parse_servers
+from protocol.client_properties import parse_properties, security_from_properties
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def test_librdkafka_settings(ca_file):
         ({"security.protocol": "SSL", "ssl.truststore.location": "/t.jks"},
          "ssl.truststore.location without ssl.truststore.type=PEM: JKS and PKCS12 stores are not supported"),
         ({"security.protocol": "SSL", "ssl.truststore.type": "JKS", "ssl.truststore.location": "/t.jks"},
-         "ssl.truststore.type=JKS is not supported: herd groups reads PEM files only"),
+         "ssl.truststore.type=JKS is not supported: herd reads PEM files only"),
         ({"security.protocol": "SSL", "ssl.keystore.type": "PKCS12"}, "ssl.keystore.type=PKCS12 is not supported"),
         ({"security.protocol": "SASL_SSL", "sasl.mechanism": "GSSAPI"}, "sasl.mechanism=GSSAPI is not supported"),
         ({"security.protocol": "SASL_SSL", "sasl.jaas.config": "com.sun.security.auth.module.Krb5LoginModule "

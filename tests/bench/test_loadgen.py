@@ -175,6 +175,96 @@ def test_against_a_daemon_join_heartbeat_verify_burst(hb_mode):
                     assert b["writes"] == 200
 
 
+@pytest.mark.integration
+@pytest.mark.slow
+def test_against_a_daemon_consumer_protocol_join_heartbeat_verify_leave():
+    """KIP-848 mode: the members join with ids of their own, converge on the server's assignment
+    (every partition of the topic owned once), heartbeat at the server's interval with the epoch it
+    gave, the coordinator sees them all Stable at that epoch, and they leave at the end."""
+    from bench import _util as U
+
+    extra = ["--group-consumer-heartbeat-interval-ms", "1000", "--group-consumer-min-heartbeat-interval-ms", "1000",
+             "--group-consumer-session-timeout-ms", "45000"]
+    with (
+        U.Herd(fsync="always", topics=("bench:12",), extra_args=extra) as herd,
+        L.LoadGen(herd.bootstrap, groups=6, members=4, procs=1, group_prefix="t-cg", protocol="consumer",
+                  topic_partitions=12, join_concurrency=3, cg_join_poll=0.1) as lg,
+    ):
+        assert lg.params()["join_mode"] == "member"
+        joined = lg.join()
+        assert joined["groups_joined"] == 6 and joined["groups_failed"] == 0
+        assert joined["members_joined"] == 24 and joined["errors"] == {}
+        hb = lg.window(2.5)
+        assert hb["errors"] == {} and hb["members_failed"] == 0
+        # 24 members at the server's 1 s interval for 2.5 s: each beat at least twice
+        assert hb["heartbeats"] >= 24 * 2 and hb["unanswered"] == 0 and hb["due_but_not_sent"] == 0
+        assert hb["answers_with_changes"] == 0  # steady state: no new epoch, no new assignment
+        v = lg.verify()
+        assert v["groups"] == 6 and v["groups_stable_complete"] == 6 and v["states"] == {"Stable": 6}
+        assert v["members_missing"] == 0 and v["members_unexpected"] == 0
+        left = lg.leave()
+        assert left == {"members_left": 24, "errors": {}}
+        v = lg.verify()
+        assert v["states"] == {"error GROUP_ID_NOT_FOUND": 6} or v["states"] == {"Empty": 6}
+        assert v["members_present"] == 0
+
+
+def test_consumer_heartbeats_acknowledge_a_new_assignment_once_then_send_null():
+    w = worker(2)
+    w.cfg["protocol"] = "consumer"
+    w = L.Worker(dict(w.cfg), None)
+    g = w.groups[0]
+    mem = g.members[0]
+    mem.member_id = "m0"
+    join = w.cg_request(g, mem, 0, False)
+    assert (join.member_epoch, join.subscribed_topic_names, join.topic_partitions) == (0, ["bench"], [])
+    assert join.rebalance_timeout_ms == w.cfg["rebalance_timeout_ms"]
+    tid = b"\x01" * 16
+    asg = m.ConsumerGroupHeartbeatResponseAssignment(
+        topic_partitions=[m.ConsumerGroupHeartbeatResponseTopicPartitions(topic_id=tid, partitions=[3, 1])])
+    assert w.cg_answer(mem, m.ConsumerGroupHeartbeatResponse(member_epoch=5, assignment=asg))
+    assert mem.generation == 5 and mem.acking
+    frame = w.hb_frame(g, mem)
+    header, pos = decode_request_header(bytes(frame[4:]))
+    assert header.api_key == m.ConsumerGroupHeartbeatRequest.API_KEY and header.api_version == 1
+    req = m.ConsumerGroupHeartbeatRequest.decode_from(bytes(frame[4:]), pos, 1)[0]
+    assert (req.member_id, req.member_epoch, req.subscribed_topic_names) == ("m0", 5, None)
+    assert [(tp.topic_id, tp.partitions) for tp in req.topic_partitions] == [(tid, [1, 3])]
+    # the acknowledgement was answered with nothing new: the next beat is back to null
+    assert w.cg_answer(mem, m.ConsumerGroupHeartbeatResponse(member_epoch=5))
+    assert not mem.acking
+    req = m.ConsumerGroupHeartbeatRequest.decode_from(bytes(w.hb_frame(g, mem)[4:]), pos, 1)[0]
+    assert req.topic_partitions is None and req.member_epoch == 5
+    # nothing new again: the frame stays as it is
+    assert not w.cg_answer(mem, m.ConsumerGroupHeartbeatResponse(member_epoch=5))
+    # a new epoch without a new assignment changes the next beat's epoch only
+    assert w.cg_answer(mem, m.ConsumerGroupHeartbeatResponse(member_epoch=6)) and not mem.acking
+    leave = w.cg_request(g, mem, -1, False)
+    assert leave.member_epoch == -1 and leave.topic_partitions is None
+
+
+def test_consumer_group_converged_only_when_every_partition_is_owned_once_at_one_epoch():
+    cfg = dict(L.DEFAULTS, proc=0, bootstrap="127.0.0.1:1", group_ids=["g-1"], hb_conns=1, members=2,
+               protocol="consumer", topic_partitions=4)
+    w = L.Worker(cfg, None)
+    g = w.groups[0]
+    a, b = g.members
+    t = b"\x02" * 16
+    a.generation = b.generation = 3
+    a.owned, b.owned = {t: frozenset({0, 1})}, {t: frozenset({2, 3})}
+    assert w.cg_converged(g)
+    b.acking = True  # its assignment not yet acknowledged
+    assert not w.cg_converged(g)
+    b.acking = False
+    b.generation = 2
+    assert not w.cg_converged(g)
+    b.generation = 3
+    b.owned = {t: frozenset({1, 2, 3})}  # partition 1 owned twice
+    assert not w.cg_converged(g)
+    b.owned = {t: frozenset({2})}  # partition 3 owned by no one
+    assert not w.cg_converged(g)
+
+
 def test_next_due_keeps_each_members_phase_unless_told_to_slip():
     # on time: one interval later
     assert L.next_due(10.0, 10.001, 3.0, slip=False) == 13.0

@@ -12,9 +12,9 @@ import trustme
 from client import errors as cerr
 from client.config import parse_config
 from client.coordinator import BOOTSTRAP, GroupFailed
-from client.security import TlsLayer, parse_security, tls_failure
 from client.types import OffsetAndMetadata
 from protocol import messages as m
+from protocol.client_security import TlsLayer, parse_security, tls_failure
 from tests.client.harness import Harness, tp
 
 

@@ -153,17 +153,42 @@ def test_mixed_java_herd_confluent(herd, java_driver, members):
     assert herd_warnings(herd) == []
 
 
-def test_group_protocol_consumer_gets_a_clean_error(herd, java_driver):
-    """KIP-848 (group.protocol=consumer) is not served yet: ConsumerGroupHeartbeat is not in herd's
-    ApiVersions, and the Java client must fail at once with UnsupportedVersionException from poll(),
-    not hang (docs/compatibility.md)."""
-    group, topic = names("java-848")
-    create_topic(herd.bootstrap, topic, 2)
-    t0 = time.monotonic()
-    a = JavaMember(java_driver, herd.bootstrap, group, [topic], "k848", **{"group.protocol": "consumer"})
-    wait_until(lambda: a.errors(), 30, lambda: f"an error from poll(): {a.snapshot()}")
-    assert time.monotonic() - t0 < 30
-    err = a.errors()[0]
-    assert err["type"] == "org.apache.kafka.common.errors.UnsupportedVersionException", err
-    assert "consumer" in err["message"].lower() or "heartbeat" in err["message"].lower(), err
-    wait_until(lambda: not a.alive(), 20, "the consumer to close")
+def test_group_protocol_consumer_converges_revokes_before_assigning_and_commits(tmp_path, java_driver):
+    """KIP-848 (group.protocol=consumer) with Kafka's own Java client: three members converge on
+    herd's server-side assignment, a fourth joins and one leaves with no partition ever owned by two
+    members (the callbacks' clock, one JVM), and their commits read back."""
+    from tools.daemon import Daemon
+
+    with Daemon(tmp_path / "data", "--group-consumer-heartbeat-interval-ms", "300",
+                "--group-consumer-min-heartbeat-interval-ms", "100") as herd:
+        group, topic = names("java-848")
+        create_topic(herd.bootstrap, topic, 6)
+        ms = [JavaMember(java_driver, herd.bootstrap, group, [topic], f"k848-{i}", **{"group.protocol": "consumer"})
+              for i in range(3)]
+        wait_until(lambda: sorted(len(x.partitions()) for x in ms) == [2, 2, 2], 60,
+                   lambda: f"three members with 2 partitions each: {[x.partitions() for x in ms]}")
+        ms.append(JavaMember(java_driver, herd.bootstrap, group, [topic], "k848-3", **{"group.protocol": "consumer"}))
+        wait_until(lambda: sorted(len(x.partitions()) for x in ms) == [1, 1, 2, 2], 60,
+                   lambda: f"four members sharing 6 partitions: {[x.partitions() for x in ms]}")
+        ms[0].stop()
+        rest = ms[1:]
+        wait_until(lambda: sorted(len(x.partitions()) for x in rest) == [2, 2, 2], 60,
+                   lambda: f"three members again: {[x.partitions() for x in rest]}")
+        owner: dict = {}
+        for _, who, ev, parts in ownership_timeline(ms):
+            for p in map(tuple, parts):
+                if ev == "assigned":
+                    assert p not in owner, f"{p} assigned to {who} while {owner[p]} owns it"
+                    owner[p] = who
+                else:
+                    assert owner.get(p) == who, (p, who, owner.get(p))
+                    del owner[p]
+        assert not any(e["ev"] == "lost" for x in ms for e in x.snapshot())
+        assert not any(x.errors() for x in ms), [x.errors() for x in ms]
+        mine = sorted(p for _, p in rest[0].partitions())
+        got = rest[0].commit([(topic, p, 10 + p, "k848") for p in mine])  # with its member epoch (OffsetCommit v9+)
+        assert got["error"] is None, got
+        assert raw_offsets(herd, group) == {(topic, p): (10 + p, "k848") for p in mine}
+        for x in rest:
+            x.stop()
+        assert herd_warnings(herd) == []

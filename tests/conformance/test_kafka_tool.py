@@ -88,11 +88,13 @@ def test_list_describe_members_state(herd, java_driver, group_with_member):
     assert kafka_members == [{"GROUP": group, "CONSUMER-ID": member_id, "HOST": "/127.0.0.1",
                               "CLIENT-ID": "java-" + a.id, "#PARTITIONS": "3"}]
     herd_members = table(herd_groups("describe", group, "--members", *boot).stdout)
-    assert [{k: r[k] for k in kafka_members[0]} for r in herd_members] == kafka_members
+    assert herd_members == kafka_members  # the same columns (no GROUP-INSTANCE-ID: no static member)
 
     code, out, err = java_driver.tool(*boot, "--describe", "--group", group, "--members", "--verbose")
     assert code == 0, err
-    assert table(out)[0]["CURRENT-ASSIGNMENT"] == f"{topic}:0,1,2"
+    kafka_verbose = table(out)
+    assert kafka_verbose[0]["CURRENT-ASSIGNMENT"] == f"{topic}:0,1,2"
+    assert table(herd_groups("describe", group, "--members", "--verbose", *boot).stdout) == kafka_verbose
 
     code, out, err = java_driver.tool(*boot, "--describe", "--group", group, "--state")
     assert code == 0, err
@@ -119,6 +121,14 @@ def test_reset_offsets_dry_run_and_execute(herd, java_driver, group_with_member)
     assert offsets(herd, group) == {(topic, 0): 5, (topic, 1): 6, (topic, 2): 7}, "a dry run committed"
     herd_plan = table(herd_groups("reset-offsets", group, "--topic", topic, "--to-offset", "2", *boot).stdout)
     assert sorted((r["PARTITION"], r["NEW-OFFSET"]) for r in herd_plan) == [("0", "2"), ("1", "2"), ("2", "2")]
+    assert list(herd_plan[0]) == list(table(out)[0]) == ["GROUP", "TOPIC", "PARTITION", "NEW-OFFSET"]
+
+    # an Empty group: both tools add the same note to --state
+    code, out, err = java_driver.tool(*boot, "--describe", "--group", group, "--state")
+    herd_state = herd_groups("describe", group, "--state", *boot)
+    assert "Consumer group '%s' has no active members." % group in err
+    assert herd_state.stderr.strip() == "Consumer group '%s' has no active members." % group
+    assert table(herd_state.stdout) == table(out)
 
     code, out, err = java_driver.tool(*boot, "--reset-offsets", "--group", group, "--topic", f"{topic}:1",
                                       "--to-earliest", "--execute")
@@ -141,6 +151,11 @@ def test_delete_offsets_and_delete(herd, java_driver, group_with_member):
     assert f"Request succeeded for deleting offsets from group {group}" in out
     assert [(r["TOPIC"], r["PARTITION"], r["STATUS"]) for r in table(out)] == [(topic, "0", "Successful")]
     assert offsets(herd, group) == {(topic, 1): 6, (topic, 2): 7}
+    mine = herd_groups("delete-offsets", "--group", group, "--topic", f"{topic}:1", *boot)
+    assert mine.returncode == 0, mine.stderr
+    assert mine.stdout.splitlines()[0] == f"Request succeeded for deleting offsets from group {group}."
+    assert [(r["TOPIC"], r["PARTITION"], r["STATUS"]) for r in table(mine.stdout)] == [(topic, "1", "Successful")]
+    assert offsets(herd, group) == {(topic, 2): 7}
     code, out, err = java_driver.tool(*boot, "--delete", "--group", group)
     assert code == 0, err
     assert f"Deletion of requested consumer groups ('{group}') was successful." in out
@@ -148,3 +163,21 @@ def test_delete_offsets_and_delete(herd, java_driver, group_with_member):
     code, out, err = java_driver.tool(*boot, "--delete", "--group", group)
     assert "GroupIdNotFoundException" in out + err
     assert group not in herd_groups("list", *boot).stdout.split()
+
+
+def test_static_member_columns(herd, java_driver):
+    """A static member: both tools add GROUP-INSTANCE-ID, with the same value."""
+    tag = uuid.uuid4().hex[:6]
+    group, topic = f"tool-s-{tag}", f"tool-st-{tag}"
+    create_topic(herd.bootstrap, topic, 2)
+    a = JavaMember(java_driver, herd.bootstrap, group, [topic], "tool-static", instance_id=f"inst-{tag}")
+    try:
+        wait_converged([a], all_partitions(topic, 2), 60)
+        boot = ["--bootstrap-server", herd.bootstrap]
+        code, out, err = java_driver.tool(*boot, "--describe", "--group", group, "--members", "--verbose")
+        assert code == 0, err
+        kafka_rows = table(out)
+        assert kafka_rows[0]["GROUP-INSTANCE-ID"] == f"inst-{tag}"
+        assert table(herd_groups("describe", group, "--members", "--verbose", *boot).stdout) == kafka_rows
+    finally:
+        a.stop()

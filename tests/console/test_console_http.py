@@ -105,10 +105,36 @@ def test_the_page_is_served_by_herd_with_a_strict_policy_and_is_read_only(world)
     assert api(port, "/api/group?id=billing")[1]["state"] == "Stable"
 
 
-def test_a_configured_data_cluster_without_a_reader_says_so(tmp_path):
-    with Daemon(tmp_path / "data", "--metrics-port", "0", "--data-bootstrap-server", "127.0.0.1:1") as d:
+def test_an_unreachable_data_cluster_is_down_and_invents_no_lag(tmp_path):
+    with Daemon(tmp_path / "data", "--metrics-port", "0", "--data-bootstrap-server", "127.0.0.1:1",
+                "--lag-refresh-interval-ms", "200") as d:
         port = sc.metrics_port(d)
-        status, page = api(port, "/api/groups")
-        assert page["lag"]["configured"] is True and page["lag"]["reader"] is False
-        assert "no data-cluster reader yet" in d.logs()
-        assert "herd_group_lag" not in sc.get(port, "/metrics")[2].decode()
+        sc.commit_standalone(d.bootstrap, "audit", {("orders", 0): 5})
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            status, page = api(port, "/api/groups")
+            if page["lag"].get("refreshes", 0) >= 2:
+                break
+            time.sleep(0.05)
+        lag = page["lag"]
+        assert lag["configured"] and lag["reader"] and lag["up"] is False
+        assert "no data cluster broker answered Metadata" in lag["last_error"]
+        fam = metrics(port)
+        assert [s[2] for s in fam["herd_lag_source_up"]["samples"]] == [0]
+        assert fam["herd_group_lag"]["samples"] == [] and fam["herd_group_lag_seconds"]["samples"] == []
+        assert fam["herd_group_max_lag"]["samples"] == []
+        assert "data cluster broker unreachable" in d.logs()
+
+
+def test_a_data_command_config_that_cannot_be_used_stops_herd_with_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    bad = tmp_path / "data.properties"
+    bad.write_text("security.protocol=SSL\nssl.keystore.type=PKCS12\n")
+    r = subprocess.run([sys.executable, "-m", "coordinator", "serve", "--data-dir", str(tmp_path / "d"), "--port", "0",
+                        "--data-bootstrap-server", "127.0.0.1:9092", "--data-command-config", str(bad)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and "data_command_config" in err[0] and "ssl.keystore.type=PKCS12 is not supported" in err[0]

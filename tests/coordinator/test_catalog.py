@@ -113,6 +113,40 @@ def test_find_coordinator_single_and_batched():
     assert (r.error_code, r.node_id, r.port) == (0, 0, 9092)
 
 
+INVALID_REQUEST_MESSAGE = ("This most likely occurs because of a request being malformed by the client "
+                           "library or the message was sent to an incompatible broker. See the broker "
+                           "logs for more details.")
+
+
+def test_find_coordinator_error_messages_are_kafkas():
+    """compatibility.md, formerly KD-1 (measured on Kafka 4.4): v1-3 carry Errors.message():
+    "NONE" on success, the default message on an error; at v4+ each key's own answer carries ""
+    and an unknown key type (a whole-request error in Kafka) the default message on every key."""
+    cat = catalog()
+    for v in (1, 2, 3):
+        r = cat.find_coordinator(m.FindCoordinatorRequest(key="g", key_type=0), v)
+        assert (r.error_code, r.error_message) == (0, "NONE")
+        for key_type in (2, 5, -1):  # share groups (no share coordinator) and unknown types
+            r = cat.find_coordinator(m.FindCoordinatorRequest(key="g", key_type=key_type), v)
+            assert (r.error_code, r.error_message, r.node_id, r.host, r.port) == (
+                E.INVALID_REQUEST, INVALID_REQUEST_MESSAGE, -1, "", -1)
+    r = cat.find_coordinator(m.FindCoordinatorRequest(key="g"), 0)
+    assert r.error_code == 0  # v0 has no key type and no message
+    for v in (4, 5, 6):
+        req = m.FindCoordinatorRequest(coordinator_keys=["g", ""], key_type=0)
+        assert [(c.error_code, c.error_message) for c in cat.find_coordinator(req, v).coordinators] == [
+            (0, ""), (0, "")]
+        req = m.FindCoordinatorRequest(coordinator_keys=["g"], key_type=2)
+        assert [(c.error_code, c.error_message, c.node_id) for c in cat.find_coordinator(req, v).coordinators] == [
+            (E.INVALID_REQUEST, "", -1)]
+        req = m.FindCoordinatorRequest(coordinator_keys=["g", "h"], key_type=7)
+        assert [(c.error_code, c.error_message) for c in cat.find_coordinator(req, v).coordinators] == [
+            (E.INVALID_REQUEST, INVALID_REQUEST_MESSAGE)] * 2
+    # transactions: herd has no transaction coordinator and says so (compatibility.md OP-4)
+    r = cat.find_coordinator(m.FindCoordinatorRequest(key="txn", key_type=1), 3)
+    assert r.error_code == E.INVALID_REQUEST and "transactions" in r.error_message
+
+
 def test_list_offsets_and_fetch_answer_as_an_empty_log():
     cat = catalog(topics=(("t", 2),))
     assert len(cat.configured_topics()) == 1 and cat.configured_topics() == []
@@ -175,3 +209,45 @@ def test_describe_cluster_refuses_the_controller_endpoint_type():
         r = cat.describe_cluster(m.DescribeClusterRequest(endpoint_type=endpoint), 1)
         assert r.error_code == code, endpoint
         assert (r.brokers != []) == (code == E.NONE)
+
+
+def test_topic_ids_are_stable_and_metadata_v12_answers_by_id():
+    cat = catalog(topics=(("t", 2),))
+    writes = cat.configured_topics()
+    tid = cat.topics["t"].topic_id
+    assert tid != bytes(16) and len(tid) == 16
+    # replayed into a fresh catalog: the same id, and nothing to write again
+    fresh = catalog(topics=(("t", 2),))
+    for _, k, v in writes:
+        fresh.replay(k, v)
+    assert fresh.configured_topics() == [] and fresh.topics["t"].topic_id == tid
+    _, r = fresh.metadata(md("t"), 12)
+    assert r.topics[0].topic_id == tid
+    r = m.MetadataResponse.decode(r.encode(12), 12)
+    assert r.topics[0].topic_id == tid and r.topics[0].name == "t"
+    _, r = fresh.metadata(m.MetadataRequest(topics=[m.MetadataRequestTopic(topic_id=tid, name=None)]), 12)
+    assert (r.topics[0].error_code, r.topics[0].name, len(r.topics[0].partitions)) == (0, "t", 2)
+    _, r = fresh.metadata(m.MetadataRequest(topics=[m.MetadataRequestTopic(topic_id=bytes(range(16)), name=None)]), 12)
+    assert r.topics[0].error_code == E.UNKNOWN_TOPIC_ID
+    assert fresh.get("t") == (tid, 2) and list(fresh.names()) == ["t"] and fresh.get("x") is None
+
+
+def test_a_topic_without_an_id_gets_one_minted_once_durably_and_a_configured_topic_grows():
+    from coordinator.catalog import Topic, topic_key, topic_value
+
+    cat = catalog(topics=(("t", 2), ("u", 4)))
+    cat.replay(topic_key("t"), topic_value(Topic("t", 2, bytes(16))))  # a record with the nil id
+    cat.replay(topic_key("u"), topic_value(Topic("u", 1, b"u" * 16)))
+    writes = cat.configured_topics()
+    minted = cat.topics["t"].topic_id
+    assert minted != bytes(16)
+    assert cat.topics["u"].partitions == 4 and cat.topics["u"].topic_id == b"u" * 16  # grown, same id
+    again = catalog(topics=(("t", 2), ("u", 4)))
+    for _, k, v in [(0, topic_key("t"), topic_value(Topic("t", 2, bytes(16)))),
+                    (0, topic_key("u"), topic_value(Topic("u", 1, b"u" * 16))), *writes]:
+        again.replay(k, v)
+    assert again.configured_topics() == []  # once: the minted id and the growth are durable
+    assert again.topics["t"].topic_id == minted and again.topics["u"].partitions == 4
+    shrink = catalog(topics=(("u", 2),))
+    shrink.replay(topic_key("u"), topic_value(Topic("u", 4, b"u" * 16)))
+    assert shrink.configured_topics() == [] and shrink.topics["u"].partitions == 4  # never shrinks

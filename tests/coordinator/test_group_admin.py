@@ -58,14 +58,51 @@ def test_describe_groups_batched_and_unknown_is_dead():
         assert m.client_host == "/10.0.0.1" and m.client_id.startswith("c")
     assert (nope.error_code, nope.group_state, nope.members) == (E.NONE, "Dead", [])
     assert empty.group_state == "Dead"
-    # not Stable: members without metadata/assignment
+    # not Stable: members without metadata, with their last assignment (as Kafka)
     h.join("g", mids[0], protocols=(("range", sub("t", "u")),))
     (d,) = h.describe("g")
-    assert d.group_state == "PreparingRebalance" and all(m.member_assignment == b"" for m in d.members)
+    assert d.group_state == "PreparingRebalance" and all(m.member_metadata == b"" for m in d.members)
+    assert all(m.member_assignment == m.member_id.encode() for m in d.members)
     assert d.protocol_data == ""  # the protocol is named for a Stable group only, as Kafka
     h.join("g", mids[1], protocols=(("range", sub("t", "u")),))
     (d,) = h.describe("g")
     assert (d.group_state, d.protocol_type, d.protocol_data) == ("CompletingRebalance", "consumer", "")
+
+
+def test_describe_shows_each_members_last_assignment_while_the_group_rebalances():
+    """compatibility.md, formerly KD-2. Kafka describes a group that is not Stable with
+    ClassicGroupMember.describeNoMetadata: no metadata, but the member's assignment, which is the
+    one it last synced with until the next SyncGroup, empty for a member that joined since, and
+    empty for everyone once a rebalance interrupts CompletingRebalance."""
+    h = Harness()
+    (a, b), gen = h.form_group("g", 2)
+
+    def shown():
+        (d,) = h.describe("g")
+        if d.group_state != "Stable":
+            assert all(m.member_metadata == b"" for m in d.members)
+        return d.group_state, {m.member_id: m.member_assignment for m in d.members}
+
+    c, _ = h.join_dynamic("g", client_id="c2")  # joins during the rebalance it starts
+    assert shown() == ("PreparingRebalance", {a: a.encode(), b: b.encode(), c: b""})
+    h.join("g", a)
+    h.join("g", b)
+    assert shown() == ("CompletingRebalance", {a: a.encode(), b: b.encode(), c: b""})
+    # a member joins before the leader's SyncGroup: the assignments are reset (as Kafka's
+    # resetAndPropagateAssignmentWithError), so the group shows none while it rebalances again
+    d, _ = h.join_dynamic("g", client_id="c3")
+    assert shown() == ("PreparingRebalance", {a: b"", b: b"", c: b"", d: b""})
+    for mid in (a, b, c):
+        h.join("g", mid)
+    g = h.group("g")
+    assert g.state == "CompletingRebalance"
+    new = {mid: f"new-{mid}".encode() for mid in (a, b, c, d)}
+    h.sync("g", g.generation, g.leader_id, new)
+    assert shown() == ("Stable", new)
+    (desc,) = h.describe("g")
+    assert all(m.member_metadata == sub("t") for m in desc.members)
+    h.leave("g", a, b, c, d)
+    assert shown() == ("Empty", {})
 
 
 def test_a_group_created_by_a_member_id_required_join_is_empty_not_dead():

@@ -245,12 +245,12 @@ def test_list(herd, members):
     assert rows["list-stable"] == "Stable" and rows["list-empty"] == "Empty"
 
     stable = js(herd, "list", "--state", "stable")["groups"]  # case-insensitive, as Kafka's tool
-    assert {"group": "list-stable", "protocol_type": "consumer", "state": "Stable"} in stable
+    assert {"group": "list-stable", "protocol_type": "consumer", "state": "Stable", "type": "classic"} in stable
     assert all(g["state"] == "Stable" for g in stable)
     both = {g["group"] for g in js(herd, "list", "--state", "Empty", "Stable")["groups"]}
     assert {"list-stable", "list-empty"} <= both
     everything = js(herd, "list")["groups"]
-    assert set(everything[0]) == {"group", "protocol_type", "state"}
+    assert set(everything[0]) == {"group", "protocol_type", "state", "type"}
 
     assert fails(herd, "list", "--state", "Sleeping").startswith("unknown group state 'Sleeping'")
 
@@ -285,18 +285,21 @@ def test_describe_partitions_members_and_state(herd, members):
 
     doc = js(herd, "describe", g)
     (info,) = doc["groups"]
-    assert set(info) == {"group", "state", "protocol_type", "assignment_strategy", "coordinator",
+    assert set(info) == {"group", "type", "state", "protocol_type", "assignment_strategy", "coordinator",
                          "member_count", "members", "partitions"}
     assert info["group"] == g and info["state"] == "Stable" and info["protocol_type"] == "consumer"
+    assert info["type"] == "classic"
     assert info["assignment_strategy"] in ("range", "roundrobin") and info["member_count"] == 2
     assert info["coordinator"] == {"id": 0, "host": "127.0.0.1", "port": herd.port}
     parts = {(p["topic"], p["partition"]): p for p in info["partitions"]}
     assert set(parts) == owned["client-a"] | owned["client-b"]
     for tp, p in parts.items():
         assert set(p) == {"topic", "partition", "current_offset", "log_end_offset", "lag", "consumer_id",
-                          "group_instance_id", "host", "client_id"}
+                          "group_instance_id", "host", "client_id", "commit_age_seconds", "lag_seconds"}
         assert p["current_offset"] == offsets.get(tp)
         assert p["log_end_offset"] is None and p["lag"] is None
+        # commit times and time lag are herd's own view: only with --http
+        assert p["commit_age_seconds"] is None and p["lag_seconds"] is None
         assert p["client_id"] == ("client-a" if tp in owned["client-a"] else "client-b")
     by_client = {x["client_id"]: x for x in info["members"]}
     for cid, tps in owned.items():
@@ -305,17 +308,18 @@ def test_describe_partitions_members_and_state(herd, members):
         assert {(a_["topic"], p) for a_ in mem["assignment"] for p in a_["partitions"]} == tps
         assert all(parts[tp]["consumer_id"] == mem["consumer_id"] for tp in tps)
 
+    # Kafka's columns: GROUP-INSTANCE-ID only when a member has one (none here)
     rows = table(ok(herd, "describe", g, "--members"))
-    assert rows[0] == ["GROUP", "CONSUMER-ID", "GROUP-INSTANCE-ID", "HOST", "CLIENT-ID", "#PARTITIONS"]
-    assert sorted((r[4], int(r[5])) for r in rows[1:]) == sorted((c, len(t)) for c, t in owned.items())
-    verbose = ok(herd, "describe", g, "--members", "--verbose")
-    assert verbose.splitlines()[0].split()[-1] == "ASSIGNMENT"
-    for line in verbose.splitlines()[1:]:
-        cid = "client-a" if "client-a" in line else "client-b"
-        for topic in ("t", "u"):
-            ps = sorted(p for t, p in owned[cid] if t == topic)
-            if ps:
-                assert f"{topic}({','.join(map(str, ps))})" in line
+    assert rows[0] == ["GROUP", "CONSUMER-ID", "HOST", "CLIENT-ID", "#PARTITIONS"]
+    assert sorted((r[3], int(r[4])) for r in rows[1:]) == sorted((c, len(t)) for c, t in owned.items())
+    # --verbose: Kafka 4's columns, the assignment as topic:0,1;topic:2, "-" for KIP-848's epochs
+    verbose = table(ok(herd, "describe", g, "--members", "--verbose"))
+    assert verbose[0] == ["GROUP", "CONSUMER-ID", "HOST", "CLIENT-ID", "#PARTITIONS", "CURRENT-EPOCH",
+                          "CURRENT-ASSIGNMENT", "TARGET-EPOCH", "TARGET-ASSIGNMENT"]
+    for row in verbose[1:]:
+        topics = sorted({t for t, _ in owned[row[3]]})
+        want = ";".join(f"{t}:{','.join(str(p) for tt, p in sorted(owned[row[3]]) if tt == t)}" for t in topics)
+        assert row[5:] == ["-", want or "-", "-", "-"]
 
     rows = table(ok(herd, "describe", g, "--state"))
     assert rows[0] == ["GROUP", "COORDINATOR", "(ID)", "ASSIGNMENT-STRATEGY", "STATE", "#MEMBERS"]
@@ -340,7 +344,9 @@ def test_describe_an_empty_group_and_errors(herd):
 
     commit_raw(herd, "desc-empty2", {("t", 2): 5})
     r = run("describe", "desc-empty", "desc-empty2", "--members", "--bootstrap-server", herd.bootstrap)
-    assert r.returncode == 0 and r.stdout == ""  # no member tables, so no blank separator lines either
+    # as Kafka's tool: the header of each (memberless) group, one blank line between the two
+    header = "GROUP  CONSUMER-ID  HOST  CLIENT-ID  #PARTITIONS"
+    assert r.returncode == 0 and r.stdout == f"{header}\n\n{header}\n"
     assert r.stderr.count("has no active members") == 2
     r = run("describe", "desc-empty", "desc-empty2", "--bootstrap-server", herd.bootstrap)
     assert r.stdout.count("\n\n") == 1 and not r.stdout.startswith("\n")  # one blank line between tables
@@ -403,9 +409,8 @@ def test_reset_offsets_dry_run_and_execute(herd, members):
     # the default is a dry run: the plan is printed, nothing changes
     r = run("reset-offsets", g, "--all-topics", "--to-earliest", "--bootstrap-server", herd.bootstrap)
     assert r.returncode == 0
-    assert table(r.stdout) == [["GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "NEW-OFFSET"],
-                               [g, "t", "0", "5", "0"], [g, "t", "1", "6", "0"], [g, "t", "2", "7", "0"],
-                               [g, "u", "0", "8", "0"]]
+    assert table(r.stdout) == [["GROUP", "TOPIC", "PARTITION", "NEW-OFFSET"],  # Kafka's columns
+                               [g, "t", "0", "0"], [g, "t", "1", "0"], [g, "t", "2", "0"], [g, "u", "0", "0"]]
     assert "Dry run" in r.stderr
     doc = js(herd, "reset-offsets", g, "--topic", "t:1", "--to-offset", "3", "--dry-run")
     assert doc == {"executed": False, "groups": [{"group": g, "state": "Empty", "error": None, "committed": False,
@@ -517,8 +522,8 @@ def test_reset_offsets_of_several_groups_resets_the_inactive_ones_and_reports_th
     r = run("reset-offsets", *names, "--all-topics", "--to-offset", "1", "--no-clamp",
             "--bootstrap-server", herd.bootstrap)
     assert r.returncode == 2
-    assert table(r.stdout) == [["GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "NEW-OFFSET"],
-                               ["multi-a", "t", "0", "7", "1"], ["multi-c", "t", "1", "8", "1"]]
+    assert table(r.stdout) == [["GROUP", "TOPIC", "PARTITION", "NEW-OFFSET"],
+                               ["multi-a", "t", "0", "1"], ["multi-c", "t", "1", "1"]]
     assert r.stderr.splitlines() == ["Dry run: nothing was committed. Add --execute to commit these offsets.",
                                      f"herd: error: {refused}"]
     assert {g: fetch_offsets(herd, g) for g in names} == before
@@ -639,8 +644,9 @@ def test_delete(herd, members):
 def test_delete_offsets(herd, members):
     g = "deloffs"
     commit_raw(herd, g, {("t", 0): 1, ("t", 1): 2, ("u", 0): 3, ("u", 1): 4})
-    rows = table(ok(herd, "delete-offsets", "--group", g, "--topic", "u"))
-    assert rows == [["TOPIC", "PARTITION", "STATUS"], ["u", "0", "Successful"], ["u", "1", "Successful"]]
+    out = ok(herd, "delete-offsets", "--group", g, "--topic", "u")
+    assert out.splitlines()[0] == f"Request succeeded for deleting offsets from group {g}."  # as Kafka's tool
+    assert table(out)[1:] == [["TOPIC", "PARTITION", "STATUS"], ["u", "0", "Successful"], ["u", "1", "Successful"]]
     assert js(herd, "delete-offsets", "--group", g, "--topic", "t:1") == {"group": g, "partitions": [
         {"topic": "t", "partition": 1, "deleted": True, "error": None}]}
     assert fetch_offsets(herd, g) == {("t", 0): 1}
@@ -1122,6 +1128,42 @@ class DataCluster(_LoopbackServer):
                     pr.offset = next((start + i for i, ts in enumerate(stamps) if ts >= rp.timestamp), -1)
         return resp
 
+    def _api1(self, req):  # Fetch: the whole log as one uncompressed v2 batch (it holds the offset asked)
+        resp = m.FetchResponse(responses=[])
+        for rt in req.topics:
+            out = m.FetchResponseFetchableTopicResponse(topic=rt.topic, partitions=[])
+            resp.responses.append(out)
+            for rp in rt.partitions:
+                start, end, stamps = self.topics[rt.topic][rp.partition]
+                pd = m.FetchResponsePartitionData(partition_index=rp.partition, high_watermark=end,
+                                                  aborted_transactions=[])
+                if start <= rp.fetch_offset < end:
+                    pd.records = _batch(start, stamps)
+                out.partitions.append(pd)
+        return resp
+
+
+def _zigzag(n: int) -> bytes:
+    n = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _batch(base: int, stamps: list[int]) -> bytes:
+    """One uncompressed record batch (magic 2, CreateTime), a value of one byte per record."""
+    import struct
+
+    records = bytearray()
+    for i, ts in enumerate(stamps):
+        body = b"\x00" + _zigzag(ts - stamps[0]) + _zigzag(i) + _zigzag(-1) + _zigzag(1) + b"x" + _zigzag(0)
+        records += _zigzag(len(body)) + body
+    tail = struct.pack(">hiqqqhii", 0, len(stamps) - 1, stamps[0], max(stamps), -1, -1, -1, len(stamps)) + records
+    return struct.pack(">qiiBI", base, 4 + 1 + 4 + len(tail), 0, 2, 0) + tail
+
 
 def test_herd_is_known_to_hold_no_records():
     from admin.session import holds_records
@@ -1150,6 +1192,12 @@ def test_describe_and_reset_against_a_data_cluster_that_holds_records(herd):
         rows = table(cli("describe", g).stdout)
         assert [r[1:6] for r in rows[1:]] == [["t", "0", "40", "100", "60"],
                                              ["t", "1", "60", "50", "-"]]  # log end below: lag unknown
+        # LAG-SECONDS: how old the record at the committed offset is (t-0's offset 40: t0 + 30 s)
+        assert rows[0][6] == "LAG-SECONDS" and rows[2][6] == "-"
+        expected = (time.time() * 1000 - (t0 + 30_000)) / 1000
+        assert abs(float(rows[1][6]) - expected) < 60
+        doc = json.loads(cli("describe", g, "--output", "json").stdout)
+        assert abs(doc["groups"][0]["partitions"][0]["lag_seconds"] - expected) < 60
 
         def plan(*args):
             r = cli("reset-offsets", g, *args, "--output", "json")
@@ -1177,3 +1225,22 @@ def test_describe_and_reset_against_a_data_cluster_that_holds_records(herd):
         assert fetch_offsets(herd, g) == {("t", 0): 100, ("t", 1): 60}
     finally:
         data.close()
+
+
+def test_describe_with_herds_http_port_adds_the_commit_age(herd):
+    g = "aged"
+    commit_raw(herd, g, {("t", 0): 3, ("t", 1): 4})
+    time.sleep(0.3)
+    text = ok(herd, "describe", g, "--http", herd.http)
+    rows = table(text)
+    assert rows[0] == ["GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "LAG-SECONDS",
+                       "COMMIT-AGE", "CONSUMER-ID", "HOST", "CLIENT-ID"]
+    assert_aligned(text)
+    for r in rows[1:]:
+        assert r[4:7] == ["-", "-", "-"]  # herd has no data cluster here: no log end, no lag, no time lag
+        assert 0.2 <= float(r[7]) < 60
+    doc = json.loads(ok(herd, "describe", g, "--http", herd.http, "--output", "json"))
+    ages = [p["commit_age_seconds"] for p in doc["groups"][0]["partitions"]]
+    assert all(0.2 <= a < 60 for a in ages) and all(p["lag_seconds"] is None for p in doc["groups"][0]["partitions"])
+    r = run("describe", g, "--bootstrap-server", herd.bootstrap, "--http", "127.0.0.1:1")
+    assert r.returncode == 2 and r.stderr == "herd: error: cannot connect to 127.0.0.1:1: Connection refused\n"

@@ -33,7 +33,10 @@ def test_api_versions_advertises_what_is_served(herd):
     ranges = {k.api_key: (k.min_version, k.max_version) for k in r.api_keys}
     assert r.error_code == 0
     assert ranges[11] == (0, 9) and ranges[14] == (0, 5) and ranges[8] == (0, 9) and ranges[10] == (0, 6)
-    assert 68 not in ranges and 28 not in ranges  # KIP-848 and transactions are not served
+    assert 28 not in ranges  # transactions are not served
+    # KIP-848: ConsumerGroupHeartbeat v0-1, ConsumerGroupDescribe v0, and group.version 1 finalized
+    assert ranges[68] == (0, 1) and ranges[69] == (0, 0)
+    assert [(f.name, f.max_version_level) for f in r.finalized_features] == [("group.version", 1)]
 
 
 def test_api_versions_newer_than_ours_gets_a_v0_answer(herd):

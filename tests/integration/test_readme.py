@@ -53,11 +53,17 @@ NOT_RUN = {
         "a fragment of a Spark streaming query; tested in tests/spark/test_streaming.py",
     "zip -qr herd-client.zip client protocol          # from a herd checkout":
         "spark-submit to a YARN cluster",
-    "herd groups list            [--state [STATE ...]]": "a synopsis of herd groups",
+    "herd groups list            [--state [STATE ...]] [--type [classic|consumer ...]]": "a synopsis of herd groups",
     "$ herd groups describe billing": "sample output",
     "herd groups reset-offsets --all-groups --all-topics --to-earliest --export > plan.csv   # a dry run":
         "reset-offsets and --from-file are tested in tests/integration/test_admin.py",
     "$ herd groups history billing --http 127.0.0.1:9404": "sample output",
+    "$ herd groups describe audit --http 127.0.0.1:9404": "sample output",
+    "# /etc/herd/data-cluster.properties":
+        "needs a SASL_SSL Kafka; the file is read by protocol.client_properties (tests/admin/test_command_config.py, "
+        "tests/console/test_datacluster.py)",
+    "herd serve --metrics-port 9404 \\":
+        "needs a Kafka cluster; herd with a data cluster is tested in tests/console/test_lag_data_cluster.py",
     "pyproject.toml  Makefile  README.md  Dockerfile  docker-compose.yml  .ci/run": "the layout",
     "location /herd/ {": "an nginx configuration; the console's relative URLs are tested in tests/console",
     "[Service]": "a systemd unit; the notify protocol is tested in tests/coordinator/test_notify.py",

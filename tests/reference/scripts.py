@@ -290,6 +290,50 @@ def heartbeat_during_rebalance(r: Run):
 
 
 @script
+def describe_assignments_through_rebalances(r: Run):
+    """What DescribeGroups shows of each member in every state: the last assignment while the
+    group rebalances (empty for a member that joined since), none for anyone once a new member
+    interrupts CompletingRebalance, the new ones when Stable again, no members when Empty."""
+    group, topic = r.group(), r.topic(partitions=4)
+    (ca, ida), (cb, idb), gen = two_members(r, group, topic)
+    conns = {ida: ca, idb: cb}
+
+    def newcomer(name):
+        c = r.conn(f"ref-{name}")
+        j = r.call(c, join_req(group, topics=(topic,)), 9, f"{name} join")
+        conns[j.member_id] = c
+        return j.member_id, r.send(c, join_req(group, j.member_id, topics=(topic,)), 9)
+
+    def answers(pending):  # who leads is the server's pick: join answers are not recorded
+        return [p.conn.raw.receive(p.api_key, p.version, p.cid) for p in pending]
+
+    idc, pc = newcomer("c")
+    r.wait_state(group, "PreparingRebalance")
+    describe(r, ca, group, label="preparing: c joined")
+    for mid in (ida, idb):
+        r.call(conns[mid], m.HeartbeatRequest(group_id=group, generation_id=gen, member_id=mid), 4,
+               "heartbeat")
+    pending = [r.send(conns[mid], join_req(group, mid, topics=(topic,)), 9) for mid in (ida, idb)]
+    answers(pending + [pc])
+    describe(r, ca, group, label="completing")
+    idd, pd = newcomer("d")
+    r.wait_state(group, "PreparingRebalance")
+    describe(r, ca, group, label="preparing again: d joined before the leader's sync")
+    pending = [r.send(conns[mid], join_req(group, mid, topics=(topic,)), 9) for mid in (ida, idb, idc)]
+    got = answers(pending + [pd])
+    leader, gen = got[0].leader, got[0].generation_id
+    parts = {ida: [0], idb: [1], idc: [2], idd: [3]}
+    pl = r.send(conns[leader], sync_req(group, gen, leader, [(mid, assignment({topic: ps}))
+                                                             for mid, ps in parts.items()]), 5)
+    others = [r.send(conns[mid], sync_req(group, gen, mid), 5) for mid in parts if mid != leader]
+    answers([pl] + others)
+    describe(r, ca, group, label="stable")
+    r.call(ca, m.LeaveGroupRequest(group_id=group, members=[
+        m.LeaveGroupRequestMemberIdentity(member_id=mid) for mid in parts]), 5, "everyone leaves")
+    describe(r, ca, group, label="empty")
+
+
+@script
 def sync_follower_before_leader(r: Run):
     group, topic = r.group(), r.topic(partitions=2)
     two_members(r, group, topic)  # two_members sends the leader's sync first; here the reverse below
@@ -369,6 +413,49 @@ def static_member_restart_keeps_assignment(r: Run):
     j = join(r, c2, group, topics=(topic,), instance_id="inst-1", label="restarted")
     r.call(c2, sync_req(group, j.generation_id, j.member_id, instance_id="inst-1"), 5, "sync")
     describe(r, c2, group)
+
+
+@script
+def static_member_restart_at_group_max_size(r: Run):
+    """A full group (group.max.size static members, Stable); one of them restarts (empty member
+    id, its group.instance.id)."""
+    import time
+
+    from tests.reference.conftest import GROUP_MAX_SIZE
+
+    group, topic = r.group(), r.topic(partitions=GROUP_MAX_SIZE)
+    conns, ids = [], []
+    probe, deadline = r.conn("ref-probe"), time.monotonic() + 30
+    # a fresh Kafka creates __consumer_offsets on the first FindCoordinator: wait for it (not recorded)
+    while probe.raw.call(m.FindCoordinatorRequest(key=group, key_type=0), 3).error_code:
+        assert time.monotonic() < deadline, f"{r.server}: no group coordinator within 30 s"
+        time.sleep(0.1)
+
+    def answers(pending):  # who leads is the server's pick: join answers are not recorded
+        return [p.conn.raw.receive(p.api_key, p.version, p.cid) for p in pending]
+
+    for i in range(GROUP_MAX_SIZE):  # each newcomer starts a rebalance the others rejoin
+        c = r.conn(f"ref-s{i}")
+        pending = [r.send(c, join_req(group, topics=(topic,), instance_id=f"inst-{i}"), 9)]
+        if i:
+            r.wait_state(group, "PreparingRebalance")
+            pending += [r.send(conns[j], join_req(group, ids[j], topics=(topic,), instance_id=f"inst-{j}"), 9)
+                        for j in range(i)]
+        got = answers(pending)
+        conns.append(c)
+        ids.append(got[0].member_id)
+    gen, leader = got[0].generation_id, ids.index(got[0].leader)
+    asg = [(mid, assignment({topic: [i]})) for i, mid in enumerate(ids)]
+    order = [leader] + [i for i in range(GROUP_MAX_SIZE) if i != leader]
+    pending = [r.send(conns[i], sync_req(group, gen, ids[i], asg if i == leader else (),
+                                         instance_id=f"inst-{i}"), 5) for i in order]
+    answers(pending)
+    r.note("member ids, in join order", ids)  # numbers the minted ids alike on both servers
+    describe(r, conns[0], group, label="full")
+    c = r.conn("ref-restart")
+    r.call(c, join_req(group, topics=(topic,), instance_id="inst-0"), 9, "inst-0 restarts")
+    d = r.conn("ref-probe").raw.call(m.DescribeGroupsRequest(groups=[group]), 5).groups[0]
+    r.note("after", {"state": d.group_state, "members": len(d.members)})
 
 
 @script
@@ -565,6 +652,34 @@ def find_coordinator_versions(r: Run):
     for v in range(4):
         r.call(c, m.FindCoordinatorRequest(key=group, key_type=0), v, f"find v{v}")
     r.call(c, m.FindCoordinatorRequest(coordinator_keys=[group, ""], key_type=0), 4, "find v4 batch")
+
+
+@script
+def find_coordinator_key_type_errors(r: Run):
+    """Share groups (key type 2: no share coordinator on either server) and an unknown key type,
+    at every version that has a key type: the error and its message, per key at v4+."""
+    c = r.conn()
+    for key_type in (2, 5):
+        for v in range(1, 4):
+            r.call(c, m.FindCoordinatorRequest(key=r.group(), key_type=key_type), v, f"type {key_type} v{v}")
+        for v in range(4, 7):
+            r.call(c, m.FindCoordinatorRequest(coordinator_keys=[r.group(), ""], key_type=key_type), v,
+                   f"type {key_type} v{v} batch")
+
+
+@script
+def find_coordinator_transactions(r: Run):
+    """Key type 1. Kafka creates __transaction_state on the first such request and answers
+    COORDINATOR_NOT_AVAILABLE until it has a leader: asked again (not recorded) until it does."""
+    import time
+
+    c = r.conn()
+    deadline = time.monotonic() + 30
+    while c.raw.call(m.FindCoordinatorRequest(key="ref-txn", key_type=1), 3).error_code == E.COORDINATOR_NOT_AVAILABLE:
+        assert time.monotonic() < deadline, f"{r.server}: no transaction coordinator within 30 s"
+        time.sleep(0.1)
+    r.call(c, m.FindCoordinatorRequest(key="ref-txn", key_type=1), 3, "txn v3")
+    r.call(c, m.FindCoordinatorRequest(coordinator_keys=["ref-txn"], key_type=1), 4, "txn v4")
 
 
 # -- every version of the other group APIs --------------------------------------------------------

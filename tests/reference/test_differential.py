@@ -28,23 +28,11 @@ EXPECTED: dict[str, tuple[str, list]] = {
         ('[2]fetch all.groups[0].topics[len]', 2, 1),
         ('[2]fetch all.groups[0].topics[0].name', 'no-such-topic-<run>', 't-<run>'),
     ]),
-    'find_coordinator_versions': ('KD-1', [
-        ('[1]find v1.error_message', None, 'NONE'),
-        ('[2]find v2.error_message', None, 'NONE'),
-        ('[3]find v3.error_message', None, 'NONE'),
-        ('[4]find v4 batch.coordinators[0].error_message', None, ''),
-        ('[4]find v4 batch.coordinators[1].error_message', None, ''),
-    ]),
-    'heartbeat_during_rebalance': ('KD-2', [
-        ('[5]describe while preparing.groups[0].members[0].member_assignment', '0x', {'v': 1, 'ConsumerProtocolAssignment': {'assigned_partitions': [{'topic': 't-<run>', 'partitions': [0]}], 'user_data': None}}),
-        ('[9]describe while completing.groups[0].members[0].member_assignment', '0x', {'v': 1, 'ConsumerProtocolAssignment': {'assigned_partitions': [{'topic': 't-<run>', 'partitions': [0]}], 'user_data': None}}),
-    ]),
-    'leader_rejoin_stable_triggers_rebalance': ('KD-2', [
-        ('[13]describe.groups[0].members[0].member_assignment', '0x', {'v': 1, 'ConsumerProtocolAssignment': {'assigned_partitions': [{'topic': 't-<run>', 'partitions': [0]}], 'user_data': None}}),
-        ('[13]describe.groups[0].members[1].member_assignment', '0x', {'v': 1, 'ConsumerProtocolAssignment': {'assigned_partitions': [{'topic': 't-<run>', 'partitions': [1]}], 'user_data': None}}),
-    ]),
-    'leave_batch_with_unknown': ('KD-2', [
-        ('[10]describe.groups[0].members[0].member_assignment', '0x', {'v': 1, 'ConsumerProtocolAssignment': {'assigned_partitions': [{'topic': 't-<run>', 'partitions': [1]}], 'user_data': None}}),
+    'find_coordinator_transactions': ('OP-4', [
+        ('[0]txn v3.error_code', 42, 0),
+        ('[0]txn v3.error_message', 'herd coordinates consumer groups only (key type 1, transactions, is not supported)', 'NONE'),
+        ('[1]txn v4.coordinators[0].error_code', 42, 0),
+        ('[1]txn v4.coordinators[0].error_message', 'herd coordinates consumer groups only (key type 1, transactions, is not supported)', ''),
     ]),
     'offset_commit_v0': ('OP-2', [
         ('[0]commit v0', {'topics': [{'name': 't-<run>', 'partitions': [{'partition_index': 0, 'error_code': 0}, {'partition_index': 1, 'error_code': 0}]}]}, '<connection closed>'),
@@ -65,6 +53,16 @@ EXPECTED: dict[str, tuple[str, list]] = {
     ]),
     'offset_fetch_v0': ('OP-2', [
         ('[1]fetch v0', {'topics': [{'name': 't-<run>', 'partitions': [{'partition_index': 0, 'committed_offset': 5, 'committed_leader_epoch': -1, 'metadata': 'meta', 'error_code': 0}, {'partition_index': 1, 'committed_offset': 6, 'committed_leader_epoch': -1, 'metadata': 'meta', 'error_code': 0}, {'partition_index': 2, 'committed_offset': -1, 'committed_leader_epoch': -1, 'metadata': '', 'error_code': 0}]}], 'error_code': 0, 'groups': []}, '<connection closed>'),
+    ]),
+    'static_member_restart_at_group_max_size': ('OP-5', [
+        ('[2]inst-0 restarts.error_code', 0, 81),
+        ('[2]inst-0 restarts.generation_id', 4, -1),
+        ('[2]inst-0 restarts.protocol_type', 'consumer', None),
+        ('[2]inst-0 restarts.protocol_name', 'range', None),
+        ('[2]inst-0 restarts.leader', 'inst-0-#5', ''),
+        ('[2]inst-0 restarts.skip_assignment', True, False),
+        ('[2]inst-0 restarts.member_id', 'inst-0-#5', ''),
+        ('[2]inst-0 restarts.members[len]', 4, 0),
     ]),
 }
 

@@ -1,4 +1,10 @@
-"""TLS and SASL settings of the thin client, and a sans-IO TLS layer.
+"""A Kafka client's TLS and SASL settings, its TLS context, and a sans-IO TLS layer.
+
+Shared by every herd program that is a Kafka client: the thin client (``client/``), the admin tool
+(``admin/``, via :mod:`protocol.client_properties`) and the daemon's data-cluster reader
+(``coordinator/datacluster.py``, the same file as ``herd groups --command-config``). It lives in
+``protocol/`` so that those three import one implementation without importing each other. Pure but
+for one thing: building the TLS context reads the certificate files (once, at configuration time).
 
 Settings have librdkafka's names (``security.protocol``, ``ssl.ca.location``, ``sasl.username``, ...;
 see ``SECURITY_DEFAULTS``). ``parse_security`` checks them together and raises one ``ValueError``

@@ -1,7 +1,11 @@
-"""``herd groups --command-config FILE``: the client properties file of Kafka's tools.
+"""Kafka's client properties file (``--command-config`` of Kafka's tools) -> herd's TLS/SASL settings.
 
-As ``kafka-consumer-groups.sh --command-config``, one file configures every connection the command
-makes (``--bootstrap-server`` and ``--data-bootstrap-server`` alike). Accepted, in a Java
+One implementation for every herd program that connects to a Kafka cluster as a client: ``herd
+groups --command-config FILE`` (as ``kafka-consumer-groups.sh --command-config``, one file for every
+connection the command makes, ``--bootstrap-server`` and ``--data-bootstrap-server`` alike) and the
+daemon's ``data_command_config`` (its connections to the data cluster). Pure parsing; the only I/O
+is reading the file and, when TLS is on, loading the certificate files into the context
+(:mod:`protocol.client_security`). Accepted, in a Java
 ``.properties`` file (``key=value``, ``key: value``, ``#``/``!`` comments, ``\\`` continuations):
 
 - ``security.protocol`` (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL), ``sasl.mechanism`` (PLAIN,
@@ -16,15 +20,15 @@ makes (``--bootstrap-server`` and ``--data-bootstrap-server`` alike). Accepted, 
 
 What would change how the connection is secured but herd cannot do (JKS / PKCS12 stores, other SASL
 mechanisms or login modules, callback handlers) fails with one line saying so; other client
-settings (``client.id``, ``request.timeout.ms``, ...) do not apply to this tool and are listed in a
-note on stderr.
+settings (``client.id``, ``request.timeout.ms``, ...) do not apply and are returned as ignored (the
+caller says so: a note on stderr, a log line).
 """
 
 from __future__ import annotations
 
 import re
 
-from client.security import SecurityConfig, parse_security
+from protocol.client_security import SecurityConfig, parse_security
 
 __all__ = ["load_command_config", "parse_properties", "security_from_properties"]
 
@@ -97,7 +101,7 @@ def _jaas(value: str, mechanism: str | None) -> tuple[str, str]:
                          "password=\"...\";'")
     module = m.group("module")
     if module not in _JAAS_MODULES:
-        raise ValueError(f"sasl.jaas.config: login module {module} is not supported (herd groups does "
+        raise ValueError(f"sasl.jaas.config: login module {module} is not supported (herd does "
                          f"PlainLoginModule and ScramLoginModule)")
     if mechanism is None and module.endswith(".ScramLoginModule"):
         # not PLAIN, the default otherwise: that would send the password itself (in the clear on
@@ -137,7 +141,7 @@ def security_from_properties(props: dict[str, str]) -> tuple[SecurityConfig, lis
             settings[key] = value
         elif key in ("ssl.truststore.type", "ssl.keystore.type"):
             if value.upper() != "PEM":
-                raise ValueError(f"{key}={value} is not supported: herd groups reads PEM files only "
+                raise ValueError(f"{key}={value} is not supported: herd reads PEM files only "
                                  f"(convert the store, e.g. keytool -exportcert -rfc, and set {key}=PEM)")
         elif key in ("ssl.truststore.location", "ssl.keystore.location"):
             kind = key.split(".")[1]  # truststore / keystore
@@ -148,18 +152,18 @@ def security_from_properties(props: dict[str, str]) -> tuple[SecurityConfig, lis
         elif key in _HARMLESS:
             continue
         elif key.startswith(("ssl.", "sasl.")):
-            raise ValueError(f"{key} is not supported by herd groups")
+            raise ValueError(f"{key} is not supported by herd")
         else:
             ignored.append(key)
     return parse_security(settings), sorted(ignored)
 
 
-def load_command_config(path: str) -> tuple[SecurityConfig, list[str]]:
-    """Read ``--command-config FILE``: ``(SecurityConfig, ignored keys)``. ``ValueError``/``OSError``
-    on failure."""
+def load_command_config(path: str, setting: str = "--command-config") -> tuple[SecurityConfig, list[str]]:
+    """Read a client properties file: ``(SecurityConfig, ignored keys)``. ``ValueError`` (one line,
+    naming ``setting`` and the file) / ``OSError`` on failure."""
     with open(path, encoding="utf-8") as f:
         text = f.read()
     try:
         return security_from_properties(parse_properties(text, path))
     except ValueError as exc:
-        raise ValueError(f"--command-config {path}: {exc}") from None
+        raise ValueError(f"{setting} {path}: {exc}") from None
