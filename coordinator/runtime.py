@@ -41,7 +41,8 @@ are owned through leases adds the moves driven by leases (load on winning one, u
 one) without new states.
 
 A cluster node (:mod:`coordinator.cluster.node`) sets three hooks, all None with the file store:
-``guard()`` runs before every group request and heartbeat (the leases' self-fencing, checked on the
+``guard()`` runs before every group request and heartbeat, ConsumerGroupHeartbeat's steady path
+at the edge too (the leases' self-fencing, checked on the
 request path), ``shard_failed(shard)`` hears a write failure that put a shard in FAILED (the node
 reloads it with a fresh epoch once the database answers again: FAILED -> NOT_OWNED -> LOADING ->
 ACTIVE through :meth:`unload_shard` and :meth:`load_shard`), and ``topic_store`` keeps the topic
@@ -367,6 +368,8 @@ class Runtime:
         that write to be durable (and get its error if it failed)."""
         if self._closing:
             return None
+        if self.guard is not None:  # a cluster node: no answer for a shard whose lease may have lapsed
+            self.guard()
         interval = self.groups.consumer_heartbeat_steady(group_id, member_id, member_epoch, client_id, client_host,
                                                          self.clock.monotonic_ms(), self._write_pending)
         if interval is not None:

@@ -136,3 +136,14 @@ async def test_a_hand_over_stops_taking_requests_then_settles_the_writes_then_di
     await asyncio.wait_for(handing, 5)
     assert store.disowned == [3]
     rt.shutdown()
+
+
+async def test_the_steady_consumer_heartbeat_path_fences_too():
+    """ConsumerGroupHeartbeat's steady path (answered at the edge, KIP-848) checks the lease first."""
+    clock, store, rt, node = await make_node()
+    node.leases.table.granted(1, 3, sent_ms=clock.monotonic_ms())
+    await node.acquired(1, 3)
+    clock.advance(2400)
+    assert rt.consumer_heartbeat_steady(group_in(1), "m", 1, "c", "/127.0.0.1") is None
+    assert rt.shard_states[1] == NOT_OWNED and store.disowned == [1]
+    rt.shutdown()
