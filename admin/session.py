@@ -399,11 +399,15 @@ class Cluster:
         servers know only classic groups, so the filter is applied here)."""
         self.metadata([])
         seen: dict[str, dict] = {}
-        for node_id in sorted(self.brokers):
+        for node_id in sorted(self.brokers):  # each broker lists the groups it coordinates (a cluster: fan out)
             conn = self.node(node_id)
-            resp, v = conn.call(lambda v: m.ListGroupsRequest(
-                states_filter=list(states) if v is not None and v >= 4 else [],
-                types_filter=list(types or []) if v is not None and v >= 5 else []))
+            while True:
+                resp, v = conn.call(lambda v: m.ListGroupsRequest(
+                    states_filter=list(states) if v is not None and v >= 4 else [],
+                    types_filter=list(types or []) if v is not None and v >= 5 else []))
+                if resp.error_code != E.COORDINATOR_LOAD_IN_PROGRESS:
+                    break
+                self._backoff(f"listing the groups of {conn.address} (it is loading them)")
             if resp.error_code != E.NONE:
                 raise CliError(f"ListGroups failed on {conn.address}: {_error_text(resp.error_code)}")
             for g in resp.groups:

@@ -31,12 +31,13 @@ import uvloop
 
 from bench import _util as U
 from coordinator import records
+from tools.daemon import _children
 
 REPO_TESTS = U.REPO  # tools.postgres is importable from the repo root
 
 
 def _pg_pids(postmaster: int) -> list[int]:
-    return [postmaster, *U._children(postmaster)]
+    return [postmaster, *_children(postmaster)]
 
 
 def _cpu_ns(pids) -> int:
@@ -132,7 +133,7 @@ class Driver:
 
 
 async def _file_cell(root, shards, concurrency, duration, warmup):
-    from coordinator.log import LogStore
+    from coordinator.store.filelog import LogStore
 
     d = tempfile.mkdtemp(prefix="herd-bench-log-", dir=root)
     store = LogStore(d, num_shards=shards, fsync="always")

@@ -20,6 +20,12 @@ by id; KIP-848 assignments are by topic id). A record with the nil id (none writ
 but an id must never be missing) gets one minted once at start-up, written back durably.
 A ``--topic name:N`` with more partitions than the topic has grows it at start-up (never shrinks).
 Pure: no I/O, no clock.
+
+In a cluster (``cluster`` set to a routing view, :class:`coordinator.cluster.node.Routing`):
+Metadata and DescribeCluster list every live node (``cluster.brokers()``), FindCoordinator answers
+the node that owns the group's shard (``cluster.coordinator(shard)``; None, an owner not known or
+a view that may be stale: COORDINATOR_NOT_AVAILABLE, retriable); the topic records are kept in the
+database by the runtime (``Runtime.topic_store``), not in shard 0.
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ import struct
 import uuid
 from dataclasses import dataclass
 
+from coordinator.partitioning import shard_for
 from coordinator.responses import kafka_error_message
 from coordinator.result import Result
 from coordinator.versions import CREATE_TOPICS, DESCRIBE_CLUSTER, FETCH, FIND_COORDINATOR, LIST_OFFSETS, METADATA
@@ -113,6 +120,7 @@ class Catalog:
         self.port = config.advertised_port or config.port
         self.topics: dict[str, Topic] = {}
         self.by_id: dict[bytes, Topic] = {}
+        self.cluster = None  # a routing view in a cluster (see the module docstring); None: this node alone
         self._reads = {FIND_COORDINATOR: self.find_coordinator, LIST_OFFSETS: self.list_offsets,
                        DESCRIBE_CLUSTER: self.describe_cluster, FETCH: self.fetch}
 
@@ -156,6 +164,23 @@ class Catalog:
                 self._write(Topic(name, parts, topic.topic_id), writes)
         return writes
 
+    # ---- routing -----------------------------------------------------------------------------
+
+    def brokers(self) -> list[tuple[int, str, int]]:
+        """(node id, host, port) of every node clients may use: this one alone, or the cluster's
+        live nodes (this one always among them)."""
+        me = (self.node_id, self.host, self.port)
+        if self.cluster is None:
+            return [me]
+        nodes = [n for n in self.cluster.brokers() if n[0] != self.node_id]
+        return sorted([me, *nodes])
+
+    def coordinator(self, key: str) -> tuple[int, str, int] | None:
+        """The node that coordinates group ``key`` (None: not known now, retriable)."""
+        if self.cluster is None:
+            return self.node_id, self.host, self.port
+        return self.cluster.coordinator(shard_for(key, self.config.offsets_partitions))
+
     # ---- the catalog as consumer groups see it (coordinator.consumer.Topics) ------------------
 
     def get(self, name: str) -> tuple[bytes, int] | None:
@@ -168,11 +193,11 @@ class Catalog:
     # ---- APIs --------------------------------------------------------------------------------
 
     def find_coordinator(self, req: m.FindCoordinatorRequest, version: int) -> m.FindCoordinatorResponse:
-        """Every group key is this node's. Error messages are shaped as Kafka's
-        (KafkaApis.handleFindCoordinatorRequest, measured on 4.4): v1-3 carry ``Errors.message()``
-        ("NONE" on success, the error's default message otherwise); at v4+ a key's own answer
-        carries "" (the schema's default) and only a whole-request error (an unknown key type)
-        puts the default message on every key."""
+        """Every group key is this node's (in a cluster: its shard's owner's, see :meth:`coordinator`). Error messages
+        are shaped as Kafka's (KafkaApis.handleFindCoordinatorRequest, measured on 4.4): v1-3 carry
+        ``Errors.message()`` ("NONE" on success, the error's default message otherwise); at v4+ a key's own
+        answer carries "" (the schema's default) and only a whole-request error (an unknown key type) puts the
+        default message on every key."""
         key_type = req.key_type if version >= 1 else 0
         if key_type == 0:  # "" too: Kafka hashes any key, and OffsetCommit/Fetch take group ""
             code, key_message = E.NONE, ""
@@ -184,17 +209,25 @@ class Catalog:
         else:  # Kafka: CoordinatorType.forId throws InvalidRequestException for the request
             code, key_message = E.INVALID_REQUEST, E.ERRORS[E.INVALID_REQUEST].message
 
-        ok = code == E.NONE
-        node_id, host, port = (self.node_id, self.host, self.port) if ok else (-1, "", -1)
+        def route(key: str):
+            """-> (error code, (node id, host, port)) for one key: its shard's owner in a cluster,
+            COORDINATOR_NOT_AVAILABLE (retriable) while that is not known."""
+            if code != E.NONE:
+                return code, (-1, "", -1)
+            node = self.coordinator(key)
+            return (E.NONE, node) if node is not None else (E.COORDINATOR_NOT_AVAILABLE, (-1, "", -1))
+
         resp = m.FindCoordinatorResponse()
         if version >= 4:
-            resp.coordinators = [m.FindCoordinatorResponseCoordinator(
-                key=key, node_id=node_id, host=host, port=port, error_code=code, error_message=key_message)
-                for key in req.coordinator_keys]
+            for key in req.coordinator_keys:
+                c, (nid, h, p) = route(key)
+                resp.coordinators.append(m.FindCoordinatorResponseCoordinator(
+                    key=key, node_id=nid, host=h, port=p, error_code=c, error_message=key_message))
             return resp
-        resp.error_code = code
-        resp.error_message = key_message if key_type == TRANSACTION_KEY else kafka_error_message(code)
-        resp.node_id, resp.host, resp.port = node_id, host, port
+        c, (nid, h, p) = route(req.key)
+        resp.error_code = c
+        resp.error_message = key_message if key_type == TRANSACTION_KEY else kafka_error_message(c)
+        resp.node_id, resp.host, resp.port = nid, h, p
         return resp
 
     def _topic_metadata(self, topic: Topic) -> m.MetadataResponseTopic:
@@ -219,7 +252,7 @@ class Catalog:
     def _metadata(self, req: m.MetadataRequest, version: int) -> tuple[list, m.MetadataResponse]:
         writes: list = []
         resp = m.MetadataResponse(
-            brokers=[m.MetadataResponseBroker(node_id=self.node_id, host=self.host, port=self.port)],
+            brokers=[m.MetadataResponseBroker(node_id=n, host=h, port=p) for n, h, p in self.brokers()],
             cluster_id=self.config.cluster_id, controller_id=self.node_id)
         requested = req.topics
         if requested is None or (version == 0 and not requested):
@@ -263,8 +296,8 @@ class Catalog:
                 error_message=f"Unsupported endpoint type {req.endpoint_type}")
         return m.DescribeClusterResponse(
             cluster_id=self.config.cluster_id, controller_id=self.node_id,
-            brokers=[m.DescribeClusterResponseDescribeClusterBroker(
-                broker_id=self.node_id, host=self.host, port=self.port)],
+            brokers=[m.DescribeClusterResponseDescribeClusterBroker(broker_id=n, host=h, port=p)
+                     for n, h, p in self.brokers()],
             cluster_authorized_operations=(CLUSTER_AUTHORIZED_OPERATIONS
                                            if req.include_cluster_authorized_operations else -2147483648))
 

@@ -147,20 +147,23 @@ def serve(config: cfg.Config, repair: bool = False) -> int:
         parent = Path(config.port_file).resolve().parent
         if not parent.is_dir() or not os.access(parent, os.W_OK):
             raise CliError(f"cannot write port file {config.port_file}: {parent} is not a writable directory")
-    lock = _lock_data_dir(Path(config.data_dir))
+    # a cluster node keeps nothing in data_dir (several nodes may share a working directory)
+    lock = _lock_data_dir(Path(config.data_dir)) if config.store == "file" else None
     if config.port_file:  # one left by a killed herd would name a dead port until this one is ready
         try:
             os.unlink(config.port_file)
         except FileNotFoundError:
             pass
         except OSError as exc:
-            lock.close()
+            if lock is not None:
+                lock.close()
             raise CliError(f"cannot remove the old port file {config.port_file}: {exc.strerror}") from None
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             return runner.run(_serve(config, repair))
     finally:
-        lock.close()
+        if lock is not None:
+            lock.close()
 
 
 async def _serve(config: cfg.Config, repair: bool) -> int:
@@ -186,13 +189,24 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
         security = load_security(config)
     except SecurityError as exc:
         raise CliError(str(exc)) from None
-    store = FileStore(Path(config.data_dir), config.offsets_partitions, fsync=config.fsync, repair=repair)
+    clustered = config.store != "file"
+    if clustered:
+        from coordinator.cluster.errors import ClusterError
+        from coordinator.cluster.node import ClusterNode
+        from coordinator.cluster.pgstore import PgStore
+
+        store = PgStore(config.store_url, config.offsets_partitions, config.node_id)
+    else:
+        store = FileStore(Path(config.data_dir), config.offsets_partitions, fsync=config.fsync, repair=repair)
     groups = GroupCoordinator(config, node_id=config.node_id)
     catalog = Catalog(config, node_id=config.node_id)
     runtime = Runtime(config, groups, catalog, store)
+    node = ClusterNode(config, runtime, catalog, store) if clustered else None
     metrics = Metrics()
     server = Server(config, runtime, metrics, security)
     install_collectors(metrics, groups, store, server)
+    if node is not None:
+        metrics.collectors.append(node.metric_lines)
     try:
         source = make_source(config)
     except ValueError as exc:
@@ -207,7 +221,8 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     if config.metrics_port is not None:  # bound first: a busy port fails before the replay
         http = HttpEndpoint(metrics, groups.list_groups,
                             lambda g: groups.group_history(g, runtime.now_ms()),
-                            failed_shards=lambda: groups.failed_shards)
+                            failed_shards=None if clustered else (lambda: groups.failed_shards),
+                            readiness=node.readiness if clustered else None)
         http.console = console
         try:
             mport = await http.bind(config.metrics_host, config.metrics_port)
@@ -216,7 +231,7 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
                            f"{exc.strerror}") from None
     adv_host = config.advertised_host or (socket.getfqdn() if host in ("0.0.0.0", "::") else host)
     catalog.set_address(adv_host, config.advertised_port or port)
-    if config.fsync == "never":
+    if config.fsync == "never" and not clustered:
         log.warning("fsync=never: acknowledged commits can be lost on a crash; use only for benchmarks")
     # The signal handlers go in before the log is opened and replayed: as PID 1 in a container a
     # signal without a handler is ignored (a `docker stop` during a long replay waited for SIGKILL),
@@ -238,6 +253,9 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
         http.ready = False
         await http.start()
         log.info("metrics listening", host=config.metrics_host, port=mport)
+    if clustered:
+        return await _serve_cluster(config, log, loop, store, node, runtime, groups, server, http, metrics,
+                                    stop, received, host, port, adv_host, ClusterError)
     try:
         await store.open()
     except LogCorruptError as exc:
@@ -307,6 +325,80 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     lag.stop()
     if config.port_file and failure is None:
         try:  # a port file left behind would tell a supervisor a stopped herd is listening
+            os.unlink(config.port_file)
+        except OSError:
+            pass
+    log.info("stopped", event_loop_lag=lag.summary())
+    if failure is not None:
+        raise failure
+    return 0
+
+
+async def _serve_cluster(config, log, loop, store, node, runtime, groups, server, http, metrics, stop, received,
+                         host, port, adv_host, ClusterError) -> int:
+    """``herd serve --store postgresql://...``: the shards are loaded as their leases are won, not at
+    start. Every failure to join (database unreachable, login refused, no such database, another
+    ``offsets_partitions``, a duplicate live ``node_id``) is one line (CliError, exit 2)."""
+    from coordinator.looplag import LoopLag
+    from coordinator.notify import Notifier
+    from coordinator.store import StoreError
+
+    adv_port = config.advertised_port or port
+    try:
+        await store.open(cluster_id=config.cluster_id)
+    except (ClusterError, StoreError) as exc:
+        raise CliError(str(exc)) from None
+    try:
+        try:
+            await node.load_topics()
+        except (ClusterError, StoreError) as exc:
+            raise CliError(str(exc)) from None
+        runtime.start(loop)
+        lag = LoopLag().start(loop)
+        metrics.collectors.append(lag.metric_lines)
+        await server.start()
+        try:
+            await node.start(adv_host, adv_port)
+        except (ClusterError, StoreError) as exc:
+            raise CliError(str(exc)) from None
+    except BaseException:
+        server.stop_accepting()
+        runtime.shutdown()
+        await store.close(timeout=1.0)
+        raise
+    log.info("listening", host=host, port=port, advertised=f"{adv_host}:{adv_port}", store=config.store_display,
+             node_id=config.node_id, offsets_partitions=config.offsets_partitions,
+             shard_lease_ms=config.shard_lease_ms, security_protocol=config.security_protocol)
+    if http is not None:
+        http.ready = True
+    failure = None
+    if config.port_file:
+        tmp = Path(str(config.port_file) + ".tmp")
+        try:
+            tmp.write_text(f"{port}\n")
+            os.replace(tmp, config.port_file)
+        except OSError as exc:
+            failure = CliError(f"cannot write port file {config.port_file}: {exc.strerror}")
+    notifier = Notifier()
+    if failure is None:
+        notifier.ready(f"listening on {host}:{port}")
+        notifier.start_watchdog(loop)
+        await stop.wait()
+    log.info("stopping: handing the shards over", signal=received[0] if received else None,
+             shards=len(node.leases.held()))
+    notifier.stopping()
+    notifier.close()
+    await node.stop()  # still listening meanwhile: clients are told NOT_COORDINATOR and look again
+    server.stop_accepting()
+    if http is not None:
+        http.close()
+    runtime.shutdown()
+    await store.close(timeout=5.0)
+    await asyncio.sleep(0.05)
+    server.close_all()
+    lag.stop()
+    if config.port_file and failure is None:
+        try:
             os.unlink(config.port_file)
         except OSError:
             pass

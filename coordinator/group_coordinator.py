@@ -370,9 +370,14 @@ class GroupCoordinator:
         states = {s.lower() for s in req.states_filter} if version >= 4 and req.states_filter else None
         types = {t.lower() for t in req.types_filter} if version >= 5 and req.types_filter else None
         listed = []
+        if self._closed:
+            return Result([], [(token, error_response(LIST_GROUPS, version, req, errors.NOT_COORDINATOR))],
+                          _NO_SHARDS)
         for shard in self.shards:
-            err = self._unavailable(shard)
-            if err:  # as Kafka: a partition that cannot answer fails the whole listing
+            err = shard.refusal
+            if err == errors.NOT_COORDINATOR:  # another node's shard (a cluster): that node lists its groups
+                continue
+            if err:  # as Kafka: a partition of this node that cannot answer (loading, failed) fails the listing
                 return Result([], [(token, error_response(LIST_GROUPS, version, req, err))], _NO_SHARDS)
             listed.extend(shard.list_groups(states, types))
         if version < 4:

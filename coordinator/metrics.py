@@ -11,6 +11,8 @@ HTTP (``--metrics-port``; off by default):
                                     or 503 naming the shards stopped by a log failure
   GET /readyz                       readiness: "ready" (200) once Kafka requests are served; 503 while
                                     starting, or with shards stopped by a log failure
+  (a cluster node, ``readiness`` given: /healthz "ok" while the process runs, a failed shard being
+  reloaded on its own; /readyz 503 with the reason while it joins or the database does not answer)
   GET /groups                       JSON: every group with state, protocol, members
   GET /groups/<group>/history       JSON: the rebalance flight recorder for that group
   GET /, /console/*, /api/*         the operator's console and its JSON (coordinator/console.py)
@@ -245,11 +247,13 @@ class Metrics:
 class HttpEndpoint:
     """A small HTTP/1.1 server (one request per connection) for /metrics and the JSON views."""
 
-    def __init__(self, metrics: Metrics, groups_view, history_view, max_request=8192, failed_shards=None):
+    def __init__(self, metrics: Metrics, groups_view, history_view, max_request=8192, failed_shards=None,
+                 readiness=None):
         self.metrics = metrics
         self.groups_view = groups_view  # () -> JSON-able
         self.history_view = history_view  # (group_id) -> JSON-able or None
         self.failed_shards = failed_shards  # () -> [shard ids stopped after a log write failure]
+        self.readiness = readiness  # a cluster node's: () -> None (ready) or why not
         self.console = None  # coordinator.console.Console: GET /, /console/*, /api/*
         self.max_request = max_request
         self.server = None
@@ -301,6 +305,11 @@ class HttpEndpoint:
         """``(status, content type, body)``, or with a 4th item: extra headers."""
         raw_path, _, query = target.partition("?")
         path = unquote(raw_path)
+        if path in ("/healthz", "/readyz") and self.readiness is not None and self.ready:
+            if path == "/healthz":
+                return 200, "text/plain", b"ok\n"
+            why = self.readiness()
+            return (503, "text/plain", f"{why}\n".encode()) if why else (200, "text/plain", b"ready\n")
         if path in ("/healthz", "/readyz"):
             failed = self.failed_shards() if self.failed_shards is not None else []
             if failed:  # those groups get COORDINATOR_NOT_AVAILABLE until a restart replays the log
@@ -405,7 +414,8 @@ def install_collectors(metrics: Metrics, groups, store, server) -> None:
                          [("", round(sum(s.fsync_seconds for s in stats), 6))])
         fsync = Histogram("herd_log_fsync_duration_seconds", "fdatasync latency of appended log data.",
                           buckets=FSYNC_BUCKETS)
-        counts = [sum(col) for col in zip(*(s.fsync_buckets for s in stats), strict=True)]
+        counts = [sum(col) for col in zip(*(s.fsync_buckets for s in stats), strict=True)] or \
+            [0] * (len(FSYNC_BUCKETS) + 1)  # no shard (a cluster node that owns none yet)
         # the count from the same snapshot as the buckets (a sync thread may count one meanwhile)
         fsync.series[()] = counts[:-1] + [round(sum(s.fsync_seconds for s in stats), 6), sum(counts)]
         lines += fsync.render()

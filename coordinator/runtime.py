@@ -39,6 +39,16 @@ where it may go (anything else raises). With the file store every shard goes NOT
 LOADING -> ACTIVE at start-up and may go to FAILED after a failed write; a store whose shards
 are owned through leases adds the moves driven by leases (load on winning one, unload on losing
 one) without new states.
+
+A cluster node (:mod:`coordinator.cluster.node`) sets three hooks, all None with the file store:
+``guard()`` runs before every group request and heartbeat, ConsumerGroupHeartbeat's steady path
+at the edge too (the leases' self-fencing, checked on the
+request path), ``shard_failed(shard)`` hears a write failure that put a shard in FAILED (the node
+reloads it with a fresh epoch once the database answers again: FAILED -> NOT_OWNED -> LOADING ->
+ACTIVE through :meth:`unload_shard` and :meth:`load_shard`), and ``topic_store`` keeps the topic
+catalog outside the shards (a database table shared by every node): a catalog request that creates
+topics puts them there (``await topic_store.put(key, value) -> the stored value``; the first
+writer's wins, and the request is answered again from the catalog when another node's was kept).
 """
 from __future__ import annotations
 
@@ -151,6 +161,10 @@ class Runtime:
         self._completed: collections.deque = collections.deque()  # (shard, seq, exc) from the writer
         self._drain_scheduled = False
         self._edge = None  # the Server (attach_edge): answers released together leave together
+        # set by a cluster node (see the module docstring); None with the file store
+        self.guard = None
+        self.shard_failed = None
+        self.topic_store = None
         store.set_listener(self._on_durable)
         # herd's own stalls (coordinator.stall): started with the loop; while _held, no timer of
         # the core fires (the sockets are read first); listeners get (stall_ms, kind) (metrics)
@@ -254,7 +268,7 @@ class Runtime:
         self.loop = loop
         writes = self.catalog.configured_topics()
         if writes:
-            self.apply(Result(writes, []), _catalog_failure)
+            self._catalog_result(Result(writes, []), None)
         # looks from now on: the replay before was no stall (loaded members got fresh deadlines)
         self.stall = StallDetector(self.clock, getattr(self.config, "stall_threshold_ms", 0),
                                    on_stall=self._on_stall).start(loop)
@@ -278,6 +292,8 @@ class Runtime:
         # while closing, the catalog's reads (FindCoordinator, ListOffsets, Fetch, DescribeCluster)
         # are answered as usual: they write nothing (they have no NOT_COORDINATOR answer of their own)
         if api_key in GROUP_APIS:
+            if self.guard is not None:
+                self.guard()
             clock = self.clock
             self.apply(self.groups.handle(api_key, version, request, token, clock.monotonic_ms(), clock.wall_ms(),
                                           client_id, client_host))
@@ -292,16 +308,54 @@ class Runtime:
                 token.reply(resp)
             return
         result = self.catalog.handle(api_key, version, request, token)
-        self.apply(result, _catalog_failure)
+        self._catalog_result(result, (api_key, version, request, token))
         if result.writes:  # a topic created (CreateTopics, or Metadata's auto-creation)
             self._topics_changed()
             self.arm()
+
+    def _catalog_result(self, result, request) -> None:
+        if not result.writes or self.topic_store is None:
+            self.apply(result, _catalog_failure)
+            return
+        for token, _ in result.replies:
+            token.hold()
+        self.loop.create_task(self._put_topics(result, request))
+
+    async def _put_topics(self, result, request) -> None:
+        """The topics a catalog request created go to ``topic_store`` before its answer leaves. A
+        topic another node stored first is adopted (replayed) and the request answered again; a
+        failure forgets the topics not stored and answers as a failed write does."""
+        catalog = self.catalog
+        adopted = False
+        pending = list(result.writes)
+        try:
+            while pending:
+                _shard, key, value = pending[0]
+                stored = await self.topic_store.put(key, value)
+                pending.pop(0)
+                if stored != value:
+                    catalog.replay(key, stored)
+                    adopted = True
+        except Exception as exc:  # noqa: BLE001 - the store's failure becomes the answer
+            log.warning("topics not stored", error=str(exc), topics=len(pending))
+            for _shard, key, _value in pending:
+                catalog.replay(key, None)
+            self.release(_catalog_failure(result, E.UNKNOWN_SERVER_ERROR))
+            return
+        if adopted and request is not None and result.replies:
+            again = catalog.handle(*request)
+            if not again.writes:
+                self.release(again.replies)
+                return
+        self.release(result.replies)
 
     def heartbeat(self, version: int, request) -> int:
         """Heartbeat's one path (the edge answers it in place with cached bytes): it writes
         nothing and waits for nothing: -> its error code, now."""
         if self._closing:
             return E.NOT_COORDINATOR
+        if self.guard is not None:
+            self.guard()
         code = self.groups.heartbeat(version, request, self.clock.monotonic_ms())
         self.arm()
         return code
@@ -314,6 +368,8 @@ class Runtime:
         that write to be durable (and get its error if it failed)."""
         if self._closing:
             return None
+        if self.guard is not None:  # a cluster node: no answer for a shard whose lease may have lapsed
+            self.guard()
         interval = self.groups.consumer_heartbeat_steady(group_id, member_id, member_epoch, client_id, client_host,
                                                          self.clock.monotonic_ms(), self._write_pending)
         if interval is not None:
@@ -423,9 +479,15 @@ class Runtime:
                 log.warning("shard lost to another node; unloading it", shard=shard_id, error=str(exc))
                 self._move(shard_id, NOT_OWNED)
         elif state == ACTIVE:
-            log.error("shard write failed; the shard stops accepting requests until restart",
-                      shard=shard_id, error=str(exc))
-            self._move(shard_id, FAILED)
+            if self.shard_failed is None:
+                log.error("shard write failed; the shard stops accepting requests until restart",
+                          shard=shard_id, error=str(exc))
+                self._move(shard_id, FAILED)
+            else:
+                log.warning("shard write failed; the shard is reloaded once the store answers again",
+                            shard=shard_id, error=str(exc))
+                self._move(shard_id, FAILED)
+                self.shard_failed(shard_id)
 
     # ---- shard states --------------------------------------------------------------------------
 

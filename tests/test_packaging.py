@@ -192,3 +192,23 @@ def test_ci_entry_point_runs_make_test():
 def test_readme_shows_the_two_commands():
     text = (ROOT / "README.md").read_text()
     assert "make run" in text and "make test" in text
+
+
+def test_compose_cluster_profile_runs_postgres_and_three_nodes(compose):
+    """`docker compose --profile cluster up`: PostgreSQL and three nodes, each with its own node_id and
+    published port, the store URL (with its password) in the environment, never on a command line."""
+    services = compose["services"]
+    cluster = {name: s for name, s in services.items() if "cluster" in (s.get("profiles") or [])}
+    assert set(cluster) == {"postgres", "herd1", "herd2", "herd3"}
+    assert "cluster" not in (services["herd"].get("profiles") or [])  # `docker compose up` is unchanged
+    ids, ports = set(), set()
+    for name in ("herd1", "herd2", "herd3"):
+        node = cluster[name]
+        env = node["environment"]
+        assert env["HERD_STORE"].startswith("postgresql://") and "@postgres:5432/" in env["HERD_STORE"]
+        assert "command" not in node and node.get("stop_signal") == "SIGTERM"
+        assert node["depends_on"]["postgres"]["condition"] == "service_healthy"
+        ids.add(env["HERD_NODE_ID"])
+        ports.add((env["HERD_PORT"], env["HERD_PORT"]))
+        assert (env["HERD_PORT"], env["HERD_PORT"]) in published_ports(node)
+    assert len(ids) == 3 and len(ports) == 3

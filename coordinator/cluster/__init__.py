@@ -9,9 +9,12 @@ into a cluster").
 - :mod:`coordinator.cluster.placement` the pure decisions: shares, and until when a lease may be
   served (self-fencing)
 - :mod:`coordinator.cluster.leases`    ``LeaseManager``: membership and shard leases in the database
-- :mod:`coordinator.cluster.errors`    the typed failures
+- :mod:`coordinator.cluster.errors`    the typed failures (the Store interface's, for writes)
+- :mod:`coordinator.cluster.node`      ``ClusterNode``: the store and the leases wired into the runtime
+  (the ShardOwner, the runtime's hooks, the catalog's routing view, metrics, readiness);
+  ``coordinator.cli._serve_cluster`` runs it
 
-Wiring (phase 2), for ``herd serve --store postgresql://...``::
+How ``herd serve --store postgresql://...`` wires it (``coordinator/cli.py``, ``node.py``)::
 
     url = config.store_url
     store = PgStore(url, config.offsets_partitions, config.node_id)

@@ -6,7 +6,7 @@ import socket
 
 import asyncpg
 
-from coordinator.cluster.errors import StoreConnectError
+from coordinator.cluster.errors import DB_ERRORS, StoreConnectError
 from coordinator.cluster.url import PgURL
 
 CONNECT_TIMEOUT_S = 10.0
@@ -49,5 +49,5 @@ async def connect(url: PgURL, *, timeout: float = CONNECT_TIMEOUT_S, **kwargs) -
     (e.g. ``command_timeout``)."""
     try:
         return await asyncpg.connect(**{**url.connect_kwargs(), **kwargs}, timeout=timeout)
-    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+    except DB_ERRORS as exc:
         raise StoreConnectError(describe_connect_error(url, exc)) from None

@@ -23,7 +23,10 @@ The runtime side is a :class:`ShardOwner` (phase 2: the runtime):
   it; runs as its own task, never holding up renewals. If it raises, the lease is released.
 - ``owner.lost(shard)``: stop serving it NOW (self-fenced, or the database says it is not ours).
 - ``await owner.releasing(shard)``: hand it over: stop serving, settle its writes; the lease is freed
-  when this returns.
+  when this returns. It runs as its own task: a tick waits for it at most ``handover_wait_ms`` (half
+  a renewal interval), so a hand-over stuck behind a hung database never delays the next renewal of
+  the other shards towards the self-fencing point; the lease of a shard whose hand-over is still
+  running stays held (and renewed) and is freed by the first tick after it ended.
 
 After a write of a shard failed in the database (the store's StoreUnavailableError), the runtime
 calls ``request_reload(shard)``: the shard is taken again with ``epoch + 1`` and handed to
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Protocol
@@ -46,12 +50,13 @@ import structlog
 from coordinator.clock import Clock, SystemClock
 from coordinator.cluster import placement
 from coordinator.cluster.db import connect
-from coordinator.cluster.errors import ClusterError, DuplicateNodeError
+from coordinator.cluster.errors import DB_ERRORS, ClusterError, DuplicateNodeError
 from coordinator.cluster.url import PgURL
 
 log = structlog.get_logger("herd.leases")
 
 CHANNEL = "herd_cluster"
+LAPSE_SLACK_MS = 50  # after another node's lease should have lapsed, look again this much later
 
 REGISTER_SQL = """
 INSERT INTO herd_nodes AS n (node_id, incarnation, host, port, rack, expires_at)
@@ -93,7 +98,8 @@ WHERE l.shard = f.shard AND l.epoch = f.epoch AND l.owner = $3
 RETURNING l.shard
 """
 VIEW_NODES_SQL = "SELECT node_id, host, port, rack FROM herd_nodes WHERE expires_at > now() ORDER BY node_id"
-VIEW_LEASES_SQL = ("SELECT shard, owner, epoch, owner IS NOT NULL AND expires_at > now() AS live "
+VIEW_LEASES_SQL = ("SELECT shard, owner, epoch, owner IS NOT NULL AND expires_at > now() AS live, "
+                   "(extract(epoch FROM expires_at - now()) * 1000)::bigint AS left_ms "
                    "FROM herd_leases ORDER BY shard")
 
 
@@ -131,6 +137,11 @@ class LeaseManager:
         self._conn: asyncpg.Connection | None = None
         self._task: asyncio.Task | None = None
         self._loads: dict[int, asyncio.Task] = {}
+        self._handing: dict[int, asyncio.Task] = {}  # shard -> owner.releasing running (lease still held)
+        self.handover_wait_ms = max(self.table.renew_every_ms // 2, 1)
+        self._lapse_at: int | None = None  # monotonic ms just after another node's lease lapses next
+        self.last_ok_ms: int | None = None  # monotonic time the last tick that reached the database was sent
+        self.on_roundtrip = None  # (seconds) -> None: the heartbeat statement's round trip, for metrics
         self._unloaded: dict[int, int] = {}  # shard -> epoch: failed to load, lease to be freed
         self._reloads: set[int] = set()  # shards to take again with epoch + 1 (request_reload)
         self._wake = asyncio.Event()
@@ -158,8 +169,18 @@ class LeaseManager:
         self._running = False
         await self._cancel_loop()
         held = self.table.held()
-        if held:
-            await asyncio.gather(*(self._hand_over(s) for s in held), return_exceptions=True)
+        for shard in held:
+            if shard not in self._handing:
+                self._handing[shard] = asyncio.get_running_loop().create_task(self._hand_over(shard))
+        tasks = [t for s, t in self._handing.items() if s in held]
+        if tasks:  # bounded: a shard whose hand-over does not end in time is left to lapse
+            await asyncio.wait(tasks, timeout=max(self.lease_ms / 1000, 1.0))
+        held = {s: e for s, e in held.items() if self._handing.pop(s).done()}
+        for task in self._handing.values():
+            task.cancel()
+        self._handing.clear()
+        for shard in held:  # handed over: not served from now on, before another node can take it
+            self.table.drop(shard)
         try:
             await self._close_conn()  # a cancelled tick may have left it mid-statement: start afresh
             conn = await self._ensure_conn()
@@ -168,10 +189,8 @@ class LeaseManager:
             await conn.execute("DELETE FROM herd_nodes WHERE node_id = $1 AND incarnation = $2",
                                self.node_id, self.incarnation, timeout=self._timeout)
             await self._notify()
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError, ClusterError) as exc:
+        except (*DB_ERRORS, ClusterError) as exc:
             log.warning("leases.stop_failed", error=str(exc))  # the leases lapse on their own
-        for shard in held:
-            self.table.drop(shard)
         await self._close_conn()
 
     async def abandon(self) -> None:
@@ -198,6 +217,18 @@ class LeaseManager:
 
     def held(self) -> dict[int, int]:
         return self.table.held()
+
+    def fence(self) -> None:
+        """Stop serving (``owner.lost``) every shard whose self-fencing deadline has passed: the
+        request path calls it (through a cheap check of :meth:`LeaseTable.next_deadline`) so that a
+        process woken from SIGSTOP answers nothing for a shard before this ran."""
+        self._fence()
+
+    def fresh(self, max_age_ms: int | None = None) -> bool:
+        """Did a tick reach the database within ``max_age_ms`` (default: the lease)? When not, the
+        routing view (``nodes``, ``owner_of``) may be stale: answer COORDINATOR_NOT_AVAILABLE."""
+        age = self.lease_ms if max_age_ms is None else max_age_ms
+        return self.last_ok_ms is not None and self.clock.monotonic_ms() - self.last_ok_ms < age
 
     def request_reload(self, shard: int) -> None:
         """A write of ``shard`` failed in the database (StoreUnavailableError): take the shard again
@@ -229,16 +260,27 @@ class LeaseManager:
             deadline = self.table.next_deadline()
             if deadline is not None:
                 wake_at = min(wake_at, deadline)
+            lapse = self._lapse_at  # a node that stopped renewing: take its shards once they lapse
+            if lapse is not None:
+                wake_at = min(wake_at, lapse)
             if wake_at > now and not self._wake.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), (wake_at - now) / 1000)
             if not self._running:
                 return
             self._fence()
-            if self.clock.monotonic_ms() >= next_tick or self._wake.is_set():
+            lapsed = lapse is not None and self.clock.monotonic_ms() >= lapse
+            if lapsed:
+                self._lapse_at = None
+            if self.clock.monotonic_ms() >= next_tick or self._wake.is_set() or lapsed:
                 self._wake.clear()
                 next_tick = self.clock.monotonic_ms() + self.table.renew_every_ms
-                await self.tick()
+                try:
+                    await self.tick()
+                except Exception as exc:  # noqa: BLE001 - never let the loop die: renewals must go on
+                    self.failed_ticks += 1
+                    log.warning("leases.tick_error", error=f"{type(exc).__name__}: {exc}")
+                    await self._close_conn()
 
     def _fence(self) -> None:
         for shard in self.table.expired(self.clock.monotonic_ms()):
@@ -250,6 +292,7 @@ class LeaseManager:
         task = self._loads.pop(shard, None)
         if task is not None:
             task.cancel()
+        self._handing.pop(shard, None)  # its hand-over may go on; the lease is gone anyway
         self.owner.lost(shard)
 
     async def tick(self) -> None:
@@ -258,8 +301,11 @@ class LeaseManager:
         try:
             conn = await self._ensure_conn()
             sent = self.clock.monotonic_ms()
+            started = time.perf_counter()
             alive = await conn.fetchval(HEARTBEAT_SQL, self.node_id, self.incarnation, self.lease_ms,
                                         timeout=self._timeout)
+            if self.on_roundtrip is not None:
+                self.on_roundtrip(time.perf_counter() - started)
             held = self.table.held()
             shards = list(held)
             renewed = {r[0] for r in await conn.fetch(RENEW_SQL, shards, [held[s] for s in shards], self.node_id,
@@ -287,15 +333,22 @@ class LeaseManager:
                 await self._register(0)
             nodes = await conn.fetch(VIEW_NODES_SQL, timeout=self._timeout)
             rows = await conn.fetch(VIEW_LEASES_SQL, timeout=self._timeout)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError, ClusterError) as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure of a round: the next one starts afresh
             self.failed_ticks += 1
             log.warning("leases.tick_failed", error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             await self._close_conn()
             return
         self.nodes = [NodeInfo(r["node_id"], r["host"], r["port"], r["rack"]) for r in nodes]
         self.leases = {r["shard"]: (r["owner"], r["epoch"], r["live"]) for r in rows}
+        # wake up just after the next lease of another node lapses (by the database's clock, read
+        # now): a killed node's shards are taken then, not up to a renewal interval later
+        left = [r["left_ms"] for r in rows if r["live"] and r["owner"] != self.node_id and r["left_ms"] is not None]
+        self._lapse_at = sent + max(min(left), 0) + LAPSE_SLACK_MS if left else None
+        self.last_ok_ms = sent
         if not self._running:
             return
+        if self._handing:  # hand-overs that ended since the last tick: free their leases now
+            await self._release(())
         view = {s: placement.LeaseView(o, live) for s, (o, _e, live) in self.leases.items()}
         decision = placement.plan(self.node_id, [n.node_id for n in self.nodes], view, self.num_shards,
                                   mine=self.table.held())
@@ -328,31 +381,51 @@ class LeaseManager:
         self._loads[shard] = asyncio.get_running_loop().create_task(self._load(shard, new))
 
     async def _release(self, shards) -> None:
+        """Hand ``shards`` over (each ``owner.releasing`` in its own task, waited for at most
+        ``handover_wait_ms``) and free the leases of every hand-over that has ended."""
         held = self.table.held()
-        shards = [s for s in shards if s in held]
-        await asyncio.gather(*(self._hand_over(s) for s in shards), return_exceptions=True)
+        loop = asyncio.get_running_loop()
+        for shard in shards:
+            if shard in held and shard not in self._handing:
+                self._handing[shard] = loop.create_task(self._hand_over(shard))
+        running = [t for t in self._handing.values() if not t.done()]
+        if running:
+            await asyncio.wait(running, timeout=self.handover_wait_ms / 1000)
+        shards = []
+        for shard, task in list(self._handing.items()):
+            if task.done():
+                del self._handing[shard]
+                if shard in held:
+                    shards.append(shard)
+        if not shards:
+            return
+        for shard in shards:  # handed over: not served from now on, before another node can take it
+            self.table.drop(shard)
         try:
             await self._conn.fetch(RELEASE_SQL, shards, [held[s] for s in shards], self.node_id,
                                    timeout=self._timeout)
             await self._notify()
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+        except DB_ERRORS as exc:
             log.warning("leases.release_failed", shards=shards, error=str(exc))  # they lapse on their own
-        for shard in shards:
-            self.table.drop(shard)
         log.info("leases.released", shards=shards, node_id=self.node_id)
 
     async def _hand_over(self, shard: int) -> None:
         task = self._loads.pop(shard, None)
         if task is not None:
             task.cancel()
-        await self.owner.releasing(shard)
+        try:
+            await self.owner.releasing(shard)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the lease is freed all the same
+            log.warning("leases.handover_failed", shard=shard, error=str(exc))
 
     async def _acquire(self, shards) -> None:
         sent = self.clock.monotonic_ms()
         try:
             rows = await self._conn.fetch(ACQUIRE_SQL, list(shards), self.node_id, self.incarnation, self.lease_ms,
                                           timeout=self._timeout)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+        except DB_ERRORS as exc:
             log.warning("leases.acquire_failed", shards=list(shards), error=str(exc))
             await self._close_conn()
             return
@@ -364,6 +437,7 @@ class LeaseManager:
             self._loads[shard] = asyncio.get_running_loop().create_task(self._load(shard, epoch))
         if rows:
             log.info("leases.acquired", shards=[r["shard"] for r in rows], node_id=self.node_id)
+            await self._notify()  # the others refresh their routing view now, not a renewal later
 
     async def _load(self, shard: int, epoch: int) -> None:
         try:
@@ -398,7 +472,7 @@ class LeaseManager:
         self._wake.set()
 
     async def _notify(self) -> None:
-        with contextlib.suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError):
+        with contextlib.suppress(*DB_ERRORS):
             await self._conn.execute(f"NOTIFY {CHANNEL}, '{self.node_id}'", timeout=self._timeout)
 
     async def _register(self, wait_ms: int) -> None:
@@ -426,3 +500,5 @@ class LeaseManager:
         if cancel_loads:
             for shard in list(self._loads):
                 self._loads.pop(shard).cancel()
+            for shard in list(self._handing):
+                self._handing.pop(shard).cancel()

@@ -41,15 +41,17 @@ the latest value per key at all times and PostgreSQL's autovacuum reclaims dead 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import time
 
 import asyncpg
 import structlog
 
 from coordinator.cluster.db import connect
-from coordinator.cluster.errors import ClusterError, OwnershipLostError, StoreUnavailableError
+from coordinator.cluster.errors import DB_ERRORS, ClusterError, OwnershipLostError, StoreUnavailableError
 from coordinator.cluster.schema import SchemaInfo, ensure_schema
 from coordinator.cluster.url import PgURL
+from coordinator.store import FSYNC_BUCKETS, ShardStats, Store
 
 log = structlog.get_logger("herd.pgstore")
 
@@ -87,7 +89,8 @@ class StoreClosedError(ClusterError):
 
 
 class _ShardState:
-    __slots__ = ("epoch", "seq", "db_seq", "failed", "pending", "inflight", "batches", "seconds")
+    __slots__ = ("epoch", "seq", "db_seq", "failed", "pending", "inflight", "batches", "seconds", "buckets",
+                 "records")
 
     def __init__(self):
         self.epoch: int | None = None  # the lease epoch writes carry; None = not owned
@@ -98,9 +101,11 @@ class _ShardState:
         self.inflight = 0  # the last seq in the transaction in flight (0: none)
         self.batches = 0  # committed transactions that carried this shard
         self.seconds = 0.0  # and their time
+        self.buckets = [0] * (len(FSYNC_BUCKETS) + 1)  # their latency per FSYNC_BUCKETS bucket, then the rest
+        self.records = 0  # records written
 
 
-class PgStore:
+class PgStore(Store):
     def __init__(self, url: PgURL, num_shards: int, node_id: int, *, txn_timeout_s: float = TXN_TIMEOUT_S,
                  pool_size: int = 2):
         self.url = url
@@ -207,7 +212,7 @@ class PgStore:
                         raise OwnershipLostError(shard_id, epoch, f"shard {shard_id}: cannot load with epoch "
                                                  f"{epoch}: the lease is not this node's with that epoch")
                     rows = await conn.fetch(LOAD_SQL, shard_id, timeout=self.txn_timeout_s)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+        except DB_ERRORS as exc:
             raise StoreUnavailableError(f"shard {shard_id}: load failed: {_describe(exc)}", shard_id) from None
         st.epoch = epoch
         st.failed = None
@@ -271,21 +276,27 @@ class PgStore:
         try:
             async with self._pool.acquire(timeout=self.txn_timeout_s) as conn:
                 return await fn(conn)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+        except DB_ERRORS as exc:
             raise StoreUnavailableError(f"{what}: {_describe(exc)}") from None
 
-    def stats(self) -> list[dict]:
-        """Per owned shard: the Store interface's ShardStats fields this store knows (phase 2 wraps
-        them): transactions that carried the shard (``batches``, ``fsyncs``: one commit each), their
-        seconds, and the failure that stopped it."""
+    def stats(self) -> list[ShardStats]:
+        """Per owned (or failed) shard, as the Store interface's :class:`ShardStats`: a committed
+        transaction that carried the shard counts as a batch and as an fsync (one WAL flush), with
+        its latency; sizes are not tracked here (the table's), so they read 0."""
         out = []
         for shard_id, st in enumerate(self._shards):
             if st.epoch is None and st.failed is None:
                 continue
-            out.append({"shard": shard_id, "batches": st.batches, "fsyncs": st.batches,
-                        "fsync_seconds": st.seconds, "failed": str(st.failed) if st.failed else None,
-                        "epoch": st.epoch})
+            out.append(ShardStats(
+                shard=shard_id, bytes=0, entries=st.records, live_keys=0, live_bytes=0, dead_bytes=0,
+                batches=st.batches, fsyncs=st.batches, fsync_seconds=st.seconds, compactions=0,
+                compaction_seconds=0.0, failed=str(st.failed) if st.failed else None,
+                fsync_buckets=tuple(st.buckets)))
         return out
+
+    def epochs(self) -> dict[int, int | None]:
+        """shard -> the epoch its writes carry, for the owned or failed shards (tests, views)."""
+        return {i: st.epoch for i, st in enumerate(self._shards) if st.epoch is not None or st.failed is not None}
 
     def _refusal(self, shard_id: int, st: _ShardState) -> BaseException | None:
         if st.failed is not None:
@@ -370,7 +381,7 @@ class PgStore:
                 self._wconn = conn = await self._connect_writer()
             rows = await conn.fetch(WRITE_SQL, shards, epochs, self.node_id, up_s, up_k, up_v, up_q, del_s, del_k,
                                     timeout=self.txn_timeout_s * 1.5 + 0.5)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError, ClusterError) as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever failed, the batch failed and the connection goes
             self.failed_transactions += 1
             self._drop_connection()
             reason = _describe(exc)
@@ -388,6 +399,7 @@ class PgStore:
         self.txn_seconds_total += elapsed
         self.txn_seconds_last = elapsed
         fenced = {r["shard"] for r in rows}
+        bucket = bisect.bisect_left(FSYNC_BUCKETS, elapsed)
         out = []
         for shard_id, (epoch, seq, entries) in batch.items():
             st = self._shards[shard_id]
@@ -396,6 +408,8 @@ class PgStore:
                 st.db_seq = db_seqs[shard_id]
                 st.batches += 1
                 st.seconds += elapsed
+                st.buckets[bucket] += 1
+                st.records += len(entries)
                 self.records_written += len(entries)
                 out.append((shard_id, seq, None))
             else:

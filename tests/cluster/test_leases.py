@@ -309,3 +309,53 @@ async def test_a_failed_write_is_followed_by_a_reload_with_a_new_epoch(pg, clust
     finally:
         await admin.close()
         await store.close()
+
+
+async def test_a_stuck_hand_over_does_not_hold_up_renewals(pg, cluster):
+    """A hand-over (owner.releasing) stuck behind a hung database must not delay the tick: the other
+    shards keep being renewed, the stuck shard's lease stays held until its hand-over ends, and
+    is freed by the first tick after that."""
+    c = await cluster(lease_ms=3000)  # renewals every 1 s, self-fencing at 2.4 s
+    m1 = await c.node(1)
+    await c.until(lambda: c.counts() == {1: 12}, what="node 1 to take every shard")
+    gate = asyncio.Event()
+    stuck = max(m1.held())  # node 1 releases its highest shards when node 2 joins
+    plain = m1.owner.releasing
+
+    async def releasing(shard):
+        if shard == stuck:
+            await gate.wait()
+        await plain(shard)
+
+    m1.owner.releasing = releasing
+    await c.node(2)
+    renewals = m1.renewals
+    await asyncio.sleep(3.5)  # past the lease: without the bound node 1 would have self-fenced
+    assert m1.renewals >= renewals + 2 * 6  # its ticks went on renewing what it keeps
+    assert stuck in m1.held() and m1.losses == 0  # held (and renewed) while the hand-over runs
+    assert c.counts()[2] == 5  # the others were handed over meanwhile
+    gate.set()
+    await c.until(lambda: c.counts() == {1: 6, 2: 6}, what="the stuck shard to move once handed over")
+    assert stuck in c.managers[1].owner.serving and m1.losses == 0 and c.violations == []
+
+
+async def test_a_dead_nodes_shards_are_taken_as_soon_as_they_lapse(pg, cluster):
+    """The survivor wakes up when the dead node's leases lapse by the database's clock (read at its
+    last tick), not up to a renewal interval (3 s here) later."""
+    c = await cluster(lease_ms=9000)
+    m1 = await c.node(1)
+    m2 = await c.node(2)
+    await c.until(lambda: c.counts() == {1: 6, 2: 6}, what="6/6", timeout=30)
+    dead = set(m2.held())
+    await m2.pause()
+    # node 2's last renewal half-way between two of node 1's ticks: its leases lapse there too
+    await asyncio.sleep(max(0.0, (m1.last_ok_ms + 1500 - m1.clock.monotonic_ms()) / 1000))
+    await m2.tick()
+    await m2.abandon()
+    c.managers.remove(m2)
+    lapse = max(r["expires_at"] for s, r in (await lease_rows(pg)).items() if s in dead)
+    await c.until(lambda: c.counts() == {1: 12}, what="node 1 to take node 2's shards", timeout=30)
+    rows = await lease_rows(pg)
+    late = max((rows[s]["acquired_at"] - lapse).total_seconds() for s in dead)
+    assert 0 <= late < 0.4, late
+    assert c.violations == []

@@ -8,6 +8,7 @@ import pytest
 from coordinator.cluster.errors import OwnershipLostError, StoreUnavailableError
 from coordinator.cluster.pgstore import PgStore
 from coordinator.cluster.url import parse_store_url
+from coordinator.store import FSYNC_BUCKETS, ShardFailedError, ShardFencedError, ShardStats, Store
 
 N = 8
 
@@ -292,6 +293,14 @@ async def test_topic_catalog_first_writer_wins(pg):
         await b.close()
 
 
+def test_store_errors_are_the_store_interfaces():
+    """The runtime tells the two failures apart by the Store interface's types only."""
+    assert issubclass(PgStore, Store)
+    lost, down = OwnershipLostError(3, 7), StoreUnavailableError("shard 3: write failed: x", 3)
+    assert isinstance(lost, ShardFencedError) and lost.shard == 3 and "epoch 7" in str(lost)
+    assert isinstance(down, ShardFailedError) and down.shard == 3 and str(down) == "shard 3: write failed: x"
+
+
 async def test_store_interface_calls_grant_then_load_without_an_epoch(pg, admin):
     """The runtime's Store interface loads by shard id only: the lease manager grants the epoch
     first; owned_shards() lists granted and loaded shards; stats() per owned shard."""
@@ -306,8 +315,11 @@ async def test_store_interface_calls_grant_then_load_without_an_epoch(pg, admin)
         a.submit(2, [(b"k", b"v")])
         a.flush()
         await a.drain()
-        (st,) = [s for s in a.stats() if s["shard"] == 2]
-        assert (st["batches"], st["failed"], st["epoch"]) == (1, None, 1)
+        (st,) = [s for s in a.stats() if s.shard == 2]
+        assert isinstance(st, ShardStats)
+        assert (st.batches, st.fsyncs, st.entries, st.failed) == (1, 1, 1, None)
+        assert sum(st.fsync_buckets) == 1 and len(st.fsync_buckets) == len(FSYNC_BUCKETS) + 1
+        assert a.epochs()[2] == 1
         a.disown(5)
         assert a.owned_shards() == [2]
     finally:
@@ -330,5 +342,46 @@ async def test_catalog_and_loads_fail_as_unavailable_when_the_database_is_down(p
             pg.server.start()
         assert await a.load_topics() == [("t", b"T")]
         assert await a.load(0, epoch) == []
+    finally:
+        await a.close()
+
+
+async def test_any_driver_failure_fails_the_batch_and_the_next_one_uses_a_new_connection(pg, admin):
+    """asyncpg's InternalClientError ("another operation is in progress") is neither a PostgresError
+    nor an InterfaceError: it killed the writer task once, leaving every later commit of its shards
+    unanswered. Any failure of the write statement fails the batch (reported) and drops the
+    connection."""
+    a = await new_store(pg, node=1)
+    heard = Heard(a)
+    try:
+        epoch = await take(admin, 2, 1)
+        await a.load(2, epoch)
+        a.submit(2, [(b"k", b"v1")])
+        a.flush()
+        await a.drain()
+        real = a._wconn
+
+        class Broken:  # the writer's connection in a state the driver refuses to use
+            def is_closed(self):
+                return False
+
+            async def fetch(self, *args, **kw):
+                raise asyncpg.InternalClientError("cannot switch to state 12; another operation (2) is in progress")
+
+            def terminate(self):
+                real.terminate()
+
+        a._wconn = Broken()
+        a.submit(2, [(b"k", b"v2")])
+        a.flush()
+        await asyncio.wait_for(a.drain(), 5)
+        (seq, exc), = heard.of(2)[1:]
+        assert seq == 2 and isinstance(exc, StoreUnavailableError) and "InternalClientError" in str(exc)
+        assert a._wconn is None and a.failed_transactions == 1
+        await a.load(2, epoch)
+        a.submit(2, [(b"k", b"v3")])
+        a.flush()
+        await asyncio.wait_for(a.drain(), 5)
+        assert heard.of(2)[-1] == (3, None) and await records(admin, 2) == [(b"k", b"v3")]
     finally:
         await a.close()

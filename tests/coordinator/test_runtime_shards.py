@@ -16,7 +16,7 @@ from coordinator.group_coordinator import GroupCoordinator
 from coordinator.partitioning import shard_for
 from coordinator.runtime import ACTIVE, FAILED, LOADING, NOT_OWNED, Runtime
 from coordinator.store import ShardFailedError, ShardFencedError, Store
-from coordinator.versions import JOIN_GROUP, OFFSET_COMMIT
+from coordinator.versions import JOIN_GROUP, LIST_GROUPS, OFFSET_COMMIT
 from protocol import errors as E
 from protocol import messages as m
 
@@ -232,3 +232,32 @@ def test_only_the_transitions_of_the_table_are_allowed():
     rt._move(0, NOT_OWNED)
     rt._move(0, LOADING)
     assert rt.shard_states[0] == LOADING
+
+
+async def test_list_groups_lists_the_shards_this_node_serves_and_waits_for_loading_ones():
+    """A cluster node lists the groups of its own shards (the others' nodes list theirs: the admin
+    tool fans out); a shard of its own still loading fails the listing, retriably, as Kafka."""
+    store = FakeStore(owned=[0])
+    store.gates[0].set()
+    rt = runtime_with(store)
+    rt.start(asyncio.get_running_loop())
+    await rt.load_owned()
+    send(rt, OFFSET_COMMIT, 8, commit(group_in(0)))
+    await settle()
+    t = send(rt, LIST_GROUPS, 4, m.ListGroupsRequest(states_filter=[]))
+    await settle()
+    (resp,) = t.responses
+    assert resp.error_code == E.NONE and [g.group_id for g in resp.groups] == [group_in(0)]
+    loading = asyncio.ensure_future(rt.load_shard(1))  # its gate is closed: stays LOADING
+    await settle()
+    t = send(rt, LIST_GROUPS, 4, m.ListGroupsRequest(states_filter=[]))
+    await settle()
+    assert t.responses[0].error_code == E.COORDINATOR_LOAD_IN_PROGRESS
+    store.gates[1].set()
+    await asyncio.wait_for(loading, 5)
+    t = send(rt, LIST_GROUPS, 4, m.ListGroupsRequest(states_filter=[]))
+    await settle()
+    assert t.responses[0].error_code == E.NONE
+    rt.shutdown()
+    t = send(rt, LIST_GROUPS, 4, m.ListGroupsRequest(states_filter=[]))
+    assert t.responses[0].error_code == E.NOT_COORDINATOR

@@ -69,6 +69,8 @@ NOT_RUN = {
     "[Service]": "a systemd unit; the notify protocol is tested in tests/coordinator/test_notify.py",
     "livenessProbe:   {httpGet: {path: /healthz, port: 9404}, periodSeconds: 10, timeoutSeconds: 2}":
         "Kubernetes probes; /healthz and /readyz are tested in tests/integration/test_metrics.py",
+    "export HERD_STORE='postgresql://herd:SECRET@db.example:5432/herd'   # the environment: not seen in ps":
+        "needs a PostgreSQL on other machines; herd serve --store is tested in tests/cluster/test_serve.py",
 }
 
 

@@ -5,7 +5,8 @@
  *
  *     node member.js '<json config>'
  *
- * Config keys: mode ("consumer" | "admin"), bootstrap, name (client id), and for a consumer:
+ * Config keys: mode ("consumer" | "admin"), bootstrap ("host:port", or several comma-separated), name
+ * (client id), and for a consumer:
  * group, topics, session_ms, heartbeat_ms, rebalance_ms.
  *
  * It prints JSON lines on stdout (the same shapes as ../member.py, so the Python harness can judge
@@ -66,7 +67,7 @@ const logCreator = () => ({ namespace, level, log }) => {
 
 const kafka = new Kafka({
   clientId: cfg.name,
-  brokers: [cfg.bootstrap],
+  brokers: cfg.bootstrap.split(","),  // "h:p" or a comma-separated list (a cluster)
   logLevel: DEBUG ? logLevel.DEBUG : logLevel.WARN,
   logCreator,
   connectionTimeout: 3000,
