@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import sys
 import tempfile
@@ -161,11 +162,27 @@ def wait_until(pred, timeout: float) -> float | None:
     return None
 
 
+def _stepped_down(node) -> int:
+    """How many times the node logged that it stopped serving shards (self-fenced or lost)."""
+    text = node.logs()
+    return text.count("leases.self_fenced") + text.count("leases.lost")
+
+
 def _cpu(pid) -> float:
     try:
         return U.proc_cpu_seconds(pid)
     except (OSError, ValueError):
         return 0.0
+
+
+def pg_cpu(server) -> float:
+    """CPU seconds of the whole PostgreSQL server so far: the postmaster's own and its reaped children's
+    (cutime + cstime: the backends of killed nodes are gone by the end), plus its live children's."""
+    pm = server_pid(server)
+    with open(f"/proc/{pm}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    own = sum(int(x) for x in fields[11:15]) / U.CLK_TCK
+    return own + sum(_cpu(p) for p in _children(pm))
 
 
 def run(args) -> dict:
@@ -193,8 +210,7 @@ def run(args) -> dict:
         if wait_until(lambda: all(w.acks >= 5 for w in writers), 30) is None:
             raise RuntimeError("commits do not flow")
         cpu0 = {f"node{n.node_id}": _cpu(n.pid) for n in nodes}
-        pg = server_pid(server)
-        pg_cpu0 = {p: _cpu(p) for p in [pg, *_children(pg)]}
+        pg_cpu0 = pg_cpu(server)
         self_cpu0 = U.self_cpu_seconds()
         t_start = time.monotonic()
         node_cpu = dict.fromkeys(cpu0, 0.0)
@@ -212,6 +228,7 @@ def run(args) -> dict:
             node_cpu[name] += _cpu(victim.pid) - cpu0[name]
             with cl.lock:
                 cl.down.add(victim.node_id)
+            fenced0 = _stepped_down(victim)
             t_hit = time.monotonic()
             if kind == "kill":
                 victim.proc.kill()
@@ -222,8 +239,7 @@ def run(args) -> dict:
             if kind == "pause":
                 time.sleep(max(0.0, t_hit + 2 * args.lease_ms / 1000 - time.monotonic()))
                 os.kill(victim.pid, signal.SIGCONT)
-                stepped = wait_until(lambda v=victim: "leases.self_fenced" in v.logs() or "leases.lost" in v.logs(),
-                                     20)
+                stepped = wait_until(lambda v=victim, f=fenced0: _stepped_down(v) > f, 20)
             else:
                 stepped = None
                 victim.spawn()
@@ -249,7 +265,7 @@ def run(args) -> dict:
         for n in nodes:
             node_cpu[f"node{n.node_id}"] += _cpu(n.pid) - cpu0[f"node{n.node_id}"]
         cpu = {k: round(v, 2) for k, v in node_cpu.items()}
-        cpu["postgres"] = round(sum(max(_cpu(p) - c, 0.0) for p, c in pg_cpu0.items()), 2)
+        cpu["postgres"] = round(pg_cpu(server) - pg_cpu0, 2)
         cpu["writers_and_driver"] = round(U.self_cpu_seconds() - self_cpu0, 2)
         final = {}
         for w in writers:
@@ -273,6 +289,7 @@ def run(args) -> dict:
                 os.kill(n.pid, signal.SIGCONT)
             n.stop()
         server.cleanup()
+        shutil.rmtree(root, ignore_errors=True)
     return {
         "cycles": cycles,
         "seconds": round(elapsed, 1),

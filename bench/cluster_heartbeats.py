@@ -21,6 +21,7 @@ every backend), and the load processes, with the machine's busy share and load a
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -211,6 +212,7 @@ def main(argv=None):
                   file=sys.stderr, flush=True)
     finally:
         server.cleanup()
+        shutil.rmtree(root, ignore_errors=True)
     return U.emit({
         "bench": "cluster_heartbeats",
         **U.environment(),
