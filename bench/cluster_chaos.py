@@ -13,8 +13,8 @@ when answered NONE. After every reconnection the writer reads its offset back (O
 lower than the highest offset acknowledged before that read = REWOUND; higher than any offset sent
 = INVENTED.
 
-One cycle: the load runs ``--run-s`` s, then a node coordinating at least one writer's group (the
-owner of a random writer's group) is hit, alternately: SIGKILL (then, once every writer has had a
+One cycle: the load runs ``--run-s`` s, then the node that has just acknowledged a random writer's commit (its
+group's coordinator, as the writer sees it) is hit, alternately: SIGKILL (then, once every writer has had a
 commit acknowledged after the kill, the node is restarted on its data dir and the cycle waits until
 every node owns shards again), or SIGSTOP for ``2 x lease`` (past its leases: the others take its
 shards) then SIGCONT (it must step down, then rejoin). Per cycle: the seconds until every writer
@@ -103,6 +103,7 @@ class Writer(threading.Thread):
         self.invented: list[tuple[int, int]] = []  # (read back, highest sent)
         self.readbacks = 0
         self.last_ack_at = time.monotonic()
+        self.node = None  # the node that answered the last acknowledged commit
         self.stop_event = threading.Event()
 
     def _count(self, d, code):
@@ -143,6 +144,7 @@ class Writer(threading.Thread):
                         self.acked = self.sent
                         self.acks += 1
                         self.last_ack_at = time.monotonic()
+                        self.node = node
                         continue
                     self.unacked += 1
                     self._count(self.codes, code)
@@ -217,12 +219,15 @@ def run(args) -> dict:
         for k in range(args.cycles):
             time.sleep(args.run_s)
             kind = "kill" if k % 2 == 0 else "pause"
-            w = rng.choice(writers)
-            victim = cl.find(w.group)
-            if victim is None:
-                cycles.append({"cycle": k, "kind": kind, "skipped": "no coordinator found"})
+            # the victim: the node that is acknowledging a random writer's commits right now (ground truth,
+            # not FindCoordinator's view, which can lag a hand-over still under way after the last cycle)
+            now = time.monotonic()
+            live = [x for x in writers if x.node is not None and now - x.last_ack_at < 0.2]
+            if not live:
+                cycles.append({"cycle": k, "kind": kind, "skipped": "no writer acknowledged in the last 0.2 s"})
                 continue
-            hit_groups = sum(1 for x in writers if cl.find(x.group) is victim)
+            victim = rng.choice(live).node
+            hit_groups = sum(1 for x in live if x.node is victim)
             acks0 = sum(x.acks for x in writers)
             name = f"node{victim.node_id}"
             node_cpu[name] += _cpu(victim.pid) - cpu0[name]
