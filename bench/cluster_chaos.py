@@ -17,7 +17,8 @@ One cycle: the load runs ``--run-s`` s, then the node that has just acknowledged
 group's coordinator, as the writer sees it) is hit, alternately: SIGKILL (then, once every writer has had a
 commit acknowledged after the kill, the node is restarted on its data dir and the cycle waits until
 every node owns shards again), or SIGSTOP for ``2 x lease`` (past its leases: the others take its
-shards) then SIGCONT (it must step down, then rejoin). Per cycle: the seconds until every writer
+shards) then SIGCONT (it must step down, then rejoin); then the cycle waits until the shard map
+(FindCoordinator of one group per shard) is complete and unchanged for 2 s. Per cycle: the seconds until every writer
 had a commit acknowledged again. At the end every group's offset is read back: lower than the
 highest acknowledged = LOST.
 """
@@ -35,6 +36,7 @@ from pathlib import Path
 
 from bench import _util as U
 from bench.cluster_commits import PARTITIONS, spread_groups
+from bench.cluster_heartbeats import stable_owners
 from bench.failover import Node, server_pid
 from protocol import errors as E
 from protocol import messages as m
@@ -222,9 +224,9 @@ def run(args) -> dict:
             # the victim: the node that is acknowledging a random writer's commits right now (ground truth,
             # not FindCoordinator's view, which can lag a hand-over still under way after the last cycle)
             now = time.monotonic()
-            live = [x for x in writers if x.node is not None and now - x.last_ack_at < 0.2]
+            live = [x for x in writers if x.node is not None and now - x.last_ack_at < 0.1]
             if not live:
-                cycles.append({"cycle": k, "kind": kind, "skipped": "no writer acknowledged in the last 0.2 s"})
+                cycles.append({"cycle": k, "kind": kind, "skipped": "no writer acknowledged in the last 0.1 s"})
                 continue
             victim = rng.choice(live).node
             hit_groups = sum(1 for x in live if x.node is victim)
@@ -253,10 +255,19 @@ def run(args) -> dict:
             with cl.lock:
                 cl.down.discard(victim.node_id)
             rejoined = wait_until(lambda: len(cl.owners()) == len(nodes), 60)
+            # the shares keep moving for a while after a node (re)joins: settle before the next hit,
+            # so that the node hit next is still serving the groups it was just seen serving
+            t_settle = time.monotonic()
+            try:
+                stable_owners(nodes, 60)
+                settled = round(time.monotonic() - t_settle, 3)
+            except RuntimeError:
+                settled = None
             cycles.append({"cycle": k, "kind": kind, "victim": victim.node_id, "writer_groups_on_victim": hit_groups,
                            "all_writers_acked_again_s": None if flowing is None else round(flowing, 3),
                            "stepped_down_logged_s": None if stepped is None else round(stepped, 3),
                            "every_node_owns_shards_again_s": None if rejoined is None else round(rejoined, 3),
+                           "shard_map_settled_after_s": settled,
                            "acks_during_cycle": sum(x.acks for x in writers) - acks0})
             c = cycles[-1]
             print(f"cycle {k} {kind} node{victim.node_id}: acked again after {c['all_writers_acked_again_s']} s, "
