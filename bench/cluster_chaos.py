@@ -166,6 +166,14 @@ def wait_until(pred, timeout: float) -> float | None:
     return None
 
 
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "?"
+
+
 def _stepped_down(node) -> int:
     """How many times the node logged that it stopped serving shards (self-fenced or lost)."""
     text = node.logs()
@@ -236,12 +244,15 @@ def run(args) -> dict:
             with cl.lock:
                 cl.down.add(victim.node_id)
             fenced0 = _stepped_down(victim)
-            t_hit = time.monotonic()
             if kind == "kill":
                 victim.proc.kill()
                 victim.proc.wait(10)
             else:
                 os.kill(victim.pid, signal.SIGSTOP)
+                wait_until(lambda v=victim: _state(v.pid) in ("T", "t"), 5)
+            # from the moment the node is gone or stopped: an answer it sent just before still counts
+            # as before the hit (else a writer acknowledged in that millisecond looks unaffected)
+            t_hit = time.monotonic()
             flowing = wait_until(lambda t=t_hit: all(x.last_ack_at > t for x in writers), 60)
             if kind == "pause":
                 time.sleep(max(0.0, t_hit + 2 * args.lease_ms / 1000 - time.monotonic()))
