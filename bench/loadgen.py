@@ -1711,8 +1711,14 @@ class LoadGen:
         procs: int = 2,
         hb_conns: int | None = None,
         group_prefix: str = "load",
+        group_ids: list[str] | None = None,
         **options,
     ):
+        """``group_ids``: the groups' names (default ``{group_prefix}-{i:07d}``), e.g. names a given
+        cluster node coordinates, since the load tool talks to one node only."""
+        if group_ids is not None and len(group_ids) != groups:
+            raise ValueError("group_ids must name exactly `groups` groups")
+        self.group_ids = list(group_ids) if group_ids is not None else None
         self.bootstrap = bootstrap
         self.n_groups = groups
         self.procs = max(1, min(procs, groups))
@@ -1762,7 +1768,7 @@ class LoadGen:
 
     def __enter__(self):
         ctx = mp.get_context("spawn")
-        ids = [f"{self.group_prefix}-{i:07d}" for i in range(self.n_groups)]
+        ids = self.group_ids or [f"{self.group_prefix}-{i:07d}" for i in range(self.n_groups)]
         try:
             for p in range(self.procs):
                 mine = ids[p :: self.procs]
