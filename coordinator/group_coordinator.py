@@ -162,7 +162,7 @@ class GroupCoordinator:
                 gid, topic, owner = known
                 if owner != shard_id:
                     self.misplaced_records += 1
-                self.shards[owner]._apply_offset(gid, topic, partition, value)
+                self.shards[owner].offsets.replay(gid, topic, partition, value)
                 return
         if consumer_records.is_consumer_record(key):  # KIP-848 consumer group records (types 3-8)
             gid = consumer_records.decode(key, None)[1]
@@ -179,7 +179,7 @@ class GroupCoordinator:
         if owner != shard_id:
             # the data dir was written with another offsets_partitions: keep the record reachable
             self.misplaced_records += 1
-        self.shards[owner]._apply(rtype, key_obj, records.decode_value(rtype, value))
+        self.shards[owner].apply(rtype, key_obj, records.decode_value(rtype, value))
 
     def _replay_prefix(self, prefix: bytes) -> tuple[str, str, int] | None:
         """``(group, topic, owning shard)`` of an offset-key prefix, remembered while replaying."""
@@ -223,7 +223,7 @@ class GroupCoordinator:
         shard = self.shards[_shard_for(req.group_id, self._n)]
         if shard.refusal or self._closed:
             return self._unavailable(shard)
-        return shard.heartbeat(req, version, now_ms)
+        return shard.classic.heartbeat(req, version, now_ms)
 
     def consumer_heartbeat_steady(self, group_id: str, member_id: str, member_epoch: int, client_id: str,
                                   client_host: str, now_ms: int, write_pending) -> int | None:
@@ -233,7 +233,7 @@ class GroupCoordinator:
         shard = self.shards[_shard_for(group_id, self._n)]
         if shard.refusal or self._closed or write_pending(shard.shard_id):
             return None
-        return shard.consumer_heartbeat_steady(group_id, member_id, member_epoch, client_id, client_host, now_ms)
+        return shard.consumer.steady_heartbeat(group_id, member_id, member_epoch, client_id, client_host, now_ms)
 
     def _join_group(self, version, req, token, now, wall, client_id, client_host) -> Result:
         shard = self._shard(req.group_id)
@@ -241,8 +241,6 @@ class GroupCoordinator:
         if err:
             return Result([], [(token, error_response(JOIN_GROUP, version, req, err))])
         out = Result(shards=shard.shard_set)
-        if not shard.classic_join_allowed(req, version, token, out):
-            return out
         shard.join_group(req, version, token, client_id, client_host, now, wall, out)
         return out
 
@@ -252,7 +250,7 @@ class GroupCoordinator:
         if err:
             return Result([], [(token, error_response(SYNC_GROUP, version, req, err))])
         out = Result(shards=shard.shard_set)
-        shard.sync_group(req, version, token, now, wall, out)
+        shard.classic.sync_group(req, version, token, now, wall, out)
         return out
 
     def _leave_group(self, version, req, token, now, wall, client_id, client_host) -> Result:
@@ -261,7 +259,7 @@ class GroupCoordinator:
         if err:
             return Result([], [(token, error_response(LEAVE_GROUP, version, req, err))])
         out = Result(shards=shard.shard_set)
-        shard.leave_group(req, version, token, now, wall, out)
+        shard.classic.leave_group(req, version, token, now, wall, out)
         return out
 
     def _offset_commit(self, version, req, token, now, wall, client_id, client_host) -> Result:
@@ -270,7 +268,7 @@ class GroupCoordinator:
         if err:
             return Result([], [(token, error_response(OFFSET_COMMIT, version, req, err))])
         out = Result(shards=shard.shard_set)
-        shard.offset_commit(req, version, token, now, wall, out)
+        shard.offsets.offset_commit(req, version, token, now, wall, out)
         return out
 
     def _offset_fetch(self, version, req, token, now, wall, client_id, client_host) -> Result:
@@ -291,7 +289,7 @@ class GroupCoordinator:
                         groups_out.append(offset_fetch_group_error(g.group_id, err))
                         continue
                 wanted = None if g.topics is None else [(t.name, t.partition_indexes) for t in g.topics]
-                rows = shard.fetch_offsets(g.group_id, wanted)
+                rows = shard.offsets.fetch_offsets(g.group_id, wanted)
                 groups_out.append(OffsetFetchResponseGroup(group_id=g.group_id, error_code=_NONE, topics=[
                     OffsetFetchResponseTopics(name, [OffsetFetchResponsePartitions(p, off, epoch, meta, _NONE)
                                                      for p, off, epoch, meta in parts])
@@ -306,7 +304,7 @@ class GroupCoordinator:
             if err:
                 resp = error_response(OFFSET_FETCH, version, req, err)
             else:
-                rows = shard.fetch_offsets(req.group_id, wanted)
+                rows = shard.offsets.fetch_offsets(req.group_id, wanted)
                 resp = OffsetFetchResponse(error_code=_NONE, topics=[
                     OffsetFetchResponseTopic(name, [
                         OffsetFetchResponsePartition(p, off, epoch if epochs else -1, meta, _NONE)
@@ -334,7 +332,7 @@ class GroupCoordinator:
                 described.append(consumer_described_group_error(gid, err))
                 continue
             d = shard.consumer.describe([gid], req.include_authorized_operations)[0]
-            if d.error_code == errors.GROUP_ID_NOT_FOUND and gid in shard.groups:
+            if d.error_code == errors.GROUP_ID_NOT_FOUND and gid in shard.classic.groups:
                 d.error_message = f"Group {gid} is not a consumer group."  # Kafka's words for a classic one
             described.append(d)
         return Result([], [(token, ConsumerGroupDescribeResponse(groups=described))], frozenset(touched))
@@ -345,7 +343,7 @@ class GroupCoordinator:
         out = Result()
         for shard in self.shards:
             if not shard.refusal and not self._closed:
-                shard.consumer_topics_changed(now_ms, wall_ms, out)
+                shard.consumer.topics_changed(now_ms, wall_ms, out)
         return out
 
     def _describe_groups(self, version, req, token, now, wall, client_id, client_host) -> Result:
@@ -410,7 +408,7 @@ class GroupCoordinator:
         if err:
             return Result([], [(token, error_response(OFFSET_DELETE, version, req, err))])
         out = Result(shards=shard.shard_set)
-        shard.offset_delete(req, version, token, now, wall, out)
+        shard.offsets.offset_delete(req, version, token, now, wall, out)
         return out
 
     # ---- timers and lifecycle ---------------------------------------------------------------------
@@ -525,13 +523,13 @@ class GroupCoordinator:
     # ---- operator views (plain data for metrics, the CLI and the flight recorder) --------------------
 
     def _group(self, group_id: str) -> Group | None:
-        return self._shard(group_id).groups.get(group_id)
+        return self._shard(group_id).classic.groups.get(group_id)
 
     def list_groups(self) -> list[dict]:
         """Every group: id, state, protocol, generation, member count, shard."""
         res = []
         for shard in self.shards:
-            for g in shard.groups.values():
+            for g in shard.classic.groups.values():
                 d = g.summary()
                 d["shard"] = shard.shard_id
                 d.setdefault("type", "classic")
@@ -544,7 +542,7 @@ class GroupCoordinator:
         """One group in detail: members, the rebalance in progress, the flight-recorder history and
         the number of committed offsets; None for an unknown group."""
         shard = self._shard(group_id)
-        g = shard.groups.get(group_id)
+        g = shard.classic.groups.get(group_id)
         if g is None:
             cg = shard.consumer.groups.get(group_id)
             if cg is None:
@@ -553,8 +551,8 @@ class GroupCoordinator:
             names = {tid: name for name, (tid, _) in cg.subscription_metadata.items()}
             d["members"] = [_consumer_member(m, cg.target.get(m.member_id, {}), names) for m in cg.members.values()]
             d["subscribed_topics"] = sorted(cg.subscription_metadata)
-            d["history"] = list(shard.consumer_history.get(group_id, ()))
-            d["offsets"] = sum(len(p) for p in shard.offsets.get(group_id, {}).values())
+            d["history"] = list(shard.consumer.history.get(group_id, ()))
+            d["offsets"] = sum(len(p) for p in shard.offsets.committed.get(group_id, {}).values())
             return d
         d = g.summary()
         d.setdefault("type", "classic")
@@ -565,7 +563,7 @@ class GroupCoordinator:
         d["subscribed_topics"] = None if g.subscribed_topics is None else sorted(g.subscribed_topics)
         d["rebalance_in_progress"] = None if g.rebalance is None else g.rebalance.as_dict(now_ms)
         d["history"] = [r.as_dict() for r in g.history]
-        d["offsets"] = sum(len(p) for p in shard.offsets.get(group_id, {}).values())
+        d["offsets"] = sum(len(p) for p in shard.offsets.committed.get(group_id, {}).values())
         return d
 
     def group_history(self, group_id: str, now_ms: int | None = None) -> list[dict] | None:
@@ -575,7 +573,7 @@ class GroupCoordinator:
         if g is None:
             shard = self._shard(group_id)
             if group_id in shard.consumer.groups:
-                return list(shard.consumer_history.get(group_id, ()))
+                return list(shard.consumer.history.get(group_id, ()))
             return None
         hist = [r.as_dict() for r in g.history]
         if g.rebalance is not None:
@@ -583,7 +581,7 @@ class GroupCoordinator:
         return hist
 
     def group_offsets(self, group_id: str) -> dict[str, dict[int, dict]]:
-        stored = self._shard(group_id).offsets.get(group_id, {})
+        stored = self._shard(group_id).offsets.committed.get(group_id, {})
         names = ("offset", "leader_epoch", "metadata", "commit_timestamp", "expire_timestamp")
         return {topic: {p: dict(zip(names, records.offset_value_fields(v), strict=True)) for p, v in parts.items()}
                 for topic, parts in stored.items()}
@@ -596,7 +594,7 @@ class GroupCoordinator:
         fields = records.offset_value_fields
         for shard in self.shards:
             rows = []
-            for gid, topics in shard.offsets.items():
+            for gid, topics in shard.offsets.committed.items():
                 for topic, parts in topics.items():
                     for p, v in parts.items():
                         off, _, _, ts, _ = fields(v)
@@ -607,7 +605,7 @@ class GroupCoordinator:
         """The ``(topic, partition)`` pairs with a committed offset in any group: yields one list
         per shard (complete when yielded; a pair committed in several shards comes once per shard)."""
         for shard in self.shards:
-            yield list({(topic, p) for topics in shard.offsets.values() for topic, parts in topics.items()
+            yield list({(topic, p) for topics in shard.offsets.committed.values() for topic, parts in topics.items()
                         for p in parts})
 
     def rebalance_starts(self, group_id: str) -> list[int]:
@@ -633,12 +631,12 @@ class GroupCoordinator:
         by_state = dict.fromkeys(STATES, 0)
         members = pending = parked = offsets = 0
         for shard in self.shards:
-            for g in shard.groups.values():
+            for g in shard.classic.groups.values():
                 by_state[g.state] += 1
                 members += len(g.members)
                 pending += len(g.pending_members)
             parked += len(shard.parked())
-            offsets += sum(len(p) for parts in shard.offsets.values() for p in parts.values())
+            offsets += sum(len(p) for parts in shard.offsets.committed.values() for p in parts.values())
         consumer_by_state: dict[str, int] = {}
         consumer_members = 0
         for shard in self.shards:

@@ -105,7 +105,7 @@ class Daemon:
             return {}
         return {"state": group.state, "epochs": (group.group_epoch, group.assignment_epoch),
                 "members": {mid: (mm.member_epoch, mm.state, mm.client_id,
-                                  shard.consumer.timers.deadline((SESSION, GID, mid)))
+                                  shard.timers.deadline((SESSION, GID, mid)))
                             for mid, mm in sorted(group.members.items())}}
 
 

@@ -128,7 +128,7 @@ class Harness:
         self.clock.advance(target - self.now)
 
     def group(self, group_id: str):
-        return self.gc._shard(group_id).groups.get(group_id)
+        return self.gc._shard(group_id).classic.groups.get(group_id)
 
     def state(self, group_id: str) -> str:
         g = self.group(group_id)

@@ -175,7 +175,7 @@ def test_every_value_version_replays_to_the_same_memory():
     for raw, fields in cases:
         gc = GroupCoordinator(Config(offsets_partitions=1))
         gc.replay(0, key, raw)
-        stored = gc.shards[0].offsets["g"]["t"][0]
+        stored = gc.shards[0].offsets.committed["g"]["t"][0]
         assert records.offset_value_fields(stored) == fields
         assert stored == records.offset_commit_value(*fields)
         assert gc.group_offsets("g")["t"][0]["offset"] == 7
