@@ -198,7 +198,7 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
         store = PgStore(config.store_url, config.offsets_partitions, config.node_id)
     else:
         store = FileStore(Path(config.data_dir), config.offsets_partitions, fsync=config.fsync, repair=repair)
-    groups = GroupCoordinator(config, node_id=config.node_id)
+    groups = GroupCoordinator(config.group_config(), node_id=config.node_id)
     catalog = Catalog(config, node_id=config.node_id)
     runtime = Runtime(config, groups, catalog, store)
     node = ClusterNode(config, runtime, catalog, store) if clustered else None

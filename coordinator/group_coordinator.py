@@ -28,11 +28,11 @@ from __future__ import annotations
 import uuid
 
 from coordinator import records
-from coordinator.config import Config
 from coordinator.consumer import records as consumer_records
 from coordinator.consumer import validate_offset_fetch
 from coordinator.consumer.group import MEMBER_STATES
 from coordinator.group import STATES, Group
+from coordinator.group_config import GroupConfig
 from coordinator.partitioning import shard_for as _shard_for
 from coordinator.responses import (
     consumer_described_group_error,
@@ -90,14 +90,13 @@ _REPLAY_PREFIXES_MAX = 100_000  # bounds the replay cache when there are very ma
 class GroupCoordinator:
     """All offsets partitions (shards) of this node. See the module docstring for the contract."""
 
-    def __init__(self, config: Config, node_id: int = 0, new_uuid=None, topics=None):
+    def __init__(self, config: GroupConfig, node_id: int = 0, new_uuid=None, topics=None):
         self.config = config
         self.node_id = node_id
         self._new_uuid = new_uuid or (lambda: str(uuid.uuid4()))
         # the topic catalog as consumer groups see it (get(name) -> (topic id, partitions) | None,
         # names()); the runtime plugs the catalog in (set_topics)
         self.topics = _Topics(topics)
-        self._consumer_config = config.consumer_group_config()
         self.stats: dict[str, int] = {}
         self._n = config.offsets_partitions
         self.rebalance_listeners: list = []  # called with each completed rebalance's history entry
@@ -124,7 +123,7 @@ class GroupCoordinator:
 
     def _new_shard(self, shard_id: int) -> Shard:
         return Shard(shard_id, self.config, self._new_uuid, self.stats, self.rebalance_listeners,
-                     topics=self.topics, consumer_config=self._consumer_config)
+                     topics=self.topics)
 
     def set_topics(self, topics) -> None:
         """The topic catalog consumer groups assign from (anything with ``get`` and ``names``)."""

@@ -45,11 +45,11 @@ import structlog
 
 from coordinator import records
 from coordinator.classic import CLASSIC_TIMER_KINDS, ClassicGroups
-from coordinator.config import Config
 from coordinator.consumer import ConsumerGroups, StaticTopics
 from coordinator.consumer import records as consumer_records
 from coordinator.consumer_group import CONSUMER_TIMER_KINDS, PROTOCOL_TYPE, ConsumerProtocol, HeartbeatError
 from coordinator.group import DEAD, EMPTY, Parked
+from coordinator.group_config import GroupConfig
 from coordinator.offsets import Offsets
 from coordinator.result import Result
 from coordinator.timers import Timers
@@ -103,8 +103,8 @@ class _OffsetGroups:
 
 
 class Shard:
-    def __init__(self, shard_id: int, config: Config, new_uuid=None, stats=None, listeners=None,
-                 topics=None, consumer_config=None):
+    def __init__(self, shard_id: int, config: GroupConfig, new_uuid=None, stats=None, listeners=None,
+                 topics=None):
         self.shard_id = shard_id
         self.shard_set = frozenset((shard_id,))  # Result.shards of a request for this shard alone
         self.config = config
@@ -120,7 +120,7 @@ class Shard:
                                      listeners if listeners is not None else [])
         # KIP-848 consumer groups: the pure core, sharing this shard's timers; topics is the
         # catalog as it sees it (get(name) -> (topic id, partitions), names())
-        core = ConsumerGroups(consumer_config or config.consumer_group_config(),
+        core = ConsumerGroups(config.consumer,
                               topics if topics is not None else StaticTopics(), new_uuid, self.timers)
         self.consumer = ConsumerProtocol(shard_id, config, core, self.classic.groups, count)
         self.offsets = Offsets(shard_id, config, _OffsetGroups(self.classic, self.consumer), count)

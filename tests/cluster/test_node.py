@@ -54,7 +54,7 @@ async def make_node():
                     store="postgresql://u@127.0.0.1:1/db")
     store = PgLikeStore()
     catalog = Catalog(config, node_id=0)
-    rt = Runtime(config, GroupCoordinator(config, node_id=0), catalog, store, clock=clock)
+    rt = Runtime(config, GroupCoordinator(config.group_config(), node_id=0), catalog, store, clock=clock)
     rt.start(asyncio.get_running_loop())
     node = ClusterNode(config, rt, catalog, store)
     node.leases = LeaseManager(parse_store_url(config.store), 0, N, node, host="h", port=1, lease_ms=LEASE_MS,

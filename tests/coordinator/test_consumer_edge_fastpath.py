@@ -50,7 +50,7 @@ class Daemon:
 
     async def __aenter__(self):
         self.store.open(latest_only=True)
-        self.groups = GroupCoordinator(self.config, node_id=0)
+        self.groups = GroupCoordinator(self.config.group_config(), node_id=0)
         self.runtime = Runtime(self.config, self.groups, Catalog(self.config, node_id=0), self.store,
                                clock=self.clock)
         self.server = Server(self.config, self.runtime)

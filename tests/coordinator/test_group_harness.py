@@ -57,7 +57,7 @@ class Harness:
         self.config = Config(**settings).validate()
         self.clock = ManualClock(monotonic_ms=1_000)
         ids = count(1)
-        self.gc = GroupCoordinator(self.config, new_uuid=lambda: f"u{next(ids)}")
+        self.gc = GroupCoordinator(self.config.group_config(), new_uuid=lambda: f"u{next(ids)}")
         self.gc.loaded(self.now, self.wall)
         self.auto_timers = auto_timers
         self.replies: dict = {}  # token -> response

@@ -31,7 +31,7 @@ def durable_view(gc: GroupCoordinator) -> dict:
 
 
 def replayed(h: Harness) -> GroupCoordinator:
-    fresh = GroupCoordinator(h.config)
+    fresh = GroupCoordinator(h.config.group_config())
     for shard_id, key, value in h.writes:
         fresh.replay(shard_id, key, value)
     return fresh
@@ -99,7 +99,7 @@ def test_replayed_groups_serve_members_and_expire_them_after_loading():
 def test_replay_of_a_group_over_the_size_limit_rebalances_on_load():
     h = Harness(offsets_partitions=2)
     mids, gen = h.form_group("g", 3)
-    small = GroupCoordinator(h.config.replace(group_max_size=2))
+    small = GroupCoordinator(h.config.replace(group_max_size=2).group_config())
     for w in h.writes:
         small.replay(*w)
     small.loaded(0, ManualClock().wall_ms())
@@ -110,7 +110,7 @@ def test_replay_of_a_group_over_the_size_limit_rebalances_on_load():
 def test_replay_routes_records_from_another_partition_count():
     h = Harness(offsets_partitions=4)
     h.commit("g", {("t", 0): 1})
-    other = GroupCoordinator(h.config.replace(offsets_partitions=7))
+    other = GroupCoordinator(h.config.replace(offsets_partitions=7).group_config())
     for shard_id, key, value in h.writes:
         other.replay(shard_id, key, value)
     assert other.group_offsets("g") == {"t": {0: other.group_offsets("g")["t"][0]}}

@@ -17,7 +17,7 @@ class _Store:
 
 def _runtime() -> Runtime:
     config = Config(offsets_partitions=2)
-    return Runtime(config, GroupCoordinator(config, node_id=0), Catalog(config, node_id=0), _Store())
+    return Runtime(config, GroupCoordinator(config.group_config(), node_id=0), Catalog(config, node_id=0), _Store())
 
 
 def _shards():

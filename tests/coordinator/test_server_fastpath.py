@@ -110,7 +110,7 @@ class Edge:
     async def __aenter__(self) -> Edge:
         loop = asyncio.get_running_loop()
         self.store.open(latest_only=True)
-        self.runtime = Runtime(self.config, GroupCoordinator(self.config, node_id=0),
+        self.runtime = Runtime(self.config, GroupCoordinator(self.config.group_config(), node_id=0),
                                Catalog(self.config, node_id=0), self.store)
         self.server = Server(self.config, self.runtime)
         self.server.loop = loop
