@@ -315,7 +315,7 @@ def test_held_commits_whose_fsync_fails_are_refused_in_order_and_nothing_after_t
         async with Edge(tmp_path, fsync="always") as edge:
             hb = await edge.member("g")
             shard = edge.runtime.groups.shard_for("s1")
-            path = edge.store._shards[shard].path
+            path = edge.store.writer.shards[shard].path
             real = LW._fdatasync
 
             def fdatasync(fd):
