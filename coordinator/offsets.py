@@ -71,6 +71,7 @@ class Offsets:
         self.shard_id = shard_id
         self.config = config
         self._groups = groups
+        self._known = groups.known
         self._count = count
         self.committed: dict[str, dict[str, dict[int, bytes]]] = {}
 
@@ -91,7 +92,7 @@ class Offsets:
                 if not topics:
                     del self.committed[gid]
             return
-        if not self._groups.known(gid):
+        if not self._known(gid):
             # offsets committed by a standalone consumer: a "simple" group with no protocol type
             self._groups.create_simple(gid, records.offset_value_times(value)[0])
         try:

@@ -71,14 +71,17 @@ _RETENTION_KEY = ("retention",)
 class _OffsetGroups:
     """The groups as the offsets see them (:class:`coordinator.offsets.OffsetGroups`)."""
 
-    __slots__ = ("_classic", "_consumer")
+    __slots__ = ("_classic", "_consumer", "_classic_groups", "_consumer_groups")
 
     def __init__(self, classic: ClassicGroups, consumer: ConsumerProtocol):
         self._classic = classic
         self._consumer = consumer
+        # read only, for known() (called for every offset replayed or committed)
+        self._classic_groups = classic.groups
+        self._consumer_groups = consumer.groups
 
     def known(self, group_id: str) -> bool:
-        return group_id in self._classic.groups or group_id in self._consumer.groups
+        return group_id in self._classic_groups or group_id in self._consumer_groups
 
     def create_simple(self, group_id: str, state_wall_ms: int) -> None:
         self._classic.create_simple(group_id, state_wall_ms)
