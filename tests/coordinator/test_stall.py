@@ -10,13 +10,13 @@ import time
 import pytest
 import uvloop
 
-from coordinator import stall as stall_module
-from coordinator.catalog import Catalog
 from coordinator.clock import ManualClock
 from coordinator.config import Config, ConfigError
-from coordinator.metrics import Metrics
+from coordinator.core.catalog import Catalog
+from coordinator.ops import stall as stall_module
+from coordinator.ops.metrics import Metrics
+from coordinator.ops.stall import StallDetector
 from coordinator.runtime import Runtime
-from coordinator.stall import StallDetector
 from protocol import errors as E
 from protocol.messages import HeartbeatRequest
 from tests.coordinator.test_group_harness import Harness, sub
