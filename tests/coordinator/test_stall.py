@@ -422,7 +422,7 @@ def test_the_real_loop_thread_spinning_is_busy_and_sleeping_is_a_pause():
     import time as _time
 
     from coordinator.clock import SystemClock
-    from coordinator.stall import thread_sched_ms
+    from coordinator.ops.stall import thread_sched_ms
 
     if thread_sched_ms() is None:
         pytest.skip("this kernel has no /proc/thread-self/schedstat (the detector then counts every gap)")
