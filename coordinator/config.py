@@ -177,7 +177,7 @@ class Config:
     def consumer_group_config(self):
         """The ``group_consumer_*`` settings as the consumer-group core takes them (ConfigError
         with one line when they do not fit together)."""
-        from coordinator.consumer import ConsumerGroupConfig
+        from coordinator.core.consumer import ConsumerGroupConfig
 
         try:
             return ConsumerGroupConfig(
@@ -196,9 +196,9 @@ class Config:
                                      str(exc))) from None
 
     def group_config(self):
-        """The settings the group core reads (:class:`coordinator.group_config.GroupConfig`): the
-        daemon builds it once and hands it to :class:`~coordinator.group_coordinator.GroupCoordinator`."""
-        from coordinator.group_config import GroupConfig
+        """The settings the group core reads (:class:`coordinator.core.config.GroupConfig`): the
+        daemon builds it once and hands it to :class:`~coordinator.core.coordinator.GroupCoordinator`."""
+        from coordinator.core.config import GroupConfig
 
         return GroupConfig(
             offsets_partitions=self.offsets_partitions,

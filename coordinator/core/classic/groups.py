@@ -2,10 +2,10 @@
 rebalance they drive and its timers (session expiry, join completion, pending members and
 syncs), the GroupMetadata records and their replay, and the operator's view of classic groups
 (DescribeGroups, ListGroups, parked requests). :class:`ClassicGroups` owns the shard's classic
-groups; the shard (:class:`coordinator.shard.Shard`) holds one, beside its offsets and its
-consumer groups, and passes it the shard's :class:`~coordinator.timers.Timers` (keys
+groups; the shard (:class:`coordinator.core.shard.Shard`) holds one, beside its offsets and its
+consumer groups, and passes it the shard's :class:`~coordinator.core.timers.Timers` (keys
 ``("hb"|"pending", group, member)``, ``("join"|"sync", group)``). The group's own state table is
-:mod:`coordinator.group`.
+:mod:`coordinator.core.classic.group`.
 
 A GroupMetadata record snapshots a group (written when the leader's SyncGroup stores the
 assignment, when a group falls Empty, and when a static member is replaced without a rebalance).
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import structlog
 
-from coordinator import records
-from coordinator.group import (
+from coordinator.core import records
+from coordinator.core.classic.group import (
     COMPLETING_REBALANCE,
     DEAD,
     EMPTY,
@@ -33,9 +33,9 @@ from coordinator.group import (
     Parked,
     RebalanceRecord,
 )
-from coordinator.responses import join_response, sync_response
-from coordinator.result import Result
-from coordinator.timers import Timers
+from coordinator.core.responses import join_response, sync_response
+from coordinator.core.result import Result
+from coordinator.core.timers import Timers
 from protocol import errors
 from protocol.messages import (
     DescribeGroupsResponseDescribedGroup,
@@ -843,7 +843,7 @@ class ClassicGroups:
                 self._prepare_rebalance(group, "over_capacity", detail, None, None, now, wall, out)
 
     def on_stall(self, stall_ms: int, now: int, wall: int) -> None:
-        """herd did not run for ``stall_ms`` (see :meth:`coordinator.shard.Shard.on_stall`, which
+        """herd did not run for ``stall_ms`` (see :meth:`coordinator.core.shard.Shard.on_stall`, which
         moved the deadlines): remember the stall for the flight recorder and for members whose
         client gave its session up meanwhile (:meth:`_drop_member_given_up_after_stall`)."""
         self.last_stall = {"stall_ms": stall_ms, "ended_ms": now, "ended_wall_ms": wall}

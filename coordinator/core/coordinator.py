@@ -7,7 +7,7 @@ the flight recorder). Tests pass a :class:`~coordinator.clock.ManualClock`'s rea
 
 Contract with the runtime
 -------------------------
-* Every operation returns a :class:`~coordinator.result.Result` (``handle``, ``on_timers``,
+* Every operation returns a :class:`~coordinator.core.result.Result` (``handle``, ``on_timers``,
   ``shutdown``, ``refuse``/``fail_shard``/``unload``), except :meth:`GroupCoordinator.heartbeat`,
   whose whole answer is an error code (it writes nothing, parks nothing and depends on nothing
   durable; the edge answers it with cached bytes). Append ``result.writes`` to the store in order;
@@ -27,22 +27,22 @@ from __future__ import annotations
 
 import uuid
 
-from coordinator import records
-from coordinator.consumer import records as consumer_records
-from coordinator.consumer import validate_offset_fetch
-from coordinator.consumer.group import MEMBER_STATES
-from coordinator.group import STATES, Group
-from coordinator.group_config import GroupConfig
-from coordinator.partitioning import shard_for as _shard_for
-from coordinator.responses import (
+from coordinator.core import records
+from coordinator.core.classic.group import STATES, Group
+from coordinator.core.config import GroupConfig
+from coordinator.core.consumer import records as consumer_records
+from coordinator.core.consumer import validate_offset_fetch
+from coordinator.core.consumer.group import MEMBER_STATES
+from coordinator.core.partitioning import shard_for as _shard_for
+from coordinator.core.responses import (
     consumer_described_group_error,
     described_group_error,
     error_response,
     offset_fetch_group_error,
 )
-from coordinator.result import NO_SHARDS, Result
-from coordinator.shard import Shard
-from coordinator.versions import (
+from coordinator.core.result import NO_SHARDS, Result
+from coordinator.core.shard import Shard
+from coordinator.core.versions import (
     API_NAMES,
     CONSUMER_GROUP_DESCRIBE,
     CONSUMER_GROUP_HEARTBEAT,
@@ -148,7 +148,7 @@ class GroupCoordinator:
     def replay(self, shard_id: int, key: bytes, value: bytes | None) -> None:
         """Apply one record read back from shard ``shard_id``'s log. Record types this coordinator
         does not own (share/streams groups) are skipped and counted in
-        ``skipped_records``; undecodable bytes raise :class:`coordinator.records.RecordError`."""
+        ``skipped_records``; undecodable bytes raise :class:`coordinator.core.records.RecordError`."""
         if not 0 <= shard_id < self._n:
             raise ValueError(f"shard {shard_id} out of range (offsets_partitions={self._n})")
         plain = records.plain_offset_commit(key, value)

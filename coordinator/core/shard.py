@@ -4,23 +4,23 @@ consumer-groups object, the timers they share, and where they meet. Pure (no I/O
 As Kafka's GroupCoordinatorShard holds a GroupMetadataManager and an OffsetMetadataManager,
 :class:`Shard` holds
 
-* ``classic``: :class:`coordinator.classic.ClassicGroups` (JoinGroup, SyncGroup, Heartbeat,
+* ``classic``: :class:`coordinator.core.classic.groups.ClassicGroups` (JoinGroup, SyncGroup, Heartbeat,
   LeaveGroup, their rebalances and timers, GroupMetadata records);
-* ``offsets``: :class:`coordinator.offsets.Offsets` (OffsetCommit, OffsetFetch, OffsetDelete,
+* ``offsets``: :class:`coordinator.core.offsets.Offsets` (OffsetCommit, OffsetFetch, OffsetDelete,
   retention), which asks the groups what it needs through :class:`_OffsetGroups` (an
-  :class:`coordinator.offsets.OffsetGroups`);
-* ``consumer``: :class:`coordinator.consumer_group.ConsumerProtocol` (KIP-848's ``consumer``
-  groups over the pure core in :mod:`coordinator.consumer`), told the classic group ids (one
+  :class:`coordinator.core.offsets.OffsetGroups`);
+* ``consumer``: :class:`coordinator.core.consumer.on_shard.ConsumerProtocol` (KIP-848's ``consumer``
+  groups over the pure core in :mod:`coordinator.core.consumer`), told the classic group ids (one
   group id is one type at a time);
 
-each owning its state, and ``timers`` (one :class:`~coordinator.timers.Timers`, each side
+each owning its state, and ``timers`` (one :class:`~coordinator.core.timers.Timers`, each side
 scheduling its own keys). The shard routes records (:meth:`Shard.replay`) and timer keys
 (:meth:`Shard.on_timers`) to their owner and does what spans the objects: start-up, a group id
 changing type, DeleteGroups, ListGroups, offset expiry (each group's offsets, then the group).
 
 Every handler takes ``now`` (monotonic ms, for timers) and ``wall`` (epoch ms, for record
 timestamps), both read by the runtime from one clock, and appends to a
-:class:`~coordinator.result.Result` (``out``): records to write durably and replies to send.
+:class:`~coordinator.core.result.Result` (``out``): records to write durably and replies to send.
 Replies to parked JoinGroup/SyncGroup requests come out of later calls (another member's request,
 or :meth:`Shard.on_timers`). Calling conventions (three, each for a reason):
 
@@ -33,9 +33,9 @@ or :meth:`Shard.on_timers`). Calling conventions (three, each for a reason):
   cached bytes.
 
 Durable state changes through records: offsets only by replaying them (a commit applies its
-records through :meth:`coordinator.offsets.Offsets.replay`, the code start-up runs), consumer
+records through :meth:`coordinator.core.offsets.Offsets.replay`, the code start-up runs), consumer
 groups likewise (their core), classic groups as Kafka's (the live group is authoritative, a
-GroupMetadata record snapshots it; see :mod:`coordinator.classic`).
+GroupMetadata record snapshots it; see :mod:`coordinator.core.classic.groups`).
 """
 from __future__ import annotations
 
@@ -43,16 +43,16 @@ import uuid
 
 import structlog
 
-from coordinator import records
-from coordinator.classic import CLASSIC_TIMER_KINDS, ClassicGroups
-from coordinator.consumer import ConsumerGroups, StaticTopics
-from coordinator.consumer import records as consumer_records
-from coordinator.consumer_group import CONSUMER_TIMER_KINDS, PROTOCOL_TYPE, ConsumerProtocol, HeartbeatError
-from coordinator.group import DEAD, EMPTY, Parked
-from coordinator.group_config import GroupConfig
-from coordinator.offsets import Offsets
-from coordinator.result import Result
-from coordinator.timers import Timers
+from coordinator.core import records
+from coordinator.core.classic.group import DEAD, EMPTY, Parked
+from coordinator.core.classic.groups import CLASSIC_TIMER_KINDS, ClassicGroups
+from coordinator.core.config import GroupConfig
+from coordinator.core.consumer import ConsumerGroups, StaticTopics
+from coordinator.core.consumer import records as consumer_records
+from coordinator.core.consumer.on_shard import CONSUMER_TIMER_KINDS, PROTOCOL_TYPE, ConsumerProtocol, HeartbeatError
+from coordinator.core.offsets import Offsets
+from coordinator.core.result import Result
+from coordinator.core.timers import Timers
 from protocol import errors
 from protocol.messages import (
     ConsumerGroupHeartbeatResponse,
@@ -69,7 +69,7 @@ _RETENTION_KEY = ("retention",)
 
 
 class _OffsetGroups:
-    """The groups as the offsets see them (:class:`coordinator.offsets.OffsetGroups`)."""
+    """The groups as the offsets see them (:class:`coordinator.core.offsets.OffsetGroups`)."""
 
     __slots__ = ("_classic", "_consumer", "_classic_groups", "_consumer_groups")
 

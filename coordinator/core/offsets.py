@@ -7,7 +7,7 @@ they live apart from the group protocols and ask the groups what they need throu
 Offsets change only by replaying records: a commit, a deletion and an expiry make their records
 and apply each through :meth:`Offsets.replay`, the code start-up runs for the same record, so
 memory always equals "log replayed". A committed offset is kept as its record value bytes, as
-written (see :mod:`coordinator.records`).
+written (see :mod:`coordinator.core.records`).
 """
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from typing import Protocol
 
 import structlog
 
-from coordinator import records
-from coordinator.group import DEAD, EMPTY
-from coordinator.responses import commit_error
-from coordinator.result import Result
+from coordinator.core import records
+from coordinator.core.classic.group import DEAD, EMPTY
+from coordinator.core.responses import commit_error
+from coordinator.core.result import Result
 from protocol import errors
 from protocol.messages import (
     OffsetCommitResponse,

@@ -2,17 +2,17 @@
 recorder of their epochs, and what the shard's other parts ask of them.
 
 The consumer-group protocol itself (the state tables, reconciliation, assignors, records) is the
-pure core in :mod:`coordinator.consumer`; each shard holds one :class:`ConsumerProtocol`, which
-holds one :class:`~coordinator.consumer.ConsumerGroups` (``core``) sharing the shard's
-:class:`~coordinator.timers.Timers` (keys ``("cg-session" | "cg-rebalance", group, member)``,
-dispatched by :meth:`coordinator.shard.Shard.on_timers`). Its records are applied in memory as
+pure core in :mod:`coordinator.core.consumer`; each shard holds one :class:`ConsumerProtocol`, which
+holds one :class:`~coordinator.core.consumer.ConsumerGroups` (``core``) sharing the shard's
+:class:`~coordinator.core.timers.Timers` (keys ``("cg-session" | "cg-rebalance", group, member)``,
+dispatched by :meth:`coordinator.core.shard.Shard.on_timers`). Its records are applied in memory as
 they are made (the core's replay) and go to the store through the
-:class:`~coordinator.result.Result` like every other write, so a heartbeat's answer leaves only
+:class:`~coordinator.core.result.Result` like every other write, so a heartbeat's answer leaves only
 once they are durable.
 
 One group id is one type at a time (Kafka's rules, migration policy "disabled"); the shard
-enforces it (:meth:`coordinator.shard.Shard.consumer_group_heartbeat`,
-:meth:`coordinator.shard.Shard.join_group`), this side is told the classic group ids at
+enforces it (:meth:`coordinator.core.shard.Shard.consumer_group_heartbeat`,
+:meth:`coordinator.core.shard.Shard.join_group`), this side is told the classic group ids at
 construction (``classic_ids``: anything supporting ``in``, read only):
 
 * ConsumerGroupHeartbeat joining (epoch 0) a classic group that is Empty (e.g. the "simple" group
@@ -29,10 +29,10 @@ from collections import deque
 
 import structlog
 
-from coordinator.consumer import ConsumerGroups, validate_offset_commit
-from coordinator.consumer.coordinator import HeartbeatError
-from coordinator.responses import join_response
-from coordinator.result import Result
+from coordinator.core.consumer import ConsumerGroups, validate_offset_commit
+from coordinator.core.consumer.groups import HeartbeatError
+from coordinator.core.responses import join_response
+from coordinator.core.result import Result
 from protocol import errors
 
 __all__ = ["ConsumerProtocol", "CONSUMER_TIMER_KINDS", "PROTOCOL_TYPE", "HeartbeatError"]
@@ -62,7 +62,7 @@ class SubscribedTopics:
 
 class ConsumerProtocol:
     """One shard's consumer groups: the pure core (``core``; ``groups`` is its group id ->
-    :class:`~coordinator.consumer.group.ConsumerGroup`) and the flight recorder of their epochs
+    :class:`~coordinator.core.consumer.group.ConsumerGroup`) and the flight recorder of their epochs
     (``history``: group id -> the last epoch moves, why and when)."""
 
     def __init__(self, shard_id: int, config, core: ConsumerGroups, classic_ids, count):

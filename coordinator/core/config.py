@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from coordinator.consumer import ConsumerGroupConfig
+from coordinator.core.consumer import ConsumerGroupConfig
 
 __all__ = ["GroupConfig"]
 
