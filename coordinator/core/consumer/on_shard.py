@@ -93,7 +93,7 @@ class ConsumerProtocol:
     def validate(self, req, version: int) -> None:
         """HeartbeatError for a request the core would refuse (checked before a classic group
         gives way to it)."""
-        self.core._validate(req, version)
+        self.core.validate(req, version)
 
     def heartbeat(self, req, version: int, token, client_id: str, client_host: str, now: int, wall: int,
                   out: Result) -> None:
