@@ -256,11 +256,16 @@ FIELDS = {f.name: f for f in fields(Config)}
 
 
 def parse_topic(text: str) -> tuple[str, int]:
+    """``NAME:PARTITIONS``; the count is required (``orders`` alone was once taken as 1 partition,
+    silently, though every help text says NAME:PARTITIONS)."""
     name, sep, count = str(text).partition(":")
+    if not sep:
+        raise ConfigError(f"wants NAME:PARTITIONS, got {text!r}: give the partition count, "
+                          f"e.g. {name or 'orders'}:6")
     try:
-        parts = int(count) if sep else 1
+        parts = int(count)
     except ValueError:
-        raise ConfigError(f"--topic wants name:partitions, got {text!r}") from None
+        raise ConfigError(f"wants NAME:PARTITIONS, got {text!r}: the partition count must be an integer") from None
     return name, parts
 
 
