@@ -145,7 +145,7 @@ console-deps:
 		echo "warning: npm not found; install Node.js 18+ with npm for the console browser tests" >&2; \
 	fi
 
-# The README's console screenshots (docs/console-*.png), from a real daemon with real groups.
+# The console's screenshots in docs/operating.md (docs/console-*.png), from a real daemon with real groups.
 screenshots: $(VENV)/.installed-test console-deps bytecode
 	$(BIN)/python -m tools.console_screenshots docs
 

@@ -119,7 +119,7 @@ class Config:
     #: Kafka: socket.request.max.bytes (100 MiB)
     #: largest request frame (8 MiB); a bigger one closes the connection. Smaller than Kafka's: group
     #: requests are small, and one huge request would hold the event loop for seconds
-    max_frame_size: int = 8 * 1024 * 1024  # Kafka: socket.request.max.bytes (100 MiB); see README
+    max_frame_size: int = 8 * 1024 * 1024  # Kafka: socket.request.max.bytes (100 MiB); see docs/configuration.md
     #: Kafka: connections.max.idle.ms
     #: close a connection idle this long
     connections_max_idle_ms: int = 600000  # connections.max.idle.ms
