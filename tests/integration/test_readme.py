@@ -2,15 +2,16 @@
 cannot rot.
 
 A block a user runs is marked, in the README or in the docs/ page it moved to, by the line
-``<!-- readme-test: NAME -->`` right above its opening fence; the tests here take the blocks by name
-from the documents (tests/support/docblocks.py; never a copy) and run them: "Try it" as a new user would (`make run` in one shell, the rest in a second bash with its
-background jobs, in order), and the thin client's poll/commit loop as a program, twice at once so
-that a rebalance meets its commits. The only changes are the addresses: herd gets free ports
-through HERD_PORT / HERD_BOOTSTRAP (the documented variables), and the literal ports of the text
-(9092, 9404) are replaced by the free ones. Waits a user would make by watching ("three seconds
-later") are made here by asking `herd groups` until the group is there. Every other block is
-listed in NOT_RUN, with why: a new block must be marked or listed. The cluster recipe's blocks
-(docs/cluster.md) are run by tests/cluster/test_local_recipe.py.
+``<!-- readme-test: NAME -->`` right above its opening fence; the tests here take the blocks by name from
+the documents (tests/support/docblocks.py; never a copy) and run them: "Try it" as a new user would
+(`make run` in one shell, the rest in a second bash with its background jobs, in order), and the
+thin client's poll/commit loop as a program, twice at once so that a rebalance meets its commits.
+The only changes are the addresses: herd gets free ports through HERD_PORT / HERD_BOOTSTRAP (the
+documented variables), and the literal ports of the text (9092, 9404) are replaced by the free ones.
+Waits a user would make by watching ("three seconds later") are made here by asking `herd groups`
+until the group is there. Every other block is listed in NOT_RUN, with why: a new block must be
+marked or listed. The cluster recipe's blocks (docs/cluster.md) are run by
+tests/cluster/test_local_recipe.py.
 """
 from __future__ import annotations
 
