@@ -45,7 +45,7 @@ bytecode: | $(BIN)/python
 # used: give it on make's command line (`make run PORT=19196`) or as HERD_PORT.
 env_unused = $(if $(filter environment,$(origin $(1))),echo "make run: $(1)=$($(1)) in the environment is not used: give it as make run $(1)=$($(1)) or set HERD_$(1)=$($(1))" >&2;)
 RUN_PORT = $(strip $(if $(call on_cmdline,PORT),$(PORT) (PORT on make's command line),\
-	$(if $(findstring --port,$(ARGS)),as ARGS says ($(ARGS)),\
+	$(if $(filter --port --port=%,$(ARGS)),as ARGS says ($(ARGS)),\
 	$(if $(HERD_PORT),$(HERD_PORT) (HERD_PORT),\
 	9092 (herd's default$(if $(findstring --config,$(ARGS)), unless the --config file sets port))))))
 

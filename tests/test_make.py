@@ -106,6 +106,9 @@ def fake_venv(root: Path) -> Path:
         "make run: herd listens on port 19197 (HERD_PORT)"]),
     (("ARGS=--config herd.toml",), {}, [
         "make run: herd listens on port 9092 (herd's default unless the --config file sets port)"]),
+    (("ARGS=--port 19198 --port-file p",), {}, [
+        "make run: herd listens on port as ARGS says (--port 19198 --port-file p)"]),
+    (("ARGS=--port-file p",), {}, ["make run: herd listens on port 9092 (herd's default)"]),
 ])
 def test_make_run_says_which_port_and_that_an_environment_port_is_not_used(tmp_path, make_args, env, said):
     venv = fake_venv(tmp_path / "venv")
