@@ -16,9 +16,9 @@ import time
 import pytest
 
 from protocol import messages as m
-from tests.console import scenario as sc
 from tests.integration.test_metrics import parse
 from tests.support.shared import require_shared
+from tools import console_scenario as sc
 from tools.daemon import REPO, Daemon
 from tools.rawclient import RawClient
 

@@ -10,13 +10,13 @@ import time
 import pytest
 import uvloop
 
-from coordinator import stall as stall_module
-from coordinator.catalog import Catalog
 from coordinator.clock import ManualClock
 from coordinator.config import Config, ConfigError
-from coordinator.metrics import Metrics
+from coordinator.core.catalog import Catalog
+from coordinator.ops import stall as stall_module
+from coordinator.ops.metrics import Metrics
+from coordinator.ops.stall import StallDetector
 from coordinator.runtime import Runtime
-from coordinator.stall import StallDetector
 from protocol import errors as E
 from protocol.messages import HeartbeatRequest
 from tests.coordinator.test_group_harness import Harness, sub
@@ -422,7 +422,7 @@ def test_the_real_loop_thread_spinning_is_busy_and_sleeping_is_a_pause():
     import time as _time
 
     from coordinator.clock import SystemClock
-    from coordinator.stall import thread_sched_ms
+    from coordinator.ops.stall import thread_sched_ms
 
     if thread_sched_ms() is None:
         pytest.skip("this kernel has no /proc/thread-self/schedstat (the detector then counts every gap)")
