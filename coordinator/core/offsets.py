@@ -79,8 +79,8 @@ class Offsets:
 
     def replay(self, gid: str, topic: str, partition: int, value: bytes | None) -> None:
         """Store (or with None delete) one offset: ``value`` is its record value bytes, v3 or v1
-        (the shard re-encodes any other version first). An offset of a group nobody knows makes
-        its "simple" group, as Kafka's replay does."""
+        (the shard re-encodes any other version first). A commit stores its records the same way
+        (:meth:`_place`, then the partition's entry)."""
         if value is None:
             topics = self.committed.get(gid)
             if topics is not None:
@@ -92,20 +92,15 @@ class Offsets:
                 if not topics:
                     del self.committed[gid]
             return
+        self._place(gid, topic, value)[partition] = value
+
+    def _place(self, gid: str, topic: str, value: bytes) -> dict[int, bytes]:
+        """Where the offsets of ``topic`` committed by ``gid`` are kept (made empty if missing), for
+        an offset record ``value`` about to go there: an offset of a group nobody knows makes its
+        "simple" group (no protocol type: a standalone consumer), as Kafka's replay does. A
+        commit asks once per topic; replay, once per record."""
         if not self._known(gid):
-            # offsets committed by a standalone consumer: a "simple" group with no protocol type
             self._groups.create_simple(gid, records.offset_value_times(value)[0])
-        try:
-            self.committed[gid][topic][partition] = value
-        except KeyError:  # the group's first offset of this topic
-            self._offsets_of(gid, topic)[partition] = value
-
-    def _delete(self, out: Result, gid: str, topic: str, partition: int) -> None:
-        out.writes.append((self.shard_id, records.offset_commit_key(gid, topic, partition), None))
-        self.replay(gid, topic, partition, None)
-
-    def _offsets_of(self, gid: str, topic: str) -> dict[int, bytes]:
-        """The stored offsets of one topic of a group (created empty if missing)."""
         topics = self.committed.get(gid)
         if topics is None:
             topics = self.committed[gid] = {}
@@ -113,6 +108,10 @@ class Offsets:
         if parts is None:
             parts = topics[topic] = {}
         return parts
+
+    def _delete(self, out: Result, gid: str, topic: str, partition: int) -> None:
+        out.writes.append((self.shard_id, records.offset_commit_key(gid, topic, partition), None))
+        self.replay(gid, topic, partition, None)
 
     def delete_group(self, gid: str, out: Result) -> int:
         """Tombstone every offset of ``gid`` (DeleteGroups); -> how many."""
@@ -151,13 +150,13 @@ class Offsets:
         sid = self.shard_id
         pack_partition = records.pack_partition
         value_bytes = records.offset_value
-        replay = self.replay
+        place = self._place
         committed = _COMMITTED
         n_committed = len(committed)
         tail = last_meta = last_ts = None
         for t in req.topics:
             parts_out = []
-            prefix = None
+            prefix = stored = None
             name = t.name
             for p in t.partitions:
                 meta = p.committed_metadata
@@ -179,7 +178,9 @@ class Offsets:
                 raw = value_bytes(p.committed_offset, p.committed_leader_epoch if version >= 6 else -1, tail,
                                   expire)
                 writes.append((sid, prefix + pack_partition(idx), raw))
-                replay(gid, name, idx, raw)  # the record applied as start-up applies it
+                if stored is None:
+                    stored = place(gid, name, raw)
+                stored[idx] = raw  # the record applied as start-up applies it (Offsets.replay)
                 parts_out.append(committed[idx] if 0 <= idx < n_committed else
                                  OffsetCommitResponsePartition(idx, _NONE))
                 written += 1
