@@ -33,7 +33,7 @@ or :meth:`Shard.on_timers`). Calling conventions (three, each for a reason):
   cached bytes.
 
 Durable state changes through records: offsets only by replaying them (a commit applies its
-records through :meth:`coordinator.core.offsets.Offsets.replay`, the code start-up runs), consumer
+records as :meth:`coordinator.core.offsets.Offsets.replay` does at start-up), consumer
 groups likewise (their core), classic groups as Kafka's (the live group is authoritative, a
 GroupMetadata record snapshots it; see :mod:`coordinator.core.classic.groups`).
 """
