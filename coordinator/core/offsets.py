@@ -7,8 +7,8 @@ they live apart from the group protocols and ask the groups what they need throu
 Offsets change only by replaying records: a deletion and an expiry make their records and apply
 each through :meth:`Offsets.replay`, the code start-up runs for the same record; a commit applies
 its records as replay does (:meth:`Offsets._place`, then the partition's entry: the group check
-once per topic rather than once per partition), so memory always equals "log replayed". A committed offset is kept as its record value bytes, as
-written (see :mod:`coordinator.core.records`).
+once per topic rather than once per partition), so memory always equals "log replayed". A
+committed offset is kept as its record value bytes, as written (see :mod:`coordinator.core.records`).
 """
 from __future__ import annotations
 
