@@ -53,13 +53,14 @@ async def make_node():
     config = Config(offsets_partitions=N, initial_rebalance_delay_ms=0, shard_lease_ms=LEASE_MS,
                     store="postgresql://u@127.0.0.1:1/db")
     store = PgLikeStore()
-    catalog = Catalog(config, node_id=0)
-    rt = Runtime(config, GroupCoordinator(config, node_id=0), catalog, store, clock=clock)
+    node = ClusterNode(config, store, clock)
+    catalog = Catalog(config, node_id=0, routing=node.routing)
+    rt = Runtime(config, GroupCoordinator(config, node_id=0), catalog, store, clock=clock, ownership=node,
+                 topic_store=node)
+    node.attach(rt)
     rt.start(asyncio.get_running_loop())
-    node = ClusterNode(config, rt, catalog, store)
     node.leases = LeaseManager(parse_store_url(config.store), 0, N, node, host="h", port=1, lease_ms=LEASE_MS,
                                clock=clock)  # never started: the table is driven by hand
-    rt.guard, rt.shard_failed = node.check, node.reload
     return clock, store, rt, node
 
 
