@@ -26,10 +26,14 @@ import os
 import signal
 import socket
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from coordinator import config as cfg
 from coordinator import logging_setup
+
+if TYPE_CHECKING:
+    from coordinator.catalog import Routing
+    from coordinator.runtime import Ownership, TopicStore
 
 
 class StartError(Exception):
@@ -40,9 +44,9 @@ class StartError(Exception):
 class Node(Protocol):
     """How this process holds shards, as the daemon drives it (see the module docstring)."""
 
-    ownership: object  # coordinator.runtime.Ownership, given to the runtime
-    topic_store: object | None  # coordinator.runtime.TopicStore (None: topics live in shard 0)
-    routing: object | None  # coordinator.catalog.Routing, given to the catalog (None: this node alone)
+    ownership: Ownership  # given to the runtime
+    topic_store: TopicStore | None  # given to the runtime (None: topics are records of shard 0)
+    routing: Routing | None  # given to the catalog (None: this node alone)
 
     def lock(self):
         """Before the event loop starts: an open file locking what this process alone may use
@@ -359,7 +363,7 @@ class Daemon:
         if config.metrics_port is not None:  # bound first: a busy port fails before the replay
             http = HttpEndpoint(self.metrics, self.groups.list_groups,
                                 lambda g: self.groups.group_history(g, runtime.now_ms()),
-                                **{"failed_shards": None, "readiness": None, **node.http_checks(self.groups)})
+                                **node.http_checks(self.groups))
             http.console = self.console
             try:
                 mport = await http.bind(config.metrics_host, config.metrics_port)
