@@ -7,7 +7,7 @@ One node and a cluster node are the same daemon built with different objects:
   :class:`ClusterMember`: a :class:`~coordinator.cluster.node.ClusterNode`, shards held by leases in
   PostgreSQL) that gives the runtime its ownership and topic store
   (:class:`coordinator.runtime.Ownership`, :class:`coordinator.runtime.TopicStore`) and the catalog
-  its routing (:class:`coordinator.catalog.Routing`) at their construction, and says how this node
+  its routing (:class:`coordinator.core.catalog.Routing`) at their construction, and says how this node
   starts serving and stops (:meth:`Node.start`, :meth:`Node.leave`);
 * the store it opens (``FileStore`` or ``PgStore``).
 
@@ -32,7 +32,7 @@ from coordinator import config as cfg
 from coordinator import logging_setup
 
 if TYPE_CHECKING:
-    from coordinator.catalog import Routing
+    from coordinator.core.catalog import Routing
     from coordinator.runtime import Ownership, TopicStore
 
 
@@ -104,8 +104,8 @@ class SingleNode:
             log.warning("fsync=never: acknowledged commits can be lost on a crash; use only for benchmarks")
 
     async def start(self, d: Daemon, stop: asyncio.Event) -> bool:
-        from coordinator.gcwatch import GcWatch
-        from coordinator.looplag import LoopLag
+        from coordinator.ops.gcwatch import GcWatch
+        from coordinator.ops.looplag import LoopLag
         from coordinator.store import StoreError
         from coordinator.store.logformat import LogCorruptError
 
@@ -185,7 +185,7 @@ class ClusterMember:
 
     async def start(self, d: Daemon, stop: asyncio.Event) -> bool:
         from coordinator.cluster.errors import ClusterError
-        from coordinator.looplag import LoopLag
+        from coordinator.ops.looplag import LoopLag
         from coordinator.store import StoreError
 
         config, runtime = self.config, d.runtime
@@ -230,15 +230,15 @@ class ClusterMember:
 def build_daemon(config: cfg.Config, repair: bool = False) -> Daemon:
     """Every object of ``herd serve`` from ``config`` (one line, StartError, for a setting that cannot
     be used); nothing listens and nothing is opened until :meth:`Daemon.run`."""
-    from coordinator.catalog import Catalog
     from coordinator.clock import SystemClock
-    from coordinator.console import Console, make_source
-    from coordinator.group_coordinator import GroupCoordinator
-    from coordinator.metrics import Metrics, install_collectors
+    from coordinator.core.catalog import Catalog
+    from coordinator.core.coordinator import GroupCoordinator
+    from coordinator.edge.security import SecurityError
+    from coordinator.edge.security import load as load_security
+    from coordinator.edge.server import Server
+    from coordinator.ops.console import Console, make_source
+    from coordinator.ops.metrics import Metrics, install_collectors
     from coordinator.runtime import Runtime
-    from coordinator.security import SecurityError
-    from coordinator.security import load as load_security
-    from coordinator.server import Server
 
     log = _configure_logging(config)
     try:
@@ -350,8 +350,8 @@ class Daemon:
                 lock.close()
 
     async def serve(self) -> int:
-        from coordinator.metrics import HttpEndpoint
-        from coordinator.notify import Notifier
+        from coordinator.ops.metrics import HttpEndpoint
+        from coordinator.ops.notify import Notifier
 
         config, log, node, server, runtime = self.config, self.log, self.node, self.server, self.runtime
         self.loop = loop = asyncio.get_running_loop()

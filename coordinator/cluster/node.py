@@ -31,9 +31,9 @@ import math
 import time
 
 from coordinator import logging_setup
-from coordinator.catalog import decode_topic_record, topic_key
 from coordinator.cluster.leases import LeaseManager
 from coordinator.cluster.pgstore import PgStore
+from coordinator.core.catalog import decode_topic_record, topic_key
 from coordinator.runtime import FAILED, LOADING, NOT_OWNED
 
 log = logging_setup.get("herd.cluster")
@@ -44,7 +44,7 @@ ROUNDTRIP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
 
 
 class Routing:
-    """The catalog's view of the cluster (:class:`coordinator.catalog.Routing`: pure reads of the
+    """The catalog's view of the cluster (:class:`coordinator.core.catalog.Routing`: pure reads of the
     lease manager's last tick)."""
 
     def __init__(self, node: ClusterNode):
@@ -236,7 +236,7 @@ class ClusterNode:
         return None
 
     def metric_lines(self) -> list[str]:
-        from coordinator.metrics import Histogram, _family
+        from coordinator.ops.metrics import Histogram, _family
 
         leases = self.leases
         states = self.runtime.shard_states if self.runtime is not None else ()

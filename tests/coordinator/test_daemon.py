@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.catalog import ThisNodeOnly
 from coordinator.cluster.node import ClusterNode
 from coordinator.cluster.pgstore import PgStore
 from coordinator.config import Config
+from coordinator.core.catalog import ThisNodeOnly
 from coordinator.daemon import ClusterMember, SingleNode, StartError, build_daemon
 from coordinator.runtime import OwnsEveryShard
 from coordinator.store.filelog import FileStore
