@@ -104,8 +104,6 @@ class SingleNode:
             log.warning("fsync=never: acknowledged commits can be lost on a crash; use only for benchmarks")
 
     async def start(self, d: Daemon, stop: asyncio.Event) -> bool:
-        from coordinator.ops.gcwatch import GcWatch
-        from coordinator.ops.looplag import LoopLag
         from coordinator.store import StoreError
         from coordinator.store.logformat import LogCorruptError
 
@@ -127,19 +125,11 @@ class SingleNode:
         if stats is None:  # stopped before the replay ended: nothing was served, nothing is written
             return False
         gc.freeze()  # and keep them out of every later collection
-        # Requests allocate many short-lived objects and almost no cycles: collect the young
-        # generation every 20,000 allocations instead of 700 (measured: GC was ~20% of commit CPU at
-        # 700); GcWatch freezes what survives each collection, so none walks more than that.
-        gc.set_threshold(20_000, 10, 10)
-        metrics.collectors.append(GcWatch(schedule=d.loop.call_soon_threadsafe).install().metric_lines)
         metrics.replay_seconds, metrics.replay_records = stats["seconds"], stats["records"]
         log.info("replayed", records=stats["records"], seconds=stats["seconds"],
                  groups=len(d.groups.list_groups()))
-        runtime.stall_listeners.append(metrics.on_stall)
         runtime.start(d.loop)
-        d.console.start(d.loop)  # the log-end refresher, if a data cluster is known: its own task
-        d.lag = LoopLag(stall_s=config.stall_threshold_ms / 1000 if config.stall_threshold_ms else None).start(d.loop)
-        metrics.collectors.append(d.lag.metric_lines)
+        d.start_ops()
         await d.server.start()
         log.info("listening", host=d.host, port=d.port, advertised=f"{d.adv_host}:{d.adv_port}",
                  data_dir=str(config.data_dir), fsync=config.fsync, offsets_partitions=config.offsets_partitions,
@@ -153,7 +143,7 @@ class SingleNode:
         pass
 
     async def shutdown(self, d: Daemon) -> None:
-        d.console.stop()  # started by start(): its log-end refresher
+        d.stop_ops()
         d.runtime.shutdown()
         await self.store.close()
 
@@ -185,7 +175,6 @@ class ClusterMember:
 
     async def start(self, d: Daemon, stop: asyncio.Event) -> bool:
         from coordinator.cluster.errors import ClusterError
-        from coordinator.ops.looplag import LoopLag
         from coordinator.store import StoreError
 
         config, runtime = self.config, d.runtime
@@ -199,8 +188,7 @@ class ClusterMember:
             except (ClusterError, StoreError) as exc:
                 raise StartError(str(exc)) from None
             runtime.start(d.loop)
-            d.lag = LoopLag().start(d.loop)
-            d.metrics.collectors.append(d.lag.metric_lines)
+            d.start_ops()
             await d.server.start()
             try:
                 await self.node.start(d.adv_host, d.adv_port)
@@ -223,6 +211,7 @@ class ClusterMember:
         await self.node.stop()  # still listening meanwhile: clients are told NOT_COORDINATOR and look again
 
     async def shutdown(self, d: Daemon) -> None:
+        d.stop_ops()
         d.runtime.shutdown()
         await self.store.close(timeout=5.0)
 
@@ -322,6 +311,28 @@ class Daemon:
         self.lag = None  # the LoopLag, started by the node once serving
         self.loop: asyncio.AbstractEventLoop | None = None
         self.host, self.port, self.adv_host, self.adv_port = "", 0, "", 0
+
+    def start_ops(self) -> None:
+        """What watches and shows the running daemon, the same on a single node and a cluster
+        node: GC tuning and its watch, stalls counted, the loop-lag probe, the console's log-end
+        refresher (with a data cluster). Called by the node once its runtime runs."""
+        from coordinator.ops.gcwatch import GcWatch
+        from coordinator.ops.looplag import LoopLag
+
+        config, metrics = self.config, self.metrics
+        # Requests allocate many short-lived objects and almost no cycles: collect the young
+        # generation every 20,000 allocations instead of 700 (measured: GC was ~20% of commit CPU at
+        # 700); GcWatch freezes what survives each collection, so none walks more than that.
+        gc.set_threshold(20_000, 10, 10)
+        metrics.collectors.append(GcWatch(schedule=self.loop.call_soon_threadsafe).install().metric_lines)
+        self.runtime.stall_listeners.append(metrics.on_stall)
+        self.console.start(self.loop)  # the log-end refresher, if a data cluster is known: its own task
+        self.lag = LoopLag(stall_s=config.stall_threshold_ms / 1000 if config.stall_threshold_ms else None)
+        self.lag.start(self.loop)
+        metrics.collectors.append(self.lag.metric_lines)
+
+    def stop_ops(self) -> None:
+        self.console.stop()
 
     def run(self) -> int:
         """Serve on a uvloop event loop until a signal: the exit code (0), or StartError."""
