@@ -301,6 +301,23 @@ class Config:
                                      lambda mo: "group_consumer_" + mo.group(1).replace(".", "_"),
                                      str(exc))) from None
 
+    def group_config(self):
+        """The settings the group core reads (:class:`coordinator.core.config.GroupConfig`): the
+        daemon builds it once and hands it to :class:`~coordinator.core.coordinator.GroupCoordinator`."""
+        from coordinator.core.config import GroupConfig
+
+        return GroupConfig(
+            offsets_partitions=self.offsets_partitions,
+            initial_rebalance_delay_ms=self.initial_rebalance_delay_ms,
+            min_session_timeout_ms=self.min_session_timeout_ms,
+            max_session_timeout_ms=self.max_session_timeout_ms,
+            group_max_size=self.group_max_size,
+            offsets_retention_ms=self.offsets_retention_ms,
+            offsets_retention_check_interval_ms=self.offsets_retention_check_interval_ms,
+            offset_metadata_max_bytes=self.offset_metadata_max_bytes,
+            rebalance_history_size=self.rebalance_history_size,
+            consumer=self.consumer_group_config())
+
     def _validate_store(self) -> None:
         if self.store == "file":
             return

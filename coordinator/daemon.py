@@ -246,7 +246,7 @@ def build_daemon(config: cfg.Config, repair: bool = False) -> Daemon:
 
         store = PgStore(config.store_url, config.offsets_partitions, config.node_id)
         node = ClusterMember(config, store, ClusterNode(config, store, clock))
-    groups = GroupCoordinator(config, node_id=config.node_id)
+    groups = GroupCoordinator(config.group_config(), node_id=config.node_id)
     catalog = Catalog(config, node_id=config.node_id, routing=node.routing)
     runtime = Runtime(config, groups, catalog, store, clock=clock, ownership=node.ownership,
                       topic_store=node.topic_store)
