@@ -38,10 +38,13 @@ SERVE_HELP = {
     "sasl_mechanisms": "enabled SASL mechanisms (default: PLAIN,SCRAM-SHA-256,SCRAM-SHA-512)",
     "sasl_users_file": "user:password per line (SASL_PLAINTEXT, SASL_SSL); keep it mode 600",
     "data_bootstrap_server": "HOST:PORT[,HOST:PORT] of the Kafka cluster holding the partitions' records: "
-                             "consumer lag on /metrics and the console (default: none, commit ages only)",
+                             "its topics are herd's (Metadata, ListOffsets), consumer lag on /metrics and the "
+                             "console (default: none: herd's own catalog, commit ages only)",
     "data_command_config": "TLS/SASL client properties file for --data-bootstrap-server (as herd groups "
                            "--command-config)",
     "lag_refresh_interval_ms": "how often the data cluster's log ends are read (default 30000)",
+    "data_metadata_refresh_interval_ms": "how often the data cluster's topics (partition counts, topic ids) "
+                                         "are read again (default 30000)",
     "lag_metrics": "partition (default): lag per group, topic and partition; group: per group only",
 }
 
@@ -201,6 +204,9 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     groups = GroupCoordinator(config, node_id=config.node_id)
     catalog = Catalog(config, node_id=config.node_id)
     runtime = Runtime(config, groups, catalog, store)
+    reader = data = None
+    if config.data_bootstrap_server:  # the data cluster is the catalog (and the lag's log ends)
+        reader, data = await _data_catalog(config, log, catalog, runtime)
     node = ClusterNode(config, runtime, catalog, store) if clustered else None
     metrics = Metrics()
     server = Server(config, runtime, metrics, security)
@@ -208,7 +214,7 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     if node is not None:
         metrics.collectors.append(node.metric_lines)
     try:
-        source = make_source(config)
+        source = make_source(config, reader)
     except ValueError as exc:
         raise CliError(str(exc)) from None
     console = Console(config, groups, source=source, now_ms=runtime.now_ms)
@@ -255,7 +261,7 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
         log.info("metrics listening", host=config.metrics_host, port=mport)
     if clustered:
         return await _serve_cluster(config, log, loop, store, node, runtime, groups, server, http, metrics,
-                                    stop, received, host, port, adv_host, ClusterError)
+                                    stop, received, host, port, adv_host, ClusterError, data)
     try:
         await store.open()
     except LogCorruptError as exc:
@@ -288,6 +294,8 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     log.info("replayed", records=stats["records"], seconds=stats["seconds"], groups=len(groups.list_groups()))
     runtime.stall_listeners.append(metrics.on_stall)
     runtime.start(loop)
+    if data is not None:
+        data.start(loop)
     console.start(loop)  # the log-end refresher, if a data cluster is known: its own task
     lag = LoopLag(stall_s=config.stall_threshold_ms / 1000 if config.stall_threshold_ms else None).start(loop)
     metrics.collectors.append(lag.metric_lines)
@@ -318,9 +326,13 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     if http is not None:
         http.close()
     console.stop()
+    if data is not None:
+        await data.stop()
     runtime.shutdown()
     await store.close()
     await asyncio.sleep(0.05)  # let the last durable replies go out
+    if reader is not None:
+        reader.close()
     server.close_all()
     lag.stop()
     if config.port_file and failure is None:
@@ -334,8 +346,39 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     return 0
 
 
+async def _data_catalog(config, log, catalog, runtime):
+    """The data cluster as the catalog: its reader (shared with the lag refresher) and the
+    :class:`~coordinator.datacatalog.DataCatalog` on the runtime, primed by a first read of every
+    topic (bounded: a data cluster down at start is a warning, its topics are read when it answers).
+    A ``--topic`` the data cluster lacks is one line (CliError)."""
+    from coordinator.datacatalog import DataCatalog
+    from coordinator.datacluster import parse_servers, reader_from_config
+    from coordinator.lag import default_timeout_ms
+
+    try:
+        reader = reader_from_config(config, timeout_ms=default_timeout_ms(config.lag_refresh_interval_ms) * 9 // 10)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    data = DataCatalog(reader, catalog, runtime.clock, interval_ms=config.data_metadata_refresh_interval_ms,
+                       on_change=runtime._topics_changed)
+    runtime.data = data
+    where = ",".join(f"{h}:{p}" for h, p in parse_servers(config.data_bootstrap_server, reader.security.protocol))
+    if await data.prime():
+        log.info("topics: the data cluster's", data_bootstrap_server=where, topics=len(data.view.topics),
+                 refresh_interval_ms=config.data_metadata_refresh_interval_ms)
+    else:
+        log.warning("the data cluster did not answer at start: its topics are read when it answers",
+                    data_bootstrap_server=where)
+    missing = data.missing([name for name, _ in config.topics])
+    if missing:
+        reader.close()
+        raise CliError(f"--topic {', '.join(missing)}: the data cluster at {where} has no such topic "
+                       "(herd takes topics from it: create them there, or drop --topic)")
+    return reader, data
+
+
 async def _serve_cluster(config, log, loop, store, node, runtime, groups, server, http, metrics, stop, received,
-                         host, port, adv_host, ClusterError) -> int:
+                         host, port, adv_host, ClusterError, data=None) -> int:
     """``herd serve --store postgresql://...``: the shards are loaded as their leases are won, not at
     start. Every failure to join (database unreachable, login refused, no such database, another
     ``offsets_partitions``, a duplicate live ``node_id``) is one line (CliError, exit 2)."""
@@ -354,6 +397,8 @@ async def _serve_cluster(config, log, loop, store, node, runtime, groups, server
         except (ClusterError, StoreError) as exc:
             raise CliError(str(exc)) from None
         runtime.start(loop)
+        if data is not None:
+            data.start(loop)
         lag = LoopLag().start(loop)
         metrics.collectors.append(lag.metric_lines)
         await server.start()
@@ -389,6 +434,8 @@ async def _serve_cluster(config, log, loop, store, node, runtime, groups, server
     notifier.stopping()
     notifier.close()
     await node.stop()  # still listening meanwhile: clients are told NOT_COORDINATOR and look again
+    if data is not None:
+        await data.stop()
     server.stop_accepting()
     if http is not None:
         http.close()

@@ -92,6 +92,8 @@ class Config:
     data_bootstrap_server: str | None = None  # HOST:PORT[,HOST:PORT]; unset: commit ages only, no lag
     data_command_config: str | None = None  # TLS/SASL client properties for it (as herd groups --command-config)
     lag_refresh_interval_ms: int = 30000  # how often its log-end offsets are read
+    # with data_bootstrap_server: how often its topics (partition counts, topic ids) are read again
+    data_metadata_refresh_interval_ms: int = 30000
     lag_history_size: int = 30  # (log end, time) samples kept per partition for time lag
     lag_metrics: str = "partition"  # partition: lag per group, topic and partition; group: per group only
 
@@ -104,7 +106,7 @@ class Config:
                      "offsets_retention_check_interval_ms", "default_partitions", "max_frame_size",
                      "connections_max_idle_ms", "max_connections", "max_pending_bytes_per_connection",
                      "rebalance_history_size", "shard_lease_ms",
-                     "lag_refresh_interval_ms"):
+                     "lag_refresh_interval_ms", "data_metadata_refresh_interval_ms"):
             positive(name)
         for name in ("initial_rebalance_delay_ms", "min_session_timeout_ms", "offset_metadata_max_bytes"):
             if getattr(self, name) < 0:
