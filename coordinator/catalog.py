@@ -155,9 +155,8 @@ class DataTopics:
         err = self.errors.get(name)
         if err is not None and now - err[1] < self.recheck_ms:
             return err[0]
+        # (a read of every topic that lacked it says nothing: the topic may have been made since)
         last = self.checked.get(name)
-        if self.full_at is not None and (last is None or self.full_at > last):
-            last = self.full_at
         if last is not None and now - last < self.recheck_ms:
             return E.UNKNOWN_TOPIC_OR_PARTITION
         return PENDING
@@ -174,7 +173,6 @@ class DataTopics:
         """A read of every topic answered: -> whether the view changed."""
         self.full_at = now
         self.errors = {n: (c, now) for n, c in errors.items()}
-        self.checked.clear()
         changed = set(self.topics) != set(found)
         for name in list(self.topics):
             if name not in found and name not in errors:

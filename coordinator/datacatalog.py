@@ -31,6 +31,7 @@ import contextlib
 from coordinator import logging_setup
 from coordinator.catalog import PENDING, Catalog, DataTopics
 from coordinator.datacluster import DataClusterError, DataClusterReader
+from protocol import errors as E
 
 log = logging_setup.get("herd.datacatalog")
 
@@ -84,6 +85,7 @@ class DataCatalog:
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+        self.reader.close()
 
     async def _run(self) -> None:
         while True:
@@ -184,10 +186,23 @@ class DataCatalog:
     async def list_offsets(self, request, version: int):
         """The data cluster's ListOffsets answer for ``request``, shaped for ``version``."""
         self.stats["list_offsets"] += 1
-        specs = {(rt.name, rp.partition_index): rp.timestamp for rt in request.topics for rp in rt.partitions}
+        specs: dict = {}
+        duplicates = set()
+        for rt in request.topics:
+            for rp in rt.partitions:
+                tp = (rt.name, rp.partition_index)
+                if tp in specs:
+                    duplicates.add(tp)
+                specs[tp] = rp.timestamp
+        if version >= 1:  # as Kafka: a partition asked twice is INVALID_REQUEST, not asked
+            for tp in duplicates:
+                del specs[tp]
         isolation = request.isolation_level if version >= 2 else 0
         timeout = self.wait_ms
         if version >= 10 and request.timeout_ms > 0:
             timeout = min(timeout, request.timeout_ms)
         answers = await self.reader.list_offsets(specs, isolation, timeout_ms=timeout) if specs else {}
+        if version >= 1:
+            for tp in duplicates:
+                answers[tp] = (E.INVALID_REQUEST, -1, -1)
         return self.catalog.list_offsets_answer(request, version, answers)
