@@ -173,7 +173,7 @@ def test_list_offsets_are_the_data_clusters(kafka_broker, herd_data):
                 for ts in timestamps:
                     herd = list_offsets(herd_data.address, topic, (0, 1, 2), (ts,), version, isolation)
                     kafka = list_offsets(kafka_broker.address, topic, (0, 1, 2), (ts,), version, isolation)
-                    assert herd == kafka, (version, ts, isolation)
+                    assert sorted(herd) == sorted(kafka), (version, ts, isolation)
                     checked += 1
                 # a partition asked twice: INVALID_REQUEST for it, as Kafka
                 herd = list_offsets(herd_data.address, topic, (0, 1, 2), timestamps, version, isolation)
