@@ -544,10 +544,17 @@ class Catalog:
         ``old_style_offsets``, leader epoch as this node's Metadata gives it (0) where an offset was
         found. A partition without an answer gets LEADER_NOT_AVAILABLE (retriable)."""
         resp = m.ListOffsetsResponse()
+        topics: dict[str, m.ListOffsetsResponseListOffsetsTopicResponse] = {}
+        seen: set = set()
         for rt in req.topics:
-            out = m.ListOffsetsResponseListOffsetsTopicResponse(name=rt.name)
-            resp.topics.append(out)
+            out = topics.get(rt.name)
+            if out is None:
+                out = topics[rt.name] = m.ListOffsetsResponseListOffsetsTopicResponse(name=rt.name)
+                resp.topics.append(out)
             for rp in rt.partitions:
+                if (rt.name, rp.partition_index) in seen:  # as Kafka: a partition asked twice is answered once
+                    continue
+                seen.add((rt.name, rp.partition_index))
                 pr = m.ListOffsetsResponseListOffsetsPartitionResponse(partition_index=rp.partition_index)
                 code, ts, off = answers.get((rt.name, rp.partition_index), (E.LEADER_NOT_AVAILABLE, -1, -1))
                 pr.error_code = code
