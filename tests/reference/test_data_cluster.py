@@ -13,6 +13,7 @@ import pytest
 
 from protocol import errors as E
 from protocol import messages as m
+from tests.cluster.conftest import pg, pg_server  # noqa: F401 - fixtures: a PostgreSQL for the cluster test
 from tools.daemon import Daemon
 from tools.rawclient import RawClient
 
@@ -252,3 +253,55 @@ def test_kafka_consumer_groups_describe_shows_log_ends_and_lag(kafka_broker, her
     rows = {int(r["PARTITION"]): r for r in table(out)}
     assert {p: (int(r["CURRENT-OFFSET"]), int(r["LOG-END-OFFSET"]), int(r["LAG"])) for p, r in rows.items()} == {
         p: (commits[p], ends[p], ends[p] - commits[p]) for p in range(3)}
+
+
+def test_a_topic_flag_the_data_cluster_lacks_is_one_line(kafka_broker, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tools.daemon import REPO
+
+    t = token()
+    create_topic(kafka_broker, f"flag-{t}", 2)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env.pop("HERD_PORT", None)
+
+    def serve(*topics):
+        args = [a for name in topics for a in ("--topic", name)]
+        return subprocess.run([sys.executable, "-m", "coordinator", "serve", "--port", "0", "--data-dir",
+                               str(tmp_path / "d"), "--log-format", "json", "--data-bootstrap-server",
+                               kafka_broker.bootstrap, *args], capture_output=True, text=True, timeout=60,
+                              cwd=str(REPO), env=env)
+
+    proc = serve(f"flag-{t}:2", f"absent-{t}:3")
+    assert proc.returncode == 2, (proc.stdout[-2000:], proc.stderr[-2000:])
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("herd: error:")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"--topic absent-{t}" in errors[0] and kafka_broker.bootstrap in errors[0], errors[0]
+    assert f"flag-{t}," not in errors[0]
+    # and nothing was created on the broker
+    assert metadata(kafka_broker.address, [f"absent-{t}"], auto_create=False).topics[0].error_code == \
+        E.UNKNOWN_TOPIC_OR_PARTITION
+
+
+def test_cluster_nodes_answer_the_same_catalog_and_offsets(kafka_broker, pg, tmp_path):
+    from tests.cluster.nodes import Node
+
+    t = token()
+    topic = f"nodes-{t}"
+    create_topic(kafka_broker, topic, 2)
+    produce(kafka_broker.bootstrap, topic, {0: 3, 1: 8}, int(time.time() * 1000))
+    data = ("--data-bootstrap-server", kafka_broker.bootstrap, "--data-metadata-refresh-interval-ms", REFRESH_MS)
+    with Node(tmp_path, 1, pg.url, *data) as n1, Node(tmp_path, 2, pg.url, *data) as n2:
+        broker = catalog_of(metadata(kafka_broker.address, [topic], auto_create=False))
+        for node in (n1, n2):
+            assert catalog_of(metadata(node.address, [topic])) == broker
+            assert sorted(list_offsets(node.address, topic, (0, 1), (-1,), 7)) == [
+                (0, E.NONE, -1, 3), (1, E.NONE, -1, 8)]
+        add_partitions(kafka_broker, topic, 4)
+        grown = catalog_of(metadata(kafka_broker.address, [topic], auto_create=False))
+        assert grown[topic][2] == 4 and grown[topic][1] == broker[topic][1]
+        for node in (n1, n2):
+            until(f"node {node.node_id} to see 4 partitions",
+                  lambda node=node: catalog_of(metadata(node.address, [topic])) == grown)
