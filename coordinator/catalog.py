@@ -173,10 +173,11 @@ class DataTopics:
         """A read of every topic answered: -> whether the view changed."""
         self.full_at = now
         self.errors = {n: (c, now) for n, c in errors.items()}
-        changed = set(self.topics) != set(found)
+        changed = False
         for name in list(self.topics):
-            if name not in found and name not in errors:
+            if name not in found and name not in errors:  # deleted (one it cannot describe now is kept)
                 self._drop(name)
+                changed = True
         for name, (tid, count) in found.items():
             changed |= self._put(name, tid, count)
         if changed:
