@@ -136,7 +136,8 @@ def test_metadata_is_the_data_clusters_catalog(kafka_broker, herd_data):
     # a topic created on the broker after herd found it missing: known within the recheck
     create_topic(kafka_broker, missing, 2)
     until("herd to see the new topic", lambda: catalog_of(metadata(herd_data.address, [missing]))[missing][0] == E.NONE)
-    assert catalog_of(metadata(herd_data.address, [missing])) == catalog_of(metadata(kafka_broker.address, [missing], auto_create=False))
+    assert catalog_of(metadata(herd_data.address, [missing])) == catalog_of(
+        metadata(kafka_broker.address, [missing], auto_create=False))
 
 
 SPECS = (-2, -1, -3)  # earliest, latest, max timestamp
@@ -285,7 +286,7 @@ def test_a_topic_flag_the_data_cluster_lacks_is_one_line(kafka_broker, tmp_path)
         E.UNKNOWN_TOPIC_OR_PARTITION
 
 
-def test_cluster_nodes_answer_the_same_catalog_and_offsets(kafka_broker, pg, tmp_path):
+def test_cluster_nodes_answer_the_same_catalog_and_offsets(kafka_broker, pg, tmp_path):  # noqa: F811
     from tests.cluster.nodes import Node
 
     t = token()
