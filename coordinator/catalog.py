@@ -125,6 +125,7 @@ def validate_topic_name(name: str) -> str | None:
 PENDING = object()
 # a name the data cluster did not have (or could not describe) is asked again after this long
 RECHECK_MS = 1000
+MAX_REMEMBERED = 10_000  # names known missing or failing, past which the expired ones are forgotten
 
 
 class DataTopics:
@@ -187,6 +188,9 @@ class DataTopics:
     def apply_names(self, found: dict[str, tuple[bytes, int]], unknown, errors: dict[str, int], now: int) -> bool:
         """A read of some names answered: -> whether the view changed."""
         changed = False
+        if len(self.checked) + len(self.errors) > MAX_REMEMBERED:  # bounded: names asked for at random
+            self.checked = {n: t for n, t in self.checked.items() if now - t < self.recheck_ms}
+            self.errors = {n: e for n, e in self.errors.items() if now - e[1] < self.recheck_ms}
         for name in unknown:
             self.checked[name] = now
             self.errors.pop(name, None)

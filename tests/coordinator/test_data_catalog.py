@@ -307,3 +307,12 @@ async def test_list_offsets_forwards_every_partition_once_with_isolation_and_tim
     assert [(p.partition_index, p.error_code, p.offset) for p in resp.topics[0].partitions] == [
         (0, E.NONE, 10), (1, E.NONE, 4), (2, E.INVALID_REQUEST, -1)]
 
+
+
+def test_names_known_missing_are_bounded():
+    from coordinator.catalog import MAX_REMEMBERED
+
+    v = DataTopics()
+    v.apply_names({}, {f"t{i}" for i in range(MAX_REMEMBERED + 1)}, {}, 0)
+    v.apply_names({}, {"late"}, {}, RECHECK_MS)  # the expired ones go
+    assert set(v.checked) == {"late"}
