@@ -316,3 +316,52 @@ def test_names_known_missing_are_bounded():
     v.apply_names({}, {f"t{i}" for i in range(MAX_REMEMBERED + 1)}, {}, 0)
     v.apply_names({}, {"late"}, {}, RECHECK_MS)  # the expired ones go
     assert set(v.checked) == {"late"}
+
+
+# ---- the runtime: Metadata waits for a first read, ListOffsets for the data cluster ------------------
+
+async def test_runtime_holds_a_metadata_for_unread_topics_and_answers_list_offsets_from_the_data_cluster():
+    from coordinator.group_coordinator import GroupCoordinator
+    from coordinator.runtime import Runtime
+    from coordinator.versions import LIST_OFFSETS, METADATA
+    from tests.coordinator.test_runtime_shards import N, FakeStore, Token
+
+    config = Config(offsets_partitions=N, initial_rebalance_delay_ms=0).validate()
+    cat = Catalog(config, node_id=0)
+    clock = ManualClock()
+    rt = Runtime(config, GroupCoordinator(config, node_id=0), cat, FakeStore(owned=[]), clock=clock)
+    reader = Reader({"orders": (A, 2)})
+    reader.offsets = {("orders", 1): (E.NONE, -1, 77)}
+    rt.data = DataCatalog(reader, cat, clock, on_change=rt._topics_changed)
+    rt.start(asyncio.get_running_loop())
+    reader.gate = asyncio.Event()
+
+    def send(api_key, version, request):
+        token = Token(api_key, version, request)
+        rt.dispatch(token, api_key, version, request, "cli", "/127.0.0.1")
+        return token
+
+    first = send(METADATA, 12, md(["orders"]))
+    assert first.held and first.responses == []  # parked until the data cluster answers
+    reader.gate.set()
+    for _ in range(50):
+        await asyncio.sleep(0)
+        if first.responses:
+            break
+    (resp,) = first.responses
+    assert [(t.name, t.topic_id, len(t.partitions)) for t in resp.topics] == [("orders", A, 2)]
+    calls = len(reader.calls)
+    again = send(METADATA, 12, md(["orders"]))
+    assert not again.held and len(again.responses) == 1 and len(reader.calls) == calls  # known: at once
+
+    lo = send(LIST_OFFSETS, 7, lo_request([1]))
+    assert lo.held and lo.responses == []
+    for _ in range(50):
+        await asyncio.sleep(0)
+        if lo.responses:
+            break
+    (resp,) = lo.responses
+    assert [(p.partition_index, p.error_code, p.offset) for p in resp.topics[0].partitions] == [(1, E.NONE, 77)]
+    assert cat.topics == {}  # herd's own catalog: nothing created
+    await rt.data.stop()
+    rt.shutdown()
