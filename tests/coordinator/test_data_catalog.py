@@ -324,7 +324,7 @@ async def test_runtime_holds_a_metadata_for_unread_topics_and_answers_list_offse
     from coordinator.group_coordinator import GroupCoordinator
     from coordinator.runtime import Runtime
     from coordinator.versions import LIST_OFFSETS, METADATA
-    from tests.coordinator.test_runtime_shards import N, FakeStore, Token
+    from tests.coordinator.test_runtime_shards import FakeStore, N, Token
 
     config = Config(offsets_partitions=N, initial_rebalance_delay_ms=0).validate()
     cat = Catalog(config, node_id=0)
