@@ -211,6 +211,8 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     metrics = Metrics()
     server = Server(config, runtime, metrics, security)
     install_collectors(metrics, groups, store, server)
+    if data is not None:
+        metrics.collectors.append(data.metric_lines)
     if node is not None:
         metrics.collectors.append(node.metric_lines)
     try:

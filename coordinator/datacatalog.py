@@ -206,3 +206,20 @@ class DataCatalog:
             for tp in duplicates:
                 answers[tp] = (E.INVALID_REQUEST, -1, -1)
         return self.catalog.list_offsets_answer(request, version, answers)
+
+    # ---- metrics ---------------------------------------------------------------------------------
+
+    def metric_lines(self) -> list[str]:
+        from coordinator.metrics import _family
+
+        lines = _family("herd_data_topics", "gauge", "Topics of the data cluster as herd last read them.",
+                        [("", len(self.view.topics))])
+        lines += _family("herd_data_catalog_up", "gauge", "1 when the data cluster answered herd's last read of "
+                         "its topics.", [("", 1 if self.up else 0)])
+        lines += _family("herd_data_catalog_reads_total", "counter", "Reads of the data cluster's topics.",
+                         [("", self.stats["reads"])])
+        lines += _family("herd_data_catalog_read_failures_total", "counter", "Reads of the data cluster's "
+                         "topics that failed or timed out.", [("", self.stats["read_failures"])])
+        lines += _family("herd_data_list_offsets_total", "counter", "ListOffsets requests answered from the "
+                         "data cluster.", [("", self.stats["list_offsets"])])
+        return lines

@@ -229,9 +229,12 @@ async def test_prime_reads_every_topic_and_missing_names_the_absent_flags():
     assert await dc.prime() is True
     assert cat.get("orders") == (A, 4) and changes == [1]
     assert dc.missing(["orders", "nope"]) == ["nope"]
+    assert "herd_data_catalog_up 1" in dc.metric_lines() and "herd_data_topics 1" in dc.metric_lines()
     reader.down = True
     assert await dc.prime() is False and dc.up is False
     assert cat.get("orders") == (A, 4)  # the last read stands
+    lines = dc.metric_lines()
+    assert "herd_data_catalog_up 0" in lines and "herd_data_catalog_read_failures_total 1" in lines
 
 
 async def test_names_asked_in_one_turn_share_one_read_and_wait_for_it():
