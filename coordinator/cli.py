@@ -171,17 +171,17 @@ def serve(config: cfg.Config, repair: bool = False) -> int:
 
 async def _serve(config: cfg.Config, repair: bool) -> int:
     from coordinator import logging_setup
-    from coordinator.catalog import Catalog
-    from coordinator.console import Console, make_source
-    from coordinator.gcwatch import GcWatch
-    from coordinator.group_coordinator import GroupCoordinator
-    from coordinator.looplag import LoopLag
-    from coordinator.metrics import HttpEndpoint, Metrics, install_collectors
-    from coordinator.notify import Notifier
+    from coordinator.core.catalog import Catalog
+    from coordinator.core.coordinator import GroupCoordinator
+    from coordinator.edge.security import SecurityError
+    from coordinator.edge.security import load as load_security
+    from coordinator.edge.server import Server
+    from coordinator.ops.console import Console, make_source
+    from coordinator.ops.gcwatch import GcWatch
+    from coordinator.ops.looplag import LoopLag
+    from coordinator.ops.metrics import HttpEndpoint, Metrics, install_collectors
+    from coordinator.ops.notify import Notifier
     from coordinator.runtime import Runtime
-    from coordinator.security import SecurityError
-    from coordinator.security import load as load_security
-    from coordinator.server import Server
     from coordinator.store import StoreError
     from coordinator.store.filelog import FileStore
     from coordinator.store.logformat import LogCorruptError
@@ -350,12 +350,12 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
 
 async def _data_catalog(config, log, catalog, runtime):
     """The data cluster as the catalog: its reader (shared with the lag refresher) and the
-    :class:`~coordinator.datacatalog.DataCatalog` on the runtime, primed by a first read of every
+    :class:`~coordinator.ops.datacatalog.DataCatalog` on the runtime, primed by a first read of every
     topic (bounded: a data cluster down at start is a warning, its topics are read when it answers).
     A ``--topic`` the data cluster lacks is one line (CliError)."""
-    from coordinator.datacatalog import DataCatalog
-    from coordinator.datacluster import parse_servers, reader_from_config
-    from coordinator.lag import default_timeout_ms
+    from coordinator.ops.datacatalog import DataCatalog
+    from coordinator.ops.datacluster import parse_servers, reader_from_config
+    from coordinator.ops.lag import default_timeout_ms
 
     try:
         reader = reader_from_config(config, timeout_ms=default_timeout_ms(config.lag_refresh_interval_ms) * 9 // 10)
@@ -384,8 +384,8 @@ async def _serve_cluster(config, log, loop, store, node, runtime, groups, server
     """``herd serve --store postgresql://...``: the shards are loaded as their leases are won, not at
     start. Every failure to join (database unreachable, login refused, no such database, another
     ``offsets_partitions``, a duplicate live ``node_id``) is one line (CliError, exit 2)."""
-    from coordinator.looplag import LoopLag
-    from coordinator.notify import Notifier
+    from coordinator.ops.looplag import LoopLag
+    from coordinator.ops.notify import Notifier
     from coordinator.store import StoreError
 
     adv_port = config.advertised_port or port

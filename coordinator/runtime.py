@@ -57,19 +57,19 @@ import collections
 import time
 
 from coordinator import logging_setup
-from coordinator.catalog import Catalog, is_topic_record
 from coordinator.clock import SystemClock
-from coordinator.responses import error_response
-from coordinator.result import Result
-from coordinator.stall import StallDetector
-from coordinator.store import ShardFencedError
-from coordinator.versions import (
+from coordinator.core.catalog import Catalog, is_topic_record
+from coordinator.core.responses import error_response
+from coordinator.core.result import Result
+from coordinator.core.versions import (
     CREATE_TOPICS,
     FETCH,
     GROUP_APIS,
     LIST_OFFSETS,
     METADATA,
 )
+from coordinator.ops.stall import StallDetector
+from coordinator.store import ShardFencedError
 from protocol import errors as E
 
 log = logging_setup.get("herd.runtime")
@@ -138,7 +138,7 @@ def _catalog_failure(result, code: int):
 class Runtime:
     def __init__(self, config, groups, catalog: Catalog, store, clock=None, metrics=None, data=None):
         self.config = config
-        # the data cluster as the catalog (coordinator.datacatalog.DataCatalog), None without one: a
+        # the data cluster as the catalog (coordinator.ops.datacatalog.DataCatalog), None without one: a
         # Metadata naming topics never read waits for their read (bounded); ListOffsets is its answer
         self.data = data
         self.groups = groups

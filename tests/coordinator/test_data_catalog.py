@@ -1,16 +1,16 @@
-"""The data cluster as the catalog: the pure view (coordinator.catalog.DataTopics, time passed in as
+"""The data cluster as the catalog: the pure view (coordinator.core.catalog.DataTopics, time passed in as
 a manual clock's), the catalog's answers from it (Metadata, CreateTopics, the consumer groups' view,
-ListOffsets' shape), and coordinator.datacatalog.DataCatalog over a scripted reader (first-use
+ListOffsets' shape), and coordinator.ops.datacatalog.DataCatalog over a scripted reader (first-use
 waits, shared reads, bounded waits, changes reported). A real Kafka broker: tests/reference."""
 from __future__ import annotations
 
 import asyncio
 
-from coordinator.catalog import PENDING, RECHECK_MS, Catalog, DataTopics
 from coordinator.clock import ManualClock
 from coordinator.config import Config
-from coordinator.datacatalog import DataCatalog
-from coordinator.datacluster import DataClusterError, TopicsRead
+from coordinator.core.catalog import PENDING, RECHECK_MS, Catalog, DataTopics
+from coordinator.ops.datacatalog import DataCatalog
+from coordinator.ops.datacluster import DataClusterError, TopicsRead
 from protocol import errors as E
 from protocol import messages as m
 
@@ -151,7 +151,7 @@ def test_consumer_groups_see_the_data_clusters_topics_and_ask_for_missing_ones()
 
 
 def _herd_topic(name, parts):
-    from coordinator.catalog import Topic, topic_key, topic_value
+    from coordinator.core.catalog import Topic, topic_key, topic_value
     return topic_key(name), topic_value(Topic(name, parts, b"H" * 16))
 
 
@@ -313,7 +313,7 @@ async def test_list_offsets_forwards_every_partition_once_with_isolation_and_tim
 
 
 def test_names_known_missing_are_bounded():
-    from coordinator.catalog import MAX_REMEMBERED
+    from coordinator.core.catalog import MAX_REMEMBERED
 
     v = DataTopics()
     v.apply_names({}, {f"t{i}" for i in range(MAX_REMEMBERED + 1)}, {}, 0)
@@ -324,9 +324,9 @@ def test_names_known_missing_are_bounded():
 # ---- the runtime: Metadata waits for a first read, ListOffsets for the data cluster ------------------
 
 async def test_runtime_holds_a_metadata_for_unread_topics_and_answers_list_offsets_from_the_data_cluster():
-    from coordinator.group_coordinator import GroupCoordinator
+    from coordinator.core.coordinator import GroupCoordinator
+    from coordinator.core.versions import LIST_OFFSETS, METADATA
     from coordinator.runtime import Runtime
-    from coordinator.versions import LIST_OFFSETS, METADATA
     from tests.coordinator.test_runtime_shards import FakeStore, N, Token
 
     config = Config(offsets_partitions=N, initial_rebalance_delay_ms=0).validate()

@@ -1,7 +1,7 @@
 """The data-cluster reader: log-end offsets of the Kafka cluster that holds the partitions' data.
 
 herd keeps the committed offsets; the log ends live in the data cluster (``data_bootstrap_server``).
-:class:`DataClusterReader` is the :class:`coordinator.lag.LogEndSource` the lag refresher asks:
+:class:`DataClusterReader` is the :class:`coordinator.ops.lag.LogEndSource` the lag refresher asks:
 
     ends = await reader.fetch([("orders", 0), ("orders", 1), ...])   # {(topic, partition): log end}
 
@@ -22,7 +22,7 @@ What it returns and raises (the refresher's contract, see :mod:`coordinator.lag`
 
 * the log end of every partition it could read; a partition the data cluster does not have (no
   such topic, no leader) is left out and not an error: it simply has no lag;
-* :class:`coordinator.lag.PartialFetch` when some broker could not be asked (down, timed out,
+* :class:`coordinator.ops.lag.PartialFetch` when some broker could not be asked (down, timed out,
   refused us): it carries the log ends it did read, the rest go stale, ``herd_lag_source_up`` 0;
 * :class:`DataClusterError` when nothing could be read (no broker reachable for Metadata).
 
@@ -43,7 +43,7 @@ import uuid
 
 from coordinator import logging_setup
 from coordinator.clock import Clock, SystemClock
-from coordinator.lag import PartialFetch
+from coordinator.ops.lag import PartialFetch
 from protocol import errors as E
 from protocol import messages as m
 from protocol.client_connection import AuthenticationFailed, Connection, ConnectionBroken, Ready, Response

@@ -26,7 +26,7 @@ cluster is the catalog: Metadata answers its partition counts and topic ids (thi
 leader of every partition), a topic it does not have is UNKNOWN_TOPIC_OR_PARTITION (never
 auto-created), CreateTopics is refused (POLICY_VIOLATION: create topics there), consumer groups
 assign its topics by its ids, and ``--topic`` creates nothing. :class:`DataTopics` is that view as
-last read (pure: time comes in as arguments); ``coordinator.datacatalog`` reads it on the loop and
+last read (pure: time comes in as arguments); ``coordinator.ops.datacatalog`` reads it on the loop and
 the runtime parks a Metadata whose topics were never read until the read returns (bounded).
 ListOffsets is then answered by the data cluster (``list_offsets_answer`` shapes its answer).
 
@@ -43,10 +43,10 @@ import struct
 import uuid
 from dataclasses import dataclass
 
-from coordinator.partitioning import shard_for
-from coordinator.responses import kafka_error_message
-from coordinator.result import Result
-from coordinator.versions import CREATE_TOPICS, DESCRIBE_CLUSTER, FETCH, FIND_COORDINATOR, LIST_OFFSETS, METADATA
+from coordinator.core.partitioning import shard_for
+from coordinator.core.responses import kafka_error_message
+from coordinator.core.result import Result
+from coordinator.core.versions import CREATE_TOPICS, DESCRIBE_CLUSTER, FETCH, FIND_COORDINATOR, LIST_OFFSETS, METADATA
 from protocol import errors as E
 from protocol import messages as m
 from protocol.wire import ProtocolError

@@ -1,9 +1,9 @@
 """The data cluster as herd's topic catalog and log-offset oracle, on the event loop.
 
 With ``data_bootstrap_server`` set, herd keeps no topics of its own: the data cluster's partition
-counts and topic ids are the catalog (:class:`coordinator.catalog.DataTopics`, the pure view), and
+counts and topic ids are the catalog (:class:`coordinator.core.catalog.DataTopics`, the pure view), and
 ListOffsets is answered with the data cluster's offsets. :class:`DataCatalog` does the reading, with
-the same :class:`coordinator.datacluster.DataClusterReader` the lag refresher uses (one connection
+the same :class:`coordinator.ops.datacluster.DataClusterReader` the lag refresher uses (one connection
 per broker, batched per leader, every call bounded by a timeout):
 
 * ``prime()`` at start: one read of every topic (bounded by ``wait_ms``); herd starts whatever it
@@ -29,8 +29,8 @@ import asyncio
 import contextlib
 
 from coordinator import logging_setup
-from coordinator.catalog import PENDING, Catalog, DataTopics
-from coordinator.datacluster import DataClusterError, DataClusterReader
+from coordinator.core.catalog import PENDING, Catalog, DataTopics
+from coordinator.ops.datacluster import DataClusterError, DataClusterReader
 from protocol import errors as E
 
 log = logging_setup.get("herd.datacatalog")
@@ -210,7 +210,7 @@ class DataCatalog:
     # ---- metrics ---------------------------------------------------------------------------------
 
     def metric_lines(self) -> list[str]:
-        from coordinator.metrics import _family
+        from coordinator.ops.metrics import _family
 
         lines = _family("herd_data_topics", "gauge", "Topics of the data cluster as herd last read them.",
                         [("", len(self.view.topics))])
