@@ -371,6 +371,11 @@ async def _data_catalog(config, log, catalog, runtime):
     else:
         log.warning("the data cluster did not answer at start: its topics are read when it answers",
                     data_bootstrap_server=where)
+    for name, parts in config.topics:
+        topic = data.view.topics.get(name)
+        if topic is not None and topic.partitions != parts:
+            log.warning("--topic names a partition count the data cluster does not have: its count is used",
+                        topic=name, flag=parts, data_cluster=topic.partitions)
     missing = data.missing([name for name, _ in config.topics])
     if missing:
         reader.close()
