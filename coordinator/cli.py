@@ -171,6 +171,7 @@ def serve(config: cfg.Config, repair: bool = False) -> int:
 
 async def _serve(config: cfg.Config, repair: bool) -> int:
     from coordinator import logging_setup
+    from coordinator.clock import SystemClock
     from coordinator.core.catalog import Catalog
     from coordinator.core.coordinator import GroupCoordinator
     from coordinator.edge.security import SecurityError
@@ -203,10 +204,22 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
         store = FileStore(Path(config.data_dir), config.offsets_partitions, fsync=config.fsync, repair=repair)
     groups = GroupCoordinator(config, node_id=config.node_id)
     catalog = Catalog(config, node_id=config.node_id)
-    runtime = Runtime(config, groups, catalog, store)
+    clock = SystemClock()
     reader = data = None
     if config.data_bootstrap_server:  # the data cluster is the catalog (and the lag's log ends)
-        reader, data = await _data_catalog(config, log, catalog, runtime)
+        from coordinator.ops import datacatalog
+
+        try:
+            data = datacatalog.from_config(config, catalog, clock)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+        reader = data.reader
+    runtime = Runtime(config, groups, catalog, store, clock=clock, data=data)
+    if data is not None:
+        try:
+            await data.open(config.topics)  # a first read of every topic; a --topic it lacks: one line
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
     node = ClusterNode(config, runtime, catalog, store) if clustered else None
     metrics = Metrics()
     server = Server(config, runtime, metrics, security)
@@ -346,42 +359,6 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     if failure is not None:
         raise failure
     return 0
-
-
-async def _data_catalog(config, log, catalog, runtime):
-    """The data cluster as the catalog: its reader (shared with the lag refresher) and the
-    :class:`~coordinator.ops.datacatalog.DataCatalog` on the runtime, primed by a first read of every
-    topic (bounded: a data cluster down at start is a warning, its topics are read when it answers).
-    A ``--topic`` the data cluster lacks is one line (CliError)."""
-    from coordinator.ops.datacatalog import DataCatalog
-    from coordinator.ops.datacluster import parse_servers, reader_from_config
-    from coordinator.ops.lag import default_timeout_ms
-
-    try:
-        reader = reader_from_config(config, timeout_ms=default_timeout_ms(config.lag_refresh_interval_ms) * 9 // 10)
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
-    data = DataCatalog(reader, catalog, runtime.clock, interval_ms=config.data_metadata_refresh_interval_ms,
-                       on_change=runtime._topics_changed)
-    runtime.data = data
-    where = ",".join(f"{h}:{p}" for h, p in parse_servers(config.data_bootstrap_server, reader.security.protocol))
-    if await data.prime():
-        log.info("topics: the data cluster's", data_bootstrap_server=where, topics=len(data.view.topics),
-                 refresh_interval_ms=config.data_metadata_refresh_interval_ms)
-    else:
-        log.warning("the data cluster did not answer at start: its topics are read when it answers",
-                    data_bootstrap_server=where)
-    for name, parts in config.topics:
-        topic = data.view.topics.get(name)
-        if topic is not None and topic.partitions != parts:
-            log.warning("--topic names a partition count the data cluster does not have: its count is used",
-                        topic=name, flag=parts, data_cluster=topic.partitions)
-    missing = data.missing([name for name, _ in config.topics])
-    if missing:
-        reader.close()
-        raise CliError(f"--topic {', '.join(missing)}: the data cluster at {where} has no such topic "
-                       "(herd takes topics from it: create them there, or drop --topic)")
-    return reader, data
 
 
 async def _serve_cluster(config, log, loop, store, node, runtime, groups, server, http, metrics, stop, received,

@@ -141,6 +141,8 @@ class Runtime:
         # the data cluster as the catalog (coordinator.ops.datacatalog.DataCatalog), None without one: a
         # Metadata naming topics never read waits for their read (bounded); ListOffsets is its answer
         self.data = data
+        if data is not None:
+            data.on_change = self._topics_changed  # a topic made, grown or deleted there: consumer groups see it
         self.groups = groups
         self.catalog = catalog
         if hasattr(groups, "set_topics"):

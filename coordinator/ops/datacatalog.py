@@ -39,6 +39,17 @@ WAIT_MS = 5000  # the longest a Metadata or ListOffsets waits for the data clust
 LIST_OFFSETS = {-1: "latest", -2: "earliest", -3: "max-timestamp", -4: "earliest-local", -5: "latest-tiered"}
 
 
+def from_config(config, catalog: Catalog, clock) -> DataCatalog:
+    """The data catalog for ``data_bootstrap_server`` (its reader with the TLS/SASL settings of
+    ``data_command_config``; the lag refresher shares it). ``ValueError`` (one line) for settings
+    that cannot be used. The runtime it is given to sets ``on_change``."""
+    from coordinator.ops.datacluster import reader_from_config
+    from coordinator.ops.lag import default_timeout_ms
+
+    reader = reader_from_config(config, timeout_ms=default_timeout_ms(config.lag_refresh_interval_ms) * 9 // 10)
+    return DataCatalog(reader, catalog, clock, interval_ms=config.data_metadata_refresh_interval_ms)
+
+
 class DataCatalog:
     def __init__(self, reader: DataClusterReader, catalog: Catalog, clock, interval_ms: int = 30_000,
                  wait_ms: int = WAIT_MS, on_change=None):
@@ -65,6 +76,29 @@ class DataCatalog:
     async def prime(self) -> bool:
         """The first read of every topic, bounded; -> whether it answered."""
         return await self._read_all()
+
+    async def open(self, topics=()) -> None:
+        """At start: :meth:`prime`, logged; ``topics`` (``--topic`` NAME:PARTITIONS) checked against
+        what it read: a count other than the data cluster's is a warning, a name it lacks is
+        ``ValueError`` (one line). A data cluster down at start is a warning: its topics are read
+        when it answers."""
+        where = ",".join(f"{h}:{p}" for h, p in self.reader.servers)
+        if await self.prime():
+            log.info("topics: the data cluster's", data_bootstrap_server=where, topics=len(self.view.topics),
+                     refresh_interval_ms=self.interval_ms)
+        else:
+            log.warning("the data cluster did not answer at start: its topics are read when it answers",
+                        data_bootstrap_server=where)
+        for name, parts in topics:
+            topic = self.view.topics.get(name)
+            if topic is not None and topic.partitions != parts:
+                log.warning("--topic names a partition count the data cluster does not have: its count is used",
+                            topic=name, flag=parts, data_cluster=topic.partitions)
+        missing = self.missing([name for name, _ in topics])
+        if missing:
+            self.reader.close()
+            raise ValueError(f"--topic {', '.join(missing)}: the data cluster at {where} has no such topic "
+                             "(herd takes topics from it: create them there, or drop --topic)")
 
     def missing(self, names) -> list[str]:
         """Of ``names`` (``--topic``), those the data cluster lacks by the last read of every topic

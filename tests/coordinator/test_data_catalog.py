@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from coordinator.clock import ManualClock
 from coordinator.config import Config
 from coordinator.core.catalog import PENDING, RECHECK_MS, Catalog, DataTopics
@@ -213,6 +215,8 @@ class Reader:
     def close(self):
         self.closed = True
 
+    servers = [("127.0.0.1", 9)]
+
 
 def data_catalog(reader, wait_ms=5000):
     clock = ManualClock()
@@ -220,6 +224,19 @@ def data_catalog(reader, wait_ms=5000):
     changes = []
     dc = DataCatalog(reader, cat, clock, interval_ms=30_000, wait_ms=wait_ms, on_change=lambda: changes.append(1))
     return dc, cat, clock, changes
+
+
+async def test_open_checks_the_topic_flags_against_the_first_read():
+    reader = Reader({"orders": (A, 4)})
+    dc, cat, _, _ = data_catalog(reader)
+    with pytest.raises(ValueError, match=r"--topic nope: the data cluster at .* has no such topic"):
+        await dc.open([("orders", 9), ("nope", 1)])
+    assert reader.closed
+    down = Reader({"orders": (A, 4)})
+    down.down = True
+    dc, cat, _, _ = data_catalog(down)
+    await dc.open([("nope", 1)])  # nothing known missing while the data cluster does not answer
+    assert not down.closed
 
 
 async def test_prime_reads_every_topic_and_missing_names_the_absent_flags():
@@ -332,10 +349,11 @@ async def test_runtime_holds_a_metadata_for_unread_topics_and_answers_list_offse
     config = Config(offsets_partitions=N, initial_rebalance_delay_ms=0).validate()
     cat = Catalog(config, node_id=0)
     clock = ManualClock()
-    rt = Runtime(config, GroupCoordinator(config, node_id=0), cat, FakeStore(owned=[]), clock=clock)
     reader = Reader({"orders": (A, 2)})
     reader.offsets = {("orders", 1): (E.NONE, -1, 77)}
-    rt.data = DataCatalog(reader, cat, clock, on_change=rt._topics_changed)
+    data = DataCatalog(reader, cat, clock)
+    rt = Runtime(config, GroupCoordinator(config, node_id=0), cat, FakeStore(owned=[]), clock=clock, data=data)
+    assert data.on_change == rt._topics_changed  # the runtime hears the data cluster's changes
     rt.start(asyncio.get_running_loop())
     reader.gate = asyncio.Event()
 
