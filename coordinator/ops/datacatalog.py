@@ -9,7 +9,7 @@ per broker, batched per leader, every call bounded by a timeout):
 * ``prime()`` at start: one read of every topic (bounded by ``wait_ms``); herd starts whatever it
   gives (the data cluster down: topics are read when it answers).
 * every ``data_metadata_refresh_interval_ms``: every topic again. A change (a topic created, grown,
-  deleted or recreated under a new id) calls ``on_change`` (the runtime's ``_topics_changed``: consumer
+  deleted or recreated under a new id) calls ``on_change`` (the runtime's ``topics_changed``: consumer
   groups get a new target assignment; classic members see the new count in Metadata and rejoin).
 * ``read(names)``: a Metadata naming topics the view never read (or not within ``RECHECK_MS``) waits
   for a read of those names, at most ``wait_ms``; names asked for in the same loop turn share one
@@ -119,6 +119,14 @@ class DataCatalog:
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+        self.reader.close()
+
+    def stop_soon(self) -> None:
+        """Stop from synchronous code: the tasks are cancelled, the reader closed."""
+        for t in (self._task, *self._reads):
+            if t is not None:
+                t.cancel()
+        self._task = None
         self.reader.close()
 
     async def _run(self) -> None:
