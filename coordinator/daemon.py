@@ -238,7 +238,8 @@ def build_daemon(config: cfg.Config, repair: bool = False) -> Daemon:
     if config.store == "file":
         from coordinator.store.filelog import FileStore
 
-        store = FileStore(Path(config.data_dir), config.offsets_partitions, fsync=config.fsync, repair=repair)
+        store = FileStore(Path(config.data_dir), config.offsets_partitions, fsync=config.fsync, repair=repair,
+                          fsync_interval_ms=config.fsync_interval_ms)
         node = SingleNode(config, store)
     else:
         from coordinator.cluster.node import ClusterNode
