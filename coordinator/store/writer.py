@@ -27,6 +27,13 @@ framed. A write lock orders the writes; while the writer thread holds it (a comp
 behind everything submitted before it) the loop leaves its staged writes to that thread instead of
 waiting.
 
+Under ``fsync="interval"`` a batch is written and settled on the calling thread as under ``"never"``
+(acknowledged once in the page cache: it survives herd being killed), and the
+``herd-log-interval-sync`` thread fdatasyncs every file written since its last sync once per
+``fsync_interval_ms`` (:meth:`Writer.sync_written`), so a power loss loses at most about that
+window; the batch after such a sync carries PREFIX_DURABLE as under ``"always"``. It holds
+``_fd_lock`` while it syncs, which a compaction swap (closing the old fd) takes.
+
 Under ``fsync="always"`` each file is kept preallocated: zeros are written and made durable ahead of
 the last entry (a quarter of the file, 64 KiB to 1 MiB at a time), so the fdatasync of a batch
 flushes data without changing the file size (~110 µs instead of ~190 µs per fsync on the VM disk
