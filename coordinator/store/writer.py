@@ -406,7 +406,7 @@ class Writer:
         a stray writer), refused, not a torn write cut away with the entries it held. The header
         is rewritten in place, one 24-byte write in the first sector (as PostgreSQL's pg_control,
         it relies on a sector being written whole); after a crash during it the next start refuses
-        a bad header and ``--repair`` rewrites it, losing nothing. Only under fsync="always":
+        a bad header and ``--repair`` rewrites it, losing nothing. Under fsync="always" and "interval":
         "never" promises nothing and never fsyncs."""
         if st.allocated > st.size:
             os.ftruncate(st.fd, st.size)
