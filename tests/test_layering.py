@@ -221,6 +221,18 @@ def test_no_two_project_modules_import_each_other():
     assert cycles(graph()) == []
 
 
+def test_the_coordinator_tests_mirror_the_code():
+    # tests/coordinator/<folder>/ holds the tests of coordinator/<folder>/: a test folder names a package
+    # (the daemon's own modules, runtime.py, config.py ..., are tested at tests/coordinator's top)
+    tests = ROOT / "tests" / "coordinator"
+    folders = sorted(d.relative_to(tests) for d in tests.rglob("*") if d.is_dir() and d.name != "__pycache__"
+                     and any(d.glob("*.py")))
+    bad = [f"tests/coordinator/{d.as_posix()} names no package coordinator/{d.as_posix()}" for d in folders
+           if not (ROOT / "coordinator" / d / "__init__.py").is_file()]
+    assert not bad, "\n".join(bad)
+    assert {"core", "core/classic", "core/consumer", "edge", "ops", "store"} <= {d.as_posix() for d in folders}
+
+
 def test_the_checker_sees_lazy_imports_and_cycles(tmp_path):
     # the checks above would pass vacuously if the reader missed an import inside a function
     src = "def f():\n    from client import network\n    import admin.cli\n"
