@@ -2,7 +2,7 @@
 #   make run   [HOST=127.0.0.1 PORT=9092 DATA_DIR=./herd-data] [ARGS='--topic orders:6 ...']
 #   make test  [PYTEST_ARGS='-k group -x']   (its time and what it installs as root: docs/development.md)
 #   make test-fast [PYTEST_ARGS=...]   unit tests only (no daemon, PostgreSQL, Kafka, browser or Spark):
-#              TESTFAST_TIME
+#              4,613 tests: 4 min 19 s measured while other jobs loaded the 2 vCPUs (load 4-8), 128 s of CPU
 #   make bench | make lint | make clean
 
 PYTHON    ?= python3
