@@ -11,7 +11,7 @@ from coordinator.core.coordinator import GroupCoordinator
 from coordinator.core.versions import CONSUMER_GROUP_DESCRIBE, CONSUMER_GROUP_HEARTBEAT, api_versions_response
 from protocol import errors as E
 from protocol import messages as m
-from tests.coordinator.test_group_harness import (
+from tests.coordinator.core.test_group_harness import (
     COMMIT,
     DEFAULT_PROTOCOLS,
     DELETE,

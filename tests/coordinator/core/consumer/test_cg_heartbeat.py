@@ -17,7 +17,7 @@ from coordinator.core.consumer.groups import (OLDER_MEMBER_EPOCH, ConsumerGroupC
                                               validate_offset_commit, validate_offset_fetch)
 from protocol import errors as E
 from protocol.messages import ConsumerGroupHeartbeatRequest, ConsumerGroupHeartbeatRequestTopicPartitions
-from tests.coordinator.consumer.cg_harness import Client, Harness, assert_never_owned_twice, run_rounds, tid
+from tests.coordinator.core.consumer.cg_harness import Client, Harness, assert_never_owned_twice, run_rounds, tid
 
 T = tid("t")
 
