@@ -78,6 +78,12 @@ class Config:
     ssl_client_auth: str = "none"  # ssl.client.auth: none | requested | required
     sasl_mechanisms: str = "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512"  # sasl.enabled.mechanisms
     sasl_users_file: str | None = None  # user:password per line
+    ssl_principal_mapping_rules: str = "DEFAULT"  # ssl.principal.mapping.rules (TLS client certificates)
+
+    # authorization (Kafka: authorizer.class.name, super.users, allow.everyone.if.no.acl.found)
+    authorizer: str = "none"  # none (every client may do everything) | acl (Kafka's ACLs)
+    super_users: str = ""  # User:admin;User:ops
+    allow_everyone_if_no_acl_found: bool = False
 
     # operating
     log_level: str = "info"
@@ -131,6 +137,7 @@ class Config:
             raise ConfigError(f"fsync must be 'always' or 'never', got {self.fsync!r}")
         self.consumer_group_config()  # the group_consumer_* settings, checked as Kafka does
         self._validate_security()
+        self._validate_authorization()
         self._validate_store()
         self._validate_lag()
         if self.log_format not in ("auto", "json", "console"):
@@ -173,6 +180,21 @@ class Config:
         if self.security_protocol.startswith("SASL_") and not self.sasl_users_file:
             raise ConfigError(f"security_protocol {self.security_protocol} needs sasl_users_file "
                               "(user:password per line)")
+
+    def _validate_authorization(self) -> None:
+        if self.authorizer not in ("none", "acl"):
+            raise ConfigError(f"authorizer must be 'none' or 'acl', got {self.authorizer!r}")
+        from coordinator.auth.acl import AclError, parse_super_users
+        from coordinator.auth.principal import MappingRuleError, parse_rules
+
+        try:
+            parse_super_users(self.super_users)
+        except AclError as exc:
+            raise ConfigError(f"super_users wants User:NAME;User:NAME: {exc}") from None
+        try:
+            parse_rules(self.ssl_principal_mapping_rules)
+        except MappingRuleError as exc:
+            raise ConfigError(str(exc)) from None
 
     def consumer_group_config(self):
         """The ``group_consumer_*`` settings as the consumer-group core takes them (ConfigError
