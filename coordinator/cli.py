@@ -210,6 +210,12 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     node = ClusterNode(config, runtime, catalog, store) if clustered else None
     metrics = Metrics()
     server = Server(config, runtime, metrics, security)
+    from coordinator.auth import gate as auth_gate
+    from coordinator.auth.principal import parse_rules
+
+    server.gate = auth_gate.build(config, runtime.acls.authorizer, catalog, metrics.authorization_failures)
+    if server.gate is not None and config.security_protocol in ("SSL", "SASL_SSL"):
+        server.principal_rules = parse_rules(config.ssl_principal_mapping_rules)
     install_collectors(metrics, groups, store, server)
     if node is not None:
         metrics.collectors.append(node.metric_lines)

@@ -57,11 +57,11 @@ ANONYMOUS = "User:ANONYMOUS"
 IMPLIES_DESCRIBE = frozenset({DESCRIBE, READ, WRITE, DELETE, ALTER})
 IMPLIES_DESCRIBE_CONFIGS = frozenset({DESCRIBE_CONFIGS, ALTER_CONFIGS})
 
-# The operations each resource type has, for the authorized-operations bit fields (Kafka's
-# AclEntry.supportedOperations), in the order Kafka lists them.
+# The operations each resource type has, for the authorized-operations bit fields (Kafka 4's
+# AclEntry.supportedOperations; groups have configs since KIP-848).
 SUPPORTED_OPERATIONS = {
     TOPIC: (READ, WRITE, CREATE, DESCRIBE, DELETE, ALTER, DESCRIBE_CONFIGS, ALTER_CONFIGS),
-    GROUP: (READ, DESCRIBE, DELETE),
+    GROUP: (READ, DESCRIBE, DELETE, DESCRIBE_CONFIGS, ALTER_CONFIGS),
     CLUSTER: (CREATE, CLUSTER_ACTION, DESCRIBE_CONFIGS, ALTER_CONFIGS, IDEMPOTENT_WRITE, ALTER, DESCRIBE),
 }
 
