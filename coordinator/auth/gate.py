@@ -349,18 +349,20 @@ class Gate:
             req.topics = kept  # v0 with nothing kept asks for every topic: ``asked`` filters them out
             asked = {t.name for t in kept}
 
+        by_id = {t.topic_id for t in req.topics if t.name is None} if asked is not None else set()
+
         def amend(resp):
             out = []
             for t in resp.topics:
-                if t.name is None:  # asked by id
+                if asked is not None and t.name not in asked:
+                    if t.topic_id not in by_id:
+                        continue  # v0 with nothing left asked for answers every topic: not these
+                    # asked by id: shown only if it may be described (the catalog names it)
                     if t.error_code == E.NONE and not self.allowed(principal, host, A.DESCRIBE, A.TOPIC,
-                                                                    self.topic_name(t.topic_id)):
+                                                                    t.name or self.topic_name(t.topic_id)):
                         t = m.MetadataResponseTopic(error_code=E.TOPIC_AUTHORIZATION_FAILED, name=None,
                                                     topic_id=t.topic_id, is_internal=False, partitions=[])
-                elif asked is not None:
-                    if t.name not in asked:
-                        continue
-                elif not self.allowed(principal, host, A.DESCRIBE, A.TOPIC, t.name, log=False):
+                elif asked is None and not self.allowed(principal, host, A.DESCRIBE, A.TOPIC, t.name, log=False):
                     continue  # every topic asked for: only those it may describe are shown
                 if topic_ops and t.error_code == E.NONE and t.name is not None:
                     t.topic_authorized_operations = self.authorizer.authorized_operations(
