@@ -100,6 +100,10 @@ class _Message:
     MIN_VERSION, MAX_VERSION, FLEXIBLE_VERSION = MIN_VERSION, MAX_VERSION, FLEXIBLE_VERSION
     unknown_tagged_fields = None
 
+    @classmethod
+    def decode(cls, buf, version: int, pos: int = 0):
+        return cls.decode_from(buf, pos, version)[0]
+
     def encode(self, version: int) -> bytes:
         out = bytearray()
         self.encode_into(out, version)

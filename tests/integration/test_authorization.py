@@ -219,3 +219,34 @@ def test_acls_survive_a_restart(herd):
     alice = AdminClient(conf(herd, "alice"))
     with pytest.raises(ck.KafkaException):
         alter_offsets(alice, "team-b-orders", offset=1)
+
+
+def herd_acls(herd, tmp_path, user, *args):
+    import subprocess
+    import sys
+
+    props = tmp_path / f"{user}.properties"
+    props.write_text("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\n"
+                     "sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required "
+                     f'username="{user}" password="{USERS[user]}";\n')
+    return subprocess.run([sys.executable, "-m", "herd_cli", "acls", *args, "--bootstrap-server", herd.bootstrap,
+                           "--command-config", str(props), "--output", "json"],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_herd_acls_add_list_remove(herd, tmp_path):
+    r = herd_acls(herd, tmp_path, "admin", "add", "--allow-principal", "User:carol", "--operation", "Read",
+                  "--operation", "Describe", "--group", "team-c-", "--resource-pattern-type", "prefixed")
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["added"]) == 2
+    r = herd_acls(herd, tmp_path, "admin", "list", "--group", "team-c-x", "--resource-pattern-type", "match")
+    assert r.returncode == 0, r.stderr
+    assert {(a["principal"], a["operation"], a["pattern_type"]) for a in json.loads(r.stdout)["acls"]} == {
+        ("User:carol", "READ", "PREFIXED"), ("User:carol", "DESCRIBE", "PREFIXED")}
+    r = herd_acls(herd, tmp_path, "alice", "list")
+    assert r.returncode == 2 and "CLUSTER_AUTHORIZATION_FAILED" in r.stderr and "Traceback" not in r.stderr
+    r = herd_acls(herd, tmp_path, "admin", "remove", "--group", "team-c-", "--resource-pattern-type", "prefixed")
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["removed"]) == 2
+    r = herd_acls(herd, tmp_path, "admin", "add", "--allow-principal", "alice", "--group", "g")
+    assert r.returncode == 2 and "TYPE:NAME" in r.stderr
