@@ -363,6 +363,7 @@ async def _serve_cluster(config, log, loop, store, node, runtime, groups, server
     try:
         try:
             await node.load_topics()
+            await node.load_acls()
         except (ClusterError, StoreError) as exc:
             raise CliError(str(exc)) from None
         runtime.start(loop)

@@ -28,6 +28,7 @@ import math
 import time
 
 from coordinator import logging_setup
+from coordinator.auth.acls import decode_acl_key
 from coordinator.catalog import decode_topic_record, topic_key
 from coordinator.cluster.leases import LeaseManager
 from coordinator.cluster.pgstore import PgStore
@@ -80,6 +81,7 @@ class ClusterNode:
         self._gen = [0] * config.offsets_partitions  # per shard: bumped by every acquired/lost/releasing
         self._topics: dict[str, bytes] = {}  # name -> record as last read from the database
         self._topic_task: asyncio.Task | None = None
+        self._acl_keys: list[bytes] | None = None  # the ACL records as last read from the database
         self.started = False
         # figures for metrics
         self.loads = 0
@@ -104,6 +106,21 @@ class ClusterNode:
             self.runtime._topics_changed()
         return count
 
+    async def load_acls(self) -> bool:
+        """Make the runtime's ACLs the database's (before serving, then every renewal interval, so
+        a change made on any node applies everywhere within one lease tick). -> changed."""
+        keys = await self.store.load_acls()
+        if keys == self._acl_keys:
+            return False
+        self._acl_keys = keys
+        self.runtime.acls.authorizer.replace(decode_acl_key(k) for k in keys)
+        return True
+
+    async def put_acl(self, key: bytes, value: bytes | None) -> None:
+        """``Runtime.acl_store``: an ACL created (value) or deleted (None) goes to the database."""
+        await self.store.put_acl(key, value)
+        self._acl_keys = None  # read them back at the next refresh
+
     async def start(self, host: str, port: int) -> None:
         """Join the cluster: register (a duplicate live node_id: DuplicateNodeError, one line), take
         a first share of the shards and keep renewing. The runtime must have started (its loop)."""
@@ -113,6 +130,7 @@ class ClusterNode:
         runtime.guard = self.check
         runtime.shard_failed = self.reload
         runtime.topic_store = self
+        runtime.acl_store = self
         self.catalog.cluster = Routing(self)
         self.leases = LeaseManager(config.store_url, self.node_id, config.offsets_partitions, self,
                                    host=host, port=port, lease_ms=config.shard_lease_ms, clock=runtime.clock)
@@ -136,6 +154,7 @@ class ClusterNode:
             await asyncio.sleep(every)
             try:
                 await self.load_topics()
+                await self.load_acls()
             except Exception as exc:  # noqa: BLE001 - the database is down: the next round tries again
                 log.debug("topics not refreshed", error=str(exc))
 
