@@ -184,8 +184,8 @@ class Config:
     def _validate_authorization(self) -> None:
         if self.authorizer not in ("none", "acl"):
             raise ConfigError(f"authorizer must be 'none' or 'acl', got {self.authorizer!r}")
-        from coordinator.auth.acl import AclError, parse_super_users
-        from coordinator.auth.principal import MappingRuleError, parse_rules
+        from coordinator.core.auth.acl import AclError, parse_super_users
+        from coordinator.core.auth.principal import MappingRuleError, parse_rules
 
         try:
             parse_super_users(self.super_users)
@@ -199,7 +199,7 @@ class Config:
     def consumer_group_config(self):
         """The ``group_consumer_*`` settings as the consumer-group core takes them (ConfigError
         with one line when they do not fit together)."""
-        from coordinator.consumer import ConsumerGroupConfig
+        from coordinator.core.consumer import ConsumerGroupConfig
 
         try:
             return ConsumerGroupConfig(

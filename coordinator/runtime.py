@@ -57,20 +57,20 @@ import collections
 import time
 
 from coordinator import logging_setup
-from coordinator.auth.acls import AclManager, is_acl_record
-from coordinator.catalog import Catalog, is_topic_record
+from coordinator.core.auth.acls import AclManager, is_acl_record
 from coordinator.clock import SystemClock
-from coordinator.responses import error_response
-from coordinator.result import Result
-from coordinator.stall import StallDetector
-from coordinator.store import ShardFencedError
-from coordinator.versions import (
+from coordinator.core.catalog import Catalog, is_topic_record
+from coordinator.core.responses import error_response
+from coordinator.core.result import Result
+from coordinator.core.versions import (
     CREATE_TOPICS,
     FETCH,
     GROUP_APIS,
     ACL_APIS,
     METADATA,
 )
+from coordinator.ops.stall import StallDetector
+from coordinator.store import ShardFencedError
 from protocol import errors as E
 
 log = logging_setup.get("herd.runtime")
@@ -167,7 +167,7 @@ class Runtime:
         self.guard = None
         self.shard_failed = None
         self.topic_store = None
-        # the ACLs (coordinator.auth.acls): replayed from the catalog shard, served by the ACL APIs
+        # the ACLs (coordinator.core.auth.acls): replayed from the catalog shard, served by the ACL APIs
         self.acls = AclManager.from_config(config)
         self.acl_store = None  # a cluster node's: the ACL records go to the database, not shard 0
         store.set_listener(self._on_durable)

@@ -19,7 +19,7 @@ Tables (all named ``herd_*`` so that herd can share a database with other softwa
                   seq, which is the file log's replay order after compaction.
     herd_topics   name (PK), record (the catalog's topic value bytes), created_at: the topic
                   catalog, shared by every node (the file store keeps it in shard 0's log).
-    herd_acls     key (PK: the ACL record's key, coordinator.auth.acls), created_at: the ACLs,
+    herd_acls     key (PK: the ACL record's key, coordinator.core.auth.acls), created_at: the ACLs,
                   shared by every node (read again every lease renewal). Added to a schema v1
                   database that lacks it when a node starts (CREATE TABLE IF NOT EXISTS).
 

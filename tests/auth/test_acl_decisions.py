@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from coordinator.auth import acl as A
-from coordinator.auth.acl import Acl, AclError, AclFilter, Authorizer
+from coordinator.core.auth import acl as A
+from coordinator.core.auth.acl import Acl, AclError, AclFilter, Authorizer
 
 H = "127.0.0.1"
 

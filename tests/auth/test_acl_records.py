@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.auth import acl as A
-from coordinator.auth.acls import AclManager, acl_key, decode_acl_key, is_acl_record
-from coordinator.catalog import is_topic_record
+from coordinator.core.auth import acl as A
+from coordinator.core.auth.acls import AclManager, acl_key, decode_acl_key, is_acl_record
+from coordinator.core.catalog import is_topic_record
 from protocol import acls as W
 from protocol import errors as E
 from protocol.wire import ProtocolError

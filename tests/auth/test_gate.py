@@ -2,11 +2,11 @@
 and the parts of an answer put back or filtered (Kafka's KafkaApis)."""
 from __future__ import annotations
 
-from coordinator.auth import acl as A
-from coordinator.auth.acl import Acl, Authorizer
-from coordinator.auth.audit import DenialReporter
-from coordinator.auth.gate import Gate
-from coordinator.metrics import Counter
+from coordinator.core.auth import acl as A
+from coordinator.core.auth.acl import Acl, Authorizer
+from coordinator.edge.authorization import DenialReporter
+from coordinator.core.auth.gate import Gate
+from coordinator.ops.metrics import Counter
 from protocol import acls as W
 from protocol import errors as E
 from protocol import messages as m
@@ -20,7 +20,7 @@ def gate(*acls, supers=(), topics=("t", "u", "secret")):
     for a in acls:
         z.add(a)
     denied = []
-    from coordinator.auth.acls import ACL_APIS
+    from coordinator.core.auth.acls import ACL_APIS
     g = Gate(z, topic_exists=set(topics).__contains__, auto_create=True,
              on_denied=lambda *args: denied.append(args), acl_apis=ACL_APIS)
     g.denied = denied
@@ -179,7 +179,7 @@ def test_denials_counted_always_logged_once_a_second_per_principal(capsys):
     counter = Counter("herd_authorization_failures_total", "x", ("resource_type", "operation"))
     rep = DenialReporter(counter, clock=lambda: now[0])
     logged = []
-    import coordinator.auth.audit as audit
+    import coordinator.edge.authorization as audit
     real = audit.log
     audit.log = type("L", (), {"info": lambda self, event, **kw: logged.append(kw)})()
     try:

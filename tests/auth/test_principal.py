@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.auth.principal import (ANONYMOUS, MappingRuleError, NoMatchingRule, map_subject, parse_rules,
+from coordinator.core.auth.principal import (ANONYMOUS, MappingRuleError, NoMatchingRule, map_subject, parse_rules,
                                         sasl_principal, subject_name, tls_principal)
 
 CERT = {"subject": ((("countryName", "US"),), (("organizationName", "Acme"),),

@@ -14,7 +14,7 @@ Pure: no I/O, no clock.
 """
 from __future__ import annotations
 
-from coordinator.versions import (
+from coordinator.core.versions import (
     CONSUMER_GROUP_DESCRIBE,
     CONSUMER_GROUP_HEARTBEAT,
     CREATE_TOPICS,
@@ -203,7 +203,7 @@ def as_error(resp, code: int):
     if isinstance(resp, m.ConsumerGroupDescribeResponse):
         return m.ConsumerGroupDescribeResponse(groups=[consumer_described_group_error(g.group_id, code)
                                                        for g in resp.groups])
-    as_error_of = getattr(resp, "as_error", None)  # the ACL APIs' answers (coordinator.auth.acls)
+    as_error_of = getattr(resp, "as_error", None)  # the ACL APIs' answers (coordinator.core.auth.acls)
     if as_error_of is not None:
         return as_error_of(code)
     return resp

@@ -38,8 +38,8 @@ import time
 from collections import deque
 
 from coordinator import logging_setup
-from coordinator.metrics import response_error
-from coordinator.versions import API_NAMES, API_VERSIONS, SUPPORTED, api_versions_response
+from coordinator.core.versions import API_NAMES, API_VERSIONS, SUPPORTED, api_versions_response
+from coordinator.ops.metrics import response_error
 from protocol import errors as E
 from protocol import acls as acl_messages
 from protocol import messages as m
@@ -177,7 +177,7 @@ class Connection(asyncio.Protocol):
         self.principal = None  # the authenticated user
         # Kafka's principal (User:name; User:ANONYMOUS until SASL or a client certificate says
         # otherwise), the client's address as ACL hosts name it, and the gate's GROUP READ
-        # decisions for the fast paths (coordinator.auth.gate)
+        # decisions for the fast paths (coordinator.core.auth.gate)
         self.kafka_principal = "User:ANONYMOUS"
         self.client_ip = ""
         self.authz_cache: dict = {}
@@ -194,7 +194,7 @@ class Connection(asyncio.Protocol):
             self.client_host = f"/{peer[0]}"
             self.client_ip = peer[0]
         if self.server.gate is not None and self.server.principal_rules is not None:
-            from coordinator.auth.principal import NoMatchingRule, tls_principal
+            from coordinator.core.auth.principal import NoMatchingRule, tls_principal
             try:
                 self.kafka_principal = tls_principal(self.server.principal_rules,
                                                      transport.get_extra_info("peercert"))
@@ -365,7 +365,7 @@ class Connection(asyncio.Protocol):
             return
         token = self.inflight = Reply(self, correlation_id, api_key, version, request)
         gate = self.server.gate
-        if gate is not None:  # the one authorization point (coordinator/auth/gate.py)
+        if gate is not None:  # the one authorization point (coordinator/core/auth/gate.py)
             refusal, token.amend = gate.check(self.kafka_principal, self.client_ip, api_key, version, request)
             if refusal is not None:
                 self.send_response(token, refusal)
@@ -761,7 +761,7 @@ class Server:
         self.runtime = runtime
         self.metrics = metrics
         self.security = security  # coordinator.security.Security, None: PLAINTEXT
-        # authorizer = acl: the authorization point (coordinator.auth.gate.Gate) and the
+        # authorizer = acl: the authorization point (coordinator.core.auth.gate.Gate) and the
         # ssl_principal_mapping_rules for TLS client certificates (None: not a TLS listener)
         self.gate = None
         self.principal_rules = None

@@ -13,14 +13,14 @@ removes it; so the log's compaction keeps exactly the ACLs that exist, and repla
 * without an authorizer (``authorizer = none``): SECURITY_DISABLED, as a Kafka broker with no
   authorizer.
 
-Which principal may call them (CLUSTER ALTER / DESCRIBE) is the gate's (coordinator.auth.gate).
+Which principal may call them (CLUSTER ALTER / DESCRIBE) is the gate's (coordinator.core.auth.gate).
 """
 from __future__ import annotations
 
 import struct
 
-from coordinator.auth import acl as A
-from coordinator.result import Result
+from coordinator.core.auth import acl as A
+from coordinator.core.result import Result
 from protocol import acls as W
 from protocol import errors as E
 from protocol.wire import ProtocolError

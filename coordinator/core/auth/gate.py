@@ -28,9 +28,9 @@ Pure apart from that callback.
 """
 from __future__ import annotations
 
-from coordinator.auth import acl as A
-from coordinator.responses import error_response, kafka_error_message
-from coordinator.versions import (CONSUMER_GROUP_DESCRIBE, CONSUMER_GROUP_HEARTBEAT, CREATE_TOPICS, DELETE_GROUPS,
+from coordinator.core.auth import acl as A
+from coordinator.core.responses import error_response, kafka_error_message
+from coordinator.core.versions import (CONSUMER_GROUP_DESCRIBE, CONSUMER_GROUP_HEARTBEAT, CREATE_TOPICS, DELETE_GROUPS,
                                   DESCRIBE_CLUSTER, DESCRIBE_GROUPS, FETCH, FIND_COORDINATOR, HEARTBEAT, JOIN_GROUP,
                                   LEAVE_GROUP, LIST_GROUPS, LIST_OFFSETS, METADATA, OFFSET_COMMIT, OFFSET_DELETE,
                                   OFFSET_FETCH, SYNC_GROUP)
@@ -50,7 +50,7 @@ class Gate:
         self.topic_name = topic_name  # topic id -> name ("" unknown)
         self.auto_create = auto_create
         self.on_denied = on_denied
-        # api key -> operation on CLUSTER it needs (the ACL APIs; see coordinator.auth.acls)
+        # api key -> operation on CLUSTER it needs (the ACL APIs; see coordinator.core.auth.acls)
         self.cluster_apis = dict(acl_apis or {})
         self._checks = {
             OFFSET_COMMIT: self._offset_commit, OFFSET_FETCH: self._offset_fetch,
@@ -449,18 +449,3 @@ def _cluster_refusal(req, version):
         return make(version)
     raise ValueError(f"no refusal for {type(req).__name__}")
 
-
-def build(config, authorizer: A.Authorizer, catalog, counter=None) -> Gate | None:
-    """The daemon's gate for ``config`` (None with ``authorizer = none``): topics known from
-    ``catalog``, denials counted in ``counter`` and logged (coordinator.auth.audit)."""
-    if getattr(config, "authorizer", "none") != "acl":
-        return None
-    from coordinator.auth.acls import ACL_APIS
-    from coordinator.auth.audit import DenialReporter
-
-    def topic_name(topic_id: bytes) -> str:
-        topic = catalog.by_id.get(topic_id)
-        return topic.name if topic is not None else ""
-
-    return Gate(authorizer, topic_exists=catalog.topics.__contains__, auto_create=config.auto_create_topics,
-                on_denied=DenialReporter(counter), acl_apis=ACL_APIS, topic_name=topic_name)
