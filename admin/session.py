@@ -13,8 +13,8 @@ import struct
 import time
 
 from admin.errors import CliError
-from protocol import errors as E
 from protocol import acls as acl_messages
+from protocol import errors as E
 from protocol import messages as m
 from protocol.client_connection import AuthenticationFailed, Connection, ConnectionBroken, Ready, Response
 from protocol.client_security import SecurityConfig, tls_failure

@@ -210,8 +210,8 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
     node = ClusterNode(config, runtime, catalog, store) if clustered else None
     metrics = Metrics()
     server = Server(config, runtime, metrics, security)
-    from coordinator.edge import authorization as auth_gate
     from coordinator.core.auth.principal import parse_rules
+    from coordinator.edge import authorization as auth_gate
 
     server.gate = auth_gate.build(config, runtime.acls.authorizer, catalog, metrics.authorization_failures)
     if server.gate is not None and config.security_protocol in ("SSL", "SASL_SSL"):

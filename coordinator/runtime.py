@@ -57,16 +57,16 @@ import collections
 import time
 
 from coordinator import logging_setup
-from coordinator.core.auth.acls import AclManager, is_acl_record
 from coordinator.clock import SystemClock
+from coordinator.core.auth.acls import AclManager, is_acl_record
 from coordinator.core.catalog import Catalog, is_topic_record
 from coordinator.core.responses import error_response
 from coordinator.core.result import Result
 from coordinator.core.versions import (
+    ACL_APIS,
     CREATE_TOPICS,
     FETCH,
     GROUP_APIS,
-    ACL_APIS,
     METADATA,
 )
 from coordinator.ops.stall import StallDetector

@@ -32,8 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from protocol import errors as codes
 from protocol import acls, messages
+from protocol import errors as codes
 from protocol.framing import FrameDecoder, frame
 from protocol.headers import decode_response_header, encode_request_header
 from protocol.wire import ProtocolError

@@ -5,7 +5,8 @@ import socket
 import ssl
 import struct
 
-from protocol import acls, messages as m
+from protocol import acls
+from protocol import messages as m
 from protocol.framing import frame
 from protocol.headers import decode_response_header, encode_request_header
 

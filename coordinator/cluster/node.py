@@ -28,9 +28,9 @@ import math
 import time
 
 from coordinator import logging_setup
-from coordinator.core.auth.acls import decode_acl_key
 from coordinator.cluster.leases import LeaseManager
 from coordinator.cluster.pgstore import PgStore
+from coordinator.core.auth.acls import decode_acl_key
 from coordinator.core.catalog import decode_topic_record, topic_key
 from coordinator.runtime import FAILED, LOADING, NOT_OWNED
 

@@ -40,8 +40,8 @@ from collections import deque
 from coordinator import logging_setup
 from coordinator.core.versions import API_NAMES, API_VERSIONS, SUPPORTED, api_versions_response
 from coordinator.ops.metrics import response_error
-from protocol import errors as E
 from protocol import acls as acl_messages
+from protocol import errors as E
 from protocol import messages as m
 from protocol import produce
 from protocol.framing import FrameDecoder

@@ -152,7 +152,8 @@ def test_cached_decisions_equal_uncached_on_random_acl_sets():
     ops = [A.READ, A.WRITE, A.CREATE, A.DELETE, A.ALTER, A.DESCRIBE, A.DESCRIBE_CONFIGS, A.ALTER_CONFIGS, A.ALL]
     hosts = ["*", "*", H, "10.0.0.2"]
     for trial in range(40):
-        z = Authorizer(frozenset({"User:carol"} if trial % 3 == 0 else ()), allow_everyone_if_no_acl_found=trial % 2 == 0)
+        z = Authorizer(frozenset({"User:carol"} if trial % 3 == 0 else ()),
+                       allow_everyone_if_no_acl_found=trial % 2 == 0)
         for step in range(300):
             if rng.random() < 0.1:  # change the ACLs: the cache must follow
                 acl = Acl(rng.choice([A.GROUP, A.TOPIC]), rng.choice(names[:-1] + ["team-"]),

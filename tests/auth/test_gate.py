@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from coordinator.core.auth import acl as A
 from coordinator.core.auth.acl import Acl, Authorizer
-from coordinator.edge.authorization import DenialReporter
 from coordinator.core.auth.gate import Gate
+from coordinator.edge.authorization import DenialReporter
 from coordinator.ops.metrics import Counter
 from protocol import acls as W
 from protocol import errors as E

@@ -3,8 +3,16 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.core.auth.principal import (ANONYMOUS, MappingRuleError, NoMatchingRule, map_subject, parse_rules,
-                                        sasl_principal, subject_name, tls_principal)
+from coordinator.core.auth.principal import (
+    ANONYMOUS,
+    MappingRuleError,
+    NoMatchingRule,
+    map_subject,
+    parse_rules,
+    sasl_principal,
+    subject_name,
+    tls_principal,
+)
 
 CERT = {"subject": ((("countryName", "US"),), (("organizationName", "Acme"),),
                     (("organizationalUnitName", "ServiceUsers"),), (("commonName", "Alice"),))}

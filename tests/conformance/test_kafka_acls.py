@@ -5,8 +5,8 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-
 from tests.support.reference import classpath, java
+
 from tools.daemon import Daemon
 
 pytestmark = [pytest.mark.reference, pytest.mark.conformance]

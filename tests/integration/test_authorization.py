@@ -14,8 +14,15 @@ from tools.daemon import Daemon
 
 pytestmark = pytest.mark.integration
 ck = pytest.importorskip("confluent_kafka")
-from confluent_kafka.admin import (AclBinding, AclBindingFilter, AclOperation,  # noqa: E402
-                                   AclPermissionType, AdminClient, ResourcePatternType, ResourceType)
+from confluent_kafka.admin import (  # noqa: E402
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    ResourcePatternType,
+    ResourceType,
+)
 
 USERS = {"admin": "admin-pw", "alice": "alice-pw", "bob": "bob-pw"}
 ANY = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, None, None, AclOperation.ANY,

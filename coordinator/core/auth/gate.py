@@ -30,10 +30,26 @@ from __future__ import annotations
 
 from coordinator.core.auth import acl as A
 from coordinator.core.responses import error_response, kafka_error_message
-from coordinator.core.versions import (CONSUMER_GROUP_DESCRIBE, CONSUMER_GROUP_HEARTBEAT, CREATE_TOPICS, DELETE_GROUPS,
-                                  DESCRIBE_CLUSTER, DESCRIBE_GROUPS, FETCH, FIND_COORDINATOR, HEARTBEAT, JOIN_GROUP,
-                                  LEAVE_GROUP, LIST_GROUPS, LIST_OFFSETS, METADATA, OFFSET_COMMIT, OFFSET_DELETE,
-                                  OFFSET_FETCH, SYNC_GROUP)
+from coordinator.core.versions import (
+    CONSUMER_GROUP_DESCRIBE,
+    CONSUMER_GROUP_HEARTBEAT,
+    CREATE_TOPICS,
+    DELETE_GROUPS,
+    DESCRIBE_CLUSTER,
+    DESCRIBE_GROUPS,
+    FETCH,
+    FIND_COORDINATOR,
+    HEARTBEAT,
+    JOIN_GROUP,
+    LEAVE_GROUP,
+    LIST_GROUPS,
+    LIST_OFFSETS,
+    METADATA,
+    OFFSET_COMMIT,
+    OFFSET_DELETE,
+    OFFSET_FETCH,
+    SYNC_GROUP,
+)
 from protocol import errors as E
 from protocol import messages as m
 
