@@ -257,3 +257,45 @@ def test_herd_acls_add_list_remove(herd, tmp_path):
     assert len(json.loads(r.stdout)["removed"]) == 2
     r = herd_acls(herd, tmp_path, "admin", "add", "--allow-principal", "alice", "--group", "g")
     assert r.returncode == 2 and "TYPE:NAME" in r.stderr
+
+
+def test_tls_client_certificates_map_to_principals(tmp_path):
+    """SSL with client certificates: the subject mapped by ssl_principal_mapping_rules is the
+    principal (a super user here); another subject is refused; a subject no rule maps is closed."""
+    trustme = pytest.importorskip("trustme")
+    import ssl
+
+    from protocol import errors as E
+    from protocol import messages as m
+    from tools.rawclient import RawClient
+
+    ca = trustme.CA()
+    ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "server.pem"))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    certs = {}
+    for name, ou in (("Alice", "ServiceUsers"), ("Bob", "ServiceUsers"), ("Eve", "Elsewhere")):
+        cert = ca.issue_cert("client.example", common_name=name, organization_unit_name=ou)
+        cert.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / f"{name}.pem"))
+        certs[name] = tmp_path / f"{name}.pem"
+    rules = "RULE:^CN=([^,]*),OU=ServiceUsers,.*$/$1/L"  # no DEFAULT: Eve's subject maps to nothing
+    with Daemon(tmp_path / "data", "--security-protocol", "SSL", "--ssl-certfile", tmp_path / "server.pem",
+                "--ssl-cafile", tmp_path / "ca.pem", "--ssl-client-auth", "required",
+                "--ssl-principal-mapping-rules", rules, "--authorizer", "acl", "--super-users", "User:alice",
+                "--topic", "t:1") as d:
+        def commit(name):
+            ctx = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
+            ctx.load_cert_chain(str(certs[name]))
+            with RawClient(d.address, ssl_context=ctx) as c:
+                r = c.call(m.OffsetCommitRequest(group_id="g", generation_id_or_member_epoch=-1, member_id="",
+                                                 topics=[m.OffsetCommitRequestTopic("t", [
+                                                     m.OffsetCommitRequestPartition(partition_index=0,
+                                                                                    committed_offset=3)])]), 8)
+            return r.topics[0].partitions[0].error_code
+
+        assert commit("Alice") == E.NONE
+        assert commit("Bob") == E.GROUP_AUTHORIZATION_FAILED
+        with pytest.raises(OSError):  # ConnectionError (closed by herd) or a TLS error: no principal
+            commit("Eve")
+        assert d.proc.poll() is None
+        denied = d.log_events("authorization failed")
+        assert denied and denied[0]["principal"] == "User:bob"
