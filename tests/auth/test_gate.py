@@ -193,3 +193,8 @@ def test_denials_counted_always_logged_once_a_second_per_principal(capsys):
     assert counter.values == {("GROUP", "READ"): 6, ("TOPIC", "READ"): 1}
     assert [(x["principal"], x["not_logged_since"]) for x in logged] == [(ALICE, 0), ("User:bob", 0), (ALICE, 4)]
     assert 'herd_authorization_failures_total{resource_type="GROUP",operation="READ"} 6' in counter.render()
+
+
+def test_a_refused_join_names_no_member_as_kafka():
+    refusal, _ = gate().check(ALICE, H, 11, 7, m.JoinGroupRequest(group_id="g", member_id="m-1"))
+    assert (refusal.error_code, refusal.member_id, refusal.generation_id) == (E.GROUP_AUTHORIZATION_FAILED, "", -1)

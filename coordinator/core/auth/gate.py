@@ -29,7 +29,7 @@ Pure apart from that callback.
 from __future__ import annotations
 
 from coordinator.core.auth import acl as A
-from coordinator.core.responses import error_response, kafka_error_message
+from coordinator.core.responses import error_response, join_response, kafka_error_message
 from coordinator.core.versions import (
     CONSUMER_GROUP_DESCRIBE,
     CONSUMER_GROUP_HEARTBEAT,
@@ -105,6 +105,8 @@ class Gate:
         if api_key in _GROUP_READ_APIS:
             if self.allowed(principal, host, A.READ, A.GROUP, request.group_id):
                 return None, None
+            if api_key == JOIN_GROUP:  # Kafka's JoinGroup error answer names no member
+                return join_response(version, E.GROUP_AUTHORIZATION_FAILED, ""), None
             return error_response(api_key, version, request, E.GROUP_AUTHORIZATION_FAILED), None
         op = self.cluster_apis.get(api_key)
         if op is not None:
