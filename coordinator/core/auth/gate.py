@@ -55,6 +55,7 @@ from protocol import messages as m
 
 NO_OPERATIONS = -2147483648  # Kafka's "authorized operations not asked for"
 _GROUP_READ_APIS = frozenset({JOIN_GROUP, SYNC_GROUP, HEARTBEAT, LEAVE_GROUP})
+_READ, _GROUP, _TOPIC = A.READ, A.GROUP, A.TOPIC
 CLUSTER = A.CLUSTER_NAME
 
 
@@ -102,6 +103,9 @@ class Gate:
 
     def check(self, principal: str, host: str, api_key: int, version: int, request):
         """-> (refusal response or None, amend function or None); see the module docstring."""
+        check = self._checks.get(api_key)
+        if check is not None:
+            return check(principal, host, version, request)
         if api_key in _GROUP_READ_APIS:
             if self.allowed(principal, host, A.READ, A.GROUP, request.group_id):
                 return None, None
@@ -113,10 +117,7 @@ class Gate:
             if self.allowed(principal, host, op, A.CLUSTER, CLUSTER):
                 return None, None
             return _cluster_refusal(request, version), None
-        check = self._checks.get(api_key)
-        if check is None:
-            return None, None
-        return check(principal, host, version, request)
+        return None, None
 
     # ---- per request -------------------------------------------------------------------------
 
@@ -133,12 +134,17 @@ class Gate:
         return None, None
 
     def _offset_commit(self, principal, host, version, req):
-        if not self.allowed(principal, host, A.READ, A.GROUP, req.group_id):
+        authorize = self.authorizer.authorize  # the hot path: cached decisions, nothing built when allowed
+        if not authorize(principal, host, _READ, _GROUP, req.group_id):
+            self.allowed(principal, host, A.READ, A.GROUP, req.group_id)  # reports it
             return error_response(OFFSET_COMMIT, version, req, E.GROUP_AUTHORIZATION_FAILED), None
+        for t in req.topics:
+            if not authorize(principal, host, _READ, _TOPIC, t.name):
+                break
+        else:
+            return None, None
         order = [t.name for t in req.topics]
         denied = [t for t in req.topics if not self.allowed(principal, host, A.READ, A.TOPIC, t.name)]
-        if not denied:
-            return None, None
         refused = {t.name: m.OffsetCommitResponseTopic(t.name, [
             m.OffsetCommitResponsePartition(p.partition_index, E.TOPIC_AUTHORIZATION_FAILED) for p in t.partitions])
             for t in denied}
