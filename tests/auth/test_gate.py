@@ -198,3 +198,13 @@ def test_denials_counted_always_logged_once_a_second_per_principal(capsys):
 def test_a_refused_join_names_no_member_as_kafka():
     refusal, _ = gate().check(ALICE, H, 11, 7, m.JoinGroupRequest(group_id="g", member_id="m-1"))
     assert (refusal.error_code, refusal.member_id, refusal.generation_id) == (E.GROUP_AUTHORIZATION_FAILED, "", -1)
+
+
+def test_cluster_authorized_operations_are_zero_without_cluster_describe():
+    g = gate(allow(A.CLUSTER, "kafka-cluster", A.CREATE))
+    req = m.DescribeClusterRequest(include_cluster_authorized_operations=True)
+    _, amend = g.check(ALICE, H, 60, 1, req)
+    assert amend(m.DescribeClusterResponse()).cluster_authorized_operations == 0
+    g.authorizer.add(allow(A.CLUSTER, "kafka-cluster", A.DESCRIBE))
+    _, amend = g.check(ALICE, H, 60, 1, req)
+    assert amend(m.DescribeClusterResponse()).cluster_authorized_operations == (1 << A.CREATE) | (1 << A.DESCRIBE)

@@ -397,8 +397,7 @@ class Gate:
                                                    topic_id=bytes(16), is_internal=False, partitions=[]))
             resp.topics = out
             if cluster_ops:
-                resp.cluster_authorized_operations = self.authorizer.authorized_operations(
-                    principal, host, A.CLUSTER, CLUSTER)
+                resp.cluster_authorized_operations = self._cluster_operations(principal, host)
             return resp
         return None, amend
 
@@ -430,10 +429,15 @@ class Gate:
 
         def amend(resp):
             if resp.error_code == E.NONE:
-                resp.cluster_authorized_operations = self.authorizer.authorized_operations(
-                    principal, host, A.CLUSTER, CLUSTER)
+                resp.cluster_authorized_operations = self._cluster_operations(principal, host)
             return resp
         return None, amend
+
+    def _cluster_operations(self, principal, host) -> int:
+        """Kafka's cluster authorized operations: 0 without CLUSTER DESCRIBE, else the bits."""
+        if not self.allowed(principal, host, A.DESCRIBE, A.CLUSTER, CLUSTER, log=False):
+            return 0
+        return self.authorizer.authorized_operations(principal, host, A.CLUSTER, CLUSTER)
 
     def _list_offsets(self, principal, host, version, req):
         refused = {t.name for t in req.topics if not self.allowed(principal, host, A.DESCRIBE, A.TOPIC, t.name)}
