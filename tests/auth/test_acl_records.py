@@ -63,8 +63,9 @@ def test_create_describe_delete_and_replay():
     mgr = AclManager(A.Authorizer())
     writes, resp = mgr.create(W.CreateAclsRequest([binding(), binding(), binding(resource_type=A.TRANSACTIONAL_ID),
                                                    binding(principal="alice")]))
-    assert [(r.error_code, r.error_message is None) for r in resp.results] == [
-        (0, True), (0, True), (E.INVALID_REQUEST, False), (E.INVALID_REQUEST, False)]
+    assert [(r.error_code, bool(r.error_message)) for r in resp.results] == [
+        (0, False), (0, False), (E.INVALID_REQUEST, True), (E.INVALID_REQUEST, True)]
+    assert resp.results[0].error_message == ""  # Kafka's success message: empty, not null
     assert len(writes) == 1  # the same ACL twice: written once
     d = mgr.describe(W.DescribeAclsRequest(W.AclBindingData(A.ANY, None, A.ANY, None, None, A.ANY, A.ANY)))
     assert [(r.resource_name, len(r.acls)) for r in d.resources] == [("team-a-", 1)]

@@ -116,7 +116,7 @@ class AclManager:
                 continue
             if self.authorizer.add(acl):
                 writes.append((CATALOG_SHARD, acl_key(acl), _PRESENT))
-            results.append(W.CreateAclsResult(E.NONE, None))
+            results.append(W.CreateAclsResult(E.NONE, ""))  # Kafka's success message is empty, not null
         return writes, _CreateAclsAnswer(results=results)
 
     def describe(self, req: W.DescribeAclsRequest) -> W.DescribeAclsResponse:
@@ -132,7 +132,7 @@ class AclManager:
             if res is None:
                 res = resources[rk] = W.DescribeAclsResource(*rk)
             res.acls.append(W.AclDescription(acl.principal, acl.host, acl.operation, acl.permission))
-        return W.DescribeAclsResponse(resources=list(resources.values()))
+        return W.DescribeAclsResponse(error_message="", resources=list(resources.values()))
 
     def delete(self, req: W.DeleteAclsRequest):
         writes: list = []

@@ -334,9 +334,8 @@ class Gate:
         if not refused:
             return None, None
         req.coordinator_keys = [k for k in order if k not in refused]
-        errors = {k: m.FindCoordinatorResponseCoordinator(
-            key=k, node_id=-1, host="", port=-1, error_code=E.GROUP_AUTHORIZATION_FAILED,
-            error_message=kafka_error_message(E.GROUP_AUTHORIZATION_FAILED))
+        errors = {k: m.FindCoordinatorResponseCoordinator(  # v4+: Kafka leaves the message empty here
+            key=k, node_id=-1, host="", port=-1, error_code=E.GROUP_AUTHORIZATION_FAILED, error_message="")
                   for k in refused}
         if not req.coordinator_keys:
             return m.FindCoordinatorResponse(coordinators=[errors[k] for k in order]), None
