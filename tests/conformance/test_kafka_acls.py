@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from tests.support.reference import classpath, java
+from tools.reference import classpath, java
 
 from tools.daemon import Daemon
 
