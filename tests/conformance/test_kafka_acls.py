@@ -5,9 +5,9 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from tools.reference import classpath, java
 
 from tools.daemon import Daemon
+from tools.reference import classpath, java
 
 pytestmark = [pytest.mark.reference, pytest.mark.conformance]
 
