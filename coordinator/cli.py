@@ -41,10 +41,13 @@ SERVE_HELP = {
     "super_users": "principals allowed everything with --authorizer acl, e.g. 'User:admin;User:ops'",
     "allow_everyone_if_no_acl_found": "with --authorizer acl, allow a resource no ACL names (default: deny)",
     "data_bootstrap_server": "HOST:PORT[,HOST:PORT] of the Kafka cluster holding the partitions' records: "
-                             "consumer lag on /metrics and the console (default: none, commit ages only)",
+                             "its topics are herd's (Metadata, ListOffsets), consumer lag on /metrics and the "
+                             "console (default: none: herd's own catalog, commit ages only)",
     "data_command_config": "TLS/SASL client properties file for --data-bootstrap-server (as herd groups "
                            "--command-config)",
     "lag_refresh_interval_ms": "how often the data cluster's log ends are read (default 30000)",
+    "data_metadata_refresh_interval_ms": "how often the data cluster's topics (partition counts, topic ids) "
+                                         "are read again (default 30000)",
     "lag_metrics": "partition (default): lag per group, topic and partition; group: per group only",
 }
 

@@ -72,7 +72,8 @@ def test_acls_created_over_the_wire_are_replayed_from_the_log(tmp_path):
     store = LogStore(tmp_path, 4, fsync="never")
     shards = store.open(latest_only=True)
     try:
-        runtime = Runtime(config, GroupCoordinator(config, node_id=0), Catalog(config, node_id=0), store)
+        runtime = Runtime(config, GroupCoordinator(config.group_config(), node_id=0), Catalog(config, node_id=0),
+                          store)
         runtime.replay(shards)
         assert runtime.acls.authorizer.acls() == [DENY_G0]
         assert not runtime.acls.authorizer.authorize("User:ANONYMOUS", "127.0.0.1", A.READ, A.GROUP, "g0")

@@ -101,7 +101,7 @@ def test_heartbeat_writes_records_answers_with_them_and_a_fresh_coordinator_repl
     assert sorted(len(o.get(T, ())) for o in owned) == [2, 2]
     assert not owned[0][T] & owned[1][T]
     # replay: a fresh coordinator fed every write has the same group, members and epochs
-    fresh = GroupCoordinator(h.config)
+    fresh = GroupCoordinator(h.config.group_config())
     fresh.set_topics(h.topics)
     for sid, k, v in h.writes:
         fresh.replay(sid, k, v)
@@ -187,7 +187,7 @@ def test_an_empty_classic_group_gives_way_to_a_consumer_group_and_back():
     r = join(h)
     assert r.error_code == E.GROUP_ID_NOT_FOUND and "not a consumer group" in r.error_message
     # replay keeps the types apart
-    fresh = GroupCoordinator(h.config)
+    fresh = GroupCoordinator(h.config.group_config())
     for sid, k, v in h.writes:
         fresh.replay(sid, k, v)
     fresh.loaded(h.now, h.wall)
@@ -260,7 +260,7 @@ def test_list_describe_delete_and_offset_delete_for_consumer_groups():
     h.call(CGHB, 1, m.ConsumerGroupHeartbeatRequest(group_id="cg", member_id=a.member_id, member_epoch=-1))
     assert h.call(DELETE, 2, m.DeleteGroupsRequest(groups_names=["cg"])).results[0].error_code == 0
     assert h.gc.describe_group("cg") is None and h.gc.group_offsets("cg") == {}
-    fresh = GroupCoordinator(h.config)
+    fresh = GroupCoordinator(h.config.group_config())
     for sid, k, v in h.writes:
         fresh.replay(sid, k, v)
     fresh.loaded(h.now, h.wall)

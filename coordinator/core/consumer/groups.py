@@ -463,6 +463,11 @@ class ConsumerGroups:
         self.timers.schedule((SESSION, group_id, member_id), now + self.config.session_timeout_ms)
         return self.config.heartbeat_interval_ms
 
+    def validate(self, req, version: int) -> None:
+        """HeartbeatError for a request :meth:`heartbeat` would refuse before looking at its group
+        (the shard asks before an Empty classic group gives way to it)."""
+        self._validate(req, version)
+
     def _validate(self, req, version: int) -> None:
         bad = E.INVALID_REQUEST
         if not req.group_id or _blank(req.group_id):
