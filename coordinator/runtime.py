@@ -670,7 +670,7 @@ class Runtime:
         timer callback, uvloop (libuv) runs the first hop in this iteration's idle phase, then
         polls I/O (the read callbacks run), then the second hop; asyncio's own loop runs the first
         after its next select, before that select's read callbacks, and the second after them.
-        (``tests/coordinator/test_stall.py`` checks the order on uvloop with real sockets.)"""
+        (``tests/coordinator/ops/test_stall.py`` checks the order on uvloop with real sockets.)"""
         if self.loop is None:
             return
         if self._timer is not None:
