@@ -9,7 +9,7 @@ from protocol import acls as W
 from protocol import errors as E
 from protocol import messages as m
 from protocol.headers import decode_response_header
-from tests.coordinator.test_server_fastpath import HB, Edge, answers, decode, frame, run, until
+from tests.coordinator.edge.test_server_fastpath import HB, Edge, answers, decode, frame, run, until
 
 DENY_G0 = A.Acl(A.GROUP, "g0", A.LITERAL, "User:ANONYMOUS", "*", A.READ, A.DENY)
 
