@@ -171,7 +171,8 @@ def _catalog_failure(result, code: int):
 
 class Runtime:
     def __init__(self, config, groups, catalog: Catalog, store, clock=None, metrics=None, *,
-                 ownership: Ownership | None = None, topic_store: TopicStore | None = None, data=None):
+                 ownership: Ownership | None = None, topic_store: TopicStore | None = None, data=None,
+                 acl_store=None):
         self.config = config
         # the data cluster as the catalog (coordinator.ops.datacatalog.DataCatalog), None without one: a
         # Metadata naming topics never read waits for their read (bounded); ListOffsets is its answer
@@ -207,7 +208,7 @@ class Runtime:
         self.topic_store = topic_store
         # the ACLs (coordinator.core.auth.acls): replayed from the catalog shard, served by the ACL APIs
         self.acls = AclManager.from_config(config)
-        self.acl_store = None  # a cluster node's: the ACL records go to the database, not shard 0
+        self.acl_store = acl_store  # a cluster node's: the ACL records go to the database, not shard 0
         self._data_jobs: set = set()  # Metadata/ListOffsets waiting for the data cluster
         store.set_listener(self._on_durable)
         # herd's own stalls (coordinator.stall): started with the loop; while _held, no timer of
