@@ -361,11 +361,3 @@ def test_data_cluster_down_midway_and_back(broker, herd, caplog):
         assert sorted((r.partition, r.offset) for r in got) == [(p, o) for p in range(2) for o in range(100, 150)]
         assert c.generation() == generation
 
-
-def test_a_clear_error_without_confluent_kafka(monkeypatch):
-    """Simulated missing dependency: the constructor names the extra."""
-    monkeypatch.setitem(sys.modules, "confluent_kafka", None)  # import confluent_kafka -> ImportError
-    from client import KafkaGroupConsumer
-
-    with pytest.raises(ImportError, match=r"herd\[kafka\]"):
-        KafkaGroupConsumer("127.0.0.1:9", "g", "127.0.0.1:9")
