@@ -49,15 +49,16 @@ A data cluster that cannot be reached is logged at WARNING naming its address (a
 and every 10 s while it lasts); ``poll`` then returns no records while the group goes on (herd keeps
 the membership); librdkafka reconnects on its own and the records flow again from the positions.
 
-The per-record work in Python is one tuple per record (``Record``, a namedtuple): librdkafka
-fetches, decompresses and batches; ``poll`` takes a batch with one ``consume`` call.
+The per-record work in Python is one small object per record (``Record``, a view of librdkafka's
+message whose fields are read when used): librdkafka fetches, decompresses and batches; ``poll``
+takes a batch with one ``consume`` call and reads the consumed positions with one ``position`` call.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import namedtuple
+from operator import methodcaller
 
 from client import errors as cerr
 from client.consumer import GroupConsumer
@@ -72,9 +73,92 @@ MISSING_EXTRA = (
     "pip install 'herd[kafka]' (or pip install confluent-kafka)"
 )
 
-Record = namedtuple("Record", "topic partition offset key value timestamp_ms headers")
-Record.__doc__ = "One record of the data cluster: topic, partition, offset, key, value, timestamp_ms, headers."
-_new = tuple.__new__
+class Record:
+    """One record of the data cluster: ``topic``, ``partition``, ``offset``, ``key``, ``value``,
+    ``timestamp_ms``, ``headers`` (a list of (name, bytes) or None).
+
+    A view of librdkafka's message: each field is read from it when asked for, so building a batch
+    costs one small object per record and a field nobody reads is never converted to a Python
+    object. Unpacks and compares like a 7-tuple (``tuple(r)``, ``r[2]``, ``r._asdict()``);
+    ``Record.of(topic, partition, ...)`` makes one from values."""
+
+    __slots__ = ("_m",)
+    _fields = ("topic", "partition", "offset", "key", "value", "timestamp_ms", "headers")
+
+    def __init__(self, message):
+        self._m = message
+
+    topic = property(lambda self: self._m.topic())
+    partition = property(lambda self: self._m.partition())
+    offset = property(lambda self: self._m.offset())
+    key = property(lambda self: self._m.key())
+    value = property(lambda self: self._m.value())
+    timestamp_ms = property(lambda self: self._m.timestamp()[1])
+    headers = property(lambda self: self._m.headers())
+
+    @classmethod
+    def of(cls, topic, partition, offset, key, value, timestamp_ms=-1, headers=None) -> Record:
+        return cls(_Values(topic, partition, offset, key, value, timestamp_ms, headers))
+
+    def _tuple(self) -> tuple:
+        m = self._m
+        return (m.topic(), m.partition(), m.offset(), m.key(), m.value(), m.timestamp()[1], m.headers())
+
+    def __iter__(self):
+        return iter(self._tuple())
+
+    def __len__(self) -> int:
+        return 7
+
+    def __getitem__(self, i):
+        return self._tuple()[i]
+
+    def __eq__(self, other):
+        if isinstance(other, Record):
+            return self._tuple() == other._tuple()
+        return self._tuple() == other if isinstance(other, tuple) else NotImplemented
+
+    def __hash__(self):
+        return hash(self._tuple())
+
+    def _asdict(self) -> dict:
+        return dict(zip(self._fields, self._tuple(), strict=True))
+
+    def __repr__(self) -> str:
+        return "Record(" + ", ".join(f"{k}={v!r}" for k, v in zip(self._fields, self._tuple(), strict=True)) + ")"
+
+
+class _Values:
+    """What Record.of wraps: a message's accessors over plain values."""
+
+    __slots__ = ("_v",)
+
+    def __init__(self, *values):
+        self._v = values
+
+    def topic(self):
+        return self._v[0]
+
+    def partition(self):
+        return self._v[1]
+
+    def offset(self):
+        return self._v[2]
+
+    def key(self):
+        return self._v[3]
+
+    def value(self):
+        return self._v[4]
+
+    def timestamp(self):
+        return (1 if self._v[5] >= 0 else 0, self._v[5])
+
+    def headers(self):
+        return self._v[6]
+
+
+_error = methodcaller("error")
 
 # Settings of ours (not GroupConsumer's); the ``_FETCH`` ones are librdkafka's too.
 _OURS = {"auto.offset.reset": "latest", "max.poll.records": 500}
@@ -222,6 +306,8 @@ class KafkaGroupConsumer:
             raise
         self._ctp = ck.TopicPartition
         self._fetching: set = set()  # assigned to librdkafka
+        self._fetch_ctps: list | None = None  # the same, as librdkafka TopicPartitions (cached)
+        self._rk_positions: dict = {}  # librdkafka's consumed position, as last seen
         self._pending: set = set()  # assigned by the group, start offset not known yet (herd unreachable)
         self._paused: set = set()
         self._seeks: dict = {}  # seek() of a pending partition
@@ -270,7 +356,9 @@ class KafkaGroupConsumer:
         if gone:
             # librdkafka drops what it fetched for them: no record of theirs is consumed after this.
             self._rk.incremental_unassign(gone)
+        self._fetch_ctps = None
         for tp in parts:
+            self._rk_positions.pop(tp, None)
             self._fetching.discard(tp)
             self._pending.discard(tp)
             self._paused.discard(tp)
@@ -316,6 +404,7 @@ class KafkaGroupConsumer:
             assign.append(self._ctp(tp.topic, tp.partition, off))
         self._rk.incremental_assign(assign)
         self._fetching.update(pending)
+        self._fetch_ctps = None
         self._pending.difference_update(pending)
         paused = [c for c, tp in zip(assign, pending, strict=True) if tp in self._paused]
         if paused:
@@ -373,23 +462,33 @@ class KafkaGroupConsumer:
                 return []
 
     def _records(self, msgs) -> list:
-        records = [_new(Record, (m.topic(), m.partition(), m.offset(), m.key(), m.value(), m.timestamp()[1],
-                                 m.headers()))
-                   for m in msgs if m.error() is None]
-        if len(records) != len(msgs):
+        if any(map(_error, msgs)):
             for m in msgs:
                 err = m.error()
                 if err is not None and err.code() != self._ck.KafkaError._PARTITION_EOF:
                     self._warn(err.code(), f"{err.name()}: {err.str()} ({m.topic()}-{m.partition()})")
-        if records:
-            last = {(r[0], r[1]): r[2] for r in records}
-            seek = self._inner.seek
-            for (topic, partition), off in last.items():
-                tp = TopicPartition(topic, partition)
-                seek(tp, off + 1)
-                if self._unresolved:
-                    self._unresolved.discard(tp)
+            msgs = [m for m in msgs if m.error() is None]
+            if not msgs:
+                return []
+        records = list(map(Record, msgs))
+        # The consumed positions, from librdkafka (its application position moves with what
+        # consume() returned): one call per poll, no per-record work here.
+        seek, known = self._inner.seek, self._rk_positions
+        for c in self._rk.position(self._fetch_list()):
+            off = c.offset
+            if off >= 0:
+                tp = TopicPartition(c.topic, c.partition)
+                if known.get(tp) != off:
+                    known[tp] = off
+                    seek(tp, off)
+                    if self._unresolved:
+                        self._unresolved.discard(tp)
         return records
+
+    def _fetch_list(self) -> list:
+        if self._fetch_ctps is None:
+            self._fetch_ctps = [self._ctp(tp.topic, tp.partition) for tp in sorted(self._fetching)]
+        return self._fetch_ctps
 
     def _note_resolved(self) -> None:
         """Partitions started at a logical offset: once librdkafka knows where it is, that position

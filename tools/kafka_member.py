@@ -17,7 +17,7 @@ CLOCK_MONOTONIC, which every process of the machine shares):
 
 SIGTERM closes the consumer (commit, revocation, leave) and exits 0; SIGKILL is the crash.
 ``--summary`` writes JSON at exit: records, seconds from the first to the last record, and sampled
-end-to-end latencies (now minus the record's producer timestamp, ms).
+end-to-end latencies as [monotonic s, ms] pairs (now minus the record's producer timestamp).
 """
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ import os
 import signal
 import sys
 import time
+from collections import Counter
+from operator import attrgetter, methodcaller
 
 _stop = False
 
@@ -37,7 +39,8 @@ def _on_term(*_):
 
 
 class Trace:
-    def __init__(self, path):
+    def __init__(self, path, light=False):
+        self.light = light
         self.f = open(path, "a", buffering=1) if path else None
         self.last: dict[int, int] = {}
 
@@ -51,24 +54,37 @@ class Trace:
             for p in parts:
                 self.last.pop(p, None)
 
-    def batch(self, records):
+    def batch(self, records, part, off):
+        """``part`` / ``off``: the partition / offset getters of one record (a Record or a Message).
+        ``light``: counts per partition only (first and last written as -1), no per-record loop in
+        Python (the benchmark's form)."""
         if not self.f:
             return
         now = time.monotonic_ns()
         lines = []
-        by_p: dict[int, list] = {}
-        for r in records:
-            by_p.setdefault(r[1], []).append(r[2])
-        for p, offs in by_p.items():
-            prev = self.last.get(p)
-            for o in offs:
-                if prev is not None and o != prev + 1:
-                    lines.append(f"X {now} {p} {o} {prev}\n")
-                prev = o
-            self.last[p] = prev
-            lines.append(f"D {now} {p} {offs[0]} {offs[-1]} {len(offs)}\n")
+        if self.light:
+            for p, n in Counter(map(part, records)).items():
+                lines.append(f"D {now} {p} -1 -1 {n}\n")
+        else:
+            by_p: dict[int, list] = {}
+            for r in records:
+                by_p.setdefault(part(r), []).append(off(r))
+            for p, offs in by_p.items():
+                prev = self.last.get(p)
+                for o in offs:
+                    if prev is not None and o != prev + 1:
+                        lines.append(f"X {now} {p} {o} {prev}\n")
+                    prev = o
+                self.last[p] = prev
+                lines.append(f"D {now} {p} {offs[0]} {offs[-1]} {len(offs)}\n")
         self.f.write("".join(lines))
         self.f.flush()
+
+
+def _barrier(path, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while path and not os.path.exists(path) and time.monotonic() < deadline and not _stop:
+        time.sleep(0.005)
 
 
 def main(argv=None) -> int:
@@ -89,10 +105,12 @@ def main(argv=None) -> int:
     ap.add_argument("--stop-after", type=int, default=0, help="exit after this many records (0: never)")
     ap.add_argument("--idle-exit", type=float, default=0.0, help="exit after this long without records")
     ap.add_argument("--sample-every", type=int, default=10, help="latency: one record in N")
+    ap.add_argument("--light-trace", action="store_true", help="D lines with counts only (no offsets)")
+    ap.add_argument("--wait-file", help="subscribe only once this file exists (a start barrier)")
     a = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, _on_term)
     signal.signal(signal.SIGINT, _on_term)
-    trace = Trace(a.trace)
+    trace = Trace(a.trace, a.light_trace)
     lat: list[int] = []
     count = 0
     first = last = None
@@ -117,8 +135,10 @@ def main(argv=None) -> int:
                 trace.event("L", [tp.partition for tp in parts])
 
         consumer = KafkaGroupConsumer(a.herd, a.group, a.kafka, cfg)
+        _barrier(a.wait_file)
         consumer.subscribe([a.topic], Listener())
         poll = consumer.poll
+        part, off, stamp = attrgetter("partition"), attrgetter("offset"), attrgetter("timestamp_ms")
     else:
         from confluent_kafka import Consumer
 
@@ -138,17 +158,22 @@ def main(argv=None) -> int:
         def on_lost(c, parts):
             trace.event("L", [p.partition for p in parts])
 
+        _barrier(a.wait_file)
         consumer.subscribe([a.topic], on_assign=on_assign, on_revoke=on_revoke, on_lost=on_lost)
         n = a.max_poll_records
 
-        def poll(timeout):
+        def poll(timeout):  # the Message objects as confluent-kafka returns them
             msgs = consumer.consume(n, 0)
             if not msgs:
                 msgs = consumer.consume(1, timeout)
                 if msgs and n > 1:
                     msgs += consumer.consume(n - 1, 0)
-            return [(m.topic(), m.partition(), m.offset(), m.key(), m.value(), m.timestamp()[1], m.headers())
-                    for m in msgs if m.error() is None]
+            return [m for m in msgs if m.error() is None]
+
+        part, off = methodcaller("partition"), methodcaller("offset")
+
+        def stamp(m):
+            return m.timestamp()[1]
 
     idle_since = time.monotonic()
     every = max(1, a.sample_every)
@@ -165,10 +190,9 @@ def main(argv=None) -> int:
                 first = now
             last = now
             wall_ms = time.time() * 1000.0
-            for r in records[::every]:
-                lat.append(wall_ms - r[5])
+            lat.extend((now, wall_ms - stamp(r)) for r in records[::every])
             count += len(records)
-            trace.batch(records)
+            trace.batch(records, part, off)
             if a.stop_after and count >= a.stop_after:
                 break
     finally:

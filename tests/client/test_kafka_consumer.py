@@ -43,7 +43,12 @@ def test_bad_settings_are_one_clear_error(bad):
         split_config(bad, {})
 
 
-def test_record_is_a_cheap_named_tuple():
-    r = Record("t", 1, 5, b"k", b"v", 1000, None)
-    assert (r.topic, r.partition, r.offset, r.key, r.value, r.timestamp_ms, r.headers) == tuple(r)
+def test_record_reads_its_fields_from_the_message_and_behaves_like_a_tuple():
+    r = Record.of("t", 1, 5, b"k", b"v", 1000, [("h", b"1")])
+    assert (r.topic, r.partition, r.offset, r.key, r.value, r.timestamp_ms, r.headers) == \
+        ("t", 1, 5, b"k", b"v", 1000, [("h", b"1")])
+    topic, partition, offset, *_ = r
+    assert (topic, partition, offset, r[3], len(r)) == ("t", 1, 5, b"k", 7)
+    assert r == Record.of("t", 1, 5, b"k", b"v", 1000, [("h", b"1")]) != Record.of("t", 1, 6, b"k", b"v")
+    assert r._asdict()["value"] == b"v" and "offset=5" in repr(r)
     assert not hasattr(r, "__dict__")

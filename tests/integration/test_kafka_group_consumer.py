@@ -190,7 +190,7 @@ class Members:
         self.killed[name] = time.monotonic_ns()
 
     def stop_all(self):
-        for name, p in self.procs.items():
+        for p in self.procs.values():
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
         for p in self.procs.values():
@@ -206,6 +206,15 @@ class Members:
             path = self.tmp / f"{name}.trace"
             out[name] = [line.split() for line in path.read_text().splitlines()] if path.exists() else []
         return out
+
+    def wait_assigned(self, name, timeout=60.0):
+        """Until ``name`` has been assigned partitions (so that the next records are shared)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(ev[0] == "A" and len(ev) > 2 for ev in self.traces()[name]):
+                return
+            time.sleep(0.1)
+        pytest.fail(f"member {name} got no partitions within {timeout}s")
 
     def delivered(self) -> set:
         seen = set()
@@ -258,7 +267,7 @@ def check_traces(traces: dict, killed: dict, partitions: int):
             intervals[p].append((start, end_of_life, name))
     for p, spans in intervals.items():
         spans.sort()
-        for (s1, e1, m1), (s2, _e2, m2) in zip(spans, spans[1:], strict=False):
+        for (_s1, e1, m1), (s2, _e2, m2) in zip(spans, spans[1:], strict=False):
             assert s2 >= e1, f"partition {p} owned by {m1} and {m2} at once ({m1} until {e1}, {m2} from {s2})"
     assert set(intervals) <= set(range(partitions))
 
@@ -296,12 +305,12 @@ def test_three_members_across_join_leave_kill_and_herd_restart(broker, herd, tmp
         sample_commits()
 
     try:
-        phase(lambda: (m.start("a"), m.start("b")))
-        phase(lambda: m.start("c"))          # a join
+        phase(lambda: (m.start("a"), m.start("b"), m.wait_assigned("a"), m.wait_assigned("b")))
+        phase(lambda: (m.start("c"), m.wait_assigned("c")))          # a join
         phase(lambda: m.stop("b"))           # a leave (LeaveGroup, commit, revocation)
         phase(lambda: m.kill("a"))           # a SIGKILL: its partitions move after the session timeout
         phase(herd.restart)                  # herd restarts on its data (same port)
-        phase(lambda: m.start("d"))          # another join after the restart
+        phase(lambda: (m.start("d"), m.wait_assigned("d")))          # another join after the restart
         deadline = time.monotonic() + 30
         end = ends(broker.bootstrap, MAIN, n_parts)
         while time.monotonic() < deadline:  # auto-commit catches up with the last records
