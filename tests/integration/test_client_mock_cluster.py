@@ -18,7 +18,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -31,8 +30,8 @@ from client import (
     RebalanceInProgressError,
     TopicPartition,
 )
+from tests.support.shared import require_shared
 
-MOCK = Path(__file__).resolve().parents[3] / "shared" / "tools" / "mock_cluster.py"
 SESSION_MS = 2000  # the mock delays every rebalance after the first by session - 1 s
 PARTITIONS = 6
 ALL = frozenset(TopicPartition("t", p) for p in range(PARTITIONS))
@@ -41,8 +40,7 @@ _groups = itertools.count()
 
 @pytest.fixture(scope="module")
 def mock_cluster():
-    if not MOCK.exists():
-        pytest.skip(f"{MOCK} is not available")
+    mock = require_shared("tools", "mock_cluster.py")  # ../shared: a fresh clone skips
     try:
         import confluent_kafka  # noqa: F401
     except ImportError:
@@ -50,7 +48,7 @@ def mock_cluster():
     proc = subprocess.Popen(
         [
             sys.executable,
-            str(MOCK),
+            str(mock),
             "--topic",
             f"t:{PARTITIONS}",
             "--initial-rebalance-delay-ms",
@@ -59,13 +57,17 @@ def mock_cluster():
             "300",
         ],
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         text=True,
     )
     try:
         line = proc.stdout.readline().strip()
         if not line:
-            pytest.skip("the mock cluster did not start")
+            # the mock exists and confluent_kafka imports: a mock that dies at start is a failure of
+            # this run (it used to turn every test of the module into a skip)
+            proc.kill()
+            _, err = proc.communicate(timeout=10)
+            pytest.fail(f"the mock cluster exited at start (code {proc.returncode}): {err[-2000:]}")
         assert line.startswith("127.0.0.1:"), line
         yield line
     finally:

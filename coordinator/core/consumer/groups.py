@@ -32,9 +32,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from coordinator.consumer import records as cr
-from coordinator.consumer.assignors import ASSIGNORS, DEFAULT_ASSIGNOR, MemberSubscription
-from coordinator.consumer.group import (
+from coordinator.core.consumer import records as cr
+from coordinator.core.consumer.assignors import ASSIGNORS, DEFAULT_ASSIGNOR, MemberSubscription
+from coordinator.core.consumer.group import (
     DEAD,
     LEAVE_EPOCH,
     MEMBER_STABLE,
@@ -45,8 +45,8 @@ from coordinator.consumer.group import (
     ConsumerGroup,
     Member,
 )
-from coordinator.consumer.regex import InvalidRegex, compile_subscription
-from coordinator.timers import Timers
+from coordinator.core.consumer.regex import InvalidRegex, compile_subscription
+from coordinator.core.timers import Timers
 from protocol import errors as E
 from protocol.messages import (
     ConsumerGroupDescribeResponseAssignment,
@@ -241,6 +241,9 @@ def validate_offset_fetch(group: ConsumerGroup | None, member_id: str | None, me
     return E.NONE
 
 
+CREATED_GROUP_EPOCH = 1  # a new group's epoch before its first member (Kafka 4.4)
+
+
 class ConsumerGroups:
     """Every consumer group of one shard."""
 
@@ -374,7 +377,9 @@ class ConsumerGroups:
         return self._subscription_metadata(group.subscribed_topic_names(), group.regexes())
 
     def _bump(self, group: ConsumerGroup, out: Records, reason: str) -> None:
-        epoch = group.group_epoch + 1
+        # Kafka 4.4 creates a consumer group at epoch 1 (CREATED_GROUP_EPOCH), so its first bump,
+        # the first member's join, gives epoch 2
+        epoch = max(group.group_epoch, CREATED_GROUP_EPOCH) + 1
         self._emit(out, cr.group_epoch_key(group.group_id), cr.group_epoch_value(epoch))
         group.note_epoch(epoch, reason)
 
