@@ -26,8 +26,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.reference, pytest.mark.slow]
 ck = pytest.importorskip("confluent_kafka", reason="confluent-kafka is a test extra (pip install -e '.[test]')")
 
 RUN = uuid.uuid4().hex[:6]
-TOPICS = {f"kgc-main-{RUN}": 6, f"kgc-reset-{RUN}": 2, f"kgc-api-{RUN}": 3, f"kgc-down-{RUN}": 2}
-MAIN, RESET, API, DOWN = TOPICS
+TOPICS = {f"kgc-main-{RUN}": 6, f"kgc-reset-{RUN}": 2, f"kgc-api-{RUN}": 3, f"kgc-down-{RUN}": 2,
+          f"kgc-docs-{RUN}": 2}
+MAIN, RESET, API, DOWN, DOCS = TOPICS
 FAST = {"session.timeout.ms": 3000, "heartbeat.interval.ms": 500}
 
 
@@ -137,6 +138,27 @@ def test_reads_from_committed_offsets_and_the_api_works(broker, herd):
         for r in got:
             firsts.setdefault(r.partition, r.offset)
         assert firsts == {0: 99, 1: 100, 2: 100}
+
+
+def test_the_docs_example_runs(broker, herd, tmp_path):
+    """docs/client.md's "With data in Kafka" block, run as written (only the addresses and the topic
+    name changed) against the broker and herd."""
+    from client import GroupConsumer, TopicPartition
+    from tests.support.docblocks import block
+
+    produce(broker.bootstrap, DOCS, 0, 20, partitions=2)
+    program = tmp_path / "example.py"
+    program.write_text(block("thin-client-kafka").replace("127.0.0.1:9092", herd.bootstrap)
+                       .replace("127.0.0.1:19092", broker.bootstrap).replace('"orders"', f'"{DOCS}"')
+                       .replace('"billing"', f'"docs-{RUN}"'))
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, str(program)], capture_output=True, text=True, timeout=90, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [line.split() for line in out.stdout.splitlines()]
+    assert len(lines) >= 10 and all(line[2].startswith("b'k") for line in lines)
+    with GroupConsumer(herd.bootstrap, f"docs-{RUN}") as g:
+        committed = g.committed([TopicPartition(DOCS, p) for p in range(2)])
+    assert sum(om.offset for om in committed.values() if om is not None) >= 10
 
 
 def test_auto_offset_reset_earliest_and_latest(broker, herd):
