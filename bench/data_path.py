@@ -15,7 +15,9 @@ One Kafka 4.x broker (tools/kafka_broker.py, ``make reference-deps``) and one he
   members subscribe together (a start barrier) from the earliest offset; records / seconds from the
   first record any member returned to the moment the last of them was returned.
 * ``latency_ms``: then ``--rate`` records/s are produced for ``--latency-seconds``: p50/p99/max of
-  (time a member's poll returned it) - (its producer timestamp), every 5th record sampled.
+  (time a member's poll returned it) - (its timestamp), the first and every 5th record of each
+  batch sampled. The topics use LogAppendTime: the timestamp is the broker's append, so this is the
+  broker-to-application latency, the producer's queueing left out.
 * ``herd_cpu_s`` (herd mode): the daemon's CPU seconds over both phases; ``broker_cpu_s``: the
   broker's (it serves the fetches in both modes, and the group in plain mode); ``members_cpu_s``.
 * ``failover_s`` (N = 4): while ``--rate`` records/s are produced, one member is SIGKILLed; seconds
@@ -43,9 +45,20 @@ DELAY_MS = 3000
 
 
 def create_topic(bootstrap, name, partitions):
-    from bench.vs_kafka import create_topic as create
+    """The topic with LogAppendTime timestamps: a record's timestamp is the broker's append, so the
+    latency measured is the consumer side's (broker to poll), not the producer's queueing."""
+    from confluent_kafka.admin import AdminClient, NewTopic
 
-    create(bootstrap, name, partitions)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(name, partitions, 1, config={"message.timestamp.type": "LogAppendTime"})],
+                        operation_timeout=30)[name].result(timeout=60)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        md = admin.list_topics(name, timeout=10).topics[name]
+        if md.error is None and len(md.partitions) == partitions and all(p.leader >= 0 for p in md.partitions.values()):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"topic {name} not ready on {bootstrap}")
 
 
 def produce_bulk(bootstrap, topic, count, value_bytes):
@@ -66,13 +79,13 @@ def produce_bulk(bootstrap, topic, count, value_bytes):
 
 
 class RateProducer(threading.Thread):
-    """``rate`` records/s in 1 ms slices, linger 0 (the record's timestamp is the produce call)."""
+    """``rate`` records/s in 1 ms slices, linger 1 ms."""
 
     def __init__(self, bootstrap, topic, rate, value_bytes):
         super().__init__(daemon=True)
         from confluent_kafka import Producer
 
-        self.p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+        self.p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1})
         self.topic, self.rate, self.value = topic, rate, b"y" * value_bytes
         self.stop_ev = threading.Event()
         self.sent = 0
@@ -292,7 +305,9 @@ def main(argv=None):
         with KafkaBroker(tmp / "kafka", overrides, heap=args.kafka_heap, start_timeout=180) as broker:
             # the topics exist in the data cluster before herd starts; --topic gives herd their
             # partition counts when it does not read them from the data cluster itself
-            cells = [(n, mode) for n in ns for mode in ("herd", "plain")]
+            # the order alternates (plain first for the first N) so that neither side always runs first
+            cells = [(n, mode) for i, n in enumerate(ns) for mode in (("plain", "herd") if i % 2 == 0 else
+                                                                      ("herd", "plain"))]
             topics = [f"dp-{i + 1}" for i in range(len(cells))]
             topics += [f"dp-fo-{len(cells) + i + 1}" for i in range(2)]
             for t in topics:
