@@ -119,6 +119,7 @@ __all__ = [
     "with_source_position",
     "skip_committed",
     "starting_offsets_json",
+    "list_offsets",
     "KafkaGroupJob",
     "run_kafka_member",
     "data_end_offsets",
@@ -875,12 +876,42 @@ def skip_committed(df, committed: dict, topic_col: str = "topic", partition_col:
     return df.where(F.col(offset_col) >= start)
 
 
+def list_offsets(bootstrap, partitions, spec: str | int = "latest", timeout_s: float = 30.0,
+                 config: dict | None = None) -> dict:
+    """herd's ListOffsets answer for ``partitions``: ``{TopicPartition: offset}`` (``spec``:
+    "earliest", "latest" or a timestamp in ms; -1 where none). With ``--data-bootstrap-server``
+    herd answers with the data cluster's offsets; a partition's error raises KafkaError."""
+    ts = {"earliest": -2, "latest": -1}.get(spec, spec)
+    if not isinstance(ts, int):
+        raise ValueError(f"spec must be 'earliest', 'latest' or a timestamp, not {spec!r}")
+    by_topic: dict = {}
+    for tp in map(_tp, partitions):
+        by_topic.setdefault(tp.topic, []).append(tp.partition)
+    if not by_topic:
+        return {}
+    req = m.ListOffsetsRequest(replica_id=-1, topics=[
+        m.ListOffsetsRequestListOffsetsTopic(name=t, partitions=[
+            m.ListOffsetsRequestListOffsetsPartition(partition_index=p, timestamp=ts) for p in sorted(ps)])
+        for t, ps in sorted(by_topic.items())], timeout_ms=int(timeout_s * 1000))
+    with _bootstrap_broker(bootstrap, timeout_s, config) as b:
+        resp, _ = b.request(req, min(b.version(m.ListOffsetsRequest), 7))
+    out = {}
+    for t in resp.topics:
+        for p in t.partitions:
+            if p.error_code != codes.NONE:
+                raise cerr.KafkaError(f"ListOffsets({t.name}-{p.partition_index}): {codes.error_name(p.error_code)}",
+                                      code=p.error_code)
+            out[TopicPartition(t.name, p.partition_index)] = p.offset
+    return out
+
+
 def starting_offsets_json(bootstrap, group_id: str, topics, default: str | int = "earliest",
-                          timeout_s: float = 30.0, config: dict | None = None) -> str:
-    """The ``startingOffsets`` option of Spark's Kafka source from the group's committed offsets:
-    ``{"topic": {"0": 42, "1": -2}}`` over every committed partition and every partition herd's
-    topic catalog lists; partitions without a commit get ``default`` ("earliest" = -2, "latest" =
-    -1, or an offset)."""
+                          timeout_s: float = 30.0, config: dict | None = None, resolve: bool = False) -> str:
+    """The ``startingOffsets`` option of Spark's Kafka source from the group's committed offsets
+    (OffsetFetch): ``{"topic": {"0": 42, "1": -2}}`` over every committed partition and every
+    partition herd's topic catalog lists; partitions without a commit get ``default`` ("earliest"
+    = -2, "latest" = -1, or an offset). ``resolve=True`` asks herd's ListOffsets for those instead
+    (herd with a data cluster answers with its offsets), so the query starts at offsets fixed now."""
     if isinstance(topics, str):
         topics = [topics]
     fallback = {"earliest": -2, "latest": -1}.get(default, default)
@@ -891,9 +922,13 @@ def starting_offsets_json(bootstrap, group_id: str, topics, default: str | int =
     parts = set(committed)  # every committed partition, even of a topic herd does not know (yet)
     for t in topics:
         parts.update(_known_partitions(bootstrap, t, timeout_s, config) or [])
+    resolved = {}
+    if resolve and isinstance(default, str):
+        resolved = {tp: off for tp, off in list_offsets(bootstrap, [tp for tp in parts if tp not in committed],
+                                                        default, timeout_s, config).items() if off >= 0}
     out: dict = {t: {} for t in topics}
     for tp in sorted(parts):
-        out.setdefault(tp.topic, {})[str(tp.partition)] = committed.get(tp, fallback)
+        out.setdefault(tp.topic, {})[str(tp.partition)] = committed.get(tp, resolved.get(tp, fallback))
     return json.dumps(out, sort_keys=True)
 
 

@@ -161,6 +161,27 @@ def test_the_docs_example_runs(broker, herd, tmp_path):
     assert sum(om.offset for om in committed.values() if om is not None) >= 10
 
 
+def test_streaming_starting_offsets_from_herd(broker, herd):
+    """Spark's startingOffsets from herd: committed partitions from OffsetFetch, the others from
+    herd's ListOffsets, which herd answers from the data cluster."""
+    import json
+
+    from client import GroupConsumer, TopicPartition
+    from client.spark import list_offsets, starting_offsets_json
+
+    produce(broker.bootstrap, RESET, 1000, 40, partitions=2)
+    broker_ends = ends(broker.bootstrap, RESET, 2)
+    herd_ends = list_offsets(herd.bootstrap, [TopicPartition(RESET, p) for p in range(2)], "latest")
+    if {tp.partition: off for tp, off in herd_ends.items()} != broker_ends:
+        pytest.skip(f"this herd answers ListOffsets as an empty log ({herd_ends}), not from the data cluster "
+                    "(issue 29 item 2: the datacatalog branch)")
+    group = f"stream-{RUN}"
+    with GroupConsumer(herd.bootstrap, group) as g:
+        g.commit({TopicPartition(RESET, 0): 7})
+    got = json.loads(starting_offsets_json(herd.bootstrap, group, RESET, default="latest", resolve=True))
+    assert got == {RESET: {"0": 7, "1": broker_ends[1]}}
+
+
 def test_auto_offset_reset_earliest_and_latest(broker, herd):
     from client import KafkaGroupConsumer, TopicPartition
 
