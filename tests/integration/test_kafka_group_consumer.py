@@ -27,8 +27,8 @@ ck = pytest.importorskip("confluent_kafka", reason="confluent-kafka is a test ex
 
 RUN = uuid.uuid4().hex[:6]
 TOPICS = {f"kgc-main-{RUN}": 6, f"kgc-reset-{RUN}": 2, f"kgc-api-{RUN}": 3, f"kgc-down-{RUN}": 2,
-          f"kgc-docs-{RUN}": 2}
-MAIN, RESET, API, DOWN, DOCS = TOPICS
+          f"kgc-docs-{RUN}": 2, f"kgc-stream-{RUN}": 2}
+MAIN, RESET, API, DOWN, DOCS, STREAM = TOPICS
 FAST = {"session.timeout.ms": 3000, "heartbeat.interval.ms": 500}
 
 
@@ -169,17 +169,17 @@ def test_streaming_starting_offsets_from_herd(broker, herd):
     from client import GroupConsumer, TopicPartition
     from client.spark import list_offsets, starting_offsets_json
 
-    produce(broker.bootstrap, RESET, 1000, 40, partitions=2)
-    broker_ends = ends(broker.bootstrap, RESET, 2)
-    herd_ends = list_offsets(herd.bootstrap, [TopicPartition(RESET, p) for p in range(2)], "latest")
+    produce(broker.bootstrap, STREAM, 1000, 40, partitions=2)
+    broker_ends = ends(broker.bootstrap, STREAM, 2)
+    herd_ends = list_offsets(herd.bootstrap, [TopicPartition(STREAM, p) for p in range(2)], "latest")
     if {tp.partition: off for tp, off in herd_ends.items()} != broker_ends:
         pytest.skip(f"this herd answers ListOffsets as an empty log ({herd_ends}), not from the data cluster "
                     "(issue 29 item 2: the datacatalog branch)")
     group = f"stream-{RUN}"
     with GroupConsumer(herd.bootstrap, group) as g:
-        g.commit({TopicPartition(RESET, 0): 7})
-    got = json.loads(starting_offsets_json(herd.bootstrap, group, RESET, default="latest", resolve=True))
-    assert got == {RESET: {"0": 7, "1": broker_ends[1]}}
+        g.commit({TopicPartition(STREAM, 0): 7})
+    got = json.loads(starting_offsets_json(herd.bootstrap, group, STREAM, default="latest", resolve=True))
+    assert got == {STREAM: {"0": 7, "1": broker_ends[1]}}
 
 
 def test_auto_offset_reset_earliest_and_latest(broker, herd):
