@@ -626,7 +626,7 @@ class _RdkafkaLogger:
     def log(self, level, msg, *args, **kwargs):
         owner = self.owner()
         text = msg % args if args else msg
-        if owner is not None and level <= logging.WARNING:
+        if owner is not None and level >= logging.WARNING:  # confluent-kafka maps syslog levels to logging's
             owner._warn(("log", text[:40]), text)
         else:
             log.debug("librdkafka: %s", text)
