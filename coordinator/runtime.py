@@ -40,12 +40,15 @@ LOADING -> ACTIVE at start-up and may go to FAILED after a failed write; a store
 are owned through leases adds the moves driven by leases (load on winning one, unload on losing
 one) without new states.
 
-A cluster node (:mod:`coordinator.cluster.node`) sets three hooks, all None with the file store:
-``guard()`` runs before every group request and heartbeat, ConsumerGroupHeartbeat's steady path
-at the edge too (the leases' self-fencing, checked on the
-request path), ``shard_failed(shard)`` hears a write failure that put a shard in FAILED (the node
-reloads it with a fresh epoch once the database answers again: FAILED -> NOT_OWNED -> LOADING ->
-ACTIVE through :meth:`unload_shard` and :meth:`load_shard`), and ``topic_store`` keeps the topic
+Which shards this process serves is an *ownership* object given at construction
+(:class:`Ownership`; default :class:`OwnsEveryShard`, the file store's: every shard, for good):
+``guard()`` runs before every group request and heartbeat, ConsumerGroupHeartbeat's steady path at
+the edge too (a cluster node's self-fencing, checked on the request path), and
+``shard_failed(shard)`` hears a write failure that put a shard in FAILED and says whether the shard
+will be reloaded (a cluster node takes it again with a fresh epoch once the database answers:
+FAILED -> NOT_OWNED -> LOADING -> ACTIVE through :meth:`Runtime.unload_shard` and
+:meth:`Runtime.load_shard`) or stays FAILED until restart. A *topic store*
+(:class:`TopicStore`, given at construction; None: topics are records of shard 0) keeps the
 catalog outside the shards (a database table shared by every node): a catalog request that creates
 topics puts them there (``await topic_store.put(key, value) -> the stored value``; the first
 writer's wins, and the request is answered again from the catalog when another node's was kept).
@@ -55,6 +58,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+from typing import Protocol
 
 from coordinator import logging_setup
 from coordinator.clock import SystemClock
@@ -96,6 +100,34 @@ TRANSITIONS = {
 }
 
 
+class Ownership(Protocol):
+    """Which shards this process serves, as the runtime asks it (see the module docstring)."""
+
+    def guard(self) -> None:
+        """Before every group request and heartbeat: stop serving what may no longer be ours."""
+
+    def shard_failed(self, shard_id: int) -> bool:
+        """A write of ``shard_id`` failed (it is FAILED now): True if it will be reloaded."""
+
+
+class TopicStore(Protocol):
+    """Topics kept outside the shards (a cluster's database): the first writer's record wins."""
+
+    async def put(self, key: bytes, value: bytes) -> bytes:
+        """Keep the topic record; -> the record stored (another node's if it was first)."""
+
+
+class OwnsEveryShard:
+    """One process alone (the file store): it owns every shard for good, fences nothing, and a
+    shard whose write failed stays FAILED until restart."""
+
+    def guard(self) -> None:
+        pass
+
+    def shard_failed(self, shard_id: int) -> bool:
+        return False
+
+
 class _Waiter:
     """Replies held until ``count`` shards have made the writes they wait for durable."""
 
@@ -135,12 +167,12 @@ def _catalog_failure(result, code: int):
 
 
 class Runtime:
-    def __init__(self, config, groups, catalog: Catalog, store, clock=None, metrics=None):
+    def __init__(self, config, groups, catalog: Catalog, store, clock=None, metrics=None, *,
+                 ownership: Ownership | None = None, topic_store: TopicStore | None = None):
         self.config = config
         self.groups = groups
         self.catalog = catalog
-        if hasattr(groups, "set_topics"):
-            groups.set_topics(catalog)  # consumer groups assign the catalog's topics (by topic id)
+        groups.set_topics(catalog)  # consumer groups assign the catalog's topics (by topic id)
         self.store = store
         self.clock = clock if clock is not None else SystemClock()
         self.metrics = metrics
@@ -161,10 +193,10 @@ class Runtime:
         self._completed: collections.deque = collections.deque()  # (shard, seq, exc) from the writer
         self._drain_scheduled = False
         self._edge = None  # the Server (attach_edge): answers released together leave together
-        # set by a cluster node (see the module docstring); None with the file store
-        self.guard = None
-        self.shard_failed = None
-        self.topic_store = None
+        # see the module docstring: which shards are served, where topics are kept (None: shard 0)
+        self.ownership = ownership if ownership is not None else OwnsEveryShard()
+        self._guard = self.ownership.guard
+        self.topic_store = topic_store
         store.set_listener(self._on_durable)
         # herd's own stalls (coordinator.stall): started with the loop; while _held, no timer of
         # the core fires (the sockets are read first); listeners get (stall_ms, kind) (metrics)
@@ -217,7 +249,7 @@ class Runtime:
                 next(steps)
             except StopIteration as done:
                 if self.loop is not None:  # the catalog may have moved while another node had it
-                    self._topics_changed()
+                    self.topics_changed()
                 return done.value["records"]
             await asyncio.sleep(0)
 
@@ -270,12 +302,23 @@ class Runtime:
         if writes:
             self._catalog_result(Result(writes, []), None)
         # looks from now on: the replay before was no stall (loaded members got fresh deadlines)
-        self.stall = StallDetector(self.clock, getattr(self.config, "stall_threshold_ms", 0),
+        self.stall = StallDetector(self.clock, self.config.stall_threshold_ms,
                                    on_stall=self._on_stall).start(loop)
-        self._topics_changed()  # also when nothing changed now: the catalog may have moved since
+        self.topics_changed()  # also when nothing changed now: the catalog may have moved since
         self.arm(force=True)
 
-    def _topics_changed(self) -> None:
+    def replay_topics(self, records) -> int:
+        """Topic records read from outside the shards (a cluster's database: ``(key, value)``s)
+        go to the catalog; once serving, consumer groups see the change. -> how many."""
+        count = 0
+        for key, value in records:
+            self.catalog.replay(key, value)
+            count += 1
+        if count and self.loop is not None:
+            self.topics_changed()
+        return count
+
+    def topics_changed(self) -> None:
         """Topics were created or grown: consumer groups subscribed to them get a new epoch."""
         clock = self.clock
         self.apply(self.groups.topics_changed(clock.monotonic_ms(), clock.wall_ms()))
@@ -292,8 +335,7 @@ class Runtime:
         # while closing, the catalog's reads (FindCoordinator, ListOffsets, Fetch, DescribeCluster)
         # are answered as usual: they write nothing (they have no NOT_COORDINATOR answer of their own)
         if api_key in GROUP_APIS:
-            if self.guard is not None:
-                self.guard()
+            self._guard()
             clock = self.clock
             self.apply(self.groups.handle(api_key, version, request, token, clock.monotonic_ms(), clock.wall_ms(),
                                           client_id, client_host))
@@ -310,7 +352,7 @@ class Runtime:
         result = self.catalog.handle(api_key, version, request, token)
         self._catalog_result(result, (api_key, version, request, token))
         if result.writes:  # a topic created (CreateTopics, or Metadata's auto-creation)
-            self._topics_changed()
+            self.topics_changed()
             self.arm()
 
     def _catalog_result(self, result, request) -> None:
@@ -354,8 +396,7 @@ class Runtime:
         nothing and waits for nothing: -> its error code, now."""
         if self._closing:
             return E.NOT_COORDINATOR
-        if self.guard is not None:
-            self.guard()
+        self._guard()
         code = self.groups.heartbeat(version, request, self.clock.monotonic_ms())
         self.arm()
         return code
@@ -368,8 +409,7 @@ class Runtime:
         that write to be durable (and get its error if it failed)."""
         if self._closing:
             return None
-        if self.guard is not None:  # a cluster node: no answer for a shard whose lease may have lapsed
-            self.guard()
+        self._guard()  # a cluster node: no answer for a shard whose lease may have lapsed
         interval = self.groups.consumer_heartbeat_steady(group_id, member_id, member_epoch, client_id, client_host,
                                                          self.clock.monotonic_ms(), self._write_pending)
         if interval is not None:
@@ -479,15 +519,13 @@ class Runtime:
                 log.warning("shard lost to another node; unloading it", shard=shard_id, error=str(exc))
                 self._move(shard_id, NOT_OWNED)
         elif state == ACTIVE:
-            if self.shard_failed is None:
-                log.error("shard write failed; the shard stops accepting requests until restart",
-                          shard=shard_id, error=str(exc))
-                self._move(shard_id, FAILED)
-            else:
+            self._move(shard_id, FAILED)
+            if self.ownership.shard_failed(shard_id):
                 log.warning("shard write failed; the shard is reloaded once the store answers again",
                             shard=shard_id, error=str(exc))
-                self._move(shard_id, FAILED)
-                self.shard_failed(shard_id)
+            else:
+                log.error("shard write failed; the shard stops accepting requests until restart",
+                          shard=shard_id, error=str(exc))
 
     # ---- shard states --------------------------------------------------------------------------
 

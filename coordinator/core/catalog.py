@@ -21,11 +21,13 @@ but an id must never be missing) gets one minted once at start-up, written back 
 A ``--topic name:N`` with more partitions than the topic has grows it at start-up (never shrinks).
 Pure: no I/O, no clock.
 
-In a cluster (``cluster`` set to a routing view, :class:`coordinator.cluster.node.Routing`):
-Metadata and DescribeCluster list every live node (``cluster.brokers()``), FindCoordinator answers
-the node that owns the group's shard (``cluster.coordinator(shard)``; None, an owner not known or
-a view that may be stale: COORDINATOR_NOT_AVAILABLE, retriable); the topic records are kept in the
-database by the runtime (``Runtime.topic_store``), not in shard 0.
+Where groups are coordinated is a *routing* object given at construction (:class:`Routing`; default
+:class:`ThisNodeOnly`: every shard is this node's). In a cluster
+(:class:`coordinator.cluster.node.Routing`) Metadata and DescribeCluster list every live node
+(``routing.brokers(me)``), FindCoordinator answers the node that owns the group's shard
+(``routing.coordinator(shard, me)``; None, an owner not known or a view that may be stale:
+COORDINATOR_NOT_AVAILABLE, retriable); the topic records are kept in the database by the runtime
+(``Runtime.topic_store``), not in shard 0.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ import re
 import struct
 import uuid
 from dataclasses import dataclass
+from typing import Protocol
 
 from coordinator.core.partitioning import shard_for
 from coordinator.core.responses import kafka_error_message
@@ -112,15 +115,38 @@ def validate_topic_name(name: str) -> str | None:
     return None
 
 
+Node = tuple[int, str, int]  # (node id, host, port)
+
+
+class Routing(Protocol):
+    """Which nodes clients may use and which one coordinates a shard; ``me`` is this node."""
+
+    def brokers(self, me: Node) -> list[Node]:
+        """Every node clients may use, ``me`` among them, sorted by node id."""
+
+    def coordinator(self, shard: int, me: Node) -> Node | None:
+        """The node serving ``shard``; None: not known now (retriable)."""
+
+
+class ThisNodeOnly:
+    """One node alone: it is every broker and coordinates every shard."""
+
+    def brokers(self, me: Node) -> list[Node]:
+        return [me]
+
+    def coordinator(self, shard: int, me: Node) -> Node:
+        return me
+
+
 class Catalog:
-    def __init__(self, config, node_id: int = 0):
+    def __init__(self, config, node_id: int = 0, routing: Routing | None = None):
         self.config = config
         self.node_id = node_id
         self.host = config.advertised_host or config.host
         self.port = config.advertised_port or config.port
         self.topics: dict[str, Topic] = {}
         self.by_id: dict[bytes, Topic] = {}
-        self.cluster = None  # a routing view in a cluster (see the module docstring); None: this node alone
+        self.routing = routing if routing is not None else ThisNodeOnly()  # see the module docstring
         self._reads = {FIND_COORDINATOR: self.find_coordinator, LIST_OFFSETS: self.list_offsets,
                        DESCRIBE_CLUSTER: self.describe_cluster, FETCH: self.fetch}
 
@@ -169,17 +195,12 @@ class Catalog:
     def brokers(self) -> list[tuple[int, str, int]]:
         """(node id, host, port) of every node clients may use: this one alone, or the cluster's
         live nodes (this one always among them)."""
-        me = (self.node_id, self.host, self.port)
-        if self.cluster is None:
-            return [me]
-        nodes = [n for n in self.cluster.brokers() if n[0] != self.node_id]
-        return sorted([me, *nodes])
+        return self.routing.brokers((self.node_id, self.host, self.port))
 
     def coordinator(self, key: str) -> tuple[int, str, int] | None:
         """The node that coordinates group ``key`` (None: not known now, retriable)."""
-        if self.cluster is None:
-            return self.node_id, self.host, self.port
-        return self.cluster.coordinator(shard_for(key, self.config.offsets_partitions))
+        return self.routing.coordinator(shard_for(key, self.config.offsets_partitions),
+                                        (self.node_id, self.host, self.port))
 
     # ---- the catalog as consumer groups see it (coordinator.consumer.Topics) ------------------
 
