@@ -20,6 +20,8 @@ One Kafka 4.x broker (tools/kafka_broker.py, ``make reference-deps``) and one he
   broker-to-application latency, the producer's queueing left out.
 * ``herd_cpu_s`` (herd mode): the daemon's CPU seconds over both phases; ``broker_cpu_s``: the
   broker's (it serves the fetches in both modes, and the group in plain mode); ``members_cpu_s``.
+* ``--messages``: also N members reading with ``KafkaGroupConsumer.poll_messages`` (librdkafka's
+  ``Message`` objects as they are, no ``Record`` per record), mode ``herd-messages``.
 * ``failover_s`` (N = 4): while ``--rate`` records/s are produced, one member is SIGKILLed; seconds
   from its death until another member returns a record of one of its partitions, with the same
   session timeout (``--session-ms``) for both coordinators.
@@ -124,7 +126,7 @@ class Group:
                    "--heartbeat-ms", str(max(100, session_ms // 6)), "--auto-commit-ms", "5000",
                    "--max-poll-records", "500", "--sample-every", str(sample_every), "--strategy", "range",
                    "--wait-file", str(self.barrier), "--light-trace"]
-            if mode == "herd":
+            if mode.startswith("herd"):
                 cmd += ["--herd", herd_bootstrap]
             self.procs.append(subprocess.Popen(cmd, cwd=str(REPO), env=env, stdout=open(tmp / f"{group}.{i}.out", "wb"),
                                                stderr=subprocess.STDOUT))
@@ -243,7 +245,7 @@ def run_cell(args, mode, n, herd, broker, tmp, cell):
            "records_per_s": args.records / seconds if seconds > 0 else None,
            "latency_ms": U.percentiles(lats, (50, 99)), "latency_records": prod.sent,
            "broker_cpu_s": broker_cpu, "members_cpu_s": members_cpu}
-    if mode == "herd":
+    if mode.startswith("herd"):
         row["herd_cpu_s"] = herd_cpu
     return row
 
@@ -292,6 +294,8 @@ def main(argv=None):
     ap.add_argument("--session-ms", type=int, default=6000)
     ap.add_argument("--kafka-heap", default="1g")
     ap.add_argument("--no-failover", action="store_true")
+    ap.add_argument("--messages", action="store_true",
+                    help="also N members reading with KafkaGroupConsumer.poll_messages (librdkafka's Message objects)")
     args = U.parse(ap, argv, {"records": (200_000, 1_000_000), "latency_seconds": (5.0, 10.0)})
     ns = [int(x) for x in args.ns.split(",")]
     from tools.kafka_broker import KafkaBroker
@@ -308,6 +312,8 @@ def main(argv=None):
             # the order alternates (plain first for the first N) so that neither side always runs first
             cells = [(n, mode) for i, n in enumerate(ns) for mode in (("plain", "herd") if i % 2 == 0 else
                                                                       ("herd", "plain"))]
+            if args.messages:
+                cells += [(n, "herd-messages") for n in ns]
             topics = [f"dp-{i + 1}" for i in range(len(cells))]
             topics += [f"dp-fo-{len(cells) + i + 1}" for i in range(2)]
             for t in topics:
@@ -327,9 +333,9 @@ def main(argv=None):
                         print(f"data_path: failover {mode}", file=sys.stderr, flush=True)
                         fails.append(failover(args, mode, herd, broker, tmp, cell))
     for n in ns:
-        h = next(r for r in rows if r["mode"] == "herd" and r["n"] == n)
         p = next(r for r in rows if r["mode"] == "plain" and r["n"] == n)
-        h["vs_plain_records_per_s"] = h["records_per_s"] / p["records_per_s"] if p["records_per_s"] else None
+        for h in (r for r in rows if r["mode"].startswith("herd") and r["n"] == n):
+            h["vs_plain_records_per_s"] = h["records_per_s"] / p["records_per_s"] if p["records_per_s"] else None
     result["throughput_latency"] = rows
     result["failover"] = fails
     text = U.table([[r["mode"], r["n"], round(r["records_per_s"] or 0), r["latency_ms"]["p50"], r["latency_ms"]["p99"],

@@ -431,6 +431,15 @@ class KafkaGroupConsumer:
     def poll(self, timeout_s: float = 0.0) -> list:
         """Run the group (rebalance callbacks, auto-commit) and return up to ``max.poll.records``
         records of the assigned partitions, waiting up to ``timeout_s`` for the first one."""
+        return self._poll(timeout_s, Record)
+
+    def poll_messages(self, timeout_s: float = 0.0) -> list:
+        """``poll``, returning librdkafka's ``confluent_kafka.Message`` objects as they come (no
+        object of ours per record: ``m.value()``, ``m.offset()``, ...); positions, commits and
+        rebalances work the same."""
+        return self._poll(timeout_s, None)
+
+    def _poll(self, timeout_s: float, wrap) -> list:
         if self._closed:
             raise cerr.IllegalStateError("the consumer is closed")
         deadline = time.monotonic() + max(0.0, float(timeout_s))
@@ -453,7 +462,7 @@ class KafkaGroupConsumer:
                 if msgs and maxn > 1:
                     msgs += rk.consume(maxn - 1, 0)
             if msgs:
-                records = self._records(msgs)
+                records = self._records(msgs, wrap)
                 if records:
                     return records
             if self._unresolved:
@@ -461,7 +470,7 @@ class KafkaGroupConsumer:
             if deadline - time.monotonic() <= 0:
                 return []
 
-    def _records(self, msgs) -> list:
+    def _records(self, msgs, wrap) -> list:
         if any(map(_error, msgs)):
             for m in msgs:
                 err = m.error()
@@ -470,7 +479,7 @@ class KafkaGroupConsumer:
             msgs = [m for m in msgs if m.error() is None]
             if not msgs:
                 return []
-        records = list(map(Record, msgs))
+        records = list(map(wrap, msgs)) if wrap is not None else msgs
         # The consumed positions, from librdkafka (its application position moves with what
         # consume() returned): one call per poll, no per-record work here.
         seek, known = self._inner.seek, self._rk_positions

@@ -92,7 +92,8 @@ def _barrier(path, timeout=120.0):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.kafka_member")
-    ap.add_argument("--mode", choices=("herd", "plain"), default="herd")
+    ap.add_argument("--mode", choices=("herd", "herd-messages", "plain"), default="herd",
+                    help="herd-messages: KafkaGroupConsumer.poll_messages (librdkafka's Message objects)")
     ap.add_argument("--herd", help="herd's bootstrap (mode herd)")
     ap.add_argument("--kafka", required=True, help="the data cluster's bootstrap")
     ap.add_argument("--group", required=True)
@@ -118,7 +119,7 @@ def main(argv=None) -> int:
     count = 0
     first = last = None
 
-    if a.mode == "herd":
+    if a.mode in ("herd", "herd-messages"):
         from client import KafkaGroupConsumer
 
         cfg = {"auto.offset.reset": a.reset, "session.timeout.ms": a.session_ms,
@@ -140,7 +141,7 @@ def main(argv=None) -> int:
         consumer = KafkaGroupConsumer(a.herd, a.group, a.kafka, cfg)
         _barrier(a.wait_file)
         consumer.subscribe([a.topic], Listener())
-        poll = consumer.poll
+        poll = consumer.poll if a.mode == "herd" else consumer.poll_messages
         # the trace reads librdkafka's message under each Record, as the plain mode reads its Message:
         # the tracing costs the same in both modes (a Record's own fields are Python properties)
         _msg, _part, _off = attrgetter("_m"), methodcaller("partition"), methodcaller("offset")
@@ -152,6 +153,11 @@ def main(argv=None) -> int:
             return _off(_msg(r))
 
         stamp = attrgetter("timestamp_ms")
+        if a.mode == "herd-messages":
+            part, off = methodcaller("partition"), methodcaller("offset")
+
+            def stamp(m):
+                return m.timestamp()[1]
     else:
         from confluent_kafka import Consumer
 

@@ -130,6 +130,14 @@ def test_reads_from_committed_offsets_and_the_api_works(broker, herd):
         c.resume([tp0])
         got = drain(c, 10, timeout=10)
         assert [r.offset for r in got if r.partition == 0] == list(range(100, 110))
+        # librdkafka's messages as they are, positions moving the same way
+        produce(broker.bootstrap, API, 330, 3, partitions=3)
+        msgs = []
+        deadline = time.monotonic() + 10
+        while len(msgs) < 3 and time.monotonic() < deadline:
+            msgs += c.poll_messages(0.5)
+        assert sorted((m.partition(), m.offset()) for m in msgs) == [(0, 110), (1, 110), (2, 110)]
+        assert all(c.position(TopicPartition(API, p)) == 111 for p in range(3))
     # a new member of the same group starts from the committed offsets
     with KafkaGroupConsumer(herd.bootstrap, group, broker.bootstrap, {"auto.offset.reset": "earliest", **FAST}) as c2:
         c2.subscribe(API)
