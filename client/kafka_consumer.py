@@ -52,6 +52,7 @@ the membership); librdkafka reconnects on its own and the records flow again fro
 The per-record work in Python is one small object per record (``Record``, a view of librdkafka's
 message whose fields are read when used): librdkafka fetches, decompresses and batches; ``poll``
 takes a batch with one ``consume`` call and reads the consumed positions with one ``position`` call.
+``poll_messages`` returns librdkafka's ``Message`` objects as they are (no object of ours at all).
 """
 
 from __future__ import annotations
