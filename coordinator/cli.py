@@ -35,10 +35,13 @@ SERVE_HELP = {
     "sasl_mechanisms": "enabled SASL mechanisms (default: PLAIN,SCRAM-SHA-256,SCRAM-SHA-512)",
     "sasl_users_file": "user:password per line (SASL_PLAINTEXT, SASL_SSL); keep it mode 600",
     "data_bootstrap_server": "HOST:PORT[,HOST:PORT] of the Kafka cluster holding the partitions' records: "
-                             "consumer lag on /metrics and the console (default: none, commit ages only)",
+                             "its topics are herd's (Metadata, ListOffsets), consumer lag on /metrics and the "
+                             "console (default: none: herd's own catalog, commit ages only)",
     "data_command_config": "TLS/SASL client properties file for --data-bootstrap-server (as herd groups "
                            "--command-config)",
     "lag_refresh_interval_ms": "how often the data cluster's log ends are read (default 30000)",
+    "data_metadata_refresh_interval_ms": "how often the data cluster's topics (partition counts, topic ids) "
+                                         "are read again (default 30000)",
     "lag_metrics": "partition (default): lag per group, topic and partition; group: per group only",
 }
 

@@ -246,22 +246,32 @@ def build_daemon(config: cfg.Config, repair: bool = False) -> Daemon:
 
         store = PgStore(config.store_url, config.offsets_partitions, config.node_id)
         node = ClusterMember(config, store, ClusterNode(config, store, clock))
-    groups = GroupCoordinator(config, node_id=config.node_id)
+    groups = GroupCoordinator(config.group_config(), node_id=config.node_id)
     catalog = Catalog(config, node_id=config.node_id, routing=node.routing)
+    data = None
+    if config.data_bootstrap_server:  # the data cluster is the catalog (and the lag's log ends)
+        from coordinator.ops import datacatalog
+
+        try:
+            data = datacatalog.from_config(config, catalog, clock)
+        except ValueError as exc:
+            raise StartError(str(exc)) from None
     runtime = Runtime(config, groups, catalog, store, clock=clock, ownership=node.ownership,
-                      topic_store=node.topic_store)
+                      topic_store=node.topic_store, data=data)
     metrics = Metrics()
     server = Server(config, runtime, metrics, security)
     install_collectors(metrics, groups, store, server)
     metrics.collectors.extend(node.collectors())
+    if data is not None:
+        metrics.collectors.append(data.metric_lines)
     try:
-        source = make_source(config)
+        source = make_source(config, data.reader if data is not None else None)
     except ValueError as exc:
         raise StartError(str(exc)) from None
     console = Console(config, groups, source=source, now_ms=runtime.now_ms)
     metrics.collectors.append(console.metric_lines)
     return Daemon(config, log=log, node=node, store=store, groups=groups, catalog=catalog, runtime=runtime,
-                  metrics=metrics, server=server, console=console)
+                  metrics=metrics, server=server, console=console, data=data)
 
 
 def _configure_logging(config: cfg.Config):
@@ -296,7 +306,7 @@ class Daemon:
     """What :func:`build_daemon` built; :meth:`run` serves it."""
 
     def __init__(self, config: cfg.Config, *, log, node: Node, store, groups, catalog, runtime, metrics, server,
-                 console):
+                 console, data=None):
         self.config = config
         self.log = log
         self.node = node
@@ -307,6 +317,7 @@ class Daemon:
         self.metrics = metrics
         self.server = server
         self.console = console
+        self.data = data  # the data cluster as the catalog (coordinator.ops.datacatalog), or None
         self.http = None
         self.lag = None  # the LoopLag, started by the node once serving
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -327,12 +338,16 @@ class Daemon:
         metrics.collectors.append(GcWatch(schedule=self.loop.call_soon_threadsafe).install().metric_lines)
         self.runtime.stall_listeners.append(metrics.on_stall)
         self.console.start(self.loop)  # the log-end refresher, if a data cluster is known: its own task
+        if self.data is not None:
+            self.data.start(self.loop)  # its topics read again every data_metadata_refresh_interval_ms
         self.lag = LoopLag(stall_s=config.stall_threshold_ms / 1000 if config.stall_threshold_ms else None)
         self.lag.start(self.loop)
         metrics.collectors.append(self.lag.metric_lines)
 
     def stop_ops(self) -> None:
         self.console.stop()
+        if self.data is not None:
+            self.data.stop_soon()
 
     def run(self) -> int:
         """Serve on a uvloop event loop until a signal: the exit code (0), or StartError."""
@@ -406,6 +421,14 @@ class Daemon:
             http.ready = False
             await http.start()
             log.info("metrics listening", host=config.metrics_host, port=mport)
+        if self.data is not None:  # a first read of every topic (bounded); a --topic it lacks: one line
+            try:
+                await self.data.open(config.topics)
+            except ValueError as exc:
+                if http is not None:
+                    http.close()
+                server.stop_accepting()
+                raise StartError(str(exc)) from None
         if not await node.start(self, stop):  # stopped before serving: nothing served, nothing written
             log.info("stopping before the replay ended", signal=received[0])
             if http is not None:

@@ -69,6 +69,7 @@ from coordinator.core.versions import (
     CREATE_TOPICS,
     FETCH,
     GROUP_APIS,
+    LIST_OFFSETS,
     METADATA,
 )
 from coordinator.ops.stall import StallDetector
@@ -168,8 +169,13 @@ def _catalog_failure(result, code: int):
 
 class Runtime:
     def __init__(self, config, groups, catalog: Catalog, store, clock=None, metrics=None, *,
-                 ownership: Ownership | None = None, topic_store: TopicStore | None = None):
+                 ownership: Ownership | None = None, topic_store: TopicStore | None = None, data=None):
         self.config = config
+        # the data cluster as the catalog (coordinator.ops.datacatalog.DataCatalog), None without one: a
+        # Metadata naming topics never read waits for their read (bounded); ListOffsets is its answer
+        self.data = data
+        if data is not None:
+            data.on_change = self.topics_changed  # a topic made, grown or deleted there: consumer groups see it
         self.groups = groups
         self.catalog = catalog
         groups.set_topics(catalog)  # consumer groups assign the catalog's topics (by topic id)
@@ -197,6 +203,7 @@ class Runtime:
         self.ownership = ownership if ownership is not None else OwnsEveryShard()
         self._guard = self.ownership.guard
         self.topic_store = topic_store
+        self._data_jobs: set = set()  # Metadata/ListOffsets waiting for the data cluster
         store.set_listener(self._on_durable)
         # herd's own stalls (coordinator.stall): started with the loop; while _held, no timer of
         # the core fires (the sockets are read first); listeners get (stall_ms, kind) (metrics)
@@ -349,11 +356,48 @@ class Runtime:
             else:
                 token.reply(resp)
             return
-        result = self.catalog.handle(api_key, version, request, token)
+        if self.data is not None and api_key in (METADATA, LIST_OFFSETS) and self._from_data(
+                token, api_key, version, request):
+            return
+        result = self.catalog.handle(api_key, version, request, token, self.clock.monotonic_ms())
         self._catalog_result(result, (api_key, version, request, token))
         if result.writes:  # a topic created (CreateTopics, or Metadata's auto-creation)
             self.topics_changed()
             self.arm()
+
+    def _from_data(self, token, api_key: int, version: int, request) -> bool:
+        """With a data cluster: a ListOffsets, or a Metadata naming topics never read, is answered
+        once the data cluster has (bounded by the data catalog's wait); -> whether it was taken."""
+        if api_key == METADATA:
+            need = self.catalog.data_needs(request, version, self.clock.monotonic_ms())
+            if need is None:
+                return False
+            job = self._metadata_after_read(need, token, version, request)
+        else:
+            job = self._list_offsets_from_data(token, version, request)
+        token.hold()
+        task = self.loop.create_task(job)
+        self._data_jobs.add(task)
+        task.add_done_callback(self._data_jobs.discard)
+        return True
+
+    async def _metadata_after_read(self, names, token, version: int, request) -> None:
+        try:
+            await self.data.read(names)
+            result = self.catalog.handle(METADATA, version, request, token, self.clock.monotonic_ms())
+            replies = result.replies
+        except Exception:  # noqa: BLE001 - our bug: logged, the request still gets an answer
+            log.exception("metadata from the data cluster failed", topics=len(names))
+            replies = [(token, error_response(METADATA, version, request, E.UNKNOWN_SERVER_ERROR))]
+        self.release(replies)
+
+    async def _list_offsets_from_data(self, token, version: int, request) -> None:
+        try:
+            resp = await self.data.list_offsets(request, version)
+        except Exception:  # noqa: BLE001 - our bug: logged, the request still gets an answer
+            log.exception("list offsets from the data cluster failed")
+            resp = self.catalog.list_offsets_answer(request, version, {})  # every partition retriable
+        token.reply(resp)
 
     def _catalog_result(self, result, request) -> None:
         if not result.writes or self.topic_store is None:
@@ -596,7 +640,7 @@ class Runtime:
         timer callback, uvloop (libuv) runs the first hop in this iteration's idle phase, then
         polls I/O (the read callbacks run), then the second hop; asyncio's own loop runs the first
         after its next select, before that select's read callbacks, and the second after them.
-        (``tests/coordinator/test_stall.py`` checks the order on uvloop with real sockets.)"""
+        (``tests/coordinator/ops/test_stall.py`` checks the order on uvloop with real sockets.)"""
         if self.loop is None:
             return
         if self._timer is not None:

@@ -62,8 +62,8 @@ async def make_node(topics=()):
     store = PgLikeStore()
     node = ClusterNode(config, store, clock)
     catalog = Catalog(config, node_id=0, routing=node.routing)
-    rt = Runtime(config, GroupCoordinator(config, node_id=0), catalog, store, clock=clock, ownership=node,
-                 topic_store=node)
+    rt = Runtime(config, GroupCoordinator(config.group_config(), node_id=0), catalog, store, clock=clock,
+                 ownership=node, topic_store=node)
     node.attach(rt)
     rt.start(asyncio.get_running_loop())
     node.leases = LeaseManager(parse_store_url(config.store), 0, N, node, host="h", port=1, lease_ms=LEASE_MS,

@@ -41,3 +41,22 @@ def test_a_cluster_node_is_the_runtimes_ownership_and_topic_store_and_the_catalo
 def test_a_setting_that_cannot_be_used_is_one_line_at_build_time(tmp_path):
     with pytest.raises(StartError, match="cannot read .*none.pem"):
         build_daemon(Config(data_dir=tmp_path, security_protocol="SSL", ssl_certfile=str(tmp_path / "none.pem")))
+
+
+def test_a_data_cluster_is_the_catalog_given_to_the_runtime_and_shares_the_lag_reader(tmp_path):
+    from coordinator.ops.datacatalog import DataCatalog
+
+    d = build_daemon(Config(data_dir=tmp_path / "data", data_bootstrap_server="127.0.0.1:1",
+                            data_metadata_refresh_interval_ms=700))
+    assert isinstance(d.data, DataCatalog) and d.runtime.data is d.data
+    assert d.catalog.data is d.data.view and d.data.on_change == d.runtime.topics_changed
+    assert d.data.interval_ms == 700
+    assert d.console.refresher.source is d.data.reader  # one reader: one connection per broker
+    assert d.data.metric_lines in d.metrics.collectors
+    assert build_daemon(Config(data_dir=tmp_path / "data")).runtime.data is None  # herd's own catalog
+
+
+def test_a_data_command_config_that_cannot_be_read_is_one_line_at_build_time(tmp_path):
+    with pytest.raises(StartError, match="data_command_config"):
+        build_daemon(Config(data_dir=tmp_path, data_bootstrap_server="127.0.0.1:1",
+                            data_command_config=str(tmp_path / "missing.properties")))
