@@ -39,6 +39,9 @@ NOT_RUN_FILES = {"architecture.md": "diagrams of the code's layers and paths"}
 
 # The first line of every block that is not run, and why.
 NOT_RUN = {
+    "from client import KafkaGroupConsumer":
+        "the README's short form of docs/client.md's thin-client-kafka block, which is run against a real "
+        "Kafka broker (tests/integration/test_kafka_group_consumer.py); its addresses are placeholders",
     "make run     # start herd on 127.0.0.1:9092 with data in ./herd-data (Ctrl-C stops it)":
         "the two commands: `make run` is run by the try-it test (and tests/test_make.py), `make test` is this suite",
     "herd serve --host 127.0.0.1 --port 9092 --data-dir ./herd-data [--port-file FILE] [--config FILE.toml]":
