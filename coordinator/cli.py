@@ -219,7 +219,7 @@ async def _serve(config: cfg.Config, repair: bool) -> int:
         raise CliError(f"cannot listen on {config.host}:{config.port}: {exc.strerror}") from None
     http = None
     if config.metrics_port is not None:  # bound first: a busy port fails before the replay
-        http = HttpEndpoint(metrics, groups.list_groups,
+        http = HttpEndpoint(metrics, groups.iter_groups,
                             lambda g: groups.group_history(g, runtime.now_ms()),
                             failed_shards=None if clustered else (lambda: groups.failed_shards),
                             readiness=node.readiness if clustered else None)

@@ -30,6 +30,7 @@ from urllib.parse import parse_qs
 
 from coordinator import logging_setup
 from coordinator.lag import LagRefresher, LagTracker, LogEndSource
+from coordinator.metrics import SECURITY_HEADERS
 from protocol.consumer import PROTOCOL_TYPE as CONSUMER
 from protocol.consumer import decode_assignment
 
@@ -48,16 +49,6 @@ SORT_KEYS = ("group_id", "state", "protocol_type", "members", "lag", "lag_second
              "rebalances_1h", "partitions")
 STATIC = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
           "app.css": "text/css; charset=utf-8", "favicon.svg": "image/svg+xml"}
-# the page loads only its own files and talks only to this endpoint
-SECURITY_HEADERS = {
-    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
-                               "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-    "Cache-Control": "no-store",
-}
-
-
 def make_source(config) -> LogEndSource | None:
     """The log-end source for ``data_bootstrap_server`` (the data-cluster reader,
     :mod:`coordinator.datacluster`, with the TLS/SASL settings of ``data_command_config``), or None
@@ -193,6 +184,11 @@ class Console:
             await self._render_in_steps()
         # the answer, computed right after this returns (no await between), reads this table and
         # these lines even if preparing them took longer than the TTL: never a rebuild in one piece
+        self._prepared = True
+
+    def mark_prepared(self) -> None:
+        """The next table/metric lines read takes what was prepared, however old (an HTTP answer
+        rendered in slices calls this before each slice)."""
         self._prepared = True
 
     def invalidate(self) -> None:

@@ -297,3 +297,129 @@ def test_the_daemon_log_says_why_connections_were_closed(watched):
     events = [json.loads(x) for x in herd.logs().splitlines() if x.startswith("{")]
     assert any("closing connection" in e.get("event", "") and "negative frame size" in e.get("error", "")
                for e in events)
+
+
+# ---- the HTTP side (issue 32) --------------------------------------------------------------------
+
+HTTP_GROUPS = 3000
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory):
+    """A herd with HTTP_GROUPS groups (one committed offset each) and its metrics port."""
+    from bench.console import load_offsets, metrics_port
+
+    tmp = tmp_path_factory.mktemp("hostile-http")
+    with U.Herd(topics=["bench:1"], tmp_root=str(tmp), fsync="never", extra_args=["--metrics-port", "0"]) as h:
+        load_offsets(h.bootstrap, HTTP_GROUPS, 1)
+        h.http = metrics_port(h)
+        yield h
+
+
+def _raw_http(port: int, request: bytes, timeout: float = 10.0) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(request)
+        buf = bytearray()
+        while True:
+            chunk = s.recv(1 << 16)
+            if not chunk:
+                return bytes(buf)
+            buf += chunk
+
+
+def _head_of(answer: bytes) -> tuple[int, dict]:
+    head = answer.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+    return int(head[0].split()[1]), {k.lower(): v.strip() for k, _, v in (x.partition(":") for x in head[1:])}
+
+
+def test_every_http_answer_carries_the_security_headers(loaded):
+    for path in ("/groups", "/metrics", "/healthz", "/nope", "/groups/x/history", "/api/groups"):
+        status, headers = _head_of(_raw_http(loaded.http, f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode()))
+        assert headers.get("x-content-type-options") == "nosniff", (path, headers)
+        assert "default-src 'none'" in headers.get("content-security-policy", ""), (path, headers)
+    status, headers = _head_of(_raw_http(loaded.http, b"POST /groups HTTP/1.1\r\n\r\n"))
+    assert status == 405 and headers.get("x-content-type-options") == "nosniff"
+
+
+def test_an_oversized_header_block_gets_431(loaded):
+    big = b"GET /healthz HTTP/1.1\r\n" + b"".join(b"X-Pad-%d: %s\r\n" % (i, b"a" * 1000) for i in range(20)) + b"\r\n"
+    status, headers = _head_of(_raw_http(loaded.http, big))
+    assert status == 431 and headers.get("x-content-type-options") == "nosniff"
+    assert _head_of(_raw_http(loaded.http, b"GET /healthz HTTP/1.1\r\n\r\n"))[0] == 200
+
+
+def test_groups_is_streamed_whole(loaded):
+    with urllib.request.urlopen(f"http://127.0.0.1:{loaded.http}/groups", timeout=30) as r:
+        assert r.headers.get("Transfer-Encoding") == "chunked" and r.headers.get("Content-Length") is None
+        groups = json.loads(r.read())
+    assert len(groups) == HTTP_GROUPS and len({g["group_id"] for g in groups}) == HTTP_GROUPS
+
+
+def _http_metric(port: int, line_start: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(line_start + " "):
+                return float(line.split()[1])
+    raise AssertionError(f"no {line_start}")
+
+
+def test_never_reading_http_clients_hold_bounded_memory(loaded):
+    """150 clients ask for /groups and never read: herd's memory grows by a bounded amount (the
+    answers are produced as the peer takes them), /healthz still answers."""
+    from coordinator.metrics import HTTP_MAX_CONNECTIONS, HTTP_RESERVE
+
+    port = loaded.http
+    rss0 = U.proc_rss_bytes(loaded.pid)
+    socks = []
+    try:
+        for _ in range(150):
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.sendall(b"GET /groups HTTP/1.1\r\nHost: x\r\n\r\n")
+            socks.append(s)
+        # answered (on a machine shared by many jobs, after the accepts queued before it)
+        status, _ = _head_of(_raw_http(port, b"GET /healthz HTTP/1.1\r\n\r\n", timeout=60))
+        assert status == 200
+        assert _http_metric(port, "herd_http_connections") <= HTTP_MAX_CONNECTIONS + HTTP_RESERVE
+        grown = U.proc_rss_bytes(loaded.pid) - rss0
+        assert grown < 48 << 20, grown
+    finally:
+        for s in socks:
+            s.close()
+    assert loaded.proc.poll() is None
+
+
+def test_http_connections_are_capped_and_healthz_keeps_a_reserve(loaded):
+    """150 HTTP connections that send nothing: herd serves at most its cap plus a few for the
+    health checks (those wait 2 s for a request head, not 10), closes the rest at once and counts
+    them; /healthz is answered meanwhile."""
+    from coordinator.metrics import HTTP_MAX_CONNECTIONS, HTTP_RESERVE, HTTP_RESERVE_HEADER_TIMEOUT
+
+    port = loaded.http
+    refused0 = _http_metric(port, "herd_http_connections_refused_total")
+    socks = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(150)]
+    try:
+        deadline = time.monotonic() + 20
+        closed = 0
+        for s in socks:  # the ones over cap + reserve are closed at once
+            s.settimeout(max(0.01, min(0.2, deadline - time.monotonic())))
+            try:
+                if s.recv(1) == b"":
+                    closed += 1
+            except (TimeoutError, ConnectionResetError) as exc:
+                closed += isinstance(exc, ConnectionResetError)
+        assert closed >= 150 - HTTP_MAX_CONNECTIONS - HTTP_RESERVE - 1
+        status = None
+        end = time.monotonic() + HTTP_RESERVE_HEADER_TIMEOUT * 5
+        while status != 200 and time.monotonic() < end:
+            try:
+                status, _ = _head_of(_raw_http(port, b"GET /healthz HTTP/1.1\r\n\r\n", timeout=10))
+            except (ConnectionError, IndexError, ValueError):
+                time.sleep(0.2)
+        assert status == 200
+        assert _http_metric(port, "herd_http_connections_refused_total") - refused0 >= \
+            150 - HTTP_MAX_CONNECTIONS - HTTP_RESERVE - 1
+        assert _http_metric(port, "herd_http_connections") <= HTTP_MAX_CONNECTIONS + HTTP_RESERVE
+    finally:
+        for s in socks:
+            s.close()
