@@ -826,15 +826,22 @@ def test_commit_retriable_errors_retry(code):
 def test_commit_times_out_when_coordinator_unreachable():
     h = Harness()
     handle = H()
-    h.call("commit", {tp("t", 0): OffsetAndMetadata(1)}, handle, h.now + 3)
+    deadline = h.now + 3
+    h.call("commit", {tp("t", 0): OffsetAndMetadata(1)}, handle, deadline)
     for _ in range(40):
         h.tick(0.1)
         h.connects.clear()
-        if h.take_replies():
+        replies = h.take_replies()
+        if replies:
             break
         h.disconnected(BOOTSTRAP, "refused") if h.core._conns[BOOTSTRAP].state == "connecting" else None
     else:
         pytest.fail("no reply")
+    # the reply is the timeout, for this commit, and not before its deadline
+    [reply] = replies
+    assert reply.handle is handle
+    assert isinstance(reply.error, cerr.KafkaTimeoutError) and "commit timed out" in str(reply.error)
+    assert h.now >= deadline - 1e-9
 
 
 def test_commit_during_rebalance_is_rejected():

@@ -126,8 +126,17 @@ def test_three_nodes_route_groups_to_their_shards_owner(pg, three):
     from coordinator.partitioning import shard_for
 
     owners = wait_shared(pg, three)
-    time.sleep(1.0)  # a renewal: every node's routing view has seen the last acquisitions
     by_id = {n.node_id: n for n in three}
+    groups = [f"group-{i}" for i in range(30)]
+
+    def routing_settled():  # every node's routing view has seen the last acquisitions
+        return all((r.error_code, r.node_id) == (E.NONE, owners[shard_for(g, 12)])
+                   for via in three for g in groups for r in [find_coordinator(via.address, g)])
+
+    deadline = time.monotonic() + 20.0
+    while not routing_settled():
+        assert time.monotonic() < deadline, "the nodes' routing views never agreed with the lease table"
+        time.sleep(0.05)
     for node in three:
         md = metadata(node.address)
         assert sorted((b.node_id, b.host, b.port) for b in md.brokers) == \
@@ -136,8 +145,7 @@ def test_three_nodes_route_groups_to_their_shards_owner(pg, three):
             dc = c.call(m.DescribeClusterRequest(endpoint_type=1), 0)
         assert dc.error_code == E.NONE and sorted(b.broker_id for b in dc.brokers) == [1, 2, 3]
     seen = set()
-    for i in range(30):
-        group = f"group-{i}"
+    for group in groups:
         owner = owners[shard_for(group, 12)]
         seen.add(owner)
         for via in three:  # any node answers the owner of the group's shard

@@ -18,6 +18,7 @@ from tests.coordinator.test_group_harness import Harness, sub
 from tests.coordinator.test_group_replay import durable_view, replayed
 
 GROUP = "g"
+ORACLE_CHECKED: dict[int, int] = {}  # expected error -> commits the oracle checked (all runs)
 PROTOCOLS = [(("range", sub("t")),), (("range", sub("t", "u")),),
              (("roundrobin", sub("t")), ("range", sub("t")))]
 
@@ -202,14 +203,34 @@ class GroupMachine(RuleBasedStateMachine):
             c.member_id, c.generation = "", -1
         self.process_replies()
 
-    @rule(i=st.integers(0, 3), offset=st.integers(0, 100))
-    def commit(self, i, offset):
+    @rule(i=st.integers(0, 3), offset=st.integers(0, 100), stale=st.sampled_from([False, False, True]))
+    def commit(self, i, offset, stale):
+        """A commit with the client's generation, or (stale) the one before it, as a client that
+        missed a rebalance would send."""
         c = self.clients[i]
         if c.outstanding is not None:
             return
         self.touch(c.member_id)
-        self.h.commit(GROUP, {("t", i % 2): offset}, generation=c.generation, member_id=c.member_id,
-                      instance=c.instance if c.member_id else None)
+        g = self.h.group(GROUP)
+        state = self.h.state(GROUP)
+        known = g is not None and c.member_id != "" and c.member_id in g.members
+        generation = c.generation - 1 if stale and c.generation > 0 else c.generation
+        current = known and generation == g.generation
+        r = self.h.commit(GROUP, {("t", i % 2): offset}, generation=generation, member_id=c.member_id,
+                          instance=c.instance if c.member_id else None)
+        # the commit oracle (Kafka's ClassicGroup.validateOffsetCommit) for a member the group knows:
+        # its generation is checked first, then a group completing a rebalance refuses the commit
+        if known:
+            assert r is not None, "a member's commit was not answered"
+            code = r.topics[0].partitions[0].error_code
+            if not current:
+                expected = E.ILLEGAL_GENERATION
+            elif state == "CompletingRebalance":
+                expected = E.REBALANCE_IN_PROGRESS
+            else:
+                expected = E.NONE
+            assert code == expected, (state, generation, g.generation, code)
+            ORACLE_CHECKED[expected] = ORACLE_CHECKED.get(expected, 0) + 1
         self.process_replies()
 
     @rule(i=st.integers(0, 3))
@@ -306,3 +327,12 @@ class GroupMachine(RuleBasedStateMachine):
 GroupMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=50, deadline=None,
                                           suppress_health_check=[HealthCheck.too_slow])
 TestGroupMachine = GroupMachine.TestCase
+
+
+def test_the_commit_oracle_saw_every_outcome():
+    """Runs after the machine (same module, file order): every branch of the oracle was exercised,
+    so the machine's commit checks cannot pass by never checking."""
+    if not ORACLE_CHECKED:
+        import pytest
+        pytest.skip("run with the state machine (this file as a whole)")
+    assert {E.NONE, E.ILLEGAL_GENERATION, E.REBALANCE_IN_PROGRESS} <= set(ORACLE_CHECKED), ORACLE_CHECKED

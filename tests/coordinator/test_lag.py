@@ -247,11 +247,18 @@ def test_run_loop_refreshes_on_its_interval_and_stops():
             if len(src.calls) >= 3:
                 break
             await asyncio.sleep(0.005)
+        task = ref.task
         ref.stop()
-        await asyncio.sleep(0)
+        await asyncio.wait([task], timeout=1.0)
+        assert task.done()  # stop() ends the task, not only the next round
+        stopped_at = len(src.calls)
+        for _ in range(10):  # ten intervals later: no more refreshes
+            await asyncio.sleep(0.005)
+        return stopped_at
 
-    run(main())
-    assert len(src.calls) >= 3
+    stopped_at = run(main())
+    assert stopped_at >= 3
+    assert len(src.calls) == stopped_at
 
 
 def test_samples_are_invisible_to_the_cyclic_gc():

@@ -59,13 +59,17 @@ def mock_cluster():
             "300",
         ],
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         text=True,
     )
     try:
         line = proc.stdout.readline().strip()
         if not line:
-            pytest.skip("the mock cluster did not start")
+            # the mock exists and confluent_kafka imports: a mock that dies at start is a failure of
+            # this run (it used to turn every test of the module into a skip)
+            proc.kill()
+            _, err = proc.communicate(timeout=10)
+            pytest.fail(f"the mock cluster exited at start (code {proc.returncode}): {err[-2000:]}")
         assert line.startswith("127.0.0.1:"), line
         yield line
     finally:

@@ -229,10 +229,14 @@ def test_commit_and_fetch_with_member_epochs_read_back_by_a_classic_client(herd)
 
         admin = AdminClient({"bootstrap.servers": herd.bootstrap})
         epoch = admin.describe_consumer_groups(["g-commit"], request_timeout=10)["g-commit"].result(15)
-        epoch = [mm for mm in epoch.members if mm.member_id == c.memberid()]
-        assert len(epoch) == 1
+        assert [mm.member_id for mm in epoch.members] == [c.memberid()]
         from protocol import errors as E
-        assert raw_commit(9999) == E.STALE_MEMBER_EPOCH
+        with RawClient(herd.address) as rc:
+            described = rc.call(m.ConsumerGroupDescribeRequest(group_ids=["g-commit"]), 0)
+        [member] = described.groups[0].members
+        assert member.member_id == c.memberid() and member.member_epoch > 0
+        assert raw_commit(member.member_epoch + 1000) == E.STALE_MEMBER_EPOCH
+        assert raw_commit(member.member_epoch) == E.NONE
         # a classic kafka-python client reads them back (OffsetFetch without joining)
         import kafka
 
