@@ -85,6 +85,16 @@ TLS_HANDSHAKE_TIMEOUT = 10.0
 REFUSED_LOG_INTERVAL = 10.0  # seconds between "too many connections" warnings
 
 
+def _decode_whole(cls, frame: bytes, pos: int, version: int):
+    """The request body at ``pos``, which must end the frame: Kafka fails a request with bytes
+    after its body (``RequestContext.parseRequest``: an InvalidRequestException, and the broker
+    closes the connection), so a frame that decodes with bytes to spare is malformed here too."""
+    request, end = cls.decode_from(frame, pos, version)
+    if end != len(frame):
+        raise ProtocolError(f"{cls.NAME} v{version}: {len(frame) - end} bytes after the request body")
+    return request
+
+
 def _heartbeat_tail(version: int, code: int) -> bytes:
     """What follows the correlation id in a plain HeartbeatResponse of this version and code."""
     tail = _heartbeat_tails.get((version, code))
@@ -339,7 +349,7 @@ class Connection(asyncio.Protocol):
             return
         cls = _REQUESTS[api_key]
         try:
-            request = cls.decode_from(frame, pos, version)[0]
+            request = _decode_whole(cls, frame, pos, version)
         except ProtocolError as exc:
             self.fail(f"malformed {cls.NAME} v{version}", exc, client_id=client_id)
             return
@@ -361,7 +371,7 @@ class Connection(asyncio.Protocol):
         Called while processing, so the answer joins ``out`` in request order."""
         started = _now()
         try:
-            request = _HeartbeatRequest.decode_from(frame, pos, version)[0]
+            request = _decode_whole(_HeartbeatRequest, frame, pos, version)
         except ProtocolError as exc:
             self.fail(f"malformed Heartbeat v{version}", exc, client_id=client_id)
             return
@@ -456,7 +466,7 @@ class Connection(asyncio.Protocol):
             self.send_response(token, resp)
             return
         try:
-            m.ApiVersionsRequest.decode_from(frame, pos, version)
+            _decode_whole(m.ApiVersionsRequest, frame, pos, version)
         except ProtocolError:
             self.send_response(token, api_versions_response(E.INVALID_REQUEST))
             return
@@ -486,7 +496,7 @@ class Connection(asyncio.Protocol):
             self.close()
             return
         try:
-            request = cls.decode_from(frame, pos, version)[0]
+            request = _decode_whole(cls, frame, pos, version)
         except ProtocolError as exc:
             self.fail(f"malformed {cls.NAME} v{version}", exc, client_id=client_id)
             return
@@ -577,7 +587,7 @@ class Connection(asyncio.Protocol):
         ILLEGAL_SASL_STATE, as Kafka answers (herd does not re-authenticate, KIP-368)."""
         cls = _REQUESTS[api_key]
         try:
-            cls.decode_from(frame, pos, version)
+            _decode_whole(cls, frame, pos, version)
         except ProtocolError as exc:
             self.fail(f"malformed {cls.NAME} v{version}", exc, client_id=client_id)
             return

@@ -423,3 +423,65 @@ def test_http_connections_are_capped_and_healthz_keeps_a_reserve(loaded):
     finally:
         for s in socks:
             s.close()
+
+
+# ---- SASL and request framing (issue 32) -----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def sasl_herd(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hostile-sasl")
+    users = tmp / "users"
+    users.write_text("alice:secret\n")
+    users.chmod(0o600)
+    with U.Herd(topics=["t:1"], tmp_root=str(tmp), extra_args=[
+            "--security-protocol", "SASL_PLAINTEXT", "--sasl-users-file", str(users),
+            "--metrics-port", "0"]) as h:
+        h.metrics = soak.metrics_url(h)
+        yield h
+
+
+def _sasl_authenticate(c: RawClient, mechanism: str, token: bytes):
+    assert c.call(m.SaslHandshakeRequest(mechanism=mechanism), 1).error_code == 0
+    return c.call(m.SaslAuthenticateRequest(auth_bytes=token), 1)
+
+
+def test_scram_refuses_an_empty_client_nonce(sasl_herd):
+    from protocol import errors as E
+
+    with RawClient(sasl_herd.address) as c:
+        r = _sasl_authenticate(c, "SCRAM-SHA-256", b"n,,n=alice,r=")
+        assert r.error_code == E.SASL_AUTHENTICATION_FAILED and "nonce" in r.error_message
+        assert c.closed_by_peer()
+    with RawClient(sasl_herd.address) as c:  # a real nonce still gets the server's first message
+        r = _sasl_authenticate(c, "SCRAM-SHA-256", b"n,,n=alice,r=abcdef")
+        assert r.error_code == 0 and r.auth_bytes.startswith(b"r=abcdef")
+
+
+def test_a_request_with_bytes_after_its_body_fails_as_kafka_fails_it(watched):
+    """Kafka's RequestContext.parseRequest fails such a request (InvalidRequestException) and the
+    broker closes the connection: the request is not applied, not answered."""
+    from protocol.headers import encode_request_header
+
+    herd = watched
+    out = bytearray()
+    encode_request_header(out, 10, 3, 77, "trailing")
+    body = m.FindCoordinatorRequest(key="trailing-bytes", key_type=0).encode(3)
+    with socket.create_connection(herd.address, timeout=10) as s:
+        s.sendall(F.frame(bytes(out) + body + b"\x00\x00\x00"))
+        s.settimeout(10)
+        assert s.recv(1 << 16) == b""
+    # a heartbeat too (answered at the edge), and a commit (which would write)
+    out = bytearray()
+    encode_request_header(out, 8, 2, 78, "trailing")
+    commit = m.OffsetCommitRequest(group_id="trailing-commit", generation_id_or_member_epoch=-1, member_id="",
+                                   retention_time_ms=-1, topics=[m.OffsetCommitRequestTopic(
+                                       name="good", partitions=[m.OffsetCommitRequestPartition(
+                                           partition_index=0, committed_offset=5)])]).encode(2)
+    with socket.create_connection(herd.address, timeout=10) as s:
+        s.sendall(F.frame(bytes(out) + commit + b"\x01"))
+        s.settimeout(10)
+        assert s.recv(1 << 16) == b""
+    with RawClient(herd.address) as c:  # nothing was committed
+        r = c.call(m.OffsetFetchRequest(group_id="trailing-commit", topics=[
+            m.OffsetFetchRequestTopic(name="good", partition_indexes=[0])]), 1)
+        assert r.topics[0].partitions[0].committed_offset == -1
