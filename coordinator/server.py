@@ -83,6 +83,59 @@ FAILED_AUTH_DELAY = 0.1  # seconds between a failed authentication's answer and 
 SASL_MAX_RECEIVE_SIZE = 512 * 1024
 TLS_HANDSHAKE_TIMEOUT = 10.0
 REFUSED_LOG_INTERVAL = 10.0  # seconds between "too many connections" warnings
+# Log lines about what a client sent: its fields cut to LOG_FIELD_MAX characters, and at most
+# LOG_BURST lines of a kind per peer address every LOG_WINDOW_S seconds (the rest counted in
+# herd_log_suppressed_total and summed up in the next line of that kind and peer): one client must
+# not be able to write megabytes of log a second.
+LOG_FIELD_MAX = 256
+LOG_BURST = 5
+LOG_WINDOW_S = 10.0
+LOG_LIMITER_KEYS = 10_000  # (kind, address) windows kept; past it the oldest are forgotten
+
+
+def _clip(value):
+    """A client-controlled log field, at most LOG_FIELD_MAX characters."""
+    if isinstance(value, bytes):
+        value = value[:LOG_FIELD_MAX].decode("latin-1")
+    if isinstance(value, str) and len(value) > LOG_FIELD_MAX:
+        return f"{value[:LOG_FIELD_MAX]}...({len(value)} chars)"
+    return value
+
+
+class LogLimiter:
+    """Rate limits of client-caused log lines, per kind and peer address."""
+
+    def __init__(self, metrics=None, burst: int = LOG_BURST, window_s: float = LOG_WINDOW_S):
+        self.metrics = metrics
+        self.burst, self.window_s = burst, window_s
+        self.windows: dict[tuple[str, str], list] = {}  # -> [window start, lines, suppressed]
+        self.suppressed: dict[str, int] = {}  # kind -> lines not written
+
+    def allow(self, kind: str, host: str, now: float) -> int | None:
+        """None: suppress this line (counted); else the number suppressed since the last one."""
+        key = (kind, host)
+        w = self.windows.get(key)
+        if w is None or now - w[0] >= self.window_s:
+            before = w[2] if w is not None else 0
+            if w is not None:
+                del self.windows[key]  # re-inserted last: the dict stays in order of use
+            elif len(self.windows) >= LOG_LIMITER_KEYS:
+                for old in list(self.windows)[:LOG_LIMITER_KEYS // 10]:
+                    del self.windows[old]
+            self.windows[key] = [now, 1, 0]
+            return before
+        if w[1] < self.burst:
+            w[1] += 1
+            return 0
+        w[2] += 1
+        self.suppressed[kind] = self.suppressed.get(kind, 0) + 1
+        return None
+
+    def metric_lines(self) -> list[str]:
+        out = ["# HELP herd_log_suppressed_total Log lines about clients' requests not written (rate limit per "
+               "kind and peer address).", "# TYPE herd_log_suppressed_total counter"]
+        out += [f'herd_log_suppressed_total{{kind="{k}"}} {n}' for k, n in sorted(self.suppressed.items())]
+        return out
 
 
 def _decode_whole(cls, frame: bytes, pos: int, version: int):
@@ -159,6 +212,7 @@ class Connection(asyncio.Protocol):
         self.decoder = FrameDecoder(server.config.max_frame_size)
         self.transport = None
         self.peer = "?"
+        self.host = "?"
         self.client_host = ""
         self.max_pending = server.config.max_pending_bytes_per_connection
         self.queue: deque[bytes | None] = deque()  # None: a malformed frame, see malformed()
@@ -194,6 +248,7 @@ class Connection(asyncio.Protocol):
         if peer:
             self.peer = f"{peer[0]}:{peer[1]}"
             self.client_host = f"/{peer[0]}"
+            self.host = str(peer[0])
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:
@@ -330,9 +385,10 @@ class Connection(asyncio.Protocol):
         rng = SUPPORTED.get(api_key)
         if rng is None or not rng[0] <= version <= rng[1]:
             # Kafka closes the connection for an API or version it does not serve.
-            log.warning("unsupported api or version; closing connection", peer=self.peer,
-                        client_id=client_id, api_key=api_key, api_version=version,
-                        api=API_NAMES.get(api_key))
+            self.server.client_log("warning", "unsupported_version", self.host,
+                                   "unsupported api or version; closing connection", peer=self.peer,
+                                   client_id=client_id, api_key=api_key, api_version=version,
+                                   api=API_NAMES.get(api_key))
             self.close()
             return
         if api_key == HEARTBEAT:
@@ -357,7 +413,7 @@ class Connection(asyncio.Protocol):
         try:
             self.runtime.dispatch(token, api_key, version, request, client_id or "", self.client_host)
         except Exception:  # our bug: log it with context, drop this connection, keep serving
-            log.exception("error handling request", peer=self.peer, client_id=client_id,
+            log.exception("error handling request", peer=self.peer, client_id=_clip(client_id),
                           api=cls.NAME, api_version=version)
             self.close()
             return
@@ -378,7 +434,7 @@ class Connection(asyncio.Protocol):
         try:
             code = self.runtime.heartbeat(version, request)
         except Exception:  # our bug: log it with context, drop this connection, keep serving
-            log.exception("error handling request", peer=self.peer, client_id=client_id, api="Heartbeat",
+            log.exception("error handling request", peer=self.peer, client_id=_clip(client_id), api="Heartbeat",
                           api_version=version)
             self.close()
             return
@@ -425,7 +481,7 @@ class Connection(asyncio.Protocol):
             interval = self.runtime.consumer_heartbeat_steady(group_id, member_id, epoch, client_id or "",
                                                               self.client_host)
         except Exception:  # our bug: log it with context, drop this connection, keep serving
-            log.exception("error handling request", peer=self.peer, client_id=client_id,
+            log.exception("error handling request", peer=self.peer, client_id=_clip(client_id),
                           api="ConsumerGroupHeartbeat", api_version=version)
             self.close()
             return True
@@ -484,15 +540,17 @@ class Connection(asyncio.Protocol):
                      pos: int) -> None:
         """A request (not ApiVersions) of a connection that has not authenticated yet."""
         if api_key not in _SASL_APIS:
-            log.warning("request before SASL authentication; closing connection", peer=self.peer,
-                        client_id=client_id, api=API_NAMES.get(api_key, api_key))
+            self.server.client_log("warning", "unauthenticated_request", self.host,
+                                   "request before SASL authentication; closing connection", peer=self.peer,
+                                   client_id=client_id, api=API_NAMES.get(api_key, api_key))
             self.close()
             return
         lo, hi = SUPPORTED[api_key]
         cls = _REQUESTS[api_key]
         if not lo <= version <= hi:
-            log.warning("unsupported api or version; closing connection", peer=self.peer,
-                        client_id=client_id, api=cls.NAME, api_version=version)
+            self.server.client_log("warning", "unsupported_version", self.host,
+                                   "unsupported api or version; closing connection", peer=self.peer,
+                                   client_id=client_id, api=cls.NAME, api_version=version)
             self.close()
             return
         try:
@@ -521,8 +579,9 @@ class Connection(asyncio.Protocol):
             self._close_after_failed_auth()
             return
         if mechanism not in enabled:
-            log.warning("unsupported SASL mechanism; closing connection", peer=self.peer, client_id=client_id,
-                        mechanism=mechanism, enabled=",".join(enabled))
+            self.server.client_log("warning", "unsupported_mechanism", self.host,
+                                   "unsupported SASL mechanism; closing connection", peer=self.peer,
+                                   client_id=client_id, mechanism=mechanism, enabled=",".join(enabled))
             self.send_response(token, m.SaslHandshakeResponse(error_code=E.UNSUPPORTED_SASL_MECHANISM,
                                                               mechanisms=enabled))
             self._close_after_failed_auth()
@@ -539,8 +598,8 @@ class Connection(asyncio.Protocol):
         try:
             answer = mech.step(client_token)
         except SaslError as exc:
-            log.info("SASL authentication failed", peer=self.peer, mechanism=mech.name,
-                     user=mech.username, reason=str(exc))
+            self.server.client_log("info", "authentication_failed", self.host, "SASL authentication failed",
+                                   peer=self.peer, mechanism=mech.name, user=mech.username, reason=str(exc))
             if metrics is not None:
                 metrics.authentications.inc(mech.name, "failed")
             if token is not None:
@@ -555,7 +614,7 @@ class Connection(asyncio.Protocol):
             # from the next read on (frames already split came under the pre-authentication
             # limit; Kafka's clients wait for this answer before they send another request)
             self.decoder.max_frame_size = self.server.config.max_frame_size
-            log.debug("SASL authenticated", peer=self.peer, mechanism=mech.name, user=mech.username)
+            log.debug("SASL authenticated", peer=self.peer, mechanism=mech.name, user=_clip(mech.username))
             if metrics is not None:
                 metrics.authentications.inc(mech.name, "ok")
         return answer
@@ -700,7 +759,8 @@ class Connection(asyncio.Protocol):
             self.process()
 
     def fail(self, what: str, exc: Exception, **kw) -> None:
-        log.warning(f"{what}; closing connection", peer=self.peer, error=str(exc), **kw)
+        self.server.client_log("warning", "malformed", self.host, f"{what}; closing connection", peer=self.peer,
+                               error=str(exc), **kw)
         self.close()
 
     def close(self) -> None:
@@ -748,7 +808,20 @@ class Server:
         # connection's answers collect and leave in one write at the end (begin/end_batch).
         self.holding = False
         self.dirty: list[Connection] = []
+        self.log_limiter = LogLimiter(metrics)
+        if metrics is not None:
+            metrics.collectors.append(self.log_limiter.metric_lines)
         runtime.attach_edge(self)
+
+    def client_log(self, level: str, kind: str, host: str, event: str, **fields) -> None:
+        """A log line about what a client sent: fields clipped, rate-limited per kind and address."""
+        now = self.loop.time() if self.loop is not None else time.monotonic()
+        suppressed = self.log_limiter.allow(kind, host, now)
+        if suppressed is None:
+            return
+        if suppressed:
+            fields["suppressed_before"] = suppressed
+        getattr(log, level)(event, **{k: _clip(v) for k, v in fields.items()})
 
     def begin_batch(self) -> None:
         self.holding = True
@@ -811,7 +884,8 @@ class Server:
         now = self.loop.time()
         for conn in list(self.connections):
             if conn.inflight is None and not conn.held and now - conn.last_active > limit:
-                log.info("closing idle connection", peer=conn.peer, idle_s=round(now - conn.last_active, 1))
+                self.client_log("info", "idle", conn.host, "closing idle connection", peer=conn.peer,
+                                idle_s=round(now - conn.last_active, 1))
                 conn.close()
         self._schedule_idle_check()
 

@@ -485,3 +485,41 @@ def test_a_request_with_bytes_after_its_body_fails_as_kafka_fails_it(watched):
         r = c.call(m.OffsetFetchRequest(group_id="trailing-commit", topics=[
             m.OffsetFetchRequestTopic(name="good", partition_indexes=[0])]), 1)
         assert r.topics[0].partitions[0].committed_offset == -1
+
+
+def test_log_lines_about_clients_are_clipped_and_rate_limited(watched):
+    """200 connections, each one JoinGroup v99 with a 32,767-byte client id: the log grows by a few
+    lines (each field cut to 256 characters), the rest counted in herd_log_suppressed_total."""
+    import os
+
+    from protocol.headers import encode_request_header
+    from coordinator.server import LOG_BURST, LOG_FIELD_MAX
+
+    herd = watched
+    out = bytearray()
+    encode_request_header(out, 11, 99, 1, "c" * 32767)
+    frame = F.frame(bytes(out) + b"\x00" * 8)
+    size0 = os.path.getsize(herd.log_path)
+    suppressed0 = _suppressed(herd)
+    for _ in range(200):
+        with socket.create_connection(herd.address, timeout=10) as s:
+            s.sendall(frame)
+            s.settimeout(10)
+            assert s.recv(1) == b""
+    time.sleep(0.3)
+    with open(herd.log_path, "rb") as fh:
+        fh.seek(size0)
+        new = fh.read().decode()
+    lines = [x for x in new.splitlines() if "unsupported api or version" in x]
+    assert 1 <= len(lines) <= 2 * LOG_BURST, len(lines)
+    assert all(len(x) < LOG_FIELD_MAX + 1024 for x in lines), max(map(len, lines))
+    assert len(new) < 64 * 1024, len(new)
+    assert _suppressed(herd) - suppressed0 >= 200 - 2 * LOG_BURST
+
+
+def _suppressed(herd) -> int:
+    with urllib.request.urlopen(f"{herd.metrics}/metrics", timeout=30) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith('herd_log_suppressed_total{kind="unsupported_version"}'):
+                return int(float(line.split()[1]))
+    return 0
