@@ -62,6 +62,11 @@ class Config:
     connections_max_idle_ms: int = 600000  # connections.max.idle.ms
     max_connections: int = 10000
     max_pending_bytes_per_connection: int = 16 * 1024 * 1024
+    # every connection's buffered requests and answers together; None: min(1 GiB, a quarter of RAM)
+    max_buffered_bytes: int | None = None
+    max_connections_per_ip: int = INT32_MAX  # max.connections.per.ip
+    # a SASL listener's connection that has not authenticated after this long is closed
+    sasl_handshake_timeout_ms: int = 10000
     fsync: str = "always"  # always | never
 
     # where shards are stored: "file" (the log in data_dir) or postgresql://USER[:PASSWORD]@HOST:PORT/DB
@@ -103,6 +108,7 @@ class Config:
         for name in ("offsets_partitions", "group_max_size", "offsets_retention_minutes",
                      "offsets_retention_check_interval_ms", "default_partitions", "max_frame_size",
                      "connections_max_idle_ms", "max_connections", "max_pending_bytes_per_connection",
+                     "max_connections_per_ip", "sasl_handshake_timeout_ms",
                      "rebalance_history_size", "shard_lease_ms",
                      "lag_refresh_interval_ms"):
             positive(name)
@@ -112,6 +118,8 @@ class Config:
         if self.stall_threshold_ms != 0 and self.stall_threshold_ms < 100:
             raise ConfigError(f"stall_threshold_ms must be 0 (off) or at least 100 (the loop is looked at every "
                               f"50 ms), got {self.stall_threshold_ms}")
+        if self.max_buffered_bytes is not None and self.max_buffered_bytes <= 0:
+            raise ConfigError(f"max_buffered_bytes must be positive, got {self.max_buffered_bytes}")
         if self.max_session_timeout_ms < self.min_session_timeout_ms:
             raise ConfigError("max_session_timeout_ms must be >= min_session_timeout_ms")
         if not 0 <= self.port <= 65535:
@@ -242,6 +250,17 @@ class Config:
     @property
     def enabled_mechanisms(self) -> list[str]:
         return [x.strip().upper() for x in self.sasl_mechanisms.split(",") if x.strip()]
+
+    @property
+    def buffered_bytes_limit(self) -> int:
+        """``max_buffered_bytes``, or sized to the machine: min(1 GiB, a quarter of its RAM)."""
+        if self.max_buffered_bytes is not None:
+            return self.max_buffered_bytes
+        try:
+            ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            ram = 4 << 30
+        return min(1 << 30, max(64 << 20, ram // 4))
 
     @property
     def offsets_retention_ms(self) -> int:

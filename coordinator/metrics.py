@@ -196,6 +196,8 @@ class Metrics:
         self.connections_total = Counter("herd_connections_accepted_total", "Connections accepted.")
         self.connections_refused = Counter("herd_connections_refused_total",
                                            "Connections closed at once: max_connections reached.")
+        self.connections_closed = Counter("herd_connections_closed_total", "Connections closed by herd, by why "
+                                          "(sasl_handshake_timeout: not authenticated in time).", ("reason",))
         self.authentications = Counter("herd_sasl_authentications_total",
                                        "SASL authentications, by mechanism and result (ok, failed).",
                                        ("mechanism", "result"))
@@ -228,7 +230,7 @@ class Metrics:
         requests = self.request_stats
         for metric in (requests.counter(), requests.error_counter(), requests.histogram(),
                        self.rebalance_seconds, self.connections_total, self.connections_refused,
-                       self.authentications, self.stalls, self.stall_seconds):
+                       self.connections_closed, self.authentications, self.stalls, self.stall_seconds):
             yield metric.render()
         yield [
             "# HELP herd_shard_replay_seconds Time spent replaying the logs at start-up.",

@@ -32,13 +32,15 @@ before the one that closes it, held ones included.
 from __future__ import annotations
 
 import asyncio
+import errno
+import resource
 import socket
 import struct
 import time
 from collections import deque
 
 from coordinator import logging_setup
-from coordinator.metrics import response_error
+from coordinator.metrics import HTTP_MAX_CONNECTIONS, HTTP_RESERVE, response_error
 from coordinator.versions import API_NAMES, API_VERSIONS, SUPPORTED, api_versions_response
 from protocol import errors as E
 from protocol import messages as m
@@ -87,6 +89,9 @@ REFUSED_LOG_INTERVAL = 10.0  # seconds between "too many connections" warnings
 # LOG_BURST lines of a kind per peer address every LOG_WINDOW_S seconds (the rest counted in
 # herd_log_suppressed_total and summed up in the next line of that kind and peer): one client must
 # not be able to write megabytes of log a second.
+# descriptors herd needs besides its client connections: the HTTP side (its cap and reserve), the
+# listeners, the log files (two per shard at most while compacting), the database, the data cluster
+FD_OVERHEAD = 64
 LOG_FIELD_MAX = 256
 LOG_BURST = 5
 LOG_WINDOW_S = 10.0
@@ -232,6 +237,10 @@ class Connection(asyncio.Protocol):
         self.dirty = False  # in server.dirty: answers released in a batch, written at its end
         self.closing = False  # close() waits for the answers in ``held``, then aborts
         self.last_active = 0.0
+        self.accounted = 0  # bytes counted in server.buffered for this connection
+        self.memory_paused = False  # not reading: herd's buffered bytes are over max_buffered_bytes
+        self.registered = False
+        self.auth_timer = None  # closes a connection that has not authenticated in time
         # SASL listener: until authenticated every frame goes to authenticate()
         self.unauthenticated = server.security is not None and server.security.sasl
         self.sasl = None  # the ServerMechanism chosen by SaslHandshake
@@ -256,13 +265,35 @@ class Connection(asyncio.Protocol):
             except OSError:
                 pass
         self.last_active = self.server.loop.time()
-        if not self.server.register(self):
-            self.server.refused(self.peer)
+        why = self.server.register(self)
+        if why is not None:
+            self.server.refused(self.peer, why)
             self.closed = True
             transport.abort()
+            return
+        if self.unauthenticated:
+            self.auth_timer = self.server.loop.call_later(self.server.config.sasl_handshake_timeout_ms / 1000,
+                                                          self._auth_deadline)
+
+    def _auth_deadline(self) -> None:
+        """sasl_handshake_timeout_ms passed and the connection has not authenticated: closed."""
+        self.auth_timer = None
+        if self.closed or not self.unauthenticated:
+            return
+        self.server.client_log("info", "sasl_handshake_timeout", self.host,
+                               "not authenticated within sasl_handshake_timeout_ms; closing connection",
+                               peer=self.peer, timeout_ms=self.server.config.sasl_handshake_timeout_ms)
+        if self.server.metrics is not None:
+            self.server.metrics.connections_closed.inc("sasl_handshake_timeout")
+        self.close()
+        if not self.closed:  # answers still held: nothing an unauthenticated client waits for matters
+            self._abort()
 
     def connection_lost(self, exc):
         self.closed = True
+        if self.auth_timer is not None:
+            self.auth_timer.cancel()
+            self.auth_timer = None
         self.server.unregister(self)
         if self.inflight is not None and self.inflight.timer is not None:
             self.inflight.timer.cancel()
@@ -289,6 +320,33 @@ class Connection(asyncio.Protocol):
                 if not self.processing and self._ready():
                     self.process()
         self._maybe_pause()
+        self._account()
+
+    def _account(self) -> None:
+        """Report this connection's buffered bytes (requests, the frame being read at its whole
+        announced size, unsent answers) to the server's budget (max_buffered_bytes)."""
+        if self.closed:
+            return
+        # a connection paused for memory holds what it read, not the frame it announced
+        frame = self.decoder.buffered if self.memory_paused else self.decoder.reserved
+        new = self.queued_bytes + frame + self.transport.get_write_buffer_size()
+        delta = new - self.accounted
+        if delta:
+            self.accounted = new
+            self.server.buffered_change(self, delta)
+
+    def memory_pause(self) -> None:
+        if not self.memory_paused and not self.closed:
+            self.memory_paused = True
+            if not self.paused:
+                self.paused = True
+                self.transport.pause_reading()
+            self._account()
+
+    def memory_resume(self) -> None:
+        self.memory_paused = False
+        self._maybe_resume()
+        self._account()
 
     def _pending(self) -> int:
         return self.queued_bytes + self.decoder.buffered + self.transport.get_write_buffer_size()
@@ -309,6 +367,7 @@ class Connection(asyncio.Protocol):
             self.process()
         else:
             self._maybe_resume()
+        self._account()
 
     def _continue(self) -> None:
         self.resume_scheduled = False
@@ -349,6 +408,7 @@ class Connection(asyncio.Protocol):
             self.processing = False
         self.flush()
         self._maybe_resume()
+        self._account()
 
     def handle_one(self, frame: bytes) -> None:
         """``process`` for a single frame that arrived on an idle connection."""
@@ -362,7 +422,7 @@ class Connection(asyncio.Protocol):
 
     def _maybe_resume(self) -> None:
         if self.paused and not self.closed and not self.closing and not self.write_paused \
-                and self.decoder.error is None \
+                and not self.memory_paused and self.decoder.error is None \
                 and self._pending() <= self.max_pending // 2:
             self.paused = False
             self.transport.resume_reading()
@@ -609,6 +669,9 @@ class Connection(asyncio.Protocol):
             return None
         if mech.done:
             self.unauthenticated = False
+            if self.auth_timer is not None:
+                self.auth_timer.cancel()
+                self.auth_timer = None
             self.sasl_raw = False
             self.principal = mech.username
             # from the next read on (frames already split came under the pre-authentication
@@ -718,6 +781,7 @@ class Connection(asyncio.Protocol):
             self.process()
         else:
             self._maybe_resume()
+        self._account()
 
     def _release_held(self) -> None:
         """Move the answers at the head of ``held`` that are ready to ``out``."""
@@ -809,8 +873,19 @@ class Server:
         self.holding = False
         self.dirty: list[Connection] = []
         self.log_limiter = LogLimiter(metrics)
+        self.max_connections = config.max_connections  # lowered at start if the open-file limit is lower
+        self.per_ip: dict[str, int] = {}
+        self.refused_per_ip = 0
+        # max_buffered_bytes: what every connection holds, counted as it changes (Connection._account)
+        self.buffered = 0
+        self.buffered_limit = config.buffered_bytes_limit
+        self.memory_waiting: deque[Connection] = deque()  # paused until the total is under the limit
+        self.memory_pauses = 0
+        self._wake_scheduled = False
+        self.accept_failures = 0
         if metrics is not None:
             metrics.collectors.append(self.log_limiter.metric_lines)
+            metrics.collectors.append(self.metric_lines)
         runtime.attach_edge(self)
 
     def client_log(self, level: str, kind: str, host: str, event: str, **fields) -> None:
@@ -837,31 +912,151 @@ class Server:
                 log.exception("error writing released answers", peer=conn.peer)
                 conn._abort()
 
-    def register(self, conn: Connection) -> bool:
-        if len(self.connections) >= self.config.max_connections:
-            return False
+    def register(self, conn: Connection) -> str | None:
+        """None: served; else why not (``max_connections`` or ``max_connections_per_ip``)."""
+        if len(self.connections) >= self.max_connections:
+            return "max_connections"
+        host = conn.host
+        n = self.per_ip.get(host, 0)
+        if n >= self.config.max_connections_per_ip:
+            return "max_connections_per_ip"
+        self.per_ip[host] = n + 1
+        conn.registered = True
         self.connections.add(conn)
         if self.metrics is not None:
             self.metrics.connections_total.inc()
-        return True
+        return None
 
-    def refused(self, peer: str) -> None:
-        """A connection over ``max_connections``: counted, and logged at most once per
-        REFUSED_LOG_INTERVAL seconds (a client retrying in a loop must not flood the log)."""
+    def refused(self, peer: str, why: str = "max_connections") -> None:
+        """A connection over ``max_connections`` (or ``max_connections_per_ip``): counted, and
+        logged at most once per REFUSED_LOG_INTERVAL seconds (a client retrying in a loop must not
+        flood the log)."""
         self.refused_total += 1
+        if why == "max_connections_per_ip":
+            self.refused_per_ip += 1
         if self.metrics is not None:
             self.metrics.connections_refused.inc()
         now = self.loop.time()
         if now >= self._refused_logged_at + REFUSED_LOG_INTERVAL:
-            log.warning("too many connections; refusing", peer=peer, limit=self.config.max_connections,
+            limit = self.max_connections if why == "max_connections" else self.config.max_connections_per_ip
+            log.warning("too many connections; refusing", peer=peer, limit=limit, setting=why,
                         refused_since_last=self.refused_total - self._refused_logged_total)
             self._refused_logged_at, self._refused_logged_total = now, self.refused_total
 
     def unregister(self, conn: Connection) -> None:
         self.connections.discard(conn)
+        if conn.registered:
+            conn.registered = False
+            n = self.per_ip.get(conn.host, 1) - 1
+            if n > 0:
+                self.per_ip[conn.host] = n
+            else:
+                self.per_ip.pop(conn.host, None)
+        if conn.accounted:
+            self.buffered_change(conn, -conn.accounted)
+            conn.accounted = 0
+
+    def buffered_change(self, conn: Connection, delta: int) -> None:
+        """A connection's buffered bytes moved by ``delta``. Over ``max_buffered_bytes``, a
+        connection that adds (reads a new frame's size, a request, or has answers pile up) stops
+        reading until the total is under the limit again; those holding less go on (a heartbeat's
+        frame arrives whole and leaves at once)."""
+        self.buffered += delta
+        if delta > 0:
+            if self.buffered > self.buffered_limit and not conn.memory_paused and not conn.closed:
+                conn.memory_pause()
+                self.memory_waiting.append(conn)
+                self.memory_pauses += 1
+        elif self.memory_waiting and self.buffered < self.buffered_limit and not self._wake_scheduled:
+            self._wake_scheduled = True
+            self.loop.call_soon(self._memory_wake_soon)
+
+    def _memory_wake_soon(self) -> None:
+        self._wake_scheduled = False
+        self._memory_wake()
+
+    def _memory_wake(self) -> None:
+        """Resume waiting connections, in the order they stopped, while what each will hold (the
+        whole frame it announced) fits under the limit."""
+        waiting = self.memory_waiting
+        while waiting:
+            conn = waiting[0]
+            if conn.closed or not conn.memory_paused:
+                waiting.popleft()
+                continue
+            need = conn.decoder.reserved - conn.decoder.buffered
+            if self.buffered + need > self.buffered_limit:
+                return
+            waiting.popleft()
+            conn.memory_resume()
+
+    def metric_lines(self) -> list[str]:
+        paused = sum(1 for c in self.memory_waiting if c.memory_paused and not c.closed)
+        return [
+            "# HELP herd_buffered_bytes Bytes buffered for all connections (requests, frames being read at "
+            "their announced size, unsent answers).", "# TYPE herd_buffered_bytes gauge",
+            f"herd_buffered_bytes {self.buffered}",
+            "# HELP herd_buffered_bytes_limit max_buffered_bytes.", "# TYPE herd_buffered_bytes_limit gauge",
+            f"herd_buffered_bytes_limit {self.buffered_limit}",
+            "# HELP herd_connections_paused_for_memory Connections not read from: the buffered bytes are over "
+            "max_buffered_bytes.", "# TYPE herd_connections_paused_for_memory gauge",
+            f"herd_connections_paused_for_memory {paused}",
+            "# HELP herd_memory_pauses_total Times a connection stopped being read from for max_buffered_bytes.",
+            "# TYPE herd_memory_pauses_total counter", f"herd_memory_pauses_total {self.memory_pauses}",
+            "# HELP herd_connections_refused_per_ip_total Connections closed at once: max_connections_per_ip.",
+            "# TYPE herd_connections_refused_per_ip_total counter",
+            f"herd_connections_refused_per_ip_total {self.refused_per_ip}",
+            "# HELP herd_accept_failures_total Connections that could not be accepted (no file descriptor "
+            "left, ...).", "# TYPE herd_accept_failures_total counter",
+            f"herd_accept_failures_total {self.accept_failures}",
+            "# HELP herd_connections_limit The connection cap in force (max_connections, or lower to fit the "
+            "open-file limit).", "# TYPE herd_connections_limit gauge",
+            f"herd_connections_limit {self.max_connections}",
+        ]
+
+    def check_fd_limit(self) -> None:
+        """Compare RLIMIT_NOFILE with what max_connections needs; raise the soft limit when the hard
+        one allows, else serve fewer connections (one warning) so that accepting never runs out of
+        descriptors and /healthz keeps its own."""
+        need = self.config.max_connections + HTTP_MAX_CONNECTIONS + HTTP_RESERVE + FD_OVERHEAD \
+            + 2 * self.config.offsets_partitions
+        try:
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        except (ValueError, OSError):
+            return
+        if soft == resource.RLIM_INFINITY or soft >= need:
+            return
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        if target > soft:
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+                soft = target
+            except (ValueError, OSError):
+                pass
+        if soft >= need:
+            log.info("raised the open-file limit for max_connections", soft_limit=soft)
+            return
+        self.max_connections = max(1, self.config.max_connections - (need - soft))
+        log.warning("the open-file limit is below what max_connections needs: serving fewer connections "
+                    "(raise `ulimit -n` or lower max_connections)", open_file_limit=soft, needed=need,
+                    max_connections=self.config.max_connections, serving_at_most=self.max_connections)
+
+    def _exception_handler(self, loop, context) -> None:
+        """Count (and log, rate-limited) an accept that failed for lack of descriptors; the rest
+        goes to the default handler."""
+        exc = context.get("exception")
+        if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+            self.accept_failures += 1
+            self.client_log("warning", "accept_failed", "-", "cannot accept a connection", error=str(exc),
+                            message=context.get("message", ""))
+            return
+        loop.default_exception_handler(context)
 
     async def bind(self) -> tuple[str, int]:
         self.loop = asyncio.get_running_loop()
+        self.check_fd_limit()
+        if self.loop.get_exception_handler() is None:
+            self.loop.set_exception_handler(self._exception_handler)
         ctx = self.security.ssl_context if self.security is not None else None
         self.server = await self.loop.create_server(
             lambda: Connection(self), self.config.host, self.config.port,

@@ -435,7 +435,7 @@ def sasl_herd(tmp_path_factory):
     users.chmod(0o600)
     with U.Herd(topics=["t:1"], tmp_root=str(tmp), extra_args=[
             "--security-protocol", "SASL_PLAINTEXT", "--sasl-users-file", str(users),
-            "--metrics-port", "0"]) as h:
+            "--sasl-handshake-timeout-ms", "1500", "--max-connections", "20", "--metrics-port", "0"]) as h:
         h.metrics = soak.metrics_url(h)
         yield h
 
@@ -523,3 +523,168 @@ def _suppressed(herd) -> int:
             if line.startswith('herd_log_suppressed_total{kind="unsupported_version"}'):
                 return int(float(line.split()[1]))
     return 0
+
+
+
+# ---- connection slots and the global buffer budget (issue 32) ---------------------------------------
+
+def _plain_login(c: RawClient) -> bool:
+    r = _sasl_authenticate(c, "PLAIN", b"\0alice\0secret")
+    return r.error_code == 0
+
+
+def test_unauthenticated_connections_are_closed_after_the_handshake_timeout(sasl_herd):
+    """20 sockets fill --max-connections 20 and never authenticate (one trickles a byte now and
+    then, which resets the idle timer but not this one): all closed after
+    sasl_handshake_timeout_ms, and a real login gets in; an authenticated connection stays."""
+    herd = sasl_herd
+    idle = [socket.create_connection(herd.address, timeout=10) for _ in range(20)]
+    try:
+        trickler = idle[0]
+        trickler.sendall(b"\x00")  # the first byte of a size prefix
+        start = time.monotonic()
+        for s in idle:
+            s.settimeout(max(0.1, start + 10 - time.monotonic()))
+            try:
+                if s is trickler:
+                    time.sleep(0.5)
+                    s.sendall(b"\x00")
+                assert s.recv(1) == b""
+            except ConnectionResetError:
+                pass
+        assert time.monotonic() - start < 8
+        with RawClient(herd.address) as c:
+            assert _plain_login(c)
+            time.sleep(2.0)  # past the timeout: authenticated, so kept
+            assert c.call(m.ApiVersionsRequest(), 0).error_code == 0
+        with urllib.request.urlopen(f"{herd.metrics}/metrics", timeout=30) as r:
+            text = r.read().decode()
+        assert 'herd_connections_closed_total{reason="sasl_handshake_timeout"}' in text
+    finally:
+        for s in idle:
+            s.close()
+
+
+def test_max_connections_per_ip(tmp_path):
+    with U.Herd(topics=["t:1"], tmp_root=str(tmp_path), extra_args=[
+            "--max-connections-per-ip", "3", "--metrics-port", "0"]) as h:
+        h.metrics = soak.metrics_url(h)
+        kept = [RawClient(h.address) for _ in range(3)]
+        try:
+            for c in kept:
+                assert c.call(m.ApiVersionsRequest(), 0).error_code == 0
+            with socket.create_connection(h.address, timeout=5) as extra:
+                extra.settimeout(5)
+                assert extra.recv(1) == b""
+            assert _metric(h, "herd_connections_refused_per_ip_total") == 1
+        finally:
+            for c in kept:
+                c.close()
+        time.sleep(0.3)
+        with RawClient(h.address) as c:  # a slot freed: served again
+            assert c.call(m.ApiVersionsRequest(), 0).error_code == 0
+
+
+def test_an_open_file_limit_below_max_connections_is_warned_and_fitted(tmp_path):
+    """At `ulimit -n 300` with the default max_connections (10,000): one warning at start, the
+    connection cap lowered to fit, connections past it refused and counted (not reset unseen), and
+    /healthz still answers while they are refused."""
+    class Limited(U.Herd):
+        def command(self):
+            return ["sh", "-c", 'ulimit -n 300 && exec "$@"', "sh"] + super().command()
+
+    with Limited(topics=["t:1"], tmp_root=str(tmp_path), extra_args=["--metrics-port", "0"]) as h:
+        h.metrics = soak.metrics_url(h)
+        warnings = h.log_events("the open-file limit is below what max_connections needs: serving fewer "
+                                "connections (raise `ulimit -n` or lower max_connections)")
+        assert len(warnings) == 1 and warnings[0]["open_file_limit"] == 300
+        limit = _metric(h, "herd_connections_limit")
+        assert 0 < limit < 300
+        socks = []
+        try:
+            for _ in range(limit + 20):
+                socks.append(socket.create_connection(h.address, timeout=5))
+            deadline = time.monotonic() + 10
+            while _metric(h, "herd_connections") < limit and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert _metric(h, "herd_connections") == limit
+            assert _metric(h, "herd_connections_refused_total") >= 20
+            with urllib.request.urlopen(f"{h.metrics}/healthz", timeout=10) as r:
+                assert r.status == 200
+        finally:
+            for s in socks:
+                s.close()
+        assert h.proc.poll() is None
+
+
+def test_buffered_bytes_are_capped_across_connections(tmp_path):
+    """40 connections each send an 8 MiB frame minus one byte (never completed) with
+    --max-buffered-bytes 32 MiB: herd reads them until the budget is spent, then stops reading
+    from those that would add more (herd_connections_paused_for_memory), its RSS stays near the
+    budget, and a small request on another connection is still answered."""
+    budget = 32 << 20
+    with U.Herd(topics=["t:1"], tmp_root=str(tmp_path), extra_args=[
+            "--max-buffered-bytes", str(budget), "--max-frame-size", str(8 << 20), "--metrics-port", "0"]) as h:
+        h.metrics = soak.metrics_url(h)
+        rss0 = U.proc_rss_bytes(h.pid)
+        socks = [socket.create_connection(h.address, timeout=10) for _ in range(40)]
+        try:
+            chunk = b"\x00" * (1 << 20)
+            pending = {s: [struct.pack(">i", 8 << 20)] + [chunk] * 7 + [b"\x00" * ((1 << 20) - 1)] for s in socks}
+            for s in socks:
+                s.setblocking(False)
+            end = time.monotonic() + 15
+            while pending and time.monotonic() < end:
+                for s in list(pending):
+                    parts = pending[s]
+                    try:
+                        n = s.send(parts[0])
+                    except BlockingIOError:
+                        continue
+                    parts[0] = parts[0][n:]
+                    if not parts[0]:
+                        parts.pop(0)
+                    if not parts:
+                        del pending[s]
+                time.sleep(0.002)
+            assert len(pending) >= 30  # their senders are blocked: herd stopped reading them
+            grown = U.proc_rss_bytes(h.pid) - rss0
+            assert grown < budget + (48 << 20), grown
+            assert _metric(h, "herd_connections_paused_for_memory") >= 30
+            assert _metric(h, "herd_memory_pauses_total") >= 30
+            assert _metric(h, "herd_buffered_bytes") <= budget + 40 * (1 << 20)
+            with RawClient(h.address) as c:
+                assert c.call(m.ApiVersionsRequest(), 0).error_code == 0
+        finally:
+            for s in socks:
+                s.close()
+        assert h.proc.poll() is None
+
+
+def test_large_requests_over_the_budget_wait_their_turn_and_are_answered(tmp_path):
+    """--max-buffered-bytes 1.5 MiB and 8 clients each sending a 1 MiB JoinGroup at once: some wait
+    (paused) while others are read, and every one is answered."""
+    with U.Herd(topics=["t:1"], tmp_root=str(tmp_path), extra_args=[
+            "--max-buffered-bytes", str(3 << 19), "--metrics-port", "0"]) as h:
+        h.metrics = soak.metrics_url(h)
+        meta = b"\x01" * (1 << 20)
+        codes = []
+
+        ready = threading.Barrier(8)
+
+        def join(i):
+            with RawClient(h.address, timeout=60) as c:
+                ready.wait(30)
+                r = c.call(m.JoinGroupRequest(group_id=f"big-{i}", session_timeout_ms=30000,
+                                              rebalance_timeout_ms=1000, member_id="", protocol_type="consumer",
+                                              protocols=[m.JoinGroupRequestProtocol(name="range", metadata=meta)]), 3)
+                codes.append(r.error_code)
+
+        threads = [threading.Thread(target=join, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(90)
+        assert codes == [0] * 8
+        assert _metric(h, "herd_memory_pauses_total") >= 1
+        assert h.proc.poll() is None
