@@ -373,8 +373,25 @@ class Cluster:
                 raise CliError(f"cannot find the coordinator of group '{group}': "
                                f"{msg or _error_text(code)}")
             self.brokers[node_id] = (host, port)
+            try:
+                conn = self.node(node_id)
+            except AuthError:
+                raise
+            except CliError as exc:
+                # the named coordinator is down: in a herd cluster its shards move to a live node
+                # once its lease ends, and FindCoordinator names that node from then on
+                self._forget(node_id)
+                if self.deadline.remaining() <= 0.2:
+                    raise CliError(
+                        f"the coordinator of group '{group}' is node {node_id} at {_addr(host, port)}, "
+                        f"which cannot be reached ({exc}); if herd runs as a cluster, a dead node's "
+                        f"groups move to a live node once its lease ends: try again in a few seconds "
+                        f"or give a longer --timeout") from None
+                self._backoff(f"finding the coordinator of group '{group}' (node {node_id} at "
+                              f"{_addr(host, port)} cannot be reached)")
+                continue
             self.coordinators[group] = node_id
-            return self.node(node_id)
+            return conn
 
     def group_call(self, group: str, build, error_of):
         """Send a group request to ``group``'s coordinator; follow it when it moves."""

@@ -170,7 +170,7 @@ def run_cell(kind: str, n_nodes: int, server, root: Path, args, rnd: int) -> dic
 def spread_groups(prefix: str, count: int) -> list[str]:
     """``count`` group names whose shards are spread evenly over the offsets partitions (names that
     differ in a counter hash to neighbouring shards: they would all land on one node)."""
-    from coordinator.partitioning import shard_for
+    from coordinator.core.partitioning import shard_for
 
     out = []
     for k in range(count):

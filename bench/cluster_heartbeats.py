@@ -43,7 +43,7 @@ def _cpu(pid) -> float:
 
 def shard_owners(nodes) -> dict[int, int]:
     """shard -> index in ``nodes`` of the node FindCoordinator names (asked of node 0, one probe group per shard)."""
-    from coordinator.partitioning import shard_for
+    from coordinator.core.partitioning import shard_for
     from protocol import messages as m
     from tools.rawclient import RawClient
 
@@ -77,7 +77,7 @@ def stable_owners(nodes, timeout=90.0) -> dict[int, int]:
 
 def groups_by_node(prefix: str, count: int, owners: dict[int, int], n_nodes: int) -> list[list[str]]:
     """``count`` group names spread evenly over the shards, split by the node owning each one's shard."""
-    from coordinator.partitioning import shard_for
+    from coordinator.core.partitioning import shard_for
 
     out = [[] for _ in range(n_nodes)]
     j = 0

@@ -58,7 +58,8 @@ class FakeSource:
 
 def serve_fake(argv: list[str]) -> int:
     """``herd serve`` with the fake source as its data cluster (this process only)."""
-    from coordinator import cli, console
+    from coordinator import cli
+    from coordinator.ops import console
 
     console.make_source = lambda config: FakeSource()
     return cli.main(["serve", *argv])
@@ -87,8 +88,8 @@ def bench_tracker(groups: int, partitions: int, history: int) -> dict:
 
     from coordinator.clock import ManualClock
     from coordinator.config import Config
-    from coordinator.console import Console
-    from coordinator.group_coordinator import GroupCoordinator
+    from coordinator.core.coordinator import GroupCoordinator
+    from coordinator.ops.console import Console
 
     clock = ManualClock(wall_ms=int(time.time() * 1000))
     config = Config(lag_history_size=history).validate()

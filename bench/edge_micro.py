@@ -40,12 +40,12 @@ import uvloop
 from bench import _util as U
 from bench.loadgen import encode_frame
 from coordinator import logging_setup
-from coordinator.catalog import Catalog
 from coordinator.config import Config
-from coordinator.group_coordinator import GroupCoordinator
-from coordinator.metrics import Metrics
+from coordinator.core.catalog import Catalog
+from coordinator.core.coordinator import GroupCoordinator
+from coordinator.edge.server import Connection, Server
+from coordinator.ops.metrics import Metrics
 from coordinator.runtime import Runtime
-from coordinator.server import Connection, Server
 from coordinator.store.filelog import LogStore
 from protocol import messages as m
 from protocol.headers import decode_response_header

@@ -34,7 +34,7 @@ import threading
 import time
 from pathlib import Path
 
-from coordinator.versions import SUPPORTED
+from coordinator.core.versions import SUPPORTED
 from protocol import messages as m
 from protocol.headers import encode_request_header
 from protocol.wire import EncodeError

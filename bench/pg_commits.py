@@ -30,7 +30,7 @@ import time
 import uvloop
 
 from bench import _util as U
-from coordinator import records
+from coordinator.core import records
 from tools.daemon import _children
 
 REPO_TESTS = U.REPO  # tools.postgres is importable from the repo root

@@ -42,8 +42,8 @@ def build(
     distinct_keys: int | None,
     batch: int = 5000,
 ) -> dict:
-    from coordinator import records as R
-    from coordinator.partitioning import shard_for
+    from coordinator.core import records as R
+    from coordinator.core.partitioning import shard_for
     from coordinator.store.filelog import LogStore
     from protocol.messages import GroupMetadataValue
 

@@ -813,12 +813,22 @@ class ConsumerCoordinator:
         entry = self._failing.get(target)
         if entry is None:
             self._failing[target] = [1, now, now]
-            log.warning(
-                "%s; retrying (is a broker running at that address?). poll() raises "
-                "NoBrokersAvailableError after broker.unreachable.timeout.ms (%d) without a coordinator",
-                self._connect_failure,
-                self.cfg.broker_unreachable_timeout_ms,
-            )
+            if conn == BOOTSTRAP:
+                log.warning(
+                    "%s; retrying (is a broker running at that address?). poll() raises "
+                    "NoBrokersAvailableError after broker.unreachable.timeout.ms (%d) without a coordinator",
+                    self._connect_failure,
+                    self.cfg.broker_unreachable_timeout_ms,
+                )
+            else:
+                # the coordinator went away (a restart, or a cluster node that died): the member
+                # looks it up again through the bootstrap servers; in a herd cluster its group moves
+                # to a live node once the dead node's lease ends, and nothing is lost meanwhile
+                log.warning(
+                    "%s; finding the group's coordinator again through the bootstrap servers (a herd "
+                    "cluster moves a dead node's groups to a live node once its lease ends)",
+                    self._connect_failure,
+                )
             return
         entry[0] += 1
         if now - entry[2] >= self._WARN_EVERY_S:

@@ -173,17 +173,17 @@ def serve(config: cfg.Config, repair: bool = False) -> int:
 
 async def _serve(config: cfg.Config, repair: bool) -> int:
     from coordinator import logging_setup
-    from coordinator.catalog import Catalog
-    from coordinator.console import Console, make_source
-    from coordinator.gcwatch import GcWatch
-    from coordinator.group_coordinator import GroupCoordinator
-    from coordinator.looplag import LoopLag
-    from coordinator.metrics import HttpEndpoint, Metrics, install_collectors
-    from coordinator.notify import Notifier
+    from coordinator.core.catalog import Catalog
+    from coordinator.core.coordinator import GroupCoordinator
+    from coordinator.edge.security import SecurityError
+    from coordinator.edge.security import load as load_security
+    from coordinator.edge.server import Server
+    from coordinator.ops.console import Console, make_source
+    from coordinator.ops.gcwatch import GcWatch
+    from coordinator.ops.looplag import LoopLag
+    from coordinator.ops.metrics import HttpEndpoint, Metrics, install_collectors
+    from coordinator.ops.notify import Notifier
     from coordinator.runtime import Runtime
-    from coordinator.security import SecurityError
-    from coordinator.security import load as load_security
-    from coordinator.server import Server
     from coordinator.store import StoreError
     from coordinator.store.filelog import FileStore
     from coordinator.store.logformat import LogCorruptError
@@ -344,8 +344,8 @@ async def _serve_cluster(config, log, loop, store, node, runtime, groups, server
     """``herd serve --store postgresql://...``: the shards are loaded as their leases are won, not at
     start. Every failure to join (database unreachable, login refused, no such database, another
     ``offsets_partitions``, a duplicate live ``node_id``) is one line (CliError, exit 2)."""
-    from coordinator.looplag import LoopLag
-    from coordinator.notify import Notifier
+    from coordinator.ops.looplag import LoopLag
+    from coordinator.ops.notify import Notifier
     from coordinator.store import StoreError
 
     adv_port = config.advertised_port or port

@@ -185,7 +185,7 @@ class Config:
     def consumer_group_config(self):
         """The ``group_consumer_*`` settings as the consumer-group core takes them (ConfigError
         with one line when they do not fit together)."""
-        from coordinator.consumer import ConsumerGroupConfig
+        from coordinator.core.consumer import ConsumerGroupConfig
 
         try:
             return ConsumerGroupConfig(

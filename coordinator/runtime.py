@@ -57,18 +57,18 @@ import collections
 import time
 
 from coordinator import logging_setup
-from coordinator.catalog import Catalog, is_topic_record
 from coordinator.clock import SystemClock
-from coordinator.responses import error_response
-from coordinator.result import Result
-from coordinator.stall import StallDetector
-from coordinator.store import ShardFencedError
-from coordinator.versions import (
+from coordinator.core.catalog import Catalog, is_topic_record
+from coordinator.core.responses import error_response
+from coordinator.core.result import Result
+from coordinator.core.versions import (
     CREATE_TOPICS,
     FETCH,
     GROUP_APIS,
     METADATA,
 )
+from coordinator.ops.stall import StallDetector
+from coordinator.store import ShardFencedError
 from protocol import errors as E
 
 log = logging_setup.get("herd.runtime")

@@ -36,7 +36,8 @@ class DemoSource:
 
 
 def serve_demo(argv: list[str]) -> int:
-    from coordinator import cli, console
+    from coordinator import cli
+    from coordinator.ops import console
 
     console.make_source = lambda config: DemoSource()
     return cli.main(["serve", *argv])
@@ -53,7 +54,7 @@ def end_at(topic: str, partition: int, seconds_ago: float) -> int:
 
 def main(out_dir: str) -> int:
     sys.path.insert(0, str(REPO))
-    from tests.console import scenario as sc
+    from tools import console_scenario as sc
     from tools.browser import Browser
 
     out = Path(out_dir).resolve()

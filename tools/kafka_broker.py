@@ -19,8 +19,8 @@ import uuid
 from pathlib import Path
 
 from protocol import messages as m
-from tests.support.reference import classpath, java
 from tools.rawclient import RawClient
+from tools.reference import classpath, java
 
 
 def _die_with_parent() -> None:

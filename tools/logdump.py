@@ -107,7 +107,7 @@ def decode_record(key: bytes, value: bytes | None, decoder: str = "auto") -> dic
     else:
         decoders = [_decode_generated]
     error = "record key shorter than its type"
-    from coordinator.catalog import TOPIC_RECORD, decode_topic_record, is_topic_record
+    from coordinator.core.catalog import TOPIC_RECORD, decode_topic_record, is_topic_record
     if is_topic_record(key):  # herd's own record: a topic of the catalog (shard 0)
         try:
             name, topic = decode_topic_record(key, value)

@@ -28,9 +28,9 @@ import math
 import time
 
 from coordinator import logging_setup
-from coordinator.catalog import decode_topic_record, topic_key
 from coordinator.cluster.leases import LeaseManager
 from coordinator.cluster.pgstore import PgStore
+from coordinator.core.catalog import decode_topic_record, topic_key
 from coordinator.runtime import FAILED, LOADING, NOT_OWNED
 
 log = logging_setup.get("herd.cluster")
@@ -219,7 +219,7 @@ class ClusterNode:
         return None
 
     def metric_lines(self) -> list[str]:
-        from coordinator.metrics import Histogram, _family
+        from coordinator.ops.metrics import Histogram, _family
 
         leases = self.leases
         states = self.runtime.shard_states

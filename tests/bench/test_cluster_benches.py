@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bench import cluster_chaos as CC
 from bench import cluster_heartbeats as CH
-from coordinator.partitioning import shard_for
+from coordinator.core.partitioning import shard_for
 
 
 def _writer(monkeypatch, read_back):

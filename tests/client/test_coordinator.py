@@ -1485,3 +1485,35 @@ def test_unreachable_brokers_are_warned_about_and_timed_in_the_snapshot(caplog):
     h.disconnected(COORDINATOR, "closed by the broker")
     snap = h.core.snapshot()
     assert snap.unreachable_since == h.now and snap.connect_failure == ""
+
+
+def test_an_unreachable_coordinator_is_warned_about_as_a_move_not_as_no_brokers(caplog):
+    """A cluster node that died while it coordinated the group: the member's warning says it looks the
+    coordinator up again (the group moves once the lease ends), not the bootstrap outage's
+    NoBrokersAvailableError countdown (issue 33 item 4)."""
+    import logging
+
+    h = Harness()
+    caplog.set_level(logging.INFO, logger="herd.client")
+    h.call("subscribe", ["t"])
+    h.find_coordinator()
+    h.connects.clear()
+    h.disconnected(COORDINATOR, "closed by the broker")
+    for _ in range(40):
+        if any(c.conn == COORDINATOR for c in h.connects):
+            h.connects.clear()
+            h.disconnected(COORDINATOR, "connect failed: ECONNREFUSED")
+            break
+        if h.pending(m.FindCoordinatorRequest):  # the bootstrap still names the dead node
+            if any(c.conn == BOOTSTRAP for c in h.connects):
+                h.connected(BOOTSTRAP)
+            s = h.take(m.FindCoordinatorRequest, BOOTSTRAP)
+            h.respond(s, m.FindCoordinatorResponse(node_id=1, host="c1", port=9092, coordinators=[
+                m.FindCoordinatorResponseCoordinator(key=h.cfg.group_id, node_id=1, host="c1", port=9092)]))
+        h.tick(0.25)
+    else:
+        pytest.fail("no new connection attempt to the coordinator")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    mine = [w for w in warnings if w.startswith("cannot reach the group coordinator c1:9092")]
+    assert mine and "finding the group's coordinator again" in mine[0] and "lease" in mine[0]
+    assert not any("NoBrokersAvailableError" in w for w in warnings), warnings

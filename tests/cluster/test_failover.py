@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from coordinator.partitioning import shard_for
+from coordinator.core.partitioning import shard_for
 from protocol import errors as E
 from tests.cluster.load import Committer, fetch_offset, find
 from tests.cluster.nodes import Node

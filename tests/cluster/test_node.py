@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import asyncio
 
-from coordinator.catalog import Catalog
 from coordinator.clock import ManualClock
 from coordinator.cluster.errors import StoreUnavailableError
 from coordinator.cluster.leases import LeaseManager
 from coordinator.cluster.node import ClusterNode
 from coordinator.cluster.url import parse_store_url
 from coordinator.config import Config
-from coordinator.group_coordinator import GroupCoordinator
+from coordinator.core.catalog import Catalog
+from coordinator.core.coordinator import GroupCoordinator
+from coordinator.core.versions import OFFSET_COMMIT, OFFSET_FETCH
 from coordinator.runtime import ACTIVE, FAILED, NOT_OWNED, Runtime
-from coordinator.versions import OFFSET_COMMIT, OFFSET_FETCH
 from protocol import errors as E
 from protocol import messages as m
 from tests.coordinator.test_runtime_shards import FakeStore, commit, commit_code, group_in, send, settle

@@ -123,7 +123,7 @@ def wait_shared(pg, nodes, timeout=20.0):
 
 
 def test_three_nodes_route_groups_to_their_shards_owner(pg, three):
-    from coordinator.partitioning import shard_for
+    from coordinator.core.partitioning import shard_for
 
     owners = wait_shared(pg, three)
     by_id = {n.node_id: n for n in three}

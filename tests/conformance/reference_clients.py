@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from tests.conformance.harness import HEARTBEAT_MS, MAX_POLL_MS, SESSION_MS, Member, wait_until
-from tests.support.reference import classpath, franz_member, java
+from tools.reference import classpath, franz_member, java
 
 
 class JavaDriver:

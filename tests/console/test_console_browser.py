@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from tests.console import scenario as sc
+from tools import console_scenario as sc
 from tools.browser import Browser
 from tools.daemon import Daemon
 

@@ -11,8 +11,8 @@ import urllib.parse
 
 import pytest
 
-from tests.console import scenario as sc
 from tests.integration.test_metrics import parse
+from tools import console_scenario as sc
 from tools.daemon import Daemon
 
 pytestmark = pytest.mark.integration

@@ -9,8 +9,8 @@ import ssl
 import pytest
 
 from coordinator.clock import ManualClock
-from coordinator.datacluster import DataClusterError, DataClusterReader, parse_servers, reader_from_config
-from coordinator.lag import LagRefresher, LagTracker, PartialFetch
+from coordinator.ops.datacluster import DataClusterError, DataClusterReader, parse_servers, reader_from_config
+from coordinator.ops.lag import LagRefresher, LagTracker, PartialFetch
 from protocol import errors as E
 from protocol import messages as m
 from protocol.framing import FrameDecoder, frame

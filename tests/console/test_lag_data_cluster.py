@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from protocol import messages as m
-from tests.console import scenario as sc
 from tests.integration.test_metrics import parse
+from tools import console_scenario as sc
 from tools.daemon import REPO, Daemon
 from tools.rawclient import RawClient
 

@@ -1,6 +1,6 @@
 """The topic catalog and the broker APIs a group member sends (pure, no sockets)."""
-from coordinator.catalog import Catalog, is_topic_record, validate_topic_name
 from coordinator.config import Config
+from coordinator.core.catalog import Catalog, is_topic_record, validate_topic_name
 from protocol import errors as E
 from protocol import messages as m
 
@@ -233,7 +233,7 @@ def test_topic_ids_are_stable_and_metadata_v12_answers_by_id():
 
 
 def test_a_topic_without_an_id_gets_one_minted_once_durably_and_a_configured_topic_grows():
-    from coordinator.catalog import Topic, topic_key, topic_value
+    from coordinator.core.catalog import Topic, topic_key, topic_value
 
     cat = catalog(topics=(("t", 2), ("u", 4)))
     cat.replay(topic_key("t"), topic_value(Topic("t", 2, bytes(16))))  # a record with the nil id

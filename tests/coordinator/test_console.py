@@ -7,7 +7,7 @@ import asyncio
 import json
 import re
 
-from coordinator.console import Console
+from coordinator.ops.console import Console
 from tests.coordinator.test_group_harness import Harness
 
 T = ("orders", 0)

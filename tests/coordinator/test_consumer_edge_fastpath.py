@@ -10,14 +10,14 @@ import asyncio
 import struct
 from pathlib import Path
 
-from coordinator.catalog import Catalog
 from coordinator.clock import ManualClock
 from coordinator.config import Config
-from coordinator.consumer.coordinator import SESSION
-from coordinator.group_coordinator import GroupCoordinator
-from coordinator.partitioning import shard_for
+from coordinator.core.catalog import Catalog
+from coordinator.core.consumer.groups import SESSION
+from coordinator.core.coordinator import GroupCoordinator
+from coordinator.core.partitioning import shard_for
+from coordinator.edge.server import Connection, Server
 from coordinator.runtime import Runtime
-from coordinator.server import Connection, Server
 from coordinator.store.filelog import LogStore
 from protocol import errors as E
 from protocol import messages as m

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import asyncio
 
-from coordinator.catalog import Catalog
 from coordinator.config import Config
-from coordinator.group_coordinator import GroupCoordinator
+from coordinator.core.catalog import Catalog
+from coordinator.core.coordinator import GroupCoordinator
+from coordinator.core.versions import CONSUMER_GROUP_HEARTBEAT, CREATE_TOPICS
 from coordinator.runtime import Runtime
-from coordinator.versions import CONSUMER_GROUP_HEARTBEAT, CREATE_TOPICS
 from protocol import messages as m
 from tests.coordinator.test_runtime_shards import FakeStore, N, Token, settle
 

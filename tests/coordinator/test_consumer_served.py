@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import uuid
 
-from coordinator.consumer import StaticTopics
-from coordinator.group_coordinator import GroupCoordinator
-from coordinator.versions import CONSUMER_GROUP_DESCRIBE, CONSUMER_GROUP_HEARTBEAT, api_versions_response
+from coordinator.core.consumer import StaticTopics
+from coordinator.core.coordinator import GroupCoordinator
+from coordinator.core.versions import CONSUMER_GROUP_DESCRIBE, CONSUMER_GROUP_HEARTBEAT, api_versions_response
 from protocol import errors as E
 from protocol import messages as m
 from tests.coordinator.test_group_harness import (

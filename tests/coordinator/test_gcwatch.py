@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from coordinator.gcwatch import GcWatch
+from coordinator.ops.gcwatch import GcWatch
 
 
 class FakeGc:

@@ -1,7 +1,7 @@
 """ListGroups, DescribeGroups, DeleteGroups, failed shards, shutdown, operator views."""
 import pytest
 
-from coordinator import records
+from coordinator.core import records
 from protocol import errors as E
 from protocol.messages import (
     DescribeGroupsRequest,

@@ -2,8 +2,9 @@
 and how long, and each phase's duration; plus one log line per completed rebalance."""
 import pytest
 
-from coordinator import classic, offsets
-from coordinator import shard as shard_module
+from coordinator.core import offsets
+from coordinator.core import shard as shard_module
+from coordinator.core.classic import groups as classic
 from tests.coordinator.test_group_harness import Harness, sub
 
 

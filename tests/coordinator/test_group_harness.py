@@ -10,8 +10,8 @@ from itertools import count
 
 from coordinator.clock import ManualClock
 from coordinator.config import Config
-from coordinator.group_coordinator import GroupCoordinator
-from coordinator.result import Result
+from coordinator.core.coordinator import GroupCoordinator
+from coordinator.core.result import Result
 from protocol import errors
 from protocol.consumer import encode_subscription
 from protocol.messages import (

@@ -1,5 +1,5 @@
 """OffsetCommit / OffsetFetch / OffsetDelete and KIP-211 retention."""
-from coordinator import records
+from coordinator.core import records
 from protocol import errors as E
 from protocol.messages import OffsetFetchRequest, OffsetFetchRequestGroup, OffsetFetchRequestTopics
 from tests.coordinator.test_group_harness import FETCH, Harness, sub

@@ -1,7 +1,7 @@
 """Replay round trip: a Result's writes fed into a fresh coordinator rebuild the same groups/offsets."""
-from coordinator import records
 from coordinator.clock import ManualClock
-from coordinator.group_coordinator import GroupCoordinator
+from coordinator.core import records
+from coordinator.core.coordinator import GroupCoordinator
 from protocol import errors as E
 from tests.coordinator.test_group_harness import Harness, sub
 

@@ -3,7 +3,7 @@ import itertools
 
 import pytest
 
-from coordinator.group import (
+from coordinator.core.classic.group import (
     COMPLETING_REBALANCE,
     DEAD,
     EMPTY,

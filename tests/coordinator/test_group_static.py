@@ -1,5 +1,5 @@
 """KIP-345 static membership."""
-from coordinator import records
+from coordinator.core import records
 from protocol import errors as E
 from tests.coordinator.test_group_harness import Harness, sub
 

@@ -1,6 +1,6 @@
 """Every timer path, with the manual clock: initial delay and its debounce, rebalance timeout,
 session expiry, new-member join timeout, pending-member expiry, pending-sync expiry."""
-from coordinator.classic import NEW_MEMBER_JOIN_TIMEOUT_MS
+from coordinator.core.classic.groups import NEW_MEMBER_JOIN_TIMEOUT_MS
 from protocol import errors as E
 from tests.coordinator.test_group_harness import Harness, sub
 
@@ -270,7 +270,7 @@ def test_next_deadline_tracks_the_earliest_timer():
 
 
 def test_timer_work_is_done_in_bounded_chunks_and_finishes_over_later_calls():
-    from coordinator.group_coordinator import TIMER_STEPS_PER_CALL
+    from coordinator.core.coordinator import TIMER_STEPS_PER_CALL
     h = Harness(auto_timers=False)  # the harness's own firing settles deadlines eagerly
     n = TIMER_STEPS_PER_CALL + 500
     members = {}

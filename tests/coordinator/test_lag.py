@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from coordinator.clock import ManualClock
-from coordinator.lag import LagRefresher, LagTracker, LogEndSource, time_at
+from coordinator.ops.lag import LagRefresher, LagTracker, LogEndSource, time_at
 
 T0 = 1_700_000_000_000
 TP = ("orders", 0)

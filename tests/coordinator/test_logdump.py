@@ -106,7 +106,7 @@ def test_json_output_is_the_same_with_either_decoder(data_dir, capsys, decoder):
 
 
 def test_herds_topic_records_are_decoded(tmp_path, capsys):
-    from coordinator.catalog import Topic, topic_key, topic_value
+    from coordinator.core.catalog import Topic, topic_key, topic_value
     d = tmp_path / "data"
     s = LogStore(d, 1, fsync="never")
     s.open()

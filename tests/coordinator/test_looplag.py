@@ -1,7 +1,7 @@
 """coordinator/looplag.py: the probe's histogram, quantiles and exposition."""
 from __future__ import annotations
 
-from coordinator.looplag import BUCKETS, LoopLag
+from coordinator.ops.looplag import BUCKETS, LoopLag
 
 
 def test_observations_land_in_buckets_and_quantiles_are_bucket_bounds():
@@ -50,7 +50,7 @@ def test_the_probe_measures_a_blocked_loop_on_a_manual_clock():
 
 
 def test_a_lag_as_long_as_a_stall_is_left_to_the_stall_detector_to_log(monkeypatch):
-    from coordinator import looplag
+    from coordinator.ops import looplag
 
     logged = []
     monkeypatch.setattr(looplag.log, "warning", lambda event, **kw: logged.append((event, kw)))

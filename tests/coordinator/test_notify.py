@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from coordinator.notify import Notifier
+from coordinator.ops.notify import Notifier
 
 
 @pytest.fixture

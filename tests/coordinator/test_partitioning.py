@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coordinator.partitioning import INT32_MIN, java_string_hash, kafka_abs, shard_for
+from coordinator.core.partitioning import INT32_MIN, java_string_hash, kafka_abs, shard_for
 
 
 def reference_hash(s: str) -> int:

@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coordinator import records
 from coordinator.config import Config
-from coordinator.group_coordinator import GroupCoordinator
+from coordinator.core import records
+from coordinator.core.coordinator import GroupCoordinator
 from protocol.messages import (
     GroupMetadataKey,
     GroupMetadataValue,
@@ -121,7 +121,7 @@ def test_replay_skips_unknown_types_cleanly():
        offset=st.integers(-1, 2**63 - 1), epoch=st.integers(-1, 2**31 - 1), meta=st.text(max_size=60),
        ts=st.integers(0, 2**62), expire=st.sampled_from([-1, 1_800_000_000_000]))
 def test_fast_offset_decode_agrees_with_the_generic_decoder(group, topic, partition, offset, epoch, meta, ts, expire):
-    from coordinator import records as r
+    from coordinator.core import records as r
     key = r.offset_commit_key(group, topic, partition)
     value = r.offset_commit_value(offset, epoch, meta, ts, expire)
     rtype, k = r.decode_key(key)
@@ -145,7 +145,7 @@ def test_fast_offset_decode_agrees_with_the_generic_decoder(group, topic, partit
 
 
 def test_fast_offset_decode_refuses_what_it_does_not_know():
-    from coordinator import records as r
+    from coordinator.core import records as r
     key = r.offset_commit_key("g", "t", 1)
     value = r.offset_commit_value(5, 1, "ab", 10)
     assert r.plain_offset_commit(key, value) == (key[:-4], 1)

@@ -2,11 +2,11 @@
 signals) during a long replay; stepping changes nothing in what is replayed."""
 from __future__ import annotations
 
-from coordinator import records as R
-from coordinator.catalog import Catalog
 from coordinator.config import Config
-from coordinator.group_coordinator import GroupCoordinator
-from coordinator.metrics import HttpEndpoint, Metrics
+from coordinator.core import records as R
+from coordinator.core.catalog import Catalog
+from coordinator.core.coordinator import GroupCoordinator
+from coordinator.ops.metrics import HttpEndpoint, Metrics
 from coordinator.runtime import Runtime
 
 

@@ -9,14 +9,14 @@ import asyncio
 
 import pytest
 
-from coordinator import records as R
-from coordinator.catalog import Catalog
 from coordinator.config import Config
-from coordinator.group_coordinator import GroupCoordinator
-from coordinator.partitioning import shard_for
+from coordinator.core import records as R
+from coordinator.core.catalog import Catalog
+from coordinator.core.coordinator import GroupCoordinator
+from coordinator.core.partitioning import shard_for
+from coordinator.core.versions import JOIN_GROUP, LIST_GROUPS, OFFSET_COMMIT
 from coordinator.runtime import ACTIVE, FAILED, LOADING, NOT_OWNED, Runtime
 from coordinator.store import ShardFailedError, ShardFencedError, Store
-from coordinator.versions import JOIN_GROUP, LIST_GROUPS, OFFSET_COMMIT
 from protocol import errors as E
 from protocol import messages as m
 

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import uvloop
 
-from coordinator.catalog import Catalog
 from coordinator.config import Config
-from coordinator.group_coordinator import GroupCoordinator
-from coordinator.metrics import Counter, Histogram, RequestStats
+from coordinator.core.catalog import Catalog
+from coordinator.core.coordinator import GroupCoordinator
+from coordinator.core.versions import API_NAMES
+from coordinator.edge.server import Connection, Server, _encode_body
+from coordinator.ops.metrics import Counter, Histogram, RequestStats
 from coordinator.runtime import Runtime
-from coordinator.server import Connection, Server, _encode_body
 from coordinator.store.filelog import LogStore
-from coordinator.versions import API_NAMES
 from protocol import errors as E
 from protocol import messages as m
 from protocol.headers import decode_response_header, encode_request_header

@@ -10,13 +10,13 @@ import time
 import pytest
 import uvloop
 
-from coordinator import stall as stall_module
-from coordinator.catalog import Catalog
 from coordinator.clock import ManualClock
 from coordinator.config import Config, ConfigError
-from coordinator.metrics import Metrics
+from coordinator.core.catalog import Catalog
+from coordinator.ops import stall as stall_module
+from coordinator.ops.metrics import Metrics
+from coordinator.ops.stall import StallDetector
 from coordinator.runtime import Runtime
-from coordinator.stall import StallDetector
 from protocol import errors as E
 from protocol.messages import HeartbeatRequest
 from tests.coordinator.test_group_harness import Harness, sub
@@ -370,3 +370,71 @@ def test_a_new_member_from_another_client_or_after_the_window_removes_nobody():
     h3, old3, gen3 = given_up_group(2)
     h3.join_dynamic("g", session=SESSION, client_id="c0")  # no stall at all: as Kafka
     assert set(old3) <= set(h3.group("g").members)
+
+
+# ---- a busy or loaded machine is not a pause (issue 33 item 9) -------------------------------------
+
+class Sched:
+    """A stand-in for the loop thread's run + run-queue time (schedstat), in ms."""
+
+    def __init__(self):
+        self.ms = 0
+
+    def __call__(self):
+        return self.ms
+
+
+def test_a_gap_the_loop_thread_spent_running_or_waiting_for_a_cpu_gives_nothing_back():
+    clock = ManualClock(monotonic_ms=10_000)
+    seen, sched = [], Sched()
+    d = StallDetector(clock, 1_000, on_stall=lambda *a: seen.append(a), sched=sched)
+    d.reset()
+    clock.advance(1_500)
+    sched.ms += 1_450  # ran or was runnable for all but 50 ms: a loaded machine, not a pause
+    assert d.check() == 0
+    assert seen == [(0, "busy", 1_500)]  # reported (the sockets are read first), nothing given back
+    clock.advance(15_000)
+    sched.ms += 20  # a SIGSTOP: neither running nor runnable
+    assert d.check() == 14_980  # the time away is given back, not the time it ran
+    assert seen[-1] == (14_980, "loop", 15_000)
+
+
+def test_a_pause_right_after_a_busy_gap_is_still_given_back():
+    clock = ManualClock(monotonic_ms=10_000)
+    seen, sched = [], Sched()
+    d = StallDetector(clock, 1_000, on_stall=lambda *a: seen.append(a), sched=sched)
+    d.reset()
+    clock.advance(1_200)
+    sched.ms += 1_200
+    assert d.check() == 0
+    clock.advance(50)
+    sched.ms += 50
+    assert d.check() == 0
+    clock.advance(8_000)
+    assert d.check() == 8_000
+    assert [k for _, k, _ in seen] == ["busy", "loop"]
+
+
+def test_the_real_loop_thread_spinning_is_busy_and_sleeping_is_a_pause():
+    """With the real clock and the kernel's schedstat: a loop thread held by its own CPU work is
+    late, not paused; one blocked in the kernel (as under SIGSTOP, a frozen VM, a stalled disk) is
+    paused and gets the time back."""
+    import time as _time
+
+    from coordinator.clock import SystemClock
+    from coordinator.ops.stall import thread_sched_ms
+
+    if thread_sched_ms() is None:
+        pytest.skip("this kernel has no /proc/thread-self/schedstat (the detector then counts every gap)")
+    seen = []
+    d = StallDetector(SystemClock(), 300, on_stall=lambda *a: seen.append(a))
+    d.reset()
+    end = _time.monotonic() + 0.6
+    while _time.monotonic() < end:  # herd's own CPU work holding the loop
+        pass
+    assert d.check() == 0
+    assert [k for _, k, _ in seen] == ["busy"]
+    _time.sleep(0.6)  # away: not running, not runnable
+    given = d.check()
+    assert [k for _, k, _ in seen] == ["busy", "loop"]
+    assert 450 <= given <= seen[-1][2]

@@ -4,7 +4,7 @@ import random
 import pytest
 
 from coordinator.clock import Clock, ManualClock, SystemClock
-from coordinator.timers import Timers
+from coordinator.core.timers import Timers
 
 
 def test_manual_clock_moves_both_clocks_and_never_backwards():

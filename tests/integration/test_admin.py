@@ -1167,7 +1167,7 @@ def _batch(base: int, stamps: list[int]) -> bytes:
 
 def test_herd_is_known_to_hold_no_records():
     from admin.session import holds_records
-    from coordinator.versions import SUPPORTED
+    from coordinator.core.versions import SUPPORTED
     assert not holds_records(SUPPORTED)  # herd advertises Fetch and Produce, but no API of a log store
     kafka = {**SUPPORTED, **DataCluster.LOG_APIS}
     assert holds_records(kafka)

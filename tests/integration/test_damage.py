@@ -23,7 +23,7 @@ import sys
 
 import pytest
 
-from coordinator.records import decode_key
+from coordinator.core.records import decode_key
 from coordinator.store.logformat import read_log_file
 from protocol import messages as m
 from tools.daemon import REPO, Daemon

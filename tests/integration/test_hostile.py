@@ -366,7 +366,7 @@ def _http_metric(port: int, line_start: str) -> float:
 def test_never_reading_http_clients_hold_bounded_memory(loaded):
     """150 clients ask for /groups and never read: herd's memory grows by a bounded amount (the
     answers are produced as the peer takes them), /healthz still answers."""
-    from coordinator.metrics import HTTP_MAX_CONNECTIONS, HTTP_RESERVE
+    from coordinator.ops.metrics import HTTP_MAX_CONNECTIONS, HTTP_RESERVE
 
     port = loaded.http
     rss0 = U.proc_rss_bytes(loaded.pid)
@@ -393,7 +393,7 @@ def test_http_connections_are_capped_and_healthz_keeps_a_reserve(loaded):
     """150 HTTP connections that send nothing: herd serves at most its cap plus a few for the
     health checks (those wait 2 s for a request head, not 10), closes the rest at once and counts
     them; /healthz is answered meanwhile."""
-    from coordinator.metrics import HTTP_MAX_CONNECTIONS, HTTP_RESERVE, HTTP_RESERVE_HEADER_TIMEOUT
+    from coordinator.ops.metrics import HTTP_MAX_CONNECTIONS, HTTP_RESERVE, HTTP_RESERVE_HEADER_TIMEOUT
 
     port = loaded.http
     refused0 = _http_metric(port, "herd_http_connections_refused_total")
@@ -493,7 +493,7 @@ def test_log_lines_about_clients_are_clipped_and_rate_limited(watched):
     import os
 
     from protocol.headers import encode_request_header
-    from coordinator.server import LOG_BURST, LOG_FIELD_MAX
+    from coordinator.edge.server import LOG_BURST, LOG_FIELD_MAX
 
     herd = watched
     out = bytearray()

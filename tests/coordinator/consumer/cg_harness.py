@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 
 from coordinator.clock import ManualClock
-from coordinator.consumer.coordinator import ConsumerGroupConfig, ConsumerGroups, StaticTopics
+from coordinator.core.consumer.groups import ConsumerGroupConfig, ConsumerGroups, StaticTopics
 from protocol.messages import ConsumerGroupHeartbeatRequest, ConsumerGroupHeartbeatRequestTopicPartitions
 
 

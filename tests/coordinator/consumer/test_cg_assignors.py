@@ -2,7 +2,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.consumer.assignors import MemberSubscription, range_assign, uniform
+from coordinator.core.consumer.assignors import MemberSubscription, range_assign, uniform
 
 
 def tids(n):

@@ -1,9 +1,8 @@
 """ConsumerGroupHeartbeat on the pure core, with the manual clock."""
 import pytest
 
-from coordinator.consumer import records as cr
-from coordinator.consumer.coordinator import ConsumerGroupConfig, validate_offset_commit, validate_offset_fetch
-from coordinator.consumer.group import (
+from coordinator.core.consumer import records as cr
+from coordinator.core.consumer.group import (
     ASSIGNING,
     EMPTY,
     MEMBER_STABLE,
@@ -14,6 +13,7 @@ from coordinator.consumer.group import (
     ConsumerGroup,
     IllegalStateTransition,
 )
+from coordinator.core.consumer.groups import ConsumerGroupConfig, validate_offset_commit, validate_offset_fetch
 from protocol import errors as E
 from protocol.messages import ConsumerGroupHeartbeatRequest, ConsumerGroupHeartbeatRequestTopicPartitions
 from tests.coordinator.consumer.cg_harness import Client, Harness, assert_never_owned_twice, run_rounds, tid

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from coordinator.consumer.group import STATIC_LEAVE_EPOCH
+from coordinator.core.consumer.group import STATIC_LEAVE_EPOCH
 from protocol import errors as E
 from protocol.messages import ConsumerGroupHeartbeatRequest
 from tests.coordinator.consumer.cg_harness import Client, Harness, assert_never_owned_twice, run_rounds

@@ -1,11 +1,11 @@
 """Consumer-group records (bytes round trip, tombstones, damage) and the regex subset."""
 import pytest
 
-from coordinator.consumer import records as cr
-from coordinator.consumer.group import Member
-from coordinator.consumer.regex import InvalidRegex, compile_subscription, matching
-from coordinator.records import RecordError
-from coordinator.records import decode_key as classic_decode_key
+from coordinator.core.consumer import records as cr
+from coordinator.core.consumer.group import Member
+from coordinator.core.consumer.regex import InvalidRegex, compile_subscription, matching
+from coordinator.core.records import RecordError
+from coordinator.core.records import decode_key as classic_decode_key
 
 T1, T2 = b"\x01" * 16, b"\x02" * 16
 

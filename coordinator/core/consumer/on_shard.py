@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import structlog
 
-from coordinator.consumer import ConsumerGroups
-from coordinator.consumer.coordinator import HeartbeatError
-from coordinator.group import EMPTY
-from coordinator.responses import join_response
-from coordinator.result import Result
+from coordinator.core.classic.group import EMPTY
+from coordinator.core.consumer import ConsumerGroups
+from coordinator.core.consumer.groups import HeartbeatError
+from coordinator.core.responses import join_response
+from coordinator.core.result import Result
 from protocol import errors
 from protocol.messages import ConsumerGroupHeartbeatResponse
 

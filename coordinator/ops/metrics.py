@@ -27,9 +27,9 @@ import time
 from urllib.parse import unquote
 
 from coordinator import logging_setup
-from coordinator.stall import STALL_BUCKETS
+from coordinator.core.versions import API_NAMES
+from coordinator.ops.stall import STALL_BUCKETS
 from coordinator.store import FSYNC_BUCKETS
-from coordinator.versions import API_NAMES
 from protocol.errors import error_name
 
 _OFFSET_COMMIT = 8

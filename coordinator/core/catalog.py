@@ -34,10 +34,10 @@ import struct
 import uuid
 from dataclasses import dataclass
 
-from coordinator.partitioning import shard_for
-from coordinator.responses import kafka_error_message
-from coordinator.result import Result
-from coordinator.versions import CREATE_TOPICS, DESCRIBE_CLUSTER, FETCH, FIND_COORDINATOR, LIST_OFFSETS, METADATA
+from coordinator.core.partitioning import shard_for
+from coordinator.core.responses import kafka_error_message
+from coordinator.core.result import Result
+from coordinator.core.versions import CREATE_TOPICS, DESCRIBE_CLUSTER, FETCH, FIND_COORDINATOR, LIST_OFFSETS, METADATA
 from protocol import errors as E
 from protocol import messages as m
 from protocol.wire import ProtocolError

@@ -14,7 +14,7 @@ Read-only views over the group coordinator (``list_groups``, ``describe_group``,
   here so the page never holds 10,000 rows) and ``GET /api/group?id=G`` (members, partitions, the
   flight recorder's rebalances).
 * the page itself: ``GET /`` and ``/console/*``, static files shipped in the package
-  (``coordinator/console_static``), hand-written, no build step, no outside host.
+  (``coordinator/ops/console_static``), hand-written, no build step, no outside host.
 
 Everything is computed on the event loop thread from plain reads; the per-group table behind the
 list and the metrics is rebuilt at most every ``TABLE_TTL_S`` (the console polls every few seconds),
@@ -29,8 +29,8 @@ from importlib import resources
 from urllib.parse import parse_qs
 
 from coordinator import logging_setup
-from coordinator.lag import LagRefresher, LagTracker, LogEndSource
-from coordinator.metrics import SECURITY_HEADERS
+from coordinator.ops.lag import LagRefresher, LagTracker, LogEndSource
+from coordinator.ops.metrics import SECURITY_HEADERS
 from protocol.consumer import PROTOCOL_TYPE as CONSUMER
 from protocol.consumer import decode_assignment
 
@@ -55,8 +55,8 @@ def make_source(config) -> LogEndSource | None:
     without one (commit ages only). ``ValueError`` (one line) for settings that cannot be used."""
     if not config.data_bootstrap_server:
         return None
-    from coordinator.datacluster import reader_from_config
-    from coordinator.lag import default_timeout_ms
+    from coordinator.ops.datacluster import reader_from_config
+    from coordinator.ops.lag import default_timeout_ms
 
     # each fetch ends (with what it read, or why not) before the refresher gives up on it
     reader = reader_from_config(config, timeout_ms=default_timeout_ms(config.lag_refresh_interval_ms) * 9 // 10)
@@ -282,7 +282,7 @@ class Console:
     def _render(self, out: list[str]):
         """Append the exposition lines to ``out``; yields every ``LINE_STEP`` lines (100,000
         partitions make ~240,000 lines: in one piece, a stall of half a second)."""
-        from coordinator.metrics import _escape, _fmt
+        from coordinator.ops.metrics import _escape, _fmt
 
         _, now, rows, lags = self._table
 
@@ -363,7 +363,7 @@ class Console:
         return None
 
     def _static(self, name: str):
-        body = (resources.files("coordinator") / "console_static" / name).read_bytes()
+        body = (resources.files("coordinator.ops") / "console_static" / name).read_bytes()
         return 200, STATIC[name], body, SECURITY_HEADERS
 
     @staticmethod

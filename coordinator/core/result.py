@@ -1,7 +1,7 @@
 """The one shape of every core operation's answer: :class:`Result`."""
 from __future__ import annotations
 
-from coordinator.responses import as_error
+from coordinator.core.responses import as_error
 from protocol import errors
 
 __all__ = ["Result", "NO_SHARDS"]

@@ -44,13 +44,9 @@ from collections import deque
 
 import structlog
 
-from coordinator import records
-from coordinator.classic import ClassicGroups
 from coordinator.config import Config
-from coordinator.consumer import ConsumerGroups, StaticTopics
-from coordinator.consumer import records as consumer_records
-from coordinator.consumer_group import CONSUMER_TIMER_KINDS, PROTOCOL_TYPE, ConsumerProtocol
-from coordinator.group import (
+from coordinator.core import records
+from coordinator.core.classic.group import (
     DEAD,
     EMPTY,
     STABLE,
@@ -58,10 +54,14 @@ from coordinator.group import (
     Member,
     Parked,
 )
-from coordinator.offsets import Offsets
-from coordinator.responses import join_response, sync_response
-from coordinator.result import Result
-from coordinator.timers import Timers
+from coordinator.core.classic.groups import ClassicGroups
+from coordinator.core.consumer import ConsumerGroups, StaticTopics
+from coordinator.core.consumer import records as consumer_records
+from coordinator.core.consumer.on_shard import CONSUMER_TIMER_KINDS, PROTOCOL_TYPE, ConsumerProtocol
+from coordinator.core.offsets import Offsets
+from coordinator.core.responses import join_response, sync_response
+from coordinator.core.result import Result
+from coordinator.core.timers import Timers
 from protocol import errors
 from protocol.messages import (
     DescribeGroupsResponseDescribedGroup,

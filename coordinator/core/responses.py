@@ -14,7 +14,7 @@ Pure: no I/O, no clock.
 """
 from __future__ import annotations
 
-from coordinator.versions import (
+from coordinator.core.versions import (
     CONSUMER_GROUP_DESCRIBE,
     CONSUMER_GROUP_HEARTBEAT,
     CREATE_TOPICS,

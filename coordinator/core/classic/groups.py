@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import structlog
 
-from coordinator.group import (
+from coordinator.core.classic.group import (
     COMPLETING_REBALANCE,
     DEAD,
     EMPTY,
@@ -18,8 +18,8 @@ from coordinator.group import (
     Parked,
     RebalanceRecord,
 )
-from coordinator.responses import join_response, sync_response
-from coordinator.result import Result
+from coordinator.core.responses import join_response, sync_response
+from coordinator.core.result import Result
 from protocol import errors
 from protocol.messages import (
     JoinGroupResponseMember,

@@ -32,9 +32,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from coordinator.consumer import records as cr
-from coordinator.consumer.assignors import ASSIGNORS, DEFAULT_ASSIGNOR, MemberSubscription
-from coordinator.consumer.group import (
+from coordinator.core.consumer import records as cr
+from coordinator.core.consumer.assignors import ASSIGNORS, DEFAULT_ASSIGNOR, MemberSubscription
+from coordinator.core.consumer.group import (
     DEAD,
     LEAVE_EPOCH,
     MEMBER_STABLE,
@@ -45,8 +45,8 @@ from coordinator.consumer.group import (
     ConsumerGroup,
     Member,
 )
-from coordinator.consumer.regex import InvalidRegex, compile_subscription
-from coordinator.timers import Timers
+from coordinator.core.consumer.regex import InvalidRegex, compile_subscription
+from coordinator.core.timers import Timers
 from protocol import errors as E
 from protocol.messages import (
     ConsumerGroupDescribeResponseAssignment,

@@ -42,7 +42,7 @@ import ssl
 
 from coordinator import logging_setup
 from coordinator.clock import Clock, SystemClock
-from coordinator.lag import PartialFetch
+from coordinator.ops.lag import PartialFetch
 from protocol import errors as E
 from protocol import messages as m
 from protocol.client_connection import AuthenticationFailed, Connection, ConnectionBroken, Ready, Response

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import struct
 
-from coordinator.records import RecordError
+from coordinator.core.records import RecordError
 from protocol.messages import (
     ConsumerGroupCurrentMemberAssignmentKey,
     ConsumerGroupCurrentMemberAssignmentValue,

@@ -27,22 +27,22 @@ from __future__ import annotations
 
 import uuid
 
-from coordinator import records
 from coordinator.config import Config
-from coordinator.consumer import records as consumer_records
-from coordinator.consumer import validate_offset_fetch
-from coordinator.consumer.group import MEMBER_STATES
-from coordinator.group import STATES, Group
-from coordinator.partitioning import shard_for as _shard_for
-from coordinator.responses import (
+from coordinator.core import records
+from coordinator.core.classic.group import STATES, Group
+from coordinator.core.consumer import records as consumer_records
+from coordinator.core.consumer import validate_offset_fetch
+from coordinator.core.consumer.group import MEMBER_STATES
+from coordinator.core.partitioning import shard_for as _shard_for
+from coordinator.core.responses import (
     consumer_described_group_error,
     described_group_error,
     error_response,
     offset_fetch_group_error,
 )
-from coordinator.result import NO_SHARDS, Result
-from coordinator.shard import Shard
-from coordinator.versions import (
+from coordinator.core.result import NO_SHARDS, Result
+from coordinator.core.shard import Shard
+from coordinator.core.versions import (
     API_NAMES,
     CONSUMER_GROUP_DESCRIBE,
     CONSUMER_GROUP_HEARTBEAT,

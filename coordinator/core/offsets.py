@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import structlog
 
-from coordinator import records
-from coordinator.consumer import validate_offset_commit
-from coordinator.group import COMPLETING_REBALANCE, DEAD, EMPTY, PREPARING_REBALANCE, STABLE, Group
-from coordinator.responses import commit_error
-from coordinator.result import Result
+from coordinator.core import records
+from coordinator.core.classic.group import COMPLETING_REBALANCE, DEAD, EMPTY, PREPARING_REBALANCE, STABLE, Group
+from coordinator.core.consumer import validate_offset_commit
+from coordinator.core.responses import commit_error
+from coordinator.core.result import Result
 from protocol import errors
 from protocol.messages import (
     OffsetCommitResponse,

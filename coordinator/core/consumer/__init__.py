@@ -40,7 +40,7 @@ Calling convention (what the runtime plugs in; all times are integers in ms)
 ``validate_offset_commit(group, member_id, member_epoch, version)`` /
 ``validate_offset_fetch(group, member_id, member_epoch)`` -> error code (``groups.groups.get(id)``).
 """
-from coordinator.consumer.coordinator import (
+from coordinator.core.consumer.groups import (
     ConsumerGroupConfig,
     ConsumerGroups,
     StaticTopics,
