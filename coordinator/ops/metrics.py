@@ -325,6 +325,9 @@ class HttpEndpoint:
         self.write_timeout = HTTP_WRITE_TIMEOUT
         self.oversized = 0  # request heads refused with 431
         self._rendering: asyncio.Future | None = None  # a /metrics render shared by concurrent scrapes
+        self._metrics_lines = None
+        self._listing: asyncio.Future | None = None  # a /groups listing shared by concurrent requests
+        self._groups_chunks = None
         self.refused = Counter("herd_http_connections_refused_total",
                                "HTTP connections closed at once: the endpoint's connection cap was reached.")
         self.dropped = Counter("herd_http_clients_dropped_total", "HTTP answers abandoned, by why: the peer read "
@@ -391,6 +394,8 @@ class HttpEndpoint:
                     else:
                         if target.split("?", 1)[0] == "/metrics" and self.ready:
                             await self._prepare_metrics()
+                        elif target.split("?", 1)[0] == "/groups" and self.ready:
+                            await self._prepare_groups()
                         elif self.console is not None and self.ready:
                             await self.console.prepare_for(target)
                         answer = self.route(target)
@@ -487,6 +492,26 @@ class HttpEndpoint:
             self._rendering = asyncio.ensure_future(self._render_in_parts())
         self._metrics_lines = await asyncio.shield(self._rendering)
 
+    async def _prepare_groups(self) -> None:
+        """List the groups as JSON a slice at a time, once for all the requests that arrive while it
+        is listed (ten clients fetching /groups in a loop cost one listing at a time, and 150 that
+        never read share one copy of it)."""
+        if self._listing is None:
+            self._listing = asyncio.ensure_future(self._list_in_slices())
+        self._groups_chunks = await asyncio.shield(self._listing)
+
+    async def _list_in_slices(self) -> list[bytes]:
+        try:
+            chunks: list[bytes] = []
+            it = _json_array(self.groups_view())
+            done = False
+            while not done:
+                done = await self.turns.run(it, chunks)
+                await asyncio.sleep(0)
+            return chunks
+        finally:
+            self._listing = None
+
     async def _render_in_parts(self) -> list[str]:
         try:
             console = self.console
@@ -529,12 +554,13 @@ class HttpEndpoint:
         if not self.ready:
             return 503, "text/plain", b"not ready: starting (replaying the log)\n"
         if path == "/metrics":
-            lines, self._metrics_lines = getattr(self, "_metrics_lines", None), None
+            lines, self._metrics_lines = self._metrics_lines, None
             if lines is None:  # called directly (tests): rendered here
                 lines = [x for part in self.metrics.render_parts() for x in part]
             return 200, "text/plain; version=0.0.4; charset=utf-8", _lines_body(lines)
         if path == "/groups":
-            return 200, "application/json", _json_array(self.groups_view())
+            chunks, self._groups_chunks = self._groups_chunks, None
+            return 200, "application/json", iter(chunks) if chunks is not None else _json_array(self.groups_view())
         if path.startswith("/groups/") and path.endswith("/history"):
             group = path[len("/groups/"):-len("/history")]
             hist = self.history_view(group)
