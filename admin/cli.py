@@ -69,7 +69,7 @@ def add_parser(sub) -> None:
     groups = sub.add_parser(
         "groups", help="list, describe, reset and delete consumer groups (any Kafka-compatible server)",
         description="Operate on the consumer groups of herd or of any Kafka cluster, like "
-                    "kafka-consumer-groups.sh. See the 'Operating herd' section of README.md.")
+                    "kafka-consumer-groups.sh. See docs/operating.md.")
     groups.error = lambda message: _Parser.error(groups, message)  # one line here too
     gsub = groups.add_subparsers(dest="groups_command", required=True, metavar="COMMAND",
                                  parser_class=_Parser)

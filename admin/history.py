@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import http.client
 import json
 import urllib.error
 import urllib.parse
@@ -66,6 +67,11 @@ def get_json(base: str, path: str, group: str, timeout: float):
         raise CliError(f"cannot connect to {where}: {text}") from None
     except TimeoutError:
         raise CliError(f"timed out after {timeout:g}s waiting for {where}") from None
+    except http.client.HTTPException:
+        # e.g. herd's Kafka port: it reads "GET /..." as a frame far over max_frame_size and closes the
+        # connection (http.client.RemoteDisconnected, also a ConnectionResetError: caught here first)
+        raise CliError(f"{where} is not herd's HTTP port (--http must be the --metrics-port of herd serve, "
+                       "not its Kafka port): it closed the connection without an HTTP answer") from None
     except OSError as exc:
         raise CliError(f"cannot read {url}: {_strerror(exc)}") from None
     try:

@@ -23,81 +23,193 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class Config:
     # where it listens and keeps its data
+    #: address to listen on (`0.0.0.0` or `::`: every interface; then set `advertised_host`)
     host: str = "127.0.0.1"
+    #: port to listen on; `0` picks a free port (see `port_file`).
+    #: `make run` passes `--port` only for `make run PORT=...`; a `PORT` in the environment is not used
     port: int = 9092
+    #: directory of the shard logs (the file store), created if missing; one herd per directory (a lock file)
     data_dir: str = "./herd-data"
+    #: write the bound port to this file once listening (useful with `--port 0`); removed at a clean stop
     port_file: str | None = None
+    #: Kafka: advertised.listeners
+    #: the host Metadata and FindCoordinator give clients. Default: `host`, or the machine's FQDN
+    #: (`socket.getfqdn()`) when `host` is `0.0.0.0` or `::`: that may be `localhost`, so set it
     advertised_host: str | None = None  # what Metadata/FindCoordinator tell clients (default: host)
+    #: Kafka: advertised.listeners
+    #: the port Metadata and FindCoordinator give clients (default: the bound port)
     advertised_port: int | None = None  # default: the bound port
+    #: Kafka: node.id
+    #: what Metadata and DescribeCluster report; in a cluster, each node's own id (a second live
+    #: node with the same id is refused)
     node_id: int = 0
+    #: Kafka: cluster.id
+    #: what Metadata and DescribeCluster report
     cluster_id: str = "herd-cluster"
 
     # group coordinator (Kafka names in comments)
+    #: Kafka: offsets.topic.num.partitions
+    #: number of shards (offsets partitions); a group's shard is `shard_for(group_id, n)`. Fixed for the
+    #: life of a data directory (and of a cluster's database)
     offsets_partitions: int = 50  # offsets.topic.num.partitions
+    #: Kafka: group.initial.rebalance.delay.ms
+    #: how long the first rebalance of an empty group waits for more members
     initial_rebalance_delay_ms: int = 3000  # group.initial.rebalance.delay.ms
+    #: Kafka: group.min.session.timeout.ms
+    #: smallest session timeout a member may ask for
     min_session_timeout_ms: int = 6000  # group.min.session.timeout.ms
+    #: Kafka: group.max.session.timeout.ms
+    #: largest session timeout a member may ask for
     max_session_timeout_ms: int = 1800000  # group.max.session.timeout.ms
+    #: Kafka: group.max.size
+    #: most members in one (classic) group
     group_max_size: int = INT32_MAX  # group.max.size
+    #: Kafka: offsets.retention.minutes
+    #: how long the offsets of an empty group are kept (10080: 7 days)
     offsets_retention_minutes: int = 10080  # offsets.retention.minutes (7 days)
+    #: Kafka: offsets.retention.check.interval.ms
+    #: how often expired offsets are removed
     offsets_retention_check_interval_ms: int = 600000  # offsets.retention.check.interval.ms
+    #: Kafka: offset.metadata.max.bytes
+    #: longest commit metadata (counted in characters), else OFFSET_METADATA_TOO_LARGE
     offset_metadata_max_bytes: int = 4096  # offset.metadata.max.bytes (counted in characters)
 
     # consumer groups (KIP-848, ConsumerGroupHeartbeat): the server decides both timeouts
+    #: Kafka: group.consumer.session.timeout.ms
+    #: a consumer-protocol (KIP-848) member not heard from this long is fenced; the server's, not the client's
     group_consumer_session_timeout_ms: int = 45000  # group.consumer.session.timeout.ms
+    #: Kafka: group.consumer.min.session.timeout.ms
+    #: lower bound of `group_consumer_session_timeout_ms` (checked at start-up)
     group_consumer_min_session_timeout_ms: int = 45000  # group.consumer.min.session.timeout.ms
+    #: Kafka: group.consumer.max.session.timeout.ms
+    #: upper bound of `group_consumer_session_timeout_ms` (checked at start-up)
     group_consumer_max_session_timeout_ms: int = 60000  # group.consumer.max.session.timeout.ms
+    #: Kafka: group.consumer.heartbeat.interval.ms
+    #: how often consumer-protocol members heartbeat (told in every ConsumerGroupHeartbeat answer);
+    #: lower than the session timeout
     group_consumer_heartbeat_interval_ms: int = 5000  # group.consumer.heartbeat.interval.ms
+    #: Kafka: group.consumer.min.heartbeat.interval.ms
+    #: lower bound of `group_consumer_heartbeat_interval_ms`
     group_consumer_min_heartbeat_interval_ms: int = 5000  # group.consumer.min.heartbeat.interval.ms
+    #: Kafka: group.consumer.max.heartbeat.interval.ms
+    #: upper bound of `group_consumer_heartbeat_interval_ms`
     group_consumer_max_heartbeat_interval_ms: int = 15000  # group.consumer.max.heartbeat.interval.ms
+    #: Kafka: group.consumer.max.size
+    #: most members in one consumer group (GROUP_MAX_SIZE_REACHED)
     group_consumer_max_size: int = INT32_MAX  # group.consumer.max.size
+    #: Kafka: group.consumer.assignors
+    #: server-side assignors a member may name (`ServerAssignor`); the first is the default
+    #: (UNSUPPORTED_ASSIGNOR for others)
     group_consumer_assignors: str = "uniform,range"  # group.consumer.assignors (the first is the default)
 
     # topic catalog
+    #: Kafka: auto.create.topics.enable
+    #: create a topic the first time a client asks for it in Metadata
     auto_create_topics: bool = True  # auto.create.topics.enable
+    #: Kafka: num.partitions
+    #: partitions of an auto-created topic
     default_partitions: int = 1  # num.partitions
+    #: Kafka: kafka-topics.sh --create
+    #: topics to create at start, `NAME:PARTITIONS` each (the count is required): `--topic orders:6`
+    #: (repeatable), `HERD_TOPICS=orders:6,events:3`, `topics = ["orders:6"]` in the file; a topic herd
+    #: already has keeps its partition count (it grows only by a larger count at start-up)
     topics: tuple[tuple[str, int], ...] = ()  # --topic name:partitions
 
     # network and disk
-    max_frame_size: int = 8 * 1024 * 1024  # Kafka: socket.request.max.bytes (100 MiB); see README
+    #: Kafka: socket.request.max.bytes (100 MiB)
+    #: largest request frame (8 MiB); a bigger one closes the connection. Smaller than Kafka's: group
+    #: requests are small, and one huge request would hold the event loop for seconds
+    max_frame_size: int = 8 * 1024 * 1024  # Kafka: socket.request.max.bytes (100 MiB); see docs/configuration.md
+    #: Kafka: connections.max.idle.ms
+    #: close a connection idle this long
     connections_max_idle_ms: int = 600000  # connections.max.idle.ms
+    #: Kafka: max.connections
+    #: connections beyond this are closed at once (the refusals are logged at most once per 10 s)
     max_connections: int = 10000
+    #: Kafka: queued.max.request.bytes
+    #: unprocessed requests plus unsent answers of one connection; past it herd stops reading that socket
     max_pending_bytes_per_connection: int = 16 * 1024 * 1024
-    # every connection's buffered requests and answers together; None: min(1 GiB, a quarter of RAM)
+    #: Kafka: queued.max.request.bytes
+    #: every connection's buffered requests and unsent answers together (a frame counted at its announced
+    #: size once its prefix arrives); past it the connections that would add more stop being read until it
+    #: fits again. Unset: min(1 GiB, a quarter of RAM)
     max_buffered_bytes: int | None = None
-    max_connections_per_ip: int = INT32_MAX  # max.connections.per.ip
-    # a SASL listener's connection that has not authenticated after this long is closed
+    #: Kafka: max.connections.per.ip
+    #: connections one client address may hold; more are closed at once
+    max_connections_per_ip: int = INT32_MAX
+    #: on a SASL listener, a connection not authenticated this long after it opened is closed (idle
+    #: sockets cannot hold the max_connections slots)
     sasl_handshake_timeout_ms: int = 10000
+    #: `always`: a reply that wrote records is sent only after they are fsynced (PostgreSQL store:
+    #: after the transaction committed); `never`: leave flushing to the OS (benchmarks only)
     fsync: str = "always"  # always | never
 
     # where shards are stored: "file" (the log in data_dir) or postgresql://USER[:PASSWORD]@HOST:PORT/DB
     # (a cluster). repr=False: the URL may carry a password; show ``store_display`` instead.
+    #: `file`: the log in `data_dir`; `postgresql://USER[:PASSWORD]@HOST:PORT/DB` (or
+    #: `?host=/socket/dir`): a node of a cluster (docs/cluster.md); pass it as `HERD_STORE` to keep the
+    #: password out of `ps`
     store: str = field(default="file", repr=False)
+    #: cluster: how long a node owns a shard without renewing (it stops serving it a fifth earlier)
     shard_lease_ms: int = 10000  # how long a node owns a shard without renewing (PostgreSQL store)
 
     # security of the listener (Kafka: listeners=<protocol>://..., ssl.*, sasl.enabled.mechanisms)
+    #: Kafka: listeners (its protocol)
+    #: `PLAINTEXT`, `SSL` (TLS), `SASL_PLAINTEXT` or `SASL_SSL` (docs/operating.md, "Security")
     security_protocol: str = "PLAINTEXT"  # PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
+    #: Kafka: ssl.keystore.*
+    #: the server's certificate chain, PEM (the key may be in this file)
     ssl_certfile: str | None = None  # PEM: the server's certificate chain (and key, if no keyfile)
+    #: Kafka: ssl.keystore.*
+    #: the server's private key, PEM (default: in the certificate file)
     ssl_keyfile: str | None = None  # PEM private key
+    #: Kafka: ssl.key.password
+    #: the private key's password (prefer `HERD_SSL_KEY_PASSWORD`: flags show in `ps`)
     ssl_key_password: str | None = field(default=None, repr=False)  # ssl.key.password
+    #: Kafka: ssl.truststore.*
+    #: CAs, PEM, that sign client certificates
     ssl_cafile: str | None = None  # PEM CAs that sign client certificates (ssl.truststore)
+    #: Kafka: ssl.client.auth
+    #: `none`, `requested` or `required`: ask clients for a certificate (mutual TLS; needs `ssl_cafile`)
     ssl_client_auth: str = "none"  # ssl.client.auth: none | requested | required
+    #: Kafka: sasl.enabled.mechanisms
+    #: the mechanisms offered on a SASL listener
     sasl_mechanisms: str = "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512"  # sasl.enabled.mechanisms
+    #: Kafka: the JAAS user_<name>= entries / SCRAM credentials
+    #: `user:password` per line, `#` comments; read at start-up (keep it mode 600)
     sasl_users_file: str | None = None  # user:password per line
 
     # operating
+    #: `debug`, `info`, `warning` or `error`
     log_level: str = "info"
+    #: `auto` logs JSON lines, or key=value when stderr is a terminal; `json`; `console`
     log_format: str = "auto"  # auto (json unless a TTY) | json | console
+    #: serve Prometheus `/metrics`, `/healthz`, `/readyz`, the JSON views and the console on this
+    #: port (docs/operating.md); unset: off
     metrics_port: int | None = None
+    #: the address of the metrics port (plain HTTP: keep it on 127.0.0.1 or a private network)
     metrics_host: str = "127.0.0.1"
+    #: rebalances kept per group by the flight recorder (`herd groups history`)
     rebalance_history_size: int = 20  # generations kept per group by the flight recorder
     # herd's own stall (loop or process paused) of this long or longer gives members the time back
+    #: a pause of herd itself (its loop or process did not run, e.g. SIGSTOP, a frozen VM) this
+    #: long or longer is a stall: every session and rebalance deadline moves by it and the sockets are read
+    #: before any expiry; `0` turns it off (docs/reliability.md)
     stall_threshold_ms: int = 1000
 
     # consumer lag: the Kafka cluster that holds the partitions' records (see coordinator/lag.py)
+    #: `HOST:PORT[,HOST:PORT]` of the Kafka cluster that holds the partitions' records: herd reads
+    #: its log ends for consumer lag (docs/operating.md, "The console and lag"). Unset: commit ages only, no lag
     data_bootstrap_server: str | None = None  # HOST:PORT[,HOST:PORT]; unset: commit ages only, no lag
+    #: TLS/SASL client properties for the data cluster's connections (the same file
+    #: `herd groups --command-config` takes)
     data_command_config: str | None = None  # TLS/SASL client properties for it (as herd groups --command-config)
+    #: how often the data cluster's log ends are read
     lag_refresh_interval_ms: int = 30000  # how often its log-end offsets are read
+    #: (log end, time) samples kept per partition to estimate lag in seconds
     lag_history_size: int = 30  # (log end, time) samples kept per partition for time lag
+    #: `partition`: `herd_group_lag{group,topic,partition}` and `herd_group_lag_seconds{...}`;
+    #: `group`: only the per-group series (bounded cardinality)
     lag_metrics: str = "partition"  # partition: lag per group, topic and partition; group: per group only
 
     def validate(self) -> Config:
@@ -275,11 +387,16 @@ FIELDS = {f.name: f for f in fields(Config)}
 
 
 def parse_topic(text: str) -> tuple[str, int]:
+    """``NAME:PARTITIONS``; the count is required (``orders`` alone was once taken as 1 partition,
+    silently, though every help text says NAME:PARTITIONS)."""
     name, sep, count = str(text).partition(":")
+    if not sep:
+        raise ConfigError(f"wants NAME:PARTITIONS, got {text!r}: give the partition count, "
+                          f"e.g. {name or 'orders'}:6")
     try:
-        parts = int(count) if sep else 1
+        parts = int(count)
     except ValueError:
-        raise ConfigError(f"--topic wants name:partitions, got {text!r}") from None
+        raise ConfigError(f"wants NAME:PARTITIONS, got {text!r}: the partition count must be an integer") from None
     return name, parts
 
 

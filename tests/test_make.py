@@ -78,3 +78,42 @@ def test_make_run_binds_the_port_of_herd_port_and_creates_the_args_topic(tmp_pat
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
+
+
+def fake_venv(root: Path) -> Path:
+    """A venv whose python does nothing and whose herd prints its arguments: the real Makefile's run
+    recipe, run for real, without installing anything."""
+    bin_dir = root / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "python").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "herd").write_text('#!/bin/sh\necho "herd-args:$*"\n')
+    for exe in ("python", "herd"):
+        (bin_dir / exe).chmod(0o755)
+    (root / ".installed-run").touch()  # newer than pyproject.toml: nothing to install
+    return root
+
+
+@pytest.mark.parametrize("make_args, env, said", [
+    ((), {}, ["make run: herd listens on port 9092 (herd's default)"]),
+    # issue 33: `PORT=19196 make run` listened on 9092 without a word
+    ((), {"PORT": "19196"}, [
+        "make run: PORT=19196 in the environment is not used: give it as make run PORT=19196 or set HERD_PORT=19196",
+        "make run: herd listens on port 9092 (herd's default)"]),
+    (("PORT=19196",), {}, ["make run: herd listens on port 19196 (PORT on make's command line)"]),
+    ((), {"HERD_PORT": "19197", "DATA_DIR": "/tmp/x"}, [
+        "make run: DATA_DIR=/tmp/x in the environment is not used: give it as make run DATA_DIR=/tmp/x or set "
+        "HERD_DATA_DIR=/tmp/x",
+        "make run: herd listens on port 19197 (HERD_PORT)"]),
+    (("ARGS=--config herd.toml",), {}, [
+        "make run: herd listens on port 9092 (herd's default unless the --config file sets port)"]),
+    (("ARGS=--port 19198 --port-file p",), {}, [
+        "make run: herd listens on port as ARGS says (--port 19198 --port-file p)"]),
+    (("ARGS=--port-file p",), {}, ["make run: herd listens on port 9092 (herd's default)"]),
+])
+def test_make_run_says_which_port_and_that_an_environment_port_is_not_used(tmp_path, make_args, env, said):
+    venv = fake_venv(tmp_path / "venv")
+    out = subprocess.run(["make", "--no-print-directory", "-s", "run", f"VENV={venv}", *make_args], cwd=REPO,
+                         env=make_env(**env), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.splitlines() == said
+    assert out.stdout.startswith("herd-args:serve")

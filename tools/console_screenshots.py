@@ -1,4 +1,4 @@
-"""The README's console screenshots: ``make screenshots`` (``python -m tools.console_screenshots DIR``).
+"""The console screenshots of docs/operating.md: ``make screenshots`` (``python -m tools.console_screenshots DIR``).
 
 Starts a real herd daemon, makes real groups with the thin client (members that join, commit and
 leave, a member-less writer, a group that empties), opens the console in headless Chromium and

@@ -12,21 +12,18 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from protocol import messages as m
 from tests.integration.test_metrics import parse
+from tests.support.shared import require_shared
 from tools import console_scenario as sc
 from tools.daemon import REPO, Daemon
 from tools.rawclient import RawClient
 
 pytestmark = pytest.mark.integration
 
-# ../shared/tools beside the checkout (a worktree sits one level deeper than main)
-MOCK = next((p / "shared" / "tools" / "mock_cluster.py" for p in Path(__file__).resolve().parents
-             if (p / "shared" / "tools" / "mock_cluster.py").exists()), Path("/nonexistent/mock_cluster.py"))
 TOPIC = "orders"
 INTERVAL_MS = 300  # refresh; stale after 2 * 300 + 1000 ms
 
@@ -38,8 +35,8 @@ class MockData:
 
     def __init__(self):
         pytest.importorskip("confluent_kafka")
-        assert MOCK.exists(), "../shared/tools/mock_cluster.py is missing"
-        self.proc = subprocess.Popen([sys.executable, str(MOCK), "--topic", f"{TOPIC}:2", "--max-seconds", "600"],
+        mock = require_shared("tools", "mock_cluster.py")  # ../shared: a fresh clone skips
+        self.proc = subprocess.Popen([sys.executable, str(mock), "--topic", f"{TOPIC}:2", "--max-seconds", "600"],
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         self.bootstrap = self.proc.stdout.readline().strip()
         assert self.bootstrap.startswith("127.0.0.1:"), self.bootstrap

@@ -28,6 +28,7 @@ def test_precedence_toml_env_flags(tmp_path):
     ({"HERD_AUTO_CREATE_TOPICS": "maybe"}, "true or false"),
     ({"HERD_MIN_SESSION_TIMEOUT_MS": "10", "HERD_MAX_SESSION_TIMEOUT_MS": "5"}, "max_session_timeout_ms"),
     ({"HERD_TOPICS": "bad topic:1"}, "invalid topic name"),
+    ({"HERD_TOPICS": "orders"}, "HERD_TOPICS: wants NAME:PARTITIONS, got 'orders': give the partition count"),
 ])
 def test_bad_values_give_one_clear_message(env, message):
     with pytest.raises(ConfigError, match=message):
@@ -52,6 +53,7 @@ def test_unknown_toml_key_and_missing_file(tmp_path):
     ('topics = [{name = "a", partitions = "x"}]', "topics partitions must be an integer, got 'x'"),
     ('topics = [["a", "x"]]', "topics partitions must be an integer"),
     ("topics = [3]", "topics wants"),
+    ('topics = ["orders"]', "topics: wants NAME:PARTITIONS, got 'orders'"),
     ('host = ""', "host must not be empty (use 0.0.0.0"),
     ('advertised_host = " "', "advertised_host must not be empty"),
     ("advertised_port = 99999", "advertised_port must be 1-65535, got 99999"),

@@ -73,25 +73,25 @@ async def test_the_heartbeat_answer_waits_for_its_records_and_a_restart_replays_
     store.durable()
     await settle()
     (resp,) = token.responses
-    assert (resp.error_code, resp.member_id, resp.member_epoch) == (0, "m-1", 1)
+    assert (resp.error_code, resp.member_id, resp.member_epoch) == (0, "m-1", 2)
     assert sorted(resp.assignment.topic_partitions[0].partitions) == [0, 1, 2, 3]
     # a steady heartbeat writes nothing and is answered at once
     owned = [m.ConsumerGroupHeartbeatRequestTopicPartitions(tp.topic_id, tp.partitions)
              for tp in resp.assignment.topic_partitions]
-    t2 = cghb(rt, m.ConsumerGroupHeartbeatRequest(group_id="g", member_id="m-1", member_epoch=1,
+    t2 = cghb(rt, m.ConsumerGroupHeartbeatRequest(group_id="g", member_id="m-1", member_epoch=2,
                                                  topic_partitions=owned))
     await settle()
-    assert t2.responses and t2.responses[0].error_code == 0 and t2.responses[0].member_epoch == 1
+    assert t2.responses and t2.responses[0].error_code == 0 and t2.responses[0].member_epoch == 2
     rt.shutdown()
     # restart: a new runtime over the same store resumes the member at its epoch
     rt2 = runtime(store)
     await start(rt2)
     d = rt2.groups.describe_group("g")
-    assert d["type"] == "consumer" and [(mm["member_id"], mm["member_epoch"]) for mm in d["members"]] == [("m-1", 1)]
-    t3 = cghb(rt2, m.ConsumerGroupHeartbeatRequest(group_id="g", member_id="m-1", member_epoch=1,
+    assert d["type"] == "consumer" and [(mm["member_id"], mm["member_epoch"]) for mm in d["members"]] == [("m-1", 2)]
+    t3 = cghb(rt2, m.ConsumerGroupHeartbeatRequest(group_id="g", member_id="m-1", member_epoch=2,
                                                   topic_partitions=owned))
     await settle()
-    assert t3.responses[0].error_code == 0 and t3.responses[0].member_epoch == 1
+    assert t3.responses[0].error_code == 0 and t3.responses[0].member_epoch == 2
     rt2.shutdown()
 
 

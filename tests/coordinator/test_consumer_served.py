@@ -89,7 +89,7 @@ def test_apis_and_the_group_version_feature_are_advertised():
 def test_heartbeat_writes_records_answers_with_them_and_a_fresh_coordinator_replays_them():
     h = harness()
     a = join(h)
-    assert a.error_code == 0 and a.member_epoch == 1 and a.heartbeat_interval_ms == 500
+    assert a.error_code == 0 and a.member_epoch == 2 and a.heartbeat_interval_ms == 500
     assert owned_of(a) == {T: {0, 1, 2, 3}}
     # the answer came out of the same Result as its records (the runtime sends it once durable)
     res = h.results[-1]
@@ -140,7 +140,7 @@ def test_consumer_group_describe_and_a_classic_id():
     r = h.call(CGD, 0, m.ConsumerGroupDescribeRequest(group_ids=["g", "nope"], include_authorized_operations=True))
     g, nope = r.groups
     assert (g.error_code, g.group_state, g.assignor_name) == (0, "Stable", "uniform")
-    assert [(mm.member_id, mm.member_epoch) for mm in g.members] == [(a.member_id, 1)]
+    assert [(mm.member_id, mm.member_epoch) for mm in g.members] == [(a.member_id, 2)]
     assert g.members[0].assignment.topic_partitions[0].topic_name == "t"
     assert nope.error_code == E.GROUP_ID_NOT_FOUND
     # a classic group id: not a consumer group

@@ -741,6 +741,12 @@ def test_history_tells_why_the_group_rebalanced(herd, members):
         "cannot connect to 127.0.0.1:1: Connection refused")
     assert fails(herd, "history", g, bootstrap=False).startswith(
         "history reads herd's HTTP endpoint: give --http")
+    # the Kafka port given as --http (issue 33: "Remote end closed connection without response")
+    kafka_port = herd.bootstrap
+    for command in (["history", g], ["describe", g, "--bootstrap-server", herd.bootstrap]):
+        assert fails(herd, *command, "--http", kafka_port, bootstrap=False) == (
+            f"{kafka_port} is not herd's HTTP port (--http must be the --metrics-port of herd serve, "
+            "not its Kafka port): it closed the connection without an HTTP answer")
     env = {**ENV, "HERD_HTTP": herd.http}
     r = run("history", g, env=env)
     assert r.returncode == 0 and r.stdout == text

@@ -18,7 +18,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -31,8 +30,8 @@ from client import (
     RebalanceInProgressError,
     TopicPartition,
 )
+from tests.support.shared import require_shared
 
-MOCK = Path(__file__).resolve().parents[3] / "shared" / "tools" / "mock_cluster.py"
 SESSION_MS = 2000  # the mock delays every rebalance after the first by session - 1 s
 PARTITIONS = 6
 ALL = frozenset(TopicPartition("t", p) for p in range(PARTITIONS))
@@ -41,8 +40,7 @@ _groups = itertools.count()
 
 @pytest.fixture(scope="module")
 def mock_cluster():
-    if not MOCK.exists():
-        pytest.skip(f"{MOCK} is not available")
+    mock = require_shared("tools", "mock_cluster.py")  # ../shared: a fresh clone skips
     try:
         import confluent_kafka  # noqa: F401
     except ImportError:
@@ -50,7 +48,7 @@ def mock_cluster():
     proc = subprocess.Popen(
         [
             sys.executable,
-            str(MOCK),
+            str(mock),
             "--topic",
             f"t:{PARTITIONS}",
             "--initial-rebalance-delay-ms",

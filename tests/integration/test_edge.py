@@ -183,6 +183,11 @@ def run_cli(*args, env=None):
     (["serve", "--fsync", "maybe"], {}, "fsync must be"),
     (["serve"], {"HERD_OFFSETS_PARTITIONS": "-1"}, "offsets_partitions must be positive"),
     (["serve", "--config", "/nonexistent/herd.toml"], {}, "config file not found"),
+    # --help says NAME:PARTITIONS: a topic without its count is refused, not taken as 1 partition
+    (["serve", "--topic", "orders"], {},
+     "herd: error: --topic: wants NAME:PARTITIONS, got 'orders': give the partition count, e.g. orders:6"),
+    (["serve", "--topic", "orders:six"], {}, "--topic: wants NAME:PARTITIONS, got 'orders:six': the partition count"),
+    (["serve"], {"HERD_TOPICS": "orders:6,audit"}, "HERD_TOPICS: wants NAME:PARTITIONS, got 'audit'"),
 ])
 def test_bad_config_is_one_line_and_exit_2(args, env, needle):
     p = run_cli(*args, env=env)

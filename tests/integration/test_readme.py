@@ -1,27 +1,28 @@
-"""The README's code blocks, run as written against a real herd, so that they cannot rot.
+"""The code blocks of README.md and docs/*.md, run as written against a real herd, so that they
+cannot rot.
 
-A block a user runs is marked in README.md by the line ``<!-- readme-test: NAME -->`` right above
-its opening fence; the tests here take the blocks by name from the README (never a copy) and run
-them: "Try it" as a new user would (`make run` in one shell, the rest in a second bash with its
-background jobs, in order), and the thin client's poll/commit loop as a program, twice at once so
-that a rebalance meets its commits. The only changes are the addresses: herd gets free ports
-through HERD_PORT / HERD_BOOTSTRAP (the documented variables), and the literal ports of the text
-(9092, 9404) are replaced by the free ones. Waits a user would make by watching ("three seconds
-later") are made here by asking `herd groups` until the group is there. Every other block is
-listed in NOT_RUN, with why: a new block must be marked or listed.
+A block a user runs is marked, in the README or in the docs/ page it moved to, by the line
+``<!-- readme-test: NAME -->`` right above its opening fence; the tests here take the blocks by name from
+the documents (tests/support/docblocks.py; never a copy) and run them: "Try it" as a new user would
+(`make run` in one shell, the rest in a second bash with its background jobs, in order), and the
+thin client's poll/commit loop as a program, twice at once so that a rebalance meets its commits.
+The only changes are the addresses: herd gets free ports through HERD_PORT / HERD_BOOTSTRAP (the
+documented variables), and the literal ports of the text (9092, 9404) are replaced by the free ones.
+Waits a user would make by watching ("three seconds later") are made here by asking `herd groups`
+until the group is there. Every other block is listed in NOT_RUN, with why: a new block must be
+marked or listed. The cluster recipe's blocks (docs/cluster.md) are run by
+tests/cluster/test_local_recipe.py.
 """
 from __future__ import annotations
 
 import json
 import os
-import queue
 import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -29,13 +30,12 @@ from pathlib import Path
 import pytest
 
 from client.spark import group_offsets
+from tests.support.docblocks import FENCE, MARKED, REPO, Shell, block, documents, named_blocks
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
-README = REPO / "README.md"
-MARKED = re.compile(r"^<!-- readme-test: (\S+) -->\n```(\w+)\n(.*?)^```", re.M | re.S)
-FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
+# files whose blocks are not commands at all
+NOT_RUN_FILES = {"architecture.md": "diagrams of the code's layers and paths"}
 
 # The first line of every block that is not run, and why.
 NOT_RUN = {
@@ -70,19 +70,15 @@ NOT_RUN = {
     "livenessProbe:   {httpGet: {path: /healthz, port: 9404}, periodSeconds: 10, timeoutSeconds: 2}":
         "Kubernetes probes; /healthz and /readyz are tested in tests/integration/test_metrics.py",
     "export HERD_STORE='postgresql://herd:SECRET@db.example:5432/herd'   # the environment: not seen in ps":
-        "needs a PostgreSQL on other machines; herd serve --store is tested in tests/cluster/test_serve.py",
+        "needs a PostgreSQL on other machines; herd serve --store is tested in tests/cluster/test_serve.py "
+        "(and docs/cluster.md's local recipe by tests/cluster/test_local_recipe.py)",
+    "herd serve --topic orders:6 --metrics-port 9404 --data-bootstrap-server kafka-1:9092,kafka-2:9092":
+        "needs a Kafka cluster; herd with a data cluster is tested in tests/console/test_lag_data_cluster.py, "
+        "describe --data-bootstrap-server in tests/integration/test_admin.py",
+    "# fuzz_decoder.py -- PYTHONPATH=<repo> /tmp/atheris-venv/bin/python fuzz_decoder.py -max_total_time=1200 corpus/":
+        "coverage-guided fuzzing with atheris for 20 minutes in a throwaway venv; the suite's bounded version is "
+        "tests/protocol/test_fuzz_decoder.py",
 }
-
-
-def readme_blocks() -> dict[str, tuple[str, str]]:
-    return {name: (lang, body) for name, lang, body in MARKED.findall(README.read_text())}
-
-
-def block(name: str, **ports) -> str:
-    _, body = readme_blocks()[name]
-    for literal, port in ports.items():
-        body = body.replace(literal.removeprefix("p"), str(port))
-    return body
 
 
 def free_port() -> int:
@@ -103,78 +99,22 @@ def user_env(**extra) -> dict:
 
 
 def test_every_block_is_run_or_says_why_not():
-    text = README.read_text()
-    marked = {body for _, _, body in MARKED.findall(text)}
-    unmarked = [body.splitlines()[0].strip() for _, body in FENCE.findall(text) if body not in marked]
-    assert sorted(set(unmarked) - set(NOT_RUN)) == [], "README blocks neither marked readme-test nor in NOT_RUN"
-    assert sorted(set(NOT_RUN) - set(unmarked)) == [], "NOT_RUN lists blocks the README no longer has"
-    assert set(readme_blocks()) >= {"try-serve", "try-members", "try-describe", "try-kill", "try-after",
-                                    "thin-client"}
-
-
-class Shell:
-    """One bash, fed a block at a time like a terminal; its output (background jobs included) is
-    read on a thread, and each block ends with an echoed sentinel."""
-
-    def __init__(self, env, log: Path):
-        self.proc = subprocess.Popen(["bash", "--norc", "--noprofile"], cwd=REPO, env=env, text=True,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        self.lines: queue.Queue = queue.Queue()
-        self.transcript: list[str] = []
-        self.log = log
-        threading.Thread(target=self._read, daemon=True).start()
-        self.n = 0
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.lines.put(line.rstrip("\n"))
-        self.lines.put(None)
-
-    def run(self, commands: str, timeout: float = 60.0) -> list[str]:
-        """Run the block's lines; return what was printed until they finished."""
-        self.n += 1
-        sentinel = f"@@readme-block-{self.n}-done"
-        for line in commands.splitlines():
-            self.transcript.append(f"$ {line}")
-        self.proc.stdin.write(commands + f"\necho {sentinel}\n")
-        self.proc.stdin.flush()
-        return self.read_until(sentinel, timeout)
-
-    def read_until(self, marker: str | None, timeout: float) -> list[str]:
-        out = []
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                self.save()
-                if marker is None:
-                    return out
-                pytest.fail(f"the README block did not finish within {timeout}s; so far:\n" + "\n".join(out))
-            if line is None or (marker is not None and line == marker):
-                return out
-            out.append(line)
-            self.transcript.append(line)
-
-    def drain(self) -> list[str]:
-        return self.read_until(None, 0.2)
-
-    def save(self):
-        self.log.write_text("\n".join(self.transcript) + "\n")
-
-    def close(self):
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write("exit\n")
-                self.proc.stdin.flush()
-                self.proc.wait(20)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-        self.save()
+    marked, unmarked = set(), []
+    for path in documents():
+        text = path.read_text()
+        if path.name in NOT_RUN_FILES:
+            continue
+        marked |= {body for _, _, body in MARKED.findall(text)}
+        unmarked += [body.splitlines()[0].strip() for _, body in FENCE.findall(text) if body not in marked]
+    assert sorted(set(unmarked) - set(NOT_RUN)) == [], "blocks neither marked readme-test nor in NOT_RUN"
+    assert sorted(set(NOT_RUN) - set(unmarked)) == [], "NOT_RUN lists blocks the documents no longer have"
+    names = named_blocks()
+    assert set(names) >= {"try-serve", "try-members", "try-describe", "try-kill", "try-after", "thin-client",
+                          "cluster-pgbin", "cluster-local-pg", "cluster-local-nodes", "cluster-local-stop"}
+    # every marked block is run by a test: these here, the cluster-* ones by tests/cluster/test_local_recipe.py
+    recipe = (REPO / "tests" / "cluster" / "test_local_recipe.py").read_text()
+    for name in names:
+        assert name.startswith(("try-", "thin-client")) or f'"{name}"' in recipe, name
 
 
 def herd_json(env, *args) -> dict:

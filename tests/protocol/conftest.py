@@ -25,9 +25,10 @@ if str(REPO) not in sys.path:
 
 from protocol import messages  # noqa: E402
 from protocol._base import _Struct  # noqa: E402
+from tests.support.shared import shared_path  # noqa: E402
 from tools import construct_codec as cc  # noqa: E402
 
-SHARED_SPEC = REPO.parent / "shared" / "kafka-spec"
+SHARED_SPEC = shared_path("kafka-spec")  # may be absent (a fresh clone): check before use
 
 # ~320 (message, version) pairs: keep examples per pair small; scale up with HERD_PROTOCOL_EXAMPLES.
 _EXAMPLES = int(os.environ.get("HERD_PROTOCOL_EXAMPLES", "25"))

@@ -1,11 +1,10 @@
 """protocol.errors: Kafka's error codes, names and retriable flags."""
-from pathlib import Path
 
-import pytest
 
 from protocol import errors
+from tests.support.shared import require_shared, shared_path
 
-TSV = Path(__file__).resolve().parents[3] / "shared" / "kafka-spec" / "errors.tsv"
+TSV = shared_path("kafka-spec", "errors.tsv")
 
 # Facts from Kafka's Errors.java that herd's group coordinator relies on.
 KNOWN = {
@@ -56,8 +55,7 @@ def test_unknown_codes():
 
 
 def test_every_row_of_errors_tsv():
-    if not TSV.exists():
-        pytest.skip(f"{TSV} not found: the Kafka spec checkout (../shared) is absent on this clone")
+    require_shared("kafka-spec", "errors.tsv")
     lines = TSV.read_text().splitlines()
     assert lines[0].split("\t") == ["code", "name", "retriable", "default_message", "exception_class"]
     rows = [line.split("\t") for line in lines[1:] if line.strip()]

@@ -5,9 +5,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.shared import shared_missing, shared_path
 from tools import genproto
 
-SPEC = Path(os.environ.get("HERD_KAFKA_SPEC", genproto.DEFAULT_SPEC))
+SPEC = Path(os.environ["HERD_KAFKA_SPEC"]) if "HERD_KAFKA_SPEC" in os.environ else shared_path("kafka-spec")
 COMMITTED = genproto.REPO / "protocol"
 
 
@@ -19,8 +20,9 @@ def _first_difference(committed: str, fresh: str) -> str:
 
 def test_generated_files_are_fresh(tmp_path, capsys):
     if not (SPEC / "messages").is_dir():
-        pytest.skip(f"no Kafka schemas at {SPEC}/messages: ../shared/kafka-spec is absent on this clone")
-    assert genproto.main(["--out", str(tmp_path)]) == 0
+        pytest.skip(f"no Kafka schemas at {SPEC}/messages" if "HERD_KAFKA_SPEC" in os.environ
+                    else shared_missing("kafka-spec", "messages"))
+    assert genproto.main(["--spec", str(SPEC), "--out", str(tmp_path)]) == 0
     capsys.readouterr()
     for name in ("messages.py", "errors.py"):
         committed = (COMMITTED / name).read_bytes()

@@ -6,16 +6,16 @@ import struct
 import pytest
 
 from protocol import wire
+from tests.support.shared import require_shared, shared_missing, shared_path
 from tools import construct_codec as cc
 
-TSV = __import__("pathlib").Path(__file__).resolve().parents[3] / "shared" / "kafka-spec" / "vectors" / \
-    "primitive_encodings.tsv"
+SPEC_FILE = ("kafka-spec", "vectors", "primitive_encodings.tsv")
+TSV = shared_path(*SPEC_FILE)
 
 
 def _rows():
     if not TSV.exists():
-        return [pytest.param(None, marks=pytest.mark.skip(
-            reason=f"{TSV} not found: the Kafka spec checkout (../shared) is absent on this clone"))]
+        return [pytest.param(None, marks=pytest.mark.skip(reason=shared_missing(*SPEC_FILE)))]
     rows = []
     lines = TSV.read_text().splitlines()
     assert lines[0].split("\t")[:3] == ["kind", "value", "encoded_hex"]
@@ -31,8 +31,7 @@ ROWS = _rows()
 
 
 def test_vector_file_is_complete():
-    if not TSV.exists():
-        pytest.skip(f"{TSV} not found: the Kafka spec checkout (../shared) is absent on this clone")
+    require_shared(*SPEC_FILE)
     kinds = {}
     for p in ROWS:
         kinds[p.values[0][0]] = kinds.get(p.values[0][0], 0) + 1

@@ -241,6 +241,9 @@ def validate_offset_fetch(group: ConsumerGroup | None, member_id: str | None, me
     return E.NONE
 
 
+CREATED_GROUP_EPOCH = 1  # a new group's epoch before its first member (Kafka 4.4)
+
+
 class ConsumerGroups:
     """Every consumer group of one shard."""
 
@@ -374,7 +377,9 @@ class ConsumerGroups:
         return self._subscription_metadata(group.subscribed_topic_names(), group.regexes())
 
     def _bump(self, group: ConsumerGroup, out: Records, reason: str) -> None:
-        epoch = group.group_epoch + 1
+        # Kafka 4.4 creates a consumer group at epoch 1 (CREATED_GROUP_EPOCH), so its first bump,
+        # the first member's join, gives epoch 2
+        epoch = max(group.group_epoch, CREATED_GROUP_EPOCH) + 1
         self._emit(out, cr.group_epoch_key(group.group_id), cr.group_epoch_value(epoch))
         group.note_epoch(epoch, reason)
 

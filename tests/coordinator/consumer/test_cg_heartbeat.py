@@ -30,15 +30,15 @@ def test_first_member_gets_every_partition_and_the_group_is_stable():
     a = Client(h, "a")
     resp = a.join()
     assert resp.error_code == 0
-    assert resp.member_id == "a" and resp.member_epoch == 1
+    assert resp.member_id == "a" and resp.member_epoch == 2  # a new group is at epoch 1 (Kafka 4.4)
     assert resp.heartbeat_interval_ms == 5000
     assert parts(a) == {0, 1, 2, 3}
     g = h.group()
-    assert (g.group_epoch, g.assignment_epoch, g.state) == (1, 1, STABLE)
+    assert (g.group_epoch, g.assignment_epoch, g.state) == (2, 2, STABLE)
     # a steady heartbeat writes nothing and carries no assignment
     n = len(h.log)
     resp = a.heartbeat()
-    assert resp.error_code == 0 and resp.assignment is None and resp.member_epoch == 1
+    assert resp.error_code == 0 and resp.assignment is None and resp.member_epoch == 2
     assert len(h.log) == n
     h.assert_replay_equivalent()
 
@@ -136,19 +136,19 @@ def test_second_member_revoke_before_assign():
     assert parts(a) == {0, 1, 2, 3}
     resp = b.join()
     g = h.group()
-    assert g.group_epoch == 2 and g.assignment_epoch == 2
+    assert g.group_epoch == 3 and g.assignment_epoch == 3
     # b's target partitions are still a's: b waits at the new epoch without them
     assert parts(b) == set()
-    assert g.members["b"].state == UNRELEASED_PARTITIONS and resp.member_epoch == 2
+    assert g.members["b"].state == UNRELEASED_PARTITIONS and resp.member_epoch == 3
     assert g.state == RECONCILING
     # a is told to give up two partitions (they leave its assignment) but keeps its epoch
     resp = a.heartbeat()
-    assert g.members["a"].state == UNREVOKED_PARTITIONS and resp.member_epoch == 1
+    assert g.members["a"].state == UNREVOKED_PARTITIONS and resp.member_epoch == 2
     assert len(parts(a)) == 2
     assert_never_owned_twice([a, b])
-    # a acknowledges (its next heartbeat no longer reports them): it gets epoch 2
+    # a acknowledges (its next heartbeat no longer reports them): it gets epoch 3
     resp = a.heartbeat()
-    assert resp.member_epoch == 2 and g.members["a"].state == MEMBER_STABLE
+    assert resp.member_epoch == 3 and g.members["a"].state == MEMBER_STABLE
     # and only now b gets them
     b.heartbeat()
     assert len(parts(b)) == 2 and parts(a) | parts(b) == {0, 1, 2, 3}
@@ -439,10 +439,10 @@ def test_describe():
     [d, missing] = h.groups.describe(["g", "nope"], include_authorized_operations=True)
     assert missing.error_code == E.GROUP_ID_NOT_FOUND
     assert (d.error_code, d.group_state, d.group_epoch, d.assignment_epoch, d.assignor_name) == \
-        (0, STABLE, 1, 1, "uniform")
+        (0, STABLE, 2, 2, "uniform")
     [m] = d.members
     assert (m.member_id, m.instance_id, m.member_epoch, m.client_id, m.subscribed_topic_names) == \
-        ("a", "ia", 1, "c", ["t"])
+        ("a", "ia", 2, "c", ["t"])
     assert [(tp.topic_name, tp.partitions) for tp in m.assignment.topic_partitions] == [("t", [0, 1])]
     assert [(tp.topic_name, tp.partitions) for tp in m.target_assignment.topic_partitions] == [("t", [0, 1])]
     assert d.authorized_operations > 0
@@ -466,16 +466,16 @@ def test_offset_commit_and_fetch_member_epoch_rules():
     a = Client(h, "a")
     a.join()
     g = h.group()
-    assert validate_offset_commit(g, "a", 1, 9) == E.NONE
+    assert validate_offset_commit(g, "a", 2, 9) == E.NONE
     assert validate_offset_commit(g, "a", 0, 9) == E.STALE_MEMBER_EPOCH
-    assert validate_offset_commit(g, "x", 1, 9) == E.UNKNOWN_MEMBER_ID
-    assert validate_offset_commit(g, "a", 1, 8) == E.UNSUPPORTED_VERSION
+    assert validate_offset_commit(g, "x", 2, 9) == E.UNKNOWN_MEMBER_ID
+    assert validate_offset_commit(g, "a", 2, 8) == E.UNSUPPORTED_VERSION
     assert validate_offset_commit(g, "", -1, 9) == E.UNKNOWN_MEMBER_ID  # members present
     assert validate_offset_commit(ConsumerGroup("e"), "", -1, 2) == E.NONE  # empty: admin/standalone
     assert validate_offset_fetch(g, None, -1) == E.NONE
-    assert validate_offset_fetch(g, "a", 1) == E.NONE
-    assert validate_offset_fetch(g, "a", 2) == E.STALE_MEMBER_EPOCH
-    assert validate_offset_fetch(g, "x", 1) == E.UNKNOWN_MEMBER_ID
+    assert validate_offset_fetch(g, "a", 2) == E.NONE
+    assert validate_offset_fetch(g, "a", 3) == E.STALE_MEMBER_EPOCH
+    assert validate_offset_fetch(g, "x", 2) == E.UNKNOWN_MEMBER_ID
 
 
 def test_group_state_table_is_enforced():
