@@ -23,6 +23,8 @@ import asyncio
 import bisect
 import json
 import math
+import socket
+import struct
 import time
 from urllib.parse import unquote
 
@@ -402,6 +404,7 @@ class HttpEndpoint:
             await self._answer(writer, method, http11, *answer)
         except TimeoutError:
             self.dropped.inc("write_timeout")
+            _reset_on_close(transport)
         except (asyncio.IncompleteReadError, ConnectionError, UnicodeDecodeError):
             pass
         except Exception:
@@ -465,11 +468,12 @@ class HttpEndpoint:
         """Wait until the peer has taken what is buffered past the high-water mark: TimeoutError if
         it takes nothing for ``write_timeout`` seconds."""
         transport = writer.transport
-        while transport.get_write_buffer_size() > HTTP_WRITE_HIGH // 2:
-            before = transport.get_write_buffer_size()
+        if transport.is_closing():
+            raise ConnectionResetError
+        if transport.get_write_buffer_size():
+            # drain() waits while the transport is paused (over HTTP_WRITE_HIGH, until under a
+            # quarter of it); in between it returns at once
             await asyncio.wait_for(writer.drain(), self.write_timeout)
-            if transport.get_write_buffer_size() >= before and transport.is_closing():
-                raise ConnectionResetError
 
     async def _drain_closing(self, writer) -> None:
         """After close(): give the last bytes ``write_timeout`` to leave, then abort."""
@@ -572,6 +576,17 @@ class HttpEndpoint:
             if answer is not None:
                 return answer
         return 404, "text/plain", b"not found\n"
+
+
+def _reset_on_close(transport) -> None:
+    """Close with a reset: the kernel drops what the peer did not read instead of keeping it (up to
+    the socket's send buffer, megabytes) for a peer that reads nothing."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        except (OSError, AttributeError):
+            pass
 
 
 def _json(obj) -> bytes:

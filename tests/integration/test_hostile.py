@@ -301,7 +301,7 @@ def test_the_daemon_log_says_why_connections_were_closed(watched):
 
 # ---- the HTTP side (issue 32) --------------------------------------------------------------------
 
-HTTP_GROUPS = 3000
+HTTP_GROUPS = 20000  # /groups is ~4.4 MB: more than the kernel's send buffer of a socket (4 MiB)
 
 
 @pytest.fixture(scope="module")
@@ -356,17 +356,31 @@ def test_groups_is_streamed_whole(loaded):
 
 
 def _http_metric(port: int, line_start: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(line_start + " "):
-                return float(line.split()[1])
+    """A sample of /metrics; while every HTTP slot is taken /metrics gets 503 (the reserve is for the
+    health checks): asked again until a slot frees."""
+    import urllib.error
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as r:
+                text = r.read().decode()
+            break
+        except urllib.error.HTTPError as exc:
+            if exc.code != 503 or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    for line in text.splitlines():
+        if line.startswith(line_start + " "):
+            return float(line.split()[1])
     raise AssertionError(f"no {line_start}")
 
 
 def test_never_reading_http_clients_hold_bounded_memory(loaded):
     """150 clients ask for /groups and never read: herd's memory grows by a bounded amount (the
-    answers are produced as the peer takes them), /healthz still answers."""
-    from coordinator.ops.metrics import HTTP_MAX_CONNECTIONS, HTTP_RESERVE
+    answers are produced as the peer takes them), /healthz still answers, and they are dropped after
+    the write timeout."""
+    from coordinator.ops.metrics import HTTP_MAX_CONNECTIONS, HTTP_RESERVE, HTTP_WRITE_TIMEOUT
 
     port = loaded.http
     rss0 = U.proc_rss_bytes(loaded.pid)
@@ -380,9 +394,16 @@ def test_never_reading_http_clients_hold_bounded_memory(loaded):
         # answered (on a machine shared by many jobs, after the accepts queued before it)
         status, _ = _head_of(_raw_http(port, b"GET /healthz HTTP/1.1\r\n\r\n", timeout=60))
         assert status == 200
-        assert _http_metric(port, "herd_http_connections") <= HTTP_MAX_CONNECTIONS + HTTP_RESERVE
         grown = U.proc_rss_bytes(loaded.pid) - rss0
         assert grown < 48 << 20, grown
+        assert _http_metric(port, "herd_http_connections") <= HTTP_MAX_CONNECTIONS + HTTP_RESERVE
+        assert _http_metric(port, "herd_http_connections_refused_total") >= 1  # 150 > the cap
+        # none reads: each is dropped once it has read nothing for the write timeout
+        deadline = time.monotonic() + HTTP_WRITE_TIMEOUT + 30
+        while time.monotonic() < deadline and _http_metric(port, "herd_http_connections") > 1:
+            time.sleep(0.5)
+        assert _http_metric(port, "herd_http_connections") <= 1  # the scrape itself
+        assert _http_metric(port, 'herd_http_clients_dropped_total{reason="write_timeout"}') >= 100
     finally:
         for s in socks:
             s.close()
