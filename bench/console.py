@@ -93,7 +93,7 @@ def bench_tracker(groups: int, partitions: int, history: int) -> dict:
 
     clock = ManualClock(wall_ms=int(time.time() * 1000))
     config = Config(lag_history_size=history).validate()
-    gc_ = GroupCoordinator(config, clock=clock)
+    gc_ = GroupCoordinator(config.group_config(), clock=clock)
     gc_.loaded(clock.monotonic_ms())
     for i, (_, req) in enumerate(commit_requests(groups, partitions)):
         gc_.handle(8, 8, req, clock.monotonic_ms(), i)

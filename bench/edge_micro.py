@@ -208,7 +208,7 @@ async def run(args) -> dict:
                         log_level="warning", topics=(CG_TOPIC,))
         store = LogStore(Path(tmp), config.offsets_partitions, fsync="never")
         store.open(latest_only=True)
-        groups = GroupCoordinator(config, node_id=0)
+        groups = GroupCoordinator(config.group_config(), node_id=0)
         catalog = Catalog(config, node_id=0)
         runtime = Runtime(config, groups, catalog, store)
         metrics = Metrics() if args.metrics else None

@@ -104,7 +104,8 @@ class Config:
 
     # topic catalog
     #: Kafka: auto.create.topics.enable
-    #: create a topic the first time a client asks for it in Metadata
+    #: create a topic the first time a client asks for it in Metadata (never with
+    #: `data_bootstrap_server`: a topic the data cluster lacks is UNKNOWN_TOPIC_OR_PARTITION)
     auto_create_topics: bool = True  # auto.create.topics.enable
     #: Kafka: num.partitions
     #: partitions of an auto-created topic
@@ -112,7 +113,9 @@ class Config:
     #: Kafka: kafka-topics.sh --create
     #: topics to create at start, `NAME:PARTITIONS` each (the count is required): `--topic orders:6`
     #: (repeatable), `HERD_TOPICS=orders:6,events:3`, `topics = ["orders:6"]` in the file; a topic herd
-    #: already has keeps its partition count (it grows only by a larger count at start-up)
+    #: already has keeps its partition count (it grows only by a larger count at start-up). With
+    #: `data_bootstrap_server` the data cluster's topics are the catalog: `--topic` creates nothing, and
+    #: a name the data cluster lacks stops `herd serve` with one line
     topics: tuple[tuple[str, int], ...] = ()  # --topic name:partitions
 
     # network and disk
@@ -198,14 +201,19 @@ class Config:
     stall_threshold_ms: int = 1000
 
     # consumer lag: the Kafka cluster that holds the partitions' records (see coordinator/lag.py)
-    #: `HOST:PORT[,HOST:PORT]` of the Kafka cluster that holds the partitions' records: herd reads
-    #: its log ends for consumer lag (docs/operating.md, "The console and lag"). Unset: commit ages only, no lag
+    #: `HOST:PORT[,HOST:PORT]` of the Kafka cluster that holds the partitions' records: its topics
+    #: are herd's (Metadata gives its partition counts and topic ids, ListOffsets its offsets;
+    #: docs/operating.md, "The data cluster is the catalog") and herd reads its log ends for consumer
+    #: lag (docs/operating.md, "The console and lag"). Unset: herd's own topics, commit ages only, no lag
     data_bootstrap_server: str | None = None  # HOST:PORT[,HOST:PORT]; unset: commit ages only, no lag
     #: TLS/SASL client properties for the data cluster's connections (the same file
     #: `herd groups --command-config` takes)
     data_command_config: str | None = None  # TLS/SASL client properties for it (as herd groups --command-config)
     #: how often the data cluster's log ends are read
     lag_refresh_interval_ms: int = 30000  # how often its log-end offsets are read
+    #: with `data_bootstrap_server`: how often the data cluster's topics (partition counts, topic ids)
+    #: are read again
+    data_metadata_refresh_interval_ms: int = 30000
     #: (log end, time) samples kept per partition to estimate lag in seconds
     lag_history_size: int = 30  # (log end, time) samples kept per partition for time lag
     #: `partition`: `herd_group_lag{group,topic,partition}` and `herd_group_lag_seconds{...}`;
@@ -222,7 +230,7 @@ class Config:
                      "connections_max_idle_ms", "max_connections", "max_pending_bytes_per_connection",
                      "max_connections_per_ip", "sasl_handshake_timeout_ms",
                      "rebalance_history_size", "shard_lease_ms",
-                     "lag_refresh_interval_ms"):
+                     "lag_refresh_interval_ms", "data_metadata_refresh_interval_ms"):
             positive(name)
         for name in ("initial_rebalance_delay_ms", "min_session_timeout_ms", "offset_metadata_max_bytes"):
             if getattr(self, name) < 0:
@@ -314,6 +322,23 @@ class Config:
             raise ConfigError(re.sub(r"group\.consumer\.([a-z.]+)",
                                      lambda mo: "group_consumer_" + mo.group(1).replace(".", "_"),
                                      str(exc))) from None
+
+    def group_config(self):
+        """The settings the group core reads (:class:`coordinator.core.config.GroupConfig`): the
+        daemon builds it once and hands it to :class:`~coordinator.core.coordinator.GroupCoordinator`."""
+        from coordinator.core.config import GroupConfig
+
+        return GroupConfig(
+            offsets_partitions=self.offsets_partitions,
+            initial_rebalance_delay_ms=self.initial_rebalance_delay_ms,
+            min_session_timeout_ms=self.min_session_timeout_ms,
+            max_session_timeout_ms=self.max_session_timeout_ms,
+            group_max_size=self.group_max_size,
+            offsets_retention_ms=self.offsets_retention_ms,
+            offsets_retention_check_interval_ms=self.offsets_retention_check_interval_ms,
+            offset_metadata_max_bytes=self.offset_metadata_max_bytes,
+            rebalance_history_size=self.rebalance_history_size,
+            consumer=self.consumer_group_config())
 
     def _validate_store(self) -> None:
         if self.store == "file":

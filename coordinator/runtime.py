@@ -40,12 +40,15 @@ LOADING -> ACTIVE at start-up and may go to FAILED after a failed write; a store
 are owned through leases adds the moves driven by leases (load on winning one, unload on losing
 one) without new states.
 
-A cluster node (:mod:`coordinator.cluster.node`) sets three hooks, all None with the file store:
-``guard()`` runs before every group request and heartbeat, ConsumerGroupHeartbeat's steady path
-at the edge too (the leases' self-fencing, checked on the
-request path), ``shard_failed(shard)`` hears a write failure that put a shard in FAILED (the node
-reloads it with a fresh epoch once the database answers again: FAILED -> NOT_OWNED -> LOADING ->
-ACTIVE through :meth:`unload_shard` and :meth:`load_shard`), and ``topic_store`` keeps the topic
+Which shards this process serves is an *ownership* object given at construction
+(:class:`Ownership`; default :class:`OwnsEveryShard`, the file store's: every shard, for good):
+``guard()`` runs before every group request and heartbeat, ConsumerGroupHeartbeat's steady path at
+the edge too (a cluster node's self-fencing, checked on the request path), and
+``shard_failed(shard)`` hears a write failure that put a shard in FAILED and says whether the shard
+will be reloaded (a cluster node takes it again with a fresh epoch once the database answers:
+FAILED -> NOT_OWNED -> LOADING -> ACTIVE through :meth:`Runtime.unload_shard` and
+:meth:`Runtime.load_shard`) or stays FAILED until restart. A *topic store*
+(:class:`TopicStore`, given at construction; None: topics are records of shard 0) keeps the
 catalog outside the shards (a database table shared by every node): a catalog request that creates
 topics puts them there (``await topic_store.put(key, value) -> the stored value``; the first
 writer's wins, and the request is answered again from the catalog when another node's was kept).
@@ -55,6 +58,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+from typing import Protocol
 
 from coordinator import logging_setup
 from coordinator.clock import SystemClock
@@ -65,6 +69,7 @@ from coordinator.core.versions import (
     CREATE_TOPICS,
     FETCH,
     GROUP_APIS,
+    LIST_OFFSETS,
     METADATA,
 )
 from coordinator.ops.stall import StallDetector
@@ -94,6 +99,34 @@ TRANSITIONS = {
     ACTIVE: frozenset({FAILED, NOT_OWNED}),
     FAILED: frozenset({NOT_OWNED}),
 }
+
+
+class Ownership(Protocol):
+    """Which shards this process serves, as the runtime asks it (see the module docstring)."""
+
+    def guard(self) -> None:
+        """Before every group request and heartbeat: stop serving what may no longer be ours."""
+
+    def shard_failed(self, shard_id: int) -> bool:
+        """A write of ``shard_id`` failed (it is FAILED now): True if it will be reloaded."""
+
+
+class TopicStore(Protocol):
+    """Topics kept outside the shards (a cluster's database): the first writer's record wins."""
+
+    async def put(self, key: bytes, value: bytes) -> bytes:
+        """Keep the topic record; -> the record stored (another node's if it was first)."""
+
+
+class OwnsEveryShard:
+    """One process alone (the file store): it owns every shard for good, fences nothing, and a
+    shard whose write failed stays FAILED until restart."""
+
+    def guard(self) -> None:
+        pass
+
+    def shard_failed(self, shard_id: int) -> bool:
+        return False
 
 
 class _Waiter:
@@ -135,12 +168,17 @@ def _catalog_failure(result, code: int):
 
 
 class Runtime:
-    def __init__(self, config, groups, catalog: Catalog, store, clock=None, metrics=None):
+    def __init__(self, config, groups, catalog: Catalog, store, clock=None, metrics=None, *,
+                 ownership: Ownership | None = None, topic_store: TopicStore | None = None, data=None):
         self.config = config
+        # the data cluster as the catalog (coordinator.ops.datacatalog.DataCatalog), None without one: a
+        # Metadata naming topics never read waits for their read (bounded); ListOffsets is its answer
+        self.data = data
+        if data is not None:
+            data.on_change = self.topics_changed  # a topic made, grown or deleted there: consumer groups see it
         self.groups = groups
         self.catalog = catalog
-        if hasattr(groups, "set_topics"):
-            groups.set_topics(catalog)  # consumer groups assign the catalog's topics (by topic id)
+        groups.set_topics(catalog)  # consumer groups assign the catalog's topics (by topic id)
         self.store = store
         self.clock = clock if clock is not None else SystemClock()
         self.metrics = metrics
@@ -161,10 +199,11 @@ class Runtime:
         self._completed: collections.deque = collections.deque()  # (shard, seq, exc) from the writer
         self._drain_scheduled = False
         self._edge = None  # the Server (attach_edge): answers released together leave together
-        # set by a cluster node (see the module docstring); None with the file store
-        self.guard = None
-        self.shard_failed = None
-        self.topic_store = None
+        # see the module docstring: which shards are served, where topics are kept (None: shard 0)
+        self.ownership = ownership if ownership is not None else OwnsEveryShard()
+        self._guard = self.ownership.guard
+        self.topic_store = topic_store
+        self._data_jobs: set = set()  # Metadata/ListOffsets waiting for the data cluster
         store.set_listener(self._on_durable)
         # herd's own stalls (coordinator.stall): started with the loop; while _held, no timer of
         # the core fires (the sockets are read first); listeners get (stall_ms, kind) (metrics)
@@ -217,7 +256,7 @@ class Runtime:
                 next(steps)
             except StopIteration as done:
                 if self.loop is not None:  # the catalog may have moved while another node had it
-                    self._topics_changed()
+                    self.topics_changed()
                 return done.value["records"]
             await asyncio.sleep(0)
 
@@ -270,12 +309,23 @@ class Runtime:
         if writes:
             self._catalog_result(Result(writes, []), None)
         # looks from now on: the replay before was no stall (loaded members got fresh deadlines)
-        self.stall = StallDetector(self.clock, getattr(self.config, "stall_threshold_ms", 0),
+        self.stall = StallDetector(self.clock, self.config.stall_threshold_ms,
                                    on_stall=self._on_stall).start(loop)
-        self._topics_changed()  # also when nothing changed now: the catalog may have moved since
+        self.topics_changed()  # also when nothing changed now: the catalog may have moved since
         self.arm(force=True)
 
-    def _topics_changed(self) -> None:
+    def replay_topics(self, records) -> int:
+        """Topic records read from outside the shards (a cluster's database: ``(key, value)``s)
+        go to the catalog; once serving, consumer groups see the change. -> how many."""
+        count = 0
+        for key, value in records:
+            self.catalog.replay(key, value)
+            count += 1
+        if count and self.loop is not None:
+            self.topics_changed()
+        return count
+
+    def topics_changed(self) -> None:
         """Topics were created or grown: consumer groups subscribed to them get a new epoch."""
         clock = self.clock
         self.apply(self.groups.topics_changed(clock.monotonic_ms(), clock.wall_ms()))
@@ -292,8 +342,7 @@ class Runtime:
         # while closing, the catalog's reads (FindCoordinator, ListOffsets, Fetch, DescribeCluster)
         # are answered as usual: they write nothing (they have no NOT_COORDINATOR answer of their own)
         if api_key in GROUP_APIS:
-            if self.guard is not None:
-                self.guard()
+            self._guard()
             clock = self.clock
             self.apply(self.groups.handle(api_key, version, request, token, clock.monotonic_ms(), clock.wall_ms(),
                                           client_id, client_host))
@@ -307,11 +356,48 @@ class Runtime:
             else:
                 token.reply(resp)
             return
-        result = self.catalog.handle(api_key, version, request, token)
+        if self.data is not None and api_key in (METADATA, LIST_OFFSETS) and self._from_data(
+                token, api_key, version, request):
+            return
+        result = self.catalog.handle(api_key, version, request, token, self.clock.monotonic_ms())
         self._catalog_result(result, (api_key, version, request, token))
         if result.writes:  # a topic created (CreateTopics, or Metadata's auto-creation)
-            self._topics_changed()
+            self.topics_changed()
             self.arm()
+
+    def _from_data(self, token, api_key: int, version: int, request) -> bool:
+        """With a data cluster: a ListOffsets, or a Metadata naming topics never read, is answered
+        once the data cluster has (bounded by the data catalog's wait); -> whether it was taken."""
+        if api_key == METADATA:
+            need = self.catalog.data_needs(request, version, self.clock.monotonic_ms())
+            if need is None:
+                return False
+            job = self._metadata_after_read(need, token, version, request)
+        else:
+            job = self._list_offsets_from_data(token, version, request)
+        token.hold()
+        task = self.loop.create_task(job)
+        self._data_jobs.add(task)
+        task.add_done_callback(self._data_jobs.discard)
+        return True
+
+    async def _metadata_after_read(self, names, token, version: int, request) -> None:
+        try:
+            await self.data.read(names)
+            result = self.catalog.handle(METADATA, version, request, token, self.clock.monotonic_ms())
+            replies = result.replies
+        except Exception:  # noqa: BLE001 - our bug: logged, the request still gets an answer
+            log.exception("metadata from the data cluster failed", topics=len(names))
+            replies = [(token, error_response(METADATA, version, request, E.UNKNOWN_SERVER_ERROR))]
+        self.release(replies)
+
+    async def _list_offsets_from_data(self, token, version: int, request) -> None:
+        try:
+            resp = await self.data.list_offsets(request, version)
+        except Exception:  # noqa: BLE001 - our bug: logged, the request still gets an answer
+            log.exception("list offsets from the data cluster failed")
+            resp = self.catalog.list_offsets_answer(request, version, {})  # every partition retriable
+        token.reply(resp)
 
     def _catalog_result(self, result, request) -> None:
         if not result.writes or self.topic_store is None:
@@ -354,8 +440,7 @@ class Runtime:
         nothing and waits for nothing: -> its error code, now."""
         if self._closing:
             return E.NOT_COORDINATOR
-        if self.guard is not None:
-            self.guard()
+        self._guard()
         code = self.groups.heartbeat(version, request, self.clock.monotonic_ms())
         self.arm()
         return code
@@ -368,8 +453,7 @@ class Runtime:
         that write to be durable (and get its error if it failed)."""
         if self._closing:
             return None
-        if self.guard is not None:  # a cluster node: no answer for a shard whose lease may have lapsed
-            self.guard()
+        self._guard()  # a cluster node: no answer for a shard whose lease may have lapsed
         interval = self.groups.consumer_heartbeat_steady(group_id, member_id, member_epoch, client_id, client_host,
                                                          self.clock.monotonic_ms(), self._write_pending)
         if interval is not None:
@@ -479,15 +563,13 @@ class Runtime:
                 log.warning("shard lost to another node; unloading it", shard=shard_id, error=str(exc))
                 self._move(shard_id, NOT_OWNED)
         elif state == ACTIVE:
-            if self.shard_failed is None:
-                log.error("shard write failed; the shard stops accepting requests until restart",
-                          shard=shard_id, error=str(exc))
-                self._move(shard_id, FAILED)
-            else:
+            self._move(shard_id, FAILED)
+            if self.ownership.shard_failed(shard_id):
                 log.warning("shard write failed; the shard is reloaded once the store answers again",
                             shard=shard_id, error=str(exc))
-                self._move(shard_id, FAILED)
-                self.shard_failed(shard_id)
+            else:
+                log.error("shard write failed; the shard stops accepting requests until restart",
+                          shard=shard_id, error=str(exc))
 
     # ---- shard states --------------------------------------------------------------------------
 
@@ -558,7 +640,7 @@ class Runtime:
         timer callback, uvloop (libuv) runs the first hop in this iteration's idle phase, then
         polls I/O (the read callbacks run), then the second hop; asyncio's own loop runs the first
         after its next select, before that select's read callbacks, and the second after them.
-        (``tests/coordinator/test_stall.py`` checks the order on uvloop with real sockets.)"""
+        (``tests/coordinator/ops/test_stall.py`` checks the order on uvloop with real sockets.)"""
         if self.loop is None:
             return
         if self._timer is not None:

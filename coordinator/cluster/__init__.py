@@ -11,16 +11,17 @@ into a cluster").
 - :mod:`coordinator.cluster.leases`    ``LeaseManager``: membership and shard leases in the database
 - :mod:`coordinator.cluster.errors`    the typed failures (the Store interface's, for writes)
 - :mod:`coordinator.cluster.node`      ``ClusterNode``: the store and the leases wired into the runtime
-  (the ShardOwner, the runtime's hooks, the catalog's routing view, metrics, readiness);
-  ``coordinator.cli._serve_cluster`` runs it
+  (the ShardOwner, the runtime's ownership and topic store, the catalog's routing, metrics,
+  readiness); ``coordinator.daemon.ClusterMember`` runs it
 
-How ``herd serve --store postgresql://...`` wires it (``coordinator/cli.py``, ``node.py``)::
+How ``herd serve --store postgresql://...`` wires it (``coordinator/daemon.py``, ``node.py``)::
 
     url = config.store_url
     store = PgStore(url, config.offsets_partitions, config.node_id)
     await store.open(cluster_id=config.cluster_id)     # schema created/checked: SchemaError,
                                                        # StoreConnectError (one line, exit 2)
-    runtime = Runtime(config, ..., store)              # store.submit / flush / set_listener
+    node = ClusterNode(config, store, clock)           # ownership, topic store, routing
+    runtime = Runtime(config, ..., store, ownership=node, topic_store=node)  # submit / flush / listener
     catalog: await store.load_topics(), await store.put_topic(name, record) (first writer wins)
     leases = LeaseManager(url, config.node_id, config.offsets_partitions, owner,
                           host=advertised_host, port=advertised_port, lease_ms=config.shard_lease_ms)

@@ -1,7 +1,10 @@
 """One node of a cluster: the PostgreSQL store and the lease manager wired into the runtime.
 
-``herd serve --store postgresql://...`` builds a :class:`ClusterNode` next to the runtime and the
-topic catalog. It is the lease manager's :class:`~coordinator.cluster.leases.ShardOwner`:
+``herd serve --store postgresql://...`` (:func:`coordinator.daemon.build_daemon`) builds a
+:class:`ClusterNode` first and gives it to the runtime at construction as its ownership
+(:class:`coordinator.runtime.Ownership`) and topic store (:class:`coordinator.runtime.TopicStore`),
+and its :class:`Routing` to the catalog. ``open(runtime)`` names the runtime whose shards it loads
+and unloads from then on. It is the lease manager's :class:`~coordinator.cluster.leases.ShardOwner`:
 
 - ``acquired(shard, epoch)``: ``store.grant``; the shard goes LOADING (COORDINATOR_LOAD_IN_PROGRESS),
   its records are replayed (``Runtime.load_shard``), then ACTIVE: its members get a fresh session
@@ -11,11 +14,11 @@ topic catalog. It is the lease manager's :class:`~coordinator.cluster.leases.Sha
 - ``releasing(shard)``: unloaded first (no new request is taken: NOT_COORDINATOR), then the writes
   already made are settled (``store.drain``; their answers still leave once durable), then disowned.
 
-and it sets the runtime's three hooks (see :mod:`coordinator.runtime`): ``guard`` (self-fencing on
-the request path: a process woken from SIGSTOP serves nothing it may no longer serve, whatever ran
-first), ``shard_failed`` (a FAILED shard is reloaded through ``LeaseManager.request_reload`` once the
-database answers), ``topic_store`` (the topic catalog in ``herd_topics``: first writer wins; the
-others' topics are read in every renewal interval). The catalog routes through :class:`Routing`.
+As the runtime's ownership: ``guard`` (self-fencing on the request path: a process woken from
+SIGSTOP serves nothing it may no longer serve, whatever ran first), ``shard_failed`` (a FAILED shard
+is reloaded through ``LeaseManager.request_reload`` once the database answers); as its topic store:
+``put`` (the topic catalog in ``herd_topics``: first writer wins; the others' topics are read in
+every renewal interval). The catalog routes through :class:`Routing`.
 
 Metrics (``herd_cluster_*``) and readiness (``/readyz``: the database answered within a lease) come
 from here too.
@@ -41,16 +44,19 @@ ROUNDTRIP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
 
 
 class Routing:
-    """The catalog's view of the cluster (pure reads of the lease manager's last tick)."""
+    """The catalog's view of the cluster (:class:`coordinator.core.catalog.Routing`: pure reads of the
+    lease manager's last tick)."""
 
     def __init__(self, node: ClusterNode):
         self.node = node
 
-    def brokers(self) -> list[tuple[int, str, int]]:
+    def brokers(self, me: tuple[int, str, int]) -> list[tuple[int, str, int]]:
         leases = self.node.leases
-        return [(n.node_id, n.host, n.port) for n in leases.nodes] if leases is not None else []
+        others = [(n.node_id, n.host, n.port) for n in leases.nodes if n.node_id != me[0]] \
+            if leases is not None else []
+        return sorted([me, *others])
 
-    def coordinator(self, shard: int) -> tuple[int, str, int] | None:
+    def coordinator(self, shard: int, me: tuple[int, str, int]) -> tuple[int, str, int] | None:
         """The live owner of ``shard`` by a view no older than a lease; None: not known now."""
         node = self.node
         leases = node.leases
@@ -60,7 +66,7 @@ class Routing:
         if owner is None:
             return None
         if owner == node.node_id:  # ours by the view, but lost or handed over since: ask again
-            return node.address if node.runtime.shard_states[shard] != NOT_OWNED else None
+            return node.address if node.serves(shard) else None
         for n in leases.nodes:
             if n.node_id == owner:
                 return n.node_id, n.host, n.port
@@ -68,12 +74,13 @@ class Routing:
 
 
 class ClusterNode:
-    def __init__(self, config, runtime, catalog, store: PgStore):
+    def __init__(self, config, store: PgStore, clock):
         self.config = config
         self.node_id = config.node_id
-        self.runtime = runtime
-        self.catalog = catalog
         self.store = store
+        self.clock = clock
+        self.routing = Routing(self)  # the catalog's, at its construction
+        self.runtime = None  # the runtime whose shards this node loads (open)
         self.leases: LeaseManager | None = None
         self.address: tuple[int, str, int] | None = None
         self._fence_at = 0  # monotonic ms of the earliest self-fencing deadline (0: look again)
@@ -92,30 +99,37 @@ class ClusterNode:
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
+    def attach(self, runtime) -> None:
+        """The runtime (built with this node as its ownership) whose shards this node loads and
+        unloads as leases are won and lost."""
+        self.runtime = runtime
+
+    async def open(self, runtime) -> None:
+        """Before serving: :meth:`attach` ``runtime`` and read the database's topics into its
+        catalog (``ClusterError``/``StoreError`` when the database cannot be used)."""
+        self.attach(runtime)
+        await self.load_topics()
+
+    def serves(self, shard: int) -> bool:
+        return self.runtime is not None and self.runtime.shard_states[shard] != NOT_OWNED
+
     async def load_topics(self) -> int:
-        """Replay the database's topics into the catalog (before serving, then every interval)."""
-        count = 0
+        """Replay the database's topics into the catalog (before serving, then every interval);
+        once serving, consumer groups see topics made on another node."""
+        changed = []
         for name, record in await self.store.load_topics():
             if self._topics.get(name) != record:
                 self._topics[name] = record
-                self.catalog.replay(topic_key(name), record)
-                count += 1
-        if count and self.runtime.loop is not None:  # made on another node: consumer groups see them
-            self.runtime._topics_changed()
-        return count
+                changed.append((topic_key(name), record))
+        return self.runtime.replay_topics(changed)
 
     async def start(self, host: str, port: int) -> None:
         """Join the cluster: register (a duplicate live node_id: DuplicateNodeError, one line), take
         a first share of the shards and keep renewing. The runtime must have started (its loop)."""
         config = self.config
         self.address = (self.node_id, host, port)
-        runtime = self.runtime
-        runtime.guard = self.check
-        runtime.shard_failed = self.reload
-        runtime.topic_store = self
-        self.catalog.cluster = Routing(self)
         self.leases = LeaseManager(config.store_url, self.node_id, config.offsets_partitions, self,
-                                   host=host, port=port, lease_ms=config.shard_lease_ms, clock=runtime.clock)
+                                   host=host, port=port, lease_ms=config.shard_lease_ms, clock=self.clock)
         self.leases.on_roundtrip = self._roundtrip
         await self.leases.start(wait_ms=config.shard_lease_ms)
         self.started = True
@@ -139,28 +153,31 @@ class ClusterNode:
             except Exception as exc:  # noqa: BLE001 - the database is down: the next round tries again
                 log.debug("topics not refreshed", error=str(exc))
 
-    # ---- the runtime's hooks ---------------------------------------------------------------------
+    # ---- the runtime's ownership and topic store --------------------------------------------------
 
-    def check(self) -> None:
+    def guard(self) -> None:
         """Before a group request or heartbeat: stop serving the shards whose lease may have lapsed
         (one comparison unless a deadline has passed)."""
         if self.leases is None:
             return
-        now = self.runtime.clock.monotonic_ms()
+        now = self.clock.monotonic_ms()
         if now >= self._fence_at:
             self.leases.fence()
             deadline = self.leases.table.next_deadline()
             self._fence_at = math.inf if deadline is None else deadline
 
-    def reload(self, shard: int) -> None:
+    def shard_failed(self, shard: int) -> bool:
         """A write of ``shard`` failed in the database: take it again with a fresh epoch (once the
         database answers) and load it; meanwhile it answers COORDINATOR_NOT_AVAILABLE."""
-        if self.leases is not None:
-            self.reloads += 1
-            self.leases.request_reload(shard)
+        if self.leases is None:
+            return False
+        self.reloads += 1
+        self.leases.request_reload(shard)
+        return True
 
     async def put(self, key: bytes, value: bytes) -> bytes:
-        """``Runtime.topic_store``: keep a topic record in the database; -> the stored one."""
+        """:class:`coordinator.runtime.TopicStore`: keep a topic record in the database; -> the
+        stored one."""
         name, _ = decode_topic_record(key, None)
         stored = await self.store.put_topic(name, value)
         self._topics[name] = stored
@@ -222,7 +239,7 @@ class ClusterNode:
         from coordinator.ops.metrics import Histogram, _family
 
         leases = self.leases
-        states = self.runtime.shard_states
+        states = self.runtime.shard_states if self.runtime is not None else ()
         lines = _family("herd_cluster_shards_owned", "gauge", "Shards whose lease this node holds.",
                         [("", len(leases.held()) if leases else 0)])
         lines += _family("herd_cluster_shards", "gauge", "Shards of this node by state (loading, active, failed).",

@@ -7,7 +7,7 @@ the flight recorder). Tests pass a :class:`~coordinator.clock.ManualClock`'s rea
 
 Contract with the runtime
 -------------------------
-* Every operation returns a :class:`~coordinator.result.Result` (``handle``, ``on_timers``,
+* Every operation returns a :class:`~coordinator.core.result.Result` (``handle``, ``on_timers``,
   ``shutdown``, ``refuse``/``fail_shard``/``unload``), except :meth:`GroupCoordinator.heartbeat`,
   whose whole answer is an error code (it writes nothing, parks nothing and depends on nothing
   durable; the edge answers it with cached bytes). Append ``result.writes`` to the store in order;
@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import uuid
 
-from coordinator.config import Config
 from coordinator.core import records
 from coordinator.core.classic.group import STATES, Group
+from coordinator.core.config import GroupConfig
 from coordinator.core.consumer import records as consumer_records
 from coordinator.core.consumer import validate_offset_fetch
 from coordinator.core.consumer.group import MEMBER_STATES
@@ -90,14 +90,13 @@ _REPLAY_PREFIXES_MAX = 100_000  # bounds the replay cache when there are very ma
 class GroupCoordinator:
     """All offsets partitions (shards) of this node. See the module docstring for the contract."""
 
-    def __init__(self, config: Config, node_id: int = 0, new_uuid=None, topics=None):
+    def __init__(self, config: GroupConfig, node_id: int = 0, new_uuid=None, topics=None):
         self.config = config
         self.node_id = node_id
         self._new_uuid = new_uuid or (lambda: str(uuid.uuid4()))
         # the topic catalog as consumer groups see it (get(name) -> (topic id, partitions) | None,
         # names()); the runtime plugs the catalog in (set_topics)
         self.topics = _Topics(topics)
-        self._consumer_config = config.consumer_group_config()
         self.stats: dict[str, int] = {}
         self._n = config.offsets_partitions
         self.rebalance_listeners: list = []  # called with each completed rebalance's history entry
@@ -124,7 +123,7 @@ class GroupCoordinator:
 
     def _new_shard(self, shard_id: int) -> Shard:
         return Shard(shard_id, self.config, self._new_uuid, self.stats, self.rebalance_listeners,
-                     topics=self.topics, consumer_config=self._consumer_config)
+                     topics=self.topics)
 
     def set_topics(self, topics) -> None:
         """The topic catalog consumer groups assign from (anything with ``get`` and ``names``)."""
@@ -149,7 +148,7 @@ class GroupCoordinator:
     def replay(self, shard_id: int, key: bytes, value: bytes | None) -> None:
         """Apply one record read back from shard ``shard_id``'s log. Record types this coordinator
         does not own (share/streams groups) are skipped and counted in
-        ``skipped_records``; undecodable bytes raise :class:`coordinator.records.RecordError`."""
+        ``skipped_records``; undecodable bytes raise :class:`coordinator.core.records.RecordError`."""
         if not 0 <= shard_id < self._n:
             raise ValueError(f"shard {shard_id} out of range (offsets_partitions={self._n})")
         plain = records.plain_offset_commit(key, value)
@@ -162,7 +161,7 @@ class GroupCoordinator:
                 gid, topic, owner = known
                 if owner != shard_id:
                     self.misplaced_records += 1
-                self.shards[owner]._apply_offset(gid, topic, partition, value)
+                self.shards[owner].offsets.replay(gid, topic, partition, value)
                 return
         if consumer_records.is_consumer_record(key):  # KIP-848 consumer group records (types 3-8)
             gid = consumer_records.decode(key, None)[1]
@@ -179,7 +178,7 @@ class GroupCoordinator:
         if owner != shard_id:
             # the data dir was written with another offsets_partitions: keep the record reachable
             self.misplaced_records += 1
-        self.shards[owner]._apply(rtype, key_obj, records.decode_value(rtype, value))
+        self.shards[owner].apply(rtype, key_obj, records.decode_value(rtype, value))
 
     def _replay_prefix(self, prefix: bytes) -> tuple[str, str, int] | None:
         """``(group, topic, owning shard)`` of an offset-key prefix, remembered while replaying."""
@@ -223,7 +222,7 @@ class GroupCoordinator:
         shard = self.shards[_shard_for(req.group_id, self._n)]
         if shard.refusal or self._closed:
             return self._unavailable(shard)
-        return shard.heartbeat(req, version, now_ms)
+        return shard.classic.heartbeat(req, version, now_ms)
 
     def consumer_heartbeat_steady(self, group_id: str, member_id: str, member_epoch: int, client_id: str,
                                   client_host: str, now_ms: int, write_pending) -> int | None:
@@ -233,7 +232,7 @@ class GroupCoordinator:
         shard = self.shards[_shard_for(group_id, self._n)]
         if shard.refusal or self._closed or write_pending(shard.shard_id):
             return None
-        return shard.consumer_heartbeat_steady(group_id, member_id, member_epoch, client_id, client_host, now_ms)
+        return shard.consumer.steady_heartbeat(group_id, member_id, member_epoch, client_id, client_host, now_ms)
 
     def _join_group(self, version, req, token, now, wall, client_id, client_host) -> Result:
         shard = self._shard(req.group_id)
@@ -241,8 +240,6 @@ class GroupCoordinator:
         if err:
             return Result([], [(token, error_response(JOIN_GROUP, version, req, err))])
         out = Result(shards=shard.shard_set)
-        if not shard.classic_join_allowed(req, version, token, out):
-            return out
         shard.join_group(req, version, token, client_id, client_host, now, wall, out)
         return out
 
@@ -252,7 +249,7 @@ class GroupCoordinator:
         if err:
             return Result([], [(token, error_response(SYNC_GROUP, version, req, err))])
         out = Result(shards=shard.shard_set)
-        shard.sync_group(req, version, token, now, wall, out)
+        shard.classic.sync_group(req, version, token, now, wall, out)
         return out
 
     def _leave_group(self, version, req, token, now, wall, client_id, client_host) -> Result:
@@ -261,7 +258,7 @@ class GroupCoordinator:
         if err:
             return Result([], [(token, error_response(LEAVE_GROUP, version, req, err))])
         out = Result(shards=shard.shard_set)
-        shard.leave_group(req, version, token, now, wall, out)
+        shard.classic.leave_group(req, version, token, now, wall, out)
         return out
 
     def _offset_commit(self, version, req, token, now, wall, client_id, client_host) -> Result:
@@ -270,7 +267,7 @@ class GroupCoordinator:
         if err:
             return Result([], [(token, error_response(OFFSET_COMMIT, version, req, err))])
         out = Result(shards=shard.shard_set)
-        shard.offset_commit(req, version, token, now, wall, out)
+        shard.offsets.offset_commit(req, version, token, now, wall, out)
         return out
 
     def _offset_fetch(self, version, req, token, now, wall, client_id, client_host) -> Result:
@@ -291,7 +288,7 @@ class GroupCoordinator:
                         groups_out.append(offset_fetch_group_error(g.group_id, err))
                         continue
                 wanted = None if g.topics is None else [(t.name, t.partition_indexes) for t in g.topics]
-                rows = shard.fetch_offsets(g.group_id, wanted)
+                rows = shard.offsets.fetch_offsets(g.group_id, wanted)
                 groups_out.append(OffsetFetchResponseGroup(group_id=g.group_id, error_code=_NONE, topics=[
                     OffsetFetchResponseTopics(name, [OffsetFetchResponsePartitions(p, off, epoch, meta, _NONE)
                                                      for p, off, epoch, meta in parts])
@@ -306,7 +303,7 @@ class GroupCoordinator:
             if err:
                 resp = error_response(OFFSET_FETCH, version, req, err)
             else:
-                rows = shard.fetch_offsets(req.group_id, wanted)
+                rows = shard.offsets.fetch_offsets(req.group_id, wanted)
                 resp = OffsetFetchResponse(error_code=_NONE, topics=[
                     OffsetFetchResponseTopic(name, [
                         OffsetFetchResponsePartition(p, off, epoch if epochs else -1, meta, _NONE)
@@ -334,7 +331,7 @@ class GroupCoordinator:
                 described.append(consumer_described_group_error(gid, err))
                 continue
             d = shard.consumer.describe([gid], req.include_authorized_operations)[0]
-            if d.error_code == errors.GROUP_ID_NOT_FOUND and gid in shard.groups:
+            if d.error_code == errors.GROUP_ID_NOT_FOUND and gid in shard.classic.groups:
                 d.error_message = f"Group {gid} is not a consumer group."  # Kafka's words for a classic one
             described.append(d)
         return Result([], [(token, ConsumerGroupDescribeResponse(groups=described))], frozenset(touched))
@@ -345,7 +342,7 @@ class GroupCoordinator:
         out = Result()
         for shard in self.shards:
             if not shard.refusal and not self._closed:
-                shard.consumer_topics_changed(now_ms, wall_ms, out)
+                shard.consumer.topics_changed(now_ms, wall_ms, out)
         return out
 
     def _describe_groups(self, version, req, token, now, wall, client_id, client_host) -> Result:
@@ -410,7 +407,7 @@ class GroupCoordinator:
         if err:
             return Result([], [(token, error_response(OFFSET_DELETE, version, req, err))])
         out = Result(shards=shard.shard_set)
-        shard.offset_delete(req, version, token, now, wall, out)
+        shard.offsets.offset_delete(req, version, token, now, wall, out)
         return out
 
     # ---- timers and lifecycle ---------------------------------------------------------------------
@@ -525,7 +522,7 @@ class GroupCoordinator:
     # ---- operator views (plain data for metrics, the CLI and the flight recorder) --------------------
 
     def _group(self, group_id: str) -> Group | None:
-        return self._shard(group_id).groups.get(group_id)
+        return self._shard(group_id).classic.groups.get(group_id)
 
     def list_groups(self) -> list[dict]:
         """Every group: id, state, protocol, generation, member count, shard."""
@@ -537,7 +534,7 @@ class GroupCoordinator:
         when the generator reaches that shard, each group's summary as it is when reached."""
         for shard in self.shards:
             sid = shard.shard_id
-            for g in list(shard.groups.values()):
+            for g in list(shard.classic.groups.values()):
                 d = g.summary()
                 d["shard"] = sid
                 d.setdefault("type", "classic")
@@ -549,7 +546,7 @@ class GroupCoordinator:
         """One group in detail: members, the rebalance in progress, the flight-recorder history and
         the number of committed offsets; None for an unknown group."""
         shard = self._shard(group_id)
-        g = shard.groups.get(group_id)
+        g = shard.classic.groups.get(group_id)
         if g is None:
             cg = shard.consumer.groups.get(group_id)
             if cg is None:
@@ -558,8 +555,8 @@ class GroupCoordinator:
             names = {tid: name for name, (tid, _) in cg.subscription_metadata.items()}
             d["members"] = [_consumer_member(m, cg.target.get(m.member_id, {}), names) for m in cg.members.values()]
             d["subscribed_topics"] = sorted(cg.subscription_metadata)
-            d["history"] = list(shard.consumer_history.get(group_id, ()))
-            d["offsets"] = sum(len(p) for p in shard.offsets.get(group_id, {}).values())
+            d["history"] = list(shard.consumer.history.get(group_id, ()))
+            d["offsets"] = sum(len(p) for p in shard.offsets.committed.get(group_id, {}).values())
             return d
         d = g.summary()
         d.setdefault("type", "classic")
@@ -570,7 +567,7 @@ class GroupCoordinator:
         d["subscribed_topics"] = None if g.subscribed_topics is None else sorted(g.subscribed_topics)
         d["rebalance_in_progress"] = None if g.rebalance is None else g.rebalance.as_dict(now_ms)
         d["history"] = [r.as_dict() for r in g.history]
-        d["offsets"] = sum(len(p) for p in shard.offsets.get(group_id, {}).values())
+        d["offsets"] = sum(len(p) for p in shard.offsets.committed.get(group_id, {}).values())
         return d
 
     def group_history(self, group_id: str, now_ms: int | None = None) -> list[dict] | None:
@@ -580,7 +577,7 @@ class GroupCoordinator:
         if g is None:
             shard = self._shard(group_id)
             if group_id in shard.consumer.groups:
-                return list(shard.consumer_history.get(group_id, ()))
+                return list(shard.consumer.history.get(group_id, ()))
             return None
         hist = [r.as_dict() for r in g.history]
         if g.rebalance is not None:
@@ -588,7 +585,7 @@ class GroupCoordinator:
         return hist
 
     def group_offsets(self, group_id: str) -> dict[str, dict[int, dict]]:
-        stored = self._shard(group_id).offsets.get(group_id, {})
+        stored = self._shard(group_id).offsets.committed.get(group_id, {})
         names = ("offset", "leader_epoch", "metadata", "commit_timestamp", "expire_timestamp")
         return {topic: {p: dict(zip(names, records.offset_value_fields(v), strict=True)) for p, v in parts.items()}
                 for topic, parts in stored.items()}
@@ -601,7 +598,7 @@ class GroupCoordinator:
         fields = records.offset_value_fields
         for shard in self.shards:
             rows = []
-            for gid, topics in shard.offsets.items():
+            for gid, topics in shard.offsets.committed.items():
                 for topic, parts in topics.items():
                     for p, v in parts.items():
                         off, _, _, ts, _ = fields(v)
@@ -612,7 +609,7 @@ class GroupCoordinator:
         """The ``(topic, partition)`` pairs with a committed offset in any group: yields one list
         per shard (complete when yielded; a pair committed in several shards comes once per shard)."""
         for shard in self.shards:
-            yield list({(topic, p) for topics in shard.offsets.values() for topic, parts in topics.items()
+            yield list({(topic, p) for topics in shard.offsets.committed.values() for topic, parts in topics.items()
                         for p in parts})
 
     def rebalance_starts(self, group_id: str) -> list[int]:
@@ -638,12 +635,12 @@ class GroupCoordinator:
         by_state = dict.fromkeys(STATES, 0)
         members = pending = parked = offsets = 0
         for shard in self.shards:
-            for g in shard.groups.values():
+            for g in shard.classic.groups.values():
                 by_state[g.state] += 1
                 members += len(g.members)
                 pending += len(g.pending_members)
             parked += len(shard.parked())
-            offsets += sum(len(p) for parts in shard.offsets.values() for p in parts.values())
+            offsets += sum(len(p) for parts in shard.offsets.committed.values() for p in parts.values())
         consumer_by_state: dict[str, int] = {}
         consumer_members = 0
         for shard in self.shards:

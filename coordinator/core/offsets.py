@@ -1,15 +1,24 @@
 """Committed offsets on one shard: OffsetCommit, OffsetFetch, OffsetDelete and retention
-(KIP-211). A mixin of :class:`coordinator.shard.Shard`: offsets belong to a group of any type (or
-to none: a standalone consumer's "simple" group), so they live apart from the group protocols.
-A committed offset is kept as its record value bytes, as written (see :mod:`coordinator.records`).
+(KIP-211). :class:`Offsets` owns them (``committed``); the shard holds one beside its groups.
+Offsets belong to a group of any type (or to none: a standalone consumer's "simple" group), so
+they live apart from the group protocols and ask the groups what they need through the small
+:class:`OffsetGroups` interface given at construction.
+
+Offsets change only by replaying records: a deletion and an expiry make their records and apply
+each through :meth:`Offsets.replay`, the code start-up runs for the same record; a commit applies
+its records as replay does (:meth:`Offsets._place`, then the partition's entry: the group check
+once per topic rather than once per partition), so memory always equals "log replayed". A
+committed offset is kept as its record value bytes, as written (see :mod:`coordinator.core.records`).
 """
 from __future__ import annotations
+
+from typing import Protocol
 
 import structlog
 
 from coordinator.core import records
-from coordinator.core.classic.group import COMPLETING_REBALANCE, DEAD, EMPTY, PREPARING_REBALANCE, STABLE, Group
-from coordinator.core.consumer import validate_offset_commit
+from coordinator.core.classic.group import DEAD, EMPTY
+from coordinator.core.consumer.groups import OLDER_MEMBER_EPOCH
 from coordinator.core.responses import commit_error
 from coordinator.core.result import Result
 from protocol import errors
@@ -22,7 +31,7 @@ from protocol.messages import (
     OffsetDeleteResponseTopic,
 )
 
-__all__ = ["Offsets"]
+__all__ = ["Offsets", "OffsetGroups"]
 
 log = structlog.get_logger("herd.group")
 
@@ -34,31 +43,52 @@ _NONE = errors.NONE
 _COMMITTED = tuple(OffsetCommitResponsePartition(i, _NONE) for i in range(1024))
 
 
-class _SubscribedTopics:
-    """What offset_delete asks of a group, for a consumer group."""
+class OffsetGroups(Protocol):
+    """What the offsets of a shard ask of its groups (classic and consumer alike)."""
 
-    def __init__(self, cgroup):
-        self.state = cgroup.state
-        self._topics = cgroup.subscribed_topic_names() | {
-            name for name, (tid, _) in cgroup.subscription_metadata.items()}
+    def known(self, group_id: str) -> bool:
+        """A group of either type has this id (Dead ones included)."""
 
-    def uses_consumer_protocol(self) -> bool:
-        return True
+    def create_simple(self, group_id: str, state_wall_ms: int) -> None:
+        """Make the "simple" group (no protocol type) that keeps offsets of an unknown group."""
 
-    def is_subscribed_to_topic(self, topic: str) -> bool:
-        return topic in self._topics
+    def exists(self, group_id: str) -> bool:
+        """OffsetFetch answers the group's offsets (a live group of either type)."""
+
+    def validate_commit(self, group_id: str, member_id: str, instance_id: str | None, generation: int,
+                        version: int, now: int, wall: int) -> int:
+        """An OffsetCommit's group check: the error code (NONE: commit)."""
+
+    def commit_partition_check(self, group_id: str, member_id: str, member_epoch: int):
+        """After validate_commit answered OLDER_MEMBER_EPOCH: ``(topic, partition) -> bool``, whether
+        that partition's commit is accepted."""
+
+    def delete_target(self, group_id: str):
+        """OffsetDelete's view of the group, or None: ``state``, ``uses_consumer_protocol()``,
+        ``is_subscribed_to_topic(topic)``."""
 
 
 class Offsets:
-    """The offset handlers of :class:`~coordinator.shard.Shard` (a mixin)."""
+    """One shard's committed offsets: ``committed`` is group id -> topic -> partition -> the
+    offset's record value bytes (v3, or v1 with an explicit expiry); read with
+    :func:`records.offset_value_fields` / :func:`records.offset_value_times`."""
 
-    # ==== records (replay and writes apply offsets through these) ===============================
+    def __init__(self, shard_id: int, config, groups: OffsetGroups, count):
+        self.shard_id = shard_id
+        self.config = config
+        self._groups = groups
+        self._known = groups.known
+        self._count = count
+        self.committed: dict[str, dict[str, dict[int, bytes]]] = {}
 
-    def _apply_offset(self, gid: str, topic: str, partition: int, value: bytes | None) -> None:
+    # ==== records: the one way offsets change ====================================================
+
+    def replay(self, gid: str, topic: str, partition: int, value: bytes | None) -> None:
         """Store (or with None delete) one offset: ``value`` is its record value bytes, v3 or v1
-        (any other version is re-encoded by :meth:`_apply` first)."""
+        (the shard re-encodes any other version first). A commit stores its records the same way
+        (:meth:`_place`, then the partition's entry)."""
         if value is None:
-            topics = self.offsets.get(gid)
+            topics = self.committed.get(gid)
             if topics is not None:
                 parts = topics.get(topic)
                 if parts is not None:
@@ -66,52 +96,60 @@ class Offsets:
                     if not parts:
                         del topics[topic]
                 if not topics:
-                    del self.offsets[gid]
+                    del self.committed[gid]
             return
-        if gid not in self.groups and gid not in self.consumer.groups:
-            # offsets committed by a standalone consumer: a "simple" group with no protocol type
-            self.groups[gid] = Group(gid, state_wall_ms=records.offset_value_times(value)[0],
-                                     history_size=self.config.rebalance_history_size)
-        try:
-            self.offsets[gid][topic][partition] = value
-        except KeyError:  # the group's first offset of this topic
-            self._offsets_of(gid, topic)[partition] = value
+        self._place(gid, topic, value)[partition] = value
 
-    def _delete_offset(self, out: Result, gid: str, topic: str, partition: int) -> None:
+    def _place(self, gid: str, topic: str, value: bytes) -> dict[int, bytes]:
+        """Where the offsets of ``topic`` committed by ``gid`` are kept (made empty if missing), for
+        an offset record ``value`` about to go there: an offset of a group nobody knows makes its
+        "simple" group (no protocol type: a standalone consumer), as Kafka's replay does. A
+        commit asks once per topic; replay, once per record."""
+        if not self._known(gid):
+            self._groups.create_simple(gid, records.offset_value_times(value)[0])
+        topics = self.committed.get(gid)
+        if topics is None:
+            topics = self.committed[gid] = {}
+        parts = topics.get(topic)
+        if parts is None:
+            parts = topics[topic] = {}
+        return parts
+
+    def _delete(self, out: Result, gid: str, topic: str, partition: int) -> None:
         out.writes.append((self.shard_id, records.offset_commit_key(gid, topic, partition), None))
-        self._apply_offset(gid, topic, partition, None)
+        self.replay(gid, topic, partition, None)
+
+    def delete_group(self, gid: str, out: Result) -> int:
+        """Tombstone every offset of ``gid`` (DeleteGroups); -> how many."""
+        stored = self.committed.get(gid)
+        n = 0
+        if stored:
+            for topic, parts in list(stored.items()):
+                for p in list(parts):
+                    self._delete(out, gid, topic, p)
+                    n += 1
+        return n
+
+    def orphans(self) -> list[tuple[str, int]]:
+        """``(group id, a commit timestamp)`` for each group with offsets whose group is gone (an
+        Empty consumer group deleted by a classic JoinGroup that never completed), for start-up."""
+        known = self._groups.known
+        return [(gid, records.offset_value_times(next(iter(next(iter(topics.values())).values())))[0])
+                for gid, topics in self.committed.items() if not known(gid)]
 
     # ==== offsets ================================================================================
 
     def offset_commit(self, req, version: int, token, now: int, wall: int, out: Result) -> None:
         gid = req.group_id
-        gen = req.generation_id_or_member_epoch
-        mid = req.member_id
-        iid = req.group_instance_id if version >= 7 else None
-        group = self.groups.get(gid)
-        err = _NONE
-        cgroup = self.consumer.groups.get(gid) if group is None else None
-        if cgroup is not None:
-            # a consumer group: member epochs (Kafka's ConsumerGroup.validateOffsetCommit)
-            err = validate_offset_commit(cgroup, mid, gen, version)
-            if err != _NONE:
-                out.reply(token, commit_error(req, err))
-                return
-        elif group is None:
-            if gen < 0:
-                # a standalone consumer (or the admin client): a "simple" group, kept by its offsets
-                group = Group(gid, state_wall_ms=wall, history_size=self.config.rebalance_history_size)
-                self.groups[gid] = group
-            else:
-                err = errors.GROUP_ID_NOT_FOUND if version >= 9 else errors.ILLEGAL_GENERATION
-        if err == _NONE and cgroup is None:
-            err = self._validate_offset_commit(group, mid, iid, gen)
-        if err != _NONE:
+        err = self._groups.validate_commit(gid, req.member_id, req.group_instance_id if version >= 7 else None,
+                                           req.generation_id_or_member_epoch, version, now, wall)
+        partition_ok = None
+        if err == OLDER_MEMBER_EPOCH:
+            # a consumer-group member's older epoch: accepted per partition (Kafka 4.4)
+            partition_ok = self._groups.commit_partition_check(gid, req.member_id, req.generation_id_or_member_epoch)
+        elif err != _NONE:
             out.reply(token, commit_error(req, err))
             return
-        if cgroup is None and group.state in (STABLE, PREPARING_REBALANCE):
-            member = group.members[mid]  # validated above
-            self.timers.schedule(member.hb_key, now + member.session_timeout_ms)
         expire = -1
         if 2 <= version <= 4 and req.retention_time_ms != -1:
             expire = wall + req.retention_time_ms
@@ -122,14 +160,18 @@ class Offsets:
         sid = self.shard_id
         pack_partition = records.pack_partition
         value_bytes = records.offset_value
+        place = self._place
         committed = _COMMITTED
         n_committed = len(committed)
         tail = last_meta = last_ts = None
         for t in req.topics:
             parts_out = []
-            prefix = None
-            stored = None
+            prefix = stored = None
+            name = t.name
             for p in t.partitions:
+                if partition_ok is not None and not partition_ok(name, p.partition_index):
+                    parts_out.append(OffsetCommitResponsePartition(p.partition_index, errors.STALE_MEMBER_EPOCH))
+                    continue
                 meta = p.committed_metadata
                 if meta is None:
                     meta = ""
@@ -139,8 +181,7 @@ class Offsets:
                                                                    errors.OFFSET_METADATA_TOO_LARGE))
                     continue
                 if prefix is None:
-                    prefix = records.offset_key_prefix(gid, t.name)
-                    stored = self._offsets_of(gid, t.name)
+                    prefix = records.offset_key_prefix(gid, name)
                 ts = p.commit_timestamp if (version == 1 and p.commit_timestamp != -1) else wall
                 if meta is not last_meta or ts != last_ts:  # usually once per commit
                     last_meta, last_ts = meta, ts
@@ -150,51 +191,21 @@ class Offsets:
                 raw = value_bytes(p.committed_offset, p.committed_leader_epoch if version >= 6 else -1, tail,
                                   expire)
                 writes.append((sid, prefix + pack_partition(idx), raw))
-                stored[idx] = raw
+                if stored is None:
+                    stored = place(gid, name, raw)
+                stored[idx] = raw  # the record applied as start-up applies it (Offsets.replay)
                 parts_out.append(committed[idx] if 0 <= idx < n_committed else
                                  OffsetCommitResponsePartition(idx, _NONE))
                 written += 1
-            topics_out.append(OffsetCommitResponseTopic(t.name, parts_out))
+            topics_out.append(OffsetCommitResponseTopic(name, parts_out))
         if written:
             self._count("offset_commits", written)
         out.reply(token, OffsetCommitResponse(topics=topics_out))
 
-    def _offsets_of(self, gid: str, topic: str) -> dict[int, bytes]:
-        """The stored offsets of one topic of a group (created empty if missing)."""
-        topics = self.offsets.get(gid)
-        if topics is None:
-            topics = self.offsets[gid] = {}
-        parts = topics.get(topic)
-        if parts is None:
-            parts = topics[topic] = {}
-        return parts
-
-    @staticmethod
-    def _validate_offset_commit(group: Group, member_id: str, instance_id: str | None,
-                                generation: int) -> int:
-        state = group.state
-        if state == DEAD:
-            return errors.COORDINATOR_NOT_AVAILABLE
-        if generation < 0 and state == EMPTY:
-            return _NONE  # a non-member committing into an Empty group (Spark jobs, admin tools)
-        if generation >= 0 or member_id or instance_id is not None:
-            err = group.validate_member(member_id, instance_id)
-            if err != _NONE:
-                return err
-            if generation != group.generation:
-                return errors.ILLEGAL_GENERATION
-        elif state != EMPTY:
-            return errors.UNKNOWN_MEMBER_ID
-        if state == COMPLETING_REBALANCE:
-            return errors.REBALANCE_IN_PROGRESS
-        return _NONE
-
     def fetch_offsets(self, group_id: str, topics) -> list[tuple[str, list[tuple[int, int, int, str]]]]:
         """``[(topic, [(partition, offset, leader_epoch, metadata)])]``; ``topics`` is a list of
         ``(name, [partitions])`` or None for everything committed. Unknown → offset -1."""
-        group = self.groups.get(group_id)
-        exists = (group is not None and group.state != DEAD) or group_id in self.consumer.groups
-        stored = self.offsets.get(group_id) if exists else None
+        stored = self.committed.get(group_id) if self._groups.exists(group_id) else None
         fields = records.offset_value_fields
         if topics is None:
             if not stored:
@@ -216,11 +227,9 @@ class Offsets:
     def offset_delete(self, req, version: int, token, now: int, wall: int, out: Result) -> None:
         gid = req.group_id
         error = _NONE
-        group = self.groups.get(gid) if gid else None
-        if group is None and gid in self.consumer.groups:
-            # a consumer group (Kafka's ConsumerGroup.validateOffsetDelete accepts any state; a
-            # topic its members subscribe to is refused per partition)
-            group = _SubscribedTopics(self.consumer.groups[gid])
+        # a consumer group: Kafka's ConsumerGroup.validateOffsetDelete accepts any state; a topic
+        # its members subscribe to is refused per partition
+        group = self._groups.delete_target(gid) if gid else None
         if not gid:
             error = errors.INVALID_GROUP_ID
         elif group is None or group.state == DEAD:
@@ -230,7 +239,7 @@ class Offsets:
         if error != _NONE:
             out.reply(token, OffsetDeleteResponse(error_code=error))
             return
-        stored = self.offsets.get(gid)
+        stored = self.committed.get(gid)
         topics_out = []
         deleted = 0
         for t in req.topics:
@@ -243,9 +252,9 @@ class Offsets:
                     parts.append(OffsetDeleteResponsePartition(p.partition_index, _NONE))
                     tparts = stored.get(t.name) if stored else None
                     if tparts is not None and p.partition_index in tparts:
-                        self._delete_offset(out, gid, t.name, p.partition_index)
+                        self._delete(out, gid, t.name, p.partition_index)
                         deleted += 1
-                        stored = self.offsets.get(gid)
+                        stored = self.committed.get(gid)
             topics_out.append(OffsetDeleteResponseTopic(t.name, parts))
         if deleted:
             self._count("offsets_deleted", deleted)
@@ -256,66 +265,31 @@ class Offsets:
 
     # ==== retention (KIP-211) ====================================================================
 
-    def expire_offsets(self, wall: int, out: Result) -> int:
-        """Tombstone expired offsets; delete Empty groups left with no offsets. Returns the number
-        of offsets expired."""
+    def expire(self, gid: str, is_subscribed, since_state: int | None, wall: int, out: Result) -> tuple[int, bool]:
+        """Tombstone the expired offsets of group ``gid``: an offset with an explicit expiry at it,
+        any other ``offsets_retention_ms`` after ``since_state`` (the group fell Empty) or, when
+        that is None, after its commit; never one of a topic ``is_subscribed(topic)``. ->
+        (offsets expired, whether the group has none left)."""
+        stored = self.committed.get(gid)
+        if not stored:
+            return 0, True
         retention = self.config.offsets_retention_ms
-        expired = groups_gone = 0
-        for gid, group in list(self.groups.items()):
-            all_gone = True
-            stored = self.offsets.get(gid)
-            if stored:
-                base = group.offset_expiration_base()
-                if base is None:
-                    all_gone = False
+        expired = 0
+        all_gone = True
+        for topic, parts in list(stored.items()):
+            if is_subscribed(topic):
+                all_gone = False
+                continue
+            for p, v in list(parts.items()):
+                commit_ts, expire_ts = records.offset_value_times(v)
+                if expire_ts != -1:
+                    gone = wall >= expire_ts
                 else:
-                    state_ts = group.state_wall_ms if base == "state" else None
-                    for topic, parts in list(stored.items()):
-                        if group.is_subscribed_to_topic(topic):
-                            all_gone = False
-                            continue
-                        for p, v in list(parts.items()):
-                            commit_ts, expire_ts = records.offset_value_times(v)
-                            if expire_ts != -1:
-                                gone = wall >= expire_ts
-                            else:
-                                since = state_ts if state_ts is not None else commit_ts
-                                gone = wall - since >= retention
-                            if gone:
-                                self._delete_offset(out, gid, topic, p)
-                                expired += 1
-                            else:
-                                all_gone = False
-            if all_gone and group.state == EMPTY and not group.pending_members:
-                self._write_group_tombstone(out, gid)
-                self._count("groups_expired")
-                groups_gone += 1
-        # consumer groups (Kafka's ConsumerGroup.offsetExpirationCondition): by commit time, never
-        # a topic its members subscribe to; an Empty one left with no offsets is deleted
-        for gid, cgroup in list(self.consumer.groups.items()):
-            stored = self.offsets.get(gid)
-            subscribed = _SubscribedTopics(cgroup)
-            all_gone = True
-            for topic, parts in list((stored or {}).items()):
-                if subscribed.is_subscribed_to_topic(topic):
+                    since = since_state if since_state is not None else commit_ts
+                    gone = wall - since >= retention
+                if gone:
+                    self._delete(out, gid, topic, p)
+                    expired += 1
+                else:
                     all_gone = False
-                    continue
-                for p, v in list(parts.items()):
-                    commit_ts, expire_ts = records.offset_value_times(v)
-                    if (wall >= expire_ts) if expire_ts != -1 else (wall - commit_ts >= retention):
-                        self._delete_offset(out, gid, topic, p)
-                        expired += 1
-                    else:
-                        all_gone = False
-            if all_gone and not cgroup.members:
-                recs, err = self.consumer.delete_group(gid)
-                if err == _NONE:
-                    self._consumer_writes(out, recs)
-                    self.consumer_history.pop(gid, None)
-                    self._count("groups_expired")
-                    groups_gone += 1
-        if expired:
-            self._count("offsets_expired", expired)
-        if expired or groups_gone:
-            log.info("offsets_expired", shard=self.shard_id, offsets=expired, groups_removed=groups_gone)
-        return expired
+        return expired, all_gone

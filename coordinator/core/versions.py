@@ -53,7 +53,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
 # v2, and a consistent Fetch encoding, only with a broker that advertises Produce v3+.
 SUPPORTED[produce.API_KEY] = (produce.MIN_VERSION, produce.MAX_VERSION)
 
-# The group APIs handled by the group coordinator (coordinator/group_coordinator.py).
+# The group APIs handled by the group coordinator (coordinator/core/coordinator.py).
 GROUP_APIS = frozenset({
     JOIN_GROUP, SYNC_GROUP, HEARTBEAT, LEAVE_GROUP, OFFSET_COMMIT, OFFSET_FETCH, LIST_GROUPS, DESCRIBE_GROUPS,
     DELETE_GROUPS, OFFSET_DELETE, CONSUMER_GROUP_HEARTBEAT, CONSUMER_GROUP_DESCRIBE,

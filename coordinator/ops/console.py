@@ -49,17 +49,19 @@ SORT_KEYS = ("group_id", "state", "protocol_type", "members", "lag", "lag_second
              "rebalances_1h", "partitions")
 STATIC = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
           "app.css": "text/css; charset=utf-8", "favicon.svg": "image/svg+xml"}
-def make_source(config) -> LogEndSource | None:
+def make_source(config, reader=None) -> LogEndSource | None:
     """The log-end source for ``data_bootstrap_server`` (the data-cluster reader,
-    :mod:`coordinator.datacluster`, with the TLS/SASL settings of ``data_command_config``), or None
-    without one (commit ages only). ``ValueError`` (one line) for settings that cannot be used."""
+    :mod:`coordinator.datacluster`, with the TLS/SASL settings of ``data_command_config``; ``reader``
+    when the daemon made it already, for its catalog), or None without one (commit ages only).
+    ``ValueError`` (one line) for settings that cannot be used."""
     if not config.data_bootstrap_server:
         return None
     from coordinator.ops.datacluster import reader_from_config
     from coordinator.ops.lag import default_timeout_ms
 
     # each fetch ends (with what it read, or why not) before the refresher gives up on it
-    reader = reader_from_config(config, timeout_ms=default_timeout_ms(config.lag_refresh_interval_ms) * 9 // 10)
+    if reader is None:
+        reader = reader_from_config(config, timeout_ms=default_timeout_ms(config.lag_refresh_interval_ms) * 9 // 10)
     log.info("lag: reading log ends from the data cluster", data_bootstrap_server=config.data_bootstrap_server,
              security_protocol=reader.security.protocol, interval_ms=config.lag_refresh_interval_ms)
     return reader

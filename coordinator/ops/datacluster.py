@@ -1,7 +1,7 @@
 """The data-cluster reader: log-end offsets of the Kafka cluster that holds the partitions' data.
 
 herd keeps the committed offsets; the log ends live in the data cluster (``data_bootstrap_server``).
-:class:`DataClusterReader` is the :class:`coordinator.lag.LogEndSource` the lag refresher asks:
+:class:`DataClusterReader` is the :class:`coordinator.ops.lag.LogEndSource` the lag refresher asks:
 
     ends = await reader.fetch([("orders", 0), ("orders", 1), ...])   # {(topic, partition): log end}
 
@@ -22,7 +22,7 @@ What it returns and raises (the refresher's contract, see :mod:`coordinator.lag`
 
 * the log end of every partition it could read; a partition the data cluster does not have (no
   such topic, no leader) is left out and not an error: it simply has no lag;
-* :class:`coordinator.lag.PartialFetch` when some broker could not be asked (down, timed out,
+* :class:`coordinator.ops.lag.PartialFetch` when some broker could not be asked (down, timed out,
   refused us): it carries the log ends it did read, the rest go stale, ``herd_lag_source_up`` 0;
 * :class:`DataClusterError` when nothing could be read (no broker reachable for Metadata).
 
@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import uuid
 
 from coordinator import logging_setup
 from coordinator.clock import Clock, SystemClock
@@ -48,7 +49,7 @@ from protocol import messages as m
 from protocol.client_connection import AuthenticationFailed, Connection, ConnectionBroken, Ready, Response
 from protocol.client_security import SecurityConfig, tls_failure
 
-__all__ = ["DataClusterError", "DataClusterReader", "parse_servers", "reader_from_config"]
+__all__ = ["DataClusterError", "DataClusterReader", "TopicsRead", "parse_servers", "reader_from_config"]
 
 log = logging_setup.get("herd.datacluster")
 
@@ -61,6 +62,7 @@ LEADER_MOVED = frozenset({E.NOT_LEADER_OR_FOLLOWER, E.LEADER_NOT_AVAILABLE, E.UN
                           E.FENCED_LEADER_EPOCH, E.REPLICA_NOT_AVAILABLE, E.UNKNOWN_TOPIC_OR_PARTITION})
 
 TopicPartition = tuple[str, int]
+NIL_UUID = bytes(16)
 
 
 class DataClusterError(Exception):
@@ -238,6 +240,7 @@ class DataClusterReader:
         self.leaders: dict[str, dict[int, int]] = {}  # topic -> partition -> leader node id
         self.leaders_at: dict[str, int] = {}  # topic -> monotonic ms its leaders were read
         self.topic_errors: dict[str, int] = {}  # topic -> the error Metadata gave (other than unknown)
+        self.cluster_id = ""  # the data cluster's, from Metadata
         self.stats = {"connects": 0, "connect_failures": 0, "metadata_requests": 0, "list_offsets_requests": 0}
 
     def __repr__(self) -> str:
@@ -341,52 +344,99 @@ class DataClusterReader:
                 peer.conn = None
 
     # -- metadata ---------------------------------------------------------------------------------
-    async def _metadata(self, topics: list[str], budget: _Budget) -> None:
-        """Read the leaders of ``topics`` from the first broker that answers: a connected one, then
-        the known brokers, then the bootstrap servers. ``DataClusterError`` when none does."""
-        problems = []
+    def _metadata_candidates(self) -> list[tuple[str, int]]:
+        """Where to ask Metadata: a connected broker, then the known brokers, then the bootstrap servers."""
         candidates = []
         for addr, peer in self.peers.items():
             if peer.conn is not None and not peer.conn.closed:
                 candidates.append(addr)
         candidates += [a for a in self.brokers.values() if a not in candidates]
         candidates += [a for a in self.servers if a not in candidates]
+        return candidates
+
+    async def _metadata_call(self, chunk: list[str] | None, budget: _Budget):
+        """One Metadata (``chunk`` None: every topic) from the first broker that answers; the
+        response. ``DataClusterError`` when none does."""
+        problems = []
 
         def build(v):
-            req = m.MetadataRequest(topics=[m.MetadataRequestTopic(name=t) for t in chunk])
+            req = m.MetadataRequest(topics=None if chunk is None else [m.MetadataRequestTopic(name=t) for t in chunk])
             if v is not None and v >= 4:
                 req.allow_auto_topic_creation = False
+            if v == 0 and chunk is None:
+                req.topics = []  # v0: an empty list asks for every topic
             return req
 
+        for addr in self._metadata_candidates():
+            try:
+                self.stats["metadata_requests"] += 1
+                resp, _ = await self._call(addr, build, budget)
+            except DataClusterError as exc:
+                problems.append(str(exc))
+                continue
+            self._learn(resp)
+            return resp
+        raise DataClusterError("no data cluster broker answered Metadata: " + "; ".join(problems[-3:]))
+
+    def _learn(self, resp) -> None:
+        """Brokers and leaders from a Metadata response."""
+        self.brokers = {b.node_id: (b.host, b.port) for b in resp.brokers} or self.brokers
+        if resp.cluster_id:
+            self.cluster_id = resp.cluster_id
+        now = self.clock.monotonic_ms()
+        for t in resp.topics:
+            self.leaders_at.pop(t.name, None)
+            if t.error_code != E.NONE:
+                # UNKNOWN_TOPIC_OR_PARTITION: the cluster has no such topic, so it has no lag (not a
+                # failure); anything else (no leader yet, not authorized) is one: asked again next time
+                self.leaders.pop(t.name, None)
+                if t.error_code == E.UNKNOWN_TOPIC_OR_PARTITION:
+                    self.topic_errors.pop(t.name, None)
+                else:
+                    self.topic_errors[t.name] = t.error_code
+                continue
+            self.topic_errors.pop(t.name, None)
+            leaders = self.leaders[t.name] = {p.partition_index: p.leader_id for p in t.partitions}
+            if all(leader >= 0 for leader in leaders.values()):
+                self.leaders_at[t.name] = now  # a partition without a leader: asked again next time
+
+    async def _metadata(self, topics: list[str], budget: _Budget) -> None:
+        """Read the leaders of ``topics`` from the first broker that answers: a connected one, then
+        the known brokers, then the bootstrap servers. ``DataClusterError`` when none does."""
         for i in range(0, len(topics), METADATA_TOPICS_PER_REQUEST):
-            chunk = topics[i:i + METADATA_TOPICS_PER_REQUEST]
-            for addr in candidates:
-                try:
-                    self.stats["metadata_requests"] += 1
-                    resp, _ = await self._call(addr, build, budget)
-                except DataClusterError as exc:
-                    problems.append(str(exc))
-                    continue
-                break
-            else:
-                raise DataClusterError("no data cluster broker answered Metadata: " + "; ".join(problems[-3:]))
-            self.brokers = {b.node_id: (b.host, b.port) for b in resp.brokers} or self.brokers
-            now = self.clock.monotonic_ms()
+            await self._metadata_call(topics[i:i + METADATA_TOPICS_PER_REQUEST], budget)
+
+    # -- topics (the catalog) ---------------------------------------------------------------------
+    async def topics(self, names: list[str] | None = None, timeout_ms: int | None = None) -> TopicsRead:
+        """The data cluster's topics: every one (``names`` None) or those named. -> ``TopicsRead``:
+        ``found`` {name: (topic id, partition count)}, ``unknown`` (names it does not have),
+        ``errors`` {name: error code} (a topic it has but cannot describe now: no leader yet, not
+        authorized). Internal topics (its own ``__consumer_offsets``) are left out. A cluster too old
+        for topic ids (Metadata v9 and below) gets ids derived from its cluster id and the name, the
+        same on every herd node. ``DataClusterError`` when no broker answers."""
+        budget = _Budget(self.timeout_ms if timeout_ms is None else timeout_ms)
+        out = TopicsRead()
+        chunks = [None] if names is None else [names[i:i + METADATA_TOPICS_PER_REQUEST]
+                                               for i in range(0, len(names), METADATA_TOPICS_PER_REQUEST)]
+        for chunk in chunks:
+            resp = await self._metadata_call(chunk, budget)
             for t in resp.topics:
-                self.leaders_at.pop(t.name, None)
-                if t.error_code != E.NONE:
-                    # UNKNOWN_TOPIC_OR_PARTITION: the cluster has no such topic, so it has no lag (not a
-                    # failure); anything else (no leader yet, not authorized) is one: asked again next time
-                    self.leaders.pop(t.name, None)
-                    if t.error_code == E.UNKNOWN_TOPIC_OR_PARTITION:
-                        self.topic_errors.pop(t.name, None)
-                    else:
-                        self.topic_errors[t.name] = t.error_code
+                if t.name is None:
                     continue
-                self.topic_errors.pop(t.name, None)
-                leaders = self.leaders[t.name] = {p.partition_index: p.leader_id for p in t.partitions}
-                if all(leader >= 0 for leader in leaders.values()):
-                    self.leaders_at[t.name] = now  # a partition without a leader: asked again next time
+                if t.error_code == E.UNKNOWN_TOPIC_OR_PARTITION:
+                    out.unknown.add(t.name)
+                elif t.error_code != E.NONE:
+                    out.errors[t.name] = t.error_code
+                elif not t.is_internal:
+                    count = max((p.partition_index for p in t.partitions), default=-1) + 1
+                    tid = t.topic_id
+                    if not tid or tid == NIL_UUID:
+                        tid = uuid.uuid5(uuid.NAMESPACE_URL, f"herd-topic:{self.cluster_id}:{t.name}").bytes
+                    out.found[t.name] = (tid, count)
+            if chunk is not None:
+                seen = set(out.found) | out.unknown | set(out.errors)
+                out.unknown.update(n for n in chunk if n not in seen)
+        return out
 
     # -- log ends ---------------------------------------------------------------------------------
     async def fetch(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
@@ -439,36 +489,110 @@ class DataClusterReader:
             raise PartialFetch(out, errors[0] if len(errors) == 1 else f"{errors[0]} (and {len(errors) - 1} more)")
         return out
 
-    async def _list_offsets(self, node: int, tps: list[TopicPartition], budget: _Budget):
-        """``({tp: log end}, [tps whose leader moved])`` from one leader."""
+    async def _list_offsets(self, node: int, tps, budget: _Budget, isolation: int = 0):
+        """``({tp: log end}, [tps whose leader moved])`` from one leader: ``tps`` a list of partitions
+        (their LATEST offset) or a dict {tp: timestamp}; with a dict the answer is
+        ``({tp: (error, timestamp, offset)}, moved)``, every error but a moved leader kept."""
+        specs = tps if isinstance(tps, dict) else dict.fromkeys(tps, LATEST)
         topics: dict[str, list[int]] = {}
-        for t, p in tps:
+        for t, p in specs:
             topics.setdefault(t, []).append(p)
 
         def build(v):
             return m.ListOffsetsRequest(
-                replica_id=-1, isolation_level=0, timeout_ms=int(budget.remaining() * 1000),
+                replica_id=-1, isolation_level=isolation, timeout_ms=int(budget.remaining() * 1000),
                 topics=[m.ListOffsetsRequestListOffsetsTopic(name=t, partitions=[
                     m.ListOffsetsRequestListOffsetsPartition(partition_index=p, current_leader_epoch=-1,
-                                                             timestamp=LATEST, max_num_offsets=1)
+                                                             timestamp=specs[(t, p)], max_num_offsets=1)
                     for p in ps]) for t, ps in topics.items()])
 
         self.stats["list_offsets_requests"] += 1
         resp, v = await self._call(self.brokers[node], build, budget)
-        ends: dict[TopicPartition, int] = {}
+        ends: dict = {}
         moved: list[TopicPartition] = []
+        detailed = isinstance(tps, dict)
         for rt in resp.topics:
             for rp in rt.partitions:
                 tp = (rt.name, rp.partition_index)
+                if tp not in specs:
+                    continue
+                if v == 0:
+                    off, ts = (rp.old_style_offsets[0] if rp.old_style_offsets else -1), -1
+                else:
+                    off, ts = rp.offset, rp.timestamp
+                if detailed:  # the answer stands unless the next try (its leader moved) gives another
+                    ends[tp] = (rp.error_code, ts, off)
                 if rp.error_code in LEADER_MOVED:
                     moved.append(tp)
                     continue
-                if rp.error_code != E.NONE:
-                    continue
-                off = (rp.old_style_offsets[0] if rp.old_style_offsets else -1) if v == 0 else rp.offset
-                if off >= 0:
+                if not detailed and rp.error_code == E.NONE and off >= 0:
                     ends[tp] = off
         return ends, moved
+
+    async def list_offsets(self, specs: dict[TopicPartition, int], isolation: int = 0,
+                           timeout_ms: int | None = None) -> dict[TopicPartition, tuple[int, int, int]]:
+        """ListOffsets as the data cluster answers it: ``specs`` {(topic, partition): timestamp}
+        (-1 latest, -2 earliest, -3 max timestamp, or a time in ms) -> {tp: (error code, timestamp,
+        offset)} for every partition asked. One request per leader broker, the brokers asked
+        concurrently, a moved leader looked up again once, all within ``timeout_ms``. A partition
+        whose leader could not be asked (down, timed out, no leader) gets LEADER_NOT_AVAILABLE (a
+        client retries it after refreshing its metadata); one the cluster does not have,
+        UNKNOWN_TOPIC_OR_PARTITION. Never raises for the data cluster's failures."""
+        budget = _Budget(self.timeout_ms if timeout_ms is None else timeout_ms)
+        out: dict[TopicPartition, tuple[int, int, int]] = {}
+        todo = dict(specs)
+        for attempt in range(2):
+            now = self.clock.monotonic_ms()
+            topics = sorted({t for t, _ in todo})
+            stale = [t for t in topics if now - self.leaders_at.get(t, -10**15) > self.metadata_max_age_ms]
+            if stale:
+                try:
+                    await self._metadata(stale, budget)
+                except DataClusterError as exc:
+                    log.debug("list offsets: no metadata", error=str(exc))
+                    break
+            by_leader: dict[int, dict] = {}
+            for tp, ts in todo.items():
+                leader = self.leaders.get(tp[0], {}).get(tp[1])
+                if leader is None and tp[0] not in self.topic_errors:
+                    out[tp] = (E.UNKNOWN_TOPIC_OR_PARTITION, -1, -1)
+                elif leader is not None and leader >= 0 and leader in self.brokers:
+                    by_leader.setdefault(leader, {})[tp] = ts
+            results = await asyncio.gather(*(self._list_offsets(node, tps, budget, isolation)
+                                             for node, tps in by_leader.items()), return_exceptions=True)
+            moved: dict = {}
+            for tps, res in zip(by_leader.values(), results, strict=True):
+                if isinstance(res, BaseException):
+                    if not isinstance(res, DataClusterError):
+                        raise res
+                    log.debug("list offsets: a leader could not be asked", error=str(res))
+                    for t in {t for t, _ in tps}:
+                        self.leaders_at.pop(t, None)
+                    continue
+                answers, again = res
+                out.update(answers)
+                for tp in again:
+                    moved[tp] = todo[tp]
+            if not moved or attempt == 1:
+                break
+            for t in {t for t, _ in moved}:
+                self.leaders_at.pop(t, None)
+            todo = moved
+        for tp in specs:
+            if tp not in out:
+                out[tp] = (E.LEADER_NOT_AVAILABLE, -1, -1)
+        return out
+
+
+class TopicsRead:
+    """What :meth:`DataClusterReader.topics` read."""
+
+    __slots__ = ("found", "unknown", "errors")
+
+    def __init__(self):
+        self.found: dict[str, tuple[bytes, int]] = {}
+        self.unknown: set[str] = set()
+        self.errors: dict[str, int] = {}
 
 
 class _Budget:

@@ -1,6 +1,6 @@
 """The durable store the runtime writes through: its interface, its contract and its errors.
 
-The pure core (``coordinator.group_coordinator``, ``coordinator.shard``, ``coordinator.catalog``)
+The pure core (``coordinator.core.coordinator``, ``coordinator.core.shard``, ``coordinator.core.catalog``)
 never sees a store: it returns records as ``(shard_id, key, value)`` and replays entries handed
 to it. The runtime (``coordinator.runtime``) is the only caller of a :class:`Store`. The file log
 (:class:`coordinator.store.filelog.FileStore`, one append-only file per shard) is one

@@ -1,5 +1,7 @@
-"""The file log's compaction: the compactor thread and the writer-side swap. A mixin of
-:class:`coordinator.store.filelog.LogStore`.
+"""The file log's compaction: :class:`Compaction` owns the compactor thread and its job queue;
+its writer-side half (start, swap, finish) runs on the writer thread when the
+:class:`~coordinator.store.writer.Writer` it was built with asks. The
+:class:`~coordinator.store.filelog.LogStore` holds one.
 
 Compaction
 ----------
@@ -23,6 +25,8 @@ Apart from file creation, cutting a damaged tail at open, and compaction (all ra
 from __future__ import annotations
 
 import os
+import queue
+import threading
 import time
 from concurrent.futures import Future
 
@@ -47,11 +51,43 @@ log = structlog.get_logger("herd.log")
 
 
 class Compaction:
-    """Compaction for :class:`~coordinator.store.filelog.LogStore` (a mixin)."""
+    """Compaction of a file log's shards. ``writer`` is what it asks of the writer: ``post(item)``
+    (a swap or a failure for the writer thread), ``is_open()``, ``fail_shard(st, exc, what)``,
+    ``shards``."""
+
+    def __init__(self, writer, threshold_bytes: int, dead_ratio: float, auto_compact: bool):
+        self._writer = writer
+        self.compact_threshold_bytes = threshold_bytes
+        self.compact_dead_ratio = dead_ratio
+        self.auto_compact = auto_compact
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()  # (shard id, size) to compact; None: stop
+        self._compactor: threading.Thread | None = None
+        # Test hook: called in the compactor thread with the shard id once the compacted file is
+        # written and fsynced, before the writer swaps it in.
+        self.written_hook = None
+
+    def start(self) -> None:
+        self._compactor = threading.Thread(target=self._compactor_main, name="herd-log-compactor", daemon=True)
+        self._compactor.start()
+
+    def stop(self) -> None:
+        """Stop the compactor thread (the writer is closing: a compaction under way is abandoned)."""
+        self._jobs.put(None)
+        self._compactor.join()
+
+    def abandon_jobs(self, exc: BaseException) -> None:
+        """Fail the compactions asked for after the compactor stopped (at close)."""
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                self.over(self._writer.shards[job[0]], exc)
 
     # ---- compaction (writer side) ----------------------------------------------------------------
 
-    def _maybe_compact(self, st: _Shard) -> None:
+    def maybe_compact(self, st: _Shard) -> None:
         if not self.auto_compact or st.compacting or st.failed is not None:
             return
         body = st.size - HEADER_SIZE
@@ -59,7 +95,7 @@ class Compaction:
                 and body - st.live_bytes >= self.compact_dead_ratio * body):
             self._start_compaction(st)
 
-    def _request_compaction(self, st: _Shard, fut: Future) -> None:
+    def request(self, st: _Shard, fut: Future) -> None:
         if st.failed is not None:
             _fail(fut, ShardFailedError(st.id, st.failed))
         elif st.compacting:
@@ -69,20 +105,20 @@ class Compaction:
             self._start_compaction(st)
 
     def _start_compaction(self, st: _Shard) -> None:
-        if self._state != "open":
-            self._compaction_over(st, LogClosedError("log store closing"))
+        if not self._writer.is_open():
+            self.over(st, LogClosedError("log store closing"))
             return
         st.compacting = True
         st.snapshot = st.written  # what is in the file; the swap copies the rest, all written by then
         self._jobs.put((st.id, st.snapshot[0]))
 
-    def _swap(self, shard_id: int, tmp_fd: int, tmp_size: int, kept: int, started: float) -> None:
-        st = self._shards[shard_id]
+    def swap(self, shard_id: int, tmp_fd: int, tmp_size: int, kept: int, started: float) -> None:
+        st = self._writer.shards[shard_id]
         tmp_path = st.dir / COMPACT_TMP
         if st.failed is not None:
             _close_quietly(tmp_fd)
             _unlink_quietly(tmp_path)
-            self._compaction_over(st, ShardFailedError(shard_id, st.failed))
+            self.over(st, ShardFailedError(shard_id, st.failed))
             return
         snap_size, snap_entries = st.snapshot
         before = st.size
@@ -100,12 +136,12 @@ class Compaction:
             if renamed:  # the new file is in place but the directory may not be durable: stop here
                 os.close(st.fd)
                 st.fd = tmp_fd
-                self._fail_shard(st, exc, "compaction")
+                self._writer.fail_shard(st, exc, "compaction")
             else:
                 _close_quietly(tmp_fd)
                 _unlink_quietly(tmp_path)
-                self._fail_shard(st, exc, "compaction")
-            self._compaction_over(st, exc)
+                self._writer.fail_shard(st, exc, "compaction")
+            self.over(st, exc)
             return
         os.close(st.fd)
         st.fd = tmp_fd
@@ -119,9 +155,9 @@ class Compaction:
         info = {"shard": shard_id, "bytes_before": before, "bytes_after": new_size, "entries": st.entries,
                 "seconds": round(seconds, 3)}
         log.info("log.compacted", **info)
-        self._compaction_over(st, None, info)
+        self.over(st, None, info)
 
-    def _compaction_over(self, st: _Shard, exc: BaseException | None, info: dict | None = None) -> None:
+    def over(self, st: _Shard, exc: BaseException | None, info: dict | None = None) -> None:
         st.compacting = False
         waiters, st.waiters = st.waiters, []
         for f in waiters:
@@ -134,7 +170,7 @@ class Compaction:
         if st.next_waiters:
             st.waiters, st.next_waiters = st.next_waiters, []
             if st.failed is not None:
-                self._compaction_over(st, ShardFailedError(st.id, st.failed))
+                self.over(st, ShardFailedError(st.id, st.failed))
             else:
                 self._start_compaction(st)
 
@@ -146,16 +182,16 @@ class Compaction:
             if job is None:
                 return
             shard_id, snap_size = job
-            st = self._shards[shard_id]
+            st = self._writer.shards[shard_id]
             started = time.perf_counter()
             tmp_path = st.dir / COMPACT_TMP
             tmp_fd = -1
             try:
                 tmp_fd, tmp_size, kept = self._compact_file(st, snap_size)
-                hook = self._compaction_written_hook
+                hook = self.written_hook
                 if hook is not None:
                     hook(shard_id)
-                if self._state != "open":
+                if not self._writer.is_open():
                     raise LogClosedError("log store closing")
             except BaseException as exc:
                 if tmp_fd >= 0:
@@ -163,9 +199,9 @@ class Compaction:
                 _unlink_quietly(tmp_path)
                 if not isinstance(exc, LogClosedError):
                     log.error("log.compaction_failed", shard=shard_id, error=f"{type(exc).__name__}: {exc}")
-                self._queue.put((_SWAP_FAILED, shard_id, exc))
+                self._writer.post((_SWAP_FAILED, shard_id, exc))
                 continue
-            self._queue.put((_SWAP, shard_id, tmp_fd, tmp_size, kept, started))
+            self._writer.post((_SWAP, shard_id, tmp_fd, tmp_size, kept, started))
 
     def _compact_file(self, st: _Shard, snap_size: int) -> tuple[int, int, int]:
         """Write the live entries of ``st.path[:snap_size]`` to the temp file, fsynced.
@@ -180,7 +216,7 @@ class Compaction:
             reason = _frame_problem(buf, stop, snap_size)
             raise LogCorruptError([Damage(st.id, str(st.path), stop, reason or "invalid entry", "corrupt",
                                           "found by compaction in data written since open", snap_size)])
-        if self._state != "open":
+        if not self._writer.is_open():
             raise LogClosedError("log store closing")
         last = {}
         for i, fr in enumerate(frames):

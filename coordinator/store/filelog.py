@@ -5,9 +5,12 @@ Entries are opaque ``(key: bytes, value: bytes | None)`` pairs; ``None`` is a to
 never looks inside them (``tools/logdump`` does).
 
 The parts: :mod:`coordinator.store.logformat` (the bytes on disk, scanning, damage),
-:mod:`coordinator.store.writer` (the writer and sync threads), :mod:`coordinator.store.compaction`,
-:mod:`coordinator.store.fileio` (OS calls). This module holds the store class: opening (with the
-torn-tail and corruption rules of ``logformat``), the write API and closing.
+:mod:`coordinator.store.writer` (:class:`~coordinator.store.writer.Writer`: the open files, the
+staged writes, the writer and sync threads and their locks), :mod:`coordinator.store.compaction`
+(:class:`~coordinator.store.compaction.Compaction`: the compactor thread),
+:mod:`coordinator.store.fileio` (OS calls). This module holds the store class, which holds a
+writer and a compaction: opening (with the torn-tail and corruption rules of ``logformat``), then
+the writer's write API, and closing.
 
 Speed
 -----
@@ -21,30 +24,25 @@ the figure; ``open(latest_only=True)`` lets the caller decode each key once.
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
 import gc
 import json
 import os
-import queue
-import threading
 from collections.abc import Iterable
 from concurrent.futures import Future
 from pathlib import Path
 
 import structlog
 
-from coordinator.store import Entry, ShardFailedError, ShardStats, Store
+from coordinator.store import Entry, ShardStats, Store
 from coordinator.store.compaction import Compaction
-from coordinator.store.fileio import _fail, _fsync_dir, _pwrite_all, _write_file_atomic
+from coordinator.store.fileio import _fsync_dir, _pwrite_all, _write_file_atomic
 from coordinator.store.logformat import (
     COMPACT_TMP,
     CRC32C_IMPL,
     FORMAT_VERSION,
     HEADER_SIZE,
-    MAX_ENTRY_BYTES,
     META_NAME,
-    LogClosedError,
     LogCorruptError,
     LogError,
     LogFormatError,
@@ -54,14 +52,17 @@ from coordinator.store.logformat import (
     latest,
     shard_dir_name,
 )
-from coordinator.store.writer import _CHECK_ALL, _COMPACT, _FLUSH, _STOP, SYNC_JOBS, MiB, WriterThreads, _Shard
+from coordinator.store.writer import SYNC_JOBS, MiB, Writer, _Shard
 
 log = structlog.get_logger("herd.log")
 _warned_slow_crc = False
 
 
-class LogStore(WriterThreads, Compaction):
-    """Durable per-shard logs. ``open()`` once, ``append()`` from any thread, ``close()`` once."""
+class LogStore:
+    """Durable per-shard logs. ``open()`` once, ``append()`` from any thread, ``close()`` once.
+    Holds a :class:`Writer` (``writer``: the files once open, the writes, their threads and locks)
+    and a :class:`Compaction` (``compaction``); ``append``, ``submit``, ``flush``,
+    ``set_listener``, ``compact`` and ``stats`` are the writer's."""
 
     def __init__(self, data_dir, num_shards: int = 50, fsync: str = "always", *, repair: bool = False,
                  compact_threshold_bytes: int = 64 * MiB, compact_dead_ratio: float = 0.5,
@@ -74,36 +75,13 @@ class LogStore(WriterThreads, Compaction):
         self.num_shards = num_shards
         self.fsync = fsync
         self.repair = repair
-        self.compact_threshold_bytes = compact_threshold_bytes
-        self.compact_dead_ratio = compact_dead_ratio
-        self.auto_compact = auto_compact
-        self._shards: list[_Shard] = []
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        # Held while writing (flush on the loop, the writer thread's work): orders the writes and
-        # guards the writer-side shard state. ``_synced_lock`` pairs a shard's size with ``synced``.
-        self._wlock = threading.Lock()
-        self._synced_lock = threading.Lock()
-        self._settle_lock = threading.Condition(threading.Lock())
-        self._running: collections.deque = collections.deque()  # _SyncJobs not settled, oldest first
-        self._sync_jobs = max(1, sync_jobs)  # at most this many _SyncJobs syncing at once
-        self._active = 0  # _SyncJobs on the sync threads
-        self._unsynced: list = []  # written while its shard synced or all slots were busy
-        self._syncing: set[int] = set()  # shards with a job syncing (one fdatasync per file at a time)
-        # The fsync threads take jobs from this queue (a SimpleQueue and plain threads: the
-        # ThreadPoolExecutor's Future, Condition and Semaphore per job cost ~40 us of loop CPU).
-        self._sync_queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._sync_threads: list[threading.Thread] = []
-        self._staged: list = []  # (shard, entries, seq, future | None) not yet handed to the writer
-        self._seqs = [0] * num_shards  # last sequence number given out per shard
-        self._listener = None
-        self._state = "new"  # new -> open -> closing -> closed
-        self._writer: threading.Thread | None = None
-        self._compactor: threading.Thread | None = None
-        # Test hook: called in the compactor thread with the shard id once the compacted file is
-        # written and fsynced, before the writer swaps it in.
-        self._compaction_written_hook = None
+        self.writer = Writer(num_shards, fsync, sync_jobs)
+        self.compaction = Compaction(self.writer, compact_threshold_bytes, compact_dead_ratio, auto_compact)
+        # the writer's bound methods on the instance: the event loop's per-request calls cost no
+        # extra call through the store
+        self.submit = self.writer.submit
+        self.flush = self.writer.flush
+        self.append = self.writer.append
 
     # ---- open ------------------------------------------------------------------------------------
 
@@ -115,41 +93,25 @@ class LogStore(WriterThreads, Compaction):
         ``latest_only``: return what a compaction would keep (the last value of each key, in the
         order of those last entries, no tombstones) so the caller decodes each key once. Replaying
         it is equivalent by construction: after a compaction that is all the file holds."""
-        with self._lock:
-            if self._state != "new":
-                raise LogError("LogStore.open() may be called once")
-            self._state = "opening"
+        self.writer.begin_open()
         global _warned_slow_crc
         if CRC32C_IMPL == "pure-python" and not _warned_slow_crc:
             _warned_slow_crc = True
             log.warning("log.crc32c_slow", detail="no C CRC32C (google-crc32c) installed; replay is slow")
+        shards: list[_Shard] = []
         try:
-            result = self._open()
+            result = self._open(shards)
             if latest_only:
                 for shard_id, entries in result.items():
                     result[shard_id] = latest(entries)
         except BaseException:
-            for st in self._shards:
+            for st in shards:
                 if st.fd >= 0:
                     os.close(st.fd)
                     st.fd = -1
-            self._shards = []
-            with self._lock:
-                self._state = "closed"
+            self.writer.open_failed()
             raise
-        self._writer = threading.Thread(target=self._writer_main, name="herd-log-writer", daemon=True)
-        self._compactor = threading.Thread(target=self._compactor_main, name="herd-log-compactor",
-                                           daemon=True)
-        if self.fsync == "always":
-            self._sync_threads = [threading.Thread(target=self._sync_main, name=f"herd-log-fsync-{i}", daemon=True)
-                                  for i in range(self._sync_jobs)]
-        with self._lock:
-            self._state = "open"
-        self._writer.start()
-        self._compactor.start()
-        for t in self._sync_threads:
-            t.start()
-        self._queue.put((_CHECK_ALL,))
+        self.writer.start(shards, self.compaction)
         return result
 
     def _check_meta(self) -> None:
@@ -197,18 +159,18 @@ class LogStore(WriterThreads, Compaction):
                     detail="no herd data here: started an EMPTY store (no groups, no offsets); expected on a "
                            "first start only")
 
-    def _open(self) -> dict[int, list[Entry]]:
+    def _open(self, shards: list[_Shard]) -> dict[int, list[Entry]]:
         # Replay makes no cyclic garbage; without this, the collections that the new tuples trigger
         # rescan all the earlier ones (~40% of the time of a 1M-entry replay).
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
-            return self._open_files()
+            return self._open_files(shards)
         finally:
             if gc_was_enabled:
                 gc.enable()
 
-    def _open_files(self) -> dict[int, list[Entry]]:
+    def _open_files(self, shards: list[_Shard]) -> dict[int, list[Entry]]:
         self._check_meta()
         created_dirs = False
         scans = []
@@ -218,7 +180,7 @@ class LogStore(WriterThreads, Compaction):
                 d.mkdir()
                 created_dirs = True
             st = _Shard(shard_id, d)
-            self._shards.append(st)
+            shards.append(st)
             tmp = d / COMPACT_TMP
             if tmp.exists():
                 tmp.unlink()
@@ -251,7 +213,7 @@ class LogStore(WriterThreads, Compaction):
             raise LogCorruptError(problems)
         # Nothing refused: now change files.
         result: dict[int, list[Entry]] = {}
-        for st, sc in zip(self._shards, scans, strict=True):
+        for st, sc in zip(shards, scans, strict=True):
             result[st.id] = self._prepare_shard(st, sc)
         return result
 
@@ -306,133 +268,27 @@ class LogStore(WriterThreads, Compaction):
             st.synced = True
         return sc.entries
 
-    # ---- append ----------------------------------------------------------------------------------
+    # ---- the writer's ------------------------------------------------------------------------------
 
-    def append(self, shard_id: int, entries: Iterable[Entry]) -> Future:
-        """Queue entries for ``shard_id``; the Future resolves (None) once they are written and, with
-        fsync="always", fsynced. It fails with the OSError if the write or fsync fails, or with
-        ShardFailedError if the shard had already failed. Never blocks on disk."""
-        entries = list(entries)
-        for item in entries:
-            key, value = item
-            if type(key) is not bytes or (value is not None and type(value) is not bytes):
-                raise TypeError("log entries are (bytes, bytes | None) pairs")
-            if len(key) + (len(value) if value is not None else 0) > MAX_ENTRY_BYTES:
-                raise ValueError(f"log entry larger than {MAX_ENTRY_BYTES} bytes")
-        fut: Future = Future()
-        fut.set_running_or_notify_cancel()
-        with self._lock:
-            self._check_writable(shard_id)
-            st = self._shards[shard_id]
-            if st.failed is not None:
-                fut.set_exception(ShardFailedError(shard_id, st.failed))
-                return fut
-            seq = self._seqs[shard_id] = self._seqs[shard_id] + 1
-            self._staged.append((shard_id, entries, seq, fut))  # behind everything staged before it
-            self._queue.put((_FLUSH,))
-        return fut
+    def append(self, shard_id: int, entries: Iterable[Entry]) -> Future:  # replaced per instance
+        return self.writer.append(shard_id, entries)
 
-    def submit(self, shard_id: int, entries: list[Entry]) -> int:
-        """The event loop's fast path: stage ``entries`` (a list of (bytes, bytes | None) built by
-        herd itself, not checked) for ``shard_id`` and return the shard's sequence number of this
-        write. Nothing is written until :meth:`flush` (the runtime flushes once per loop
-        iteration)."""
-        with self._lock:
-            self._check_writable(shard_id)
-            seq = self._seqs[shard_id] = self._seqs[shard_id] + 1
-            self._staged.append((shard_id, entries, seq, None))
-        return seq
+    def submit(self, shard_id: int, entries: list[Entry]) -> int:  # replaced per instance
+        return self.writer.submit(shard_id, entries)
 
-    def flush(self) -> list:
-        """Write everything staged, on the calling thread (the event loop: a page-cache write of a
-        few KB), and return what is settled now: a list of ``(shard_id, seq, exc)`` (see
-        :meth:`set_listener`). Under ``fsync="never"`` that is everything (written to the OS);
-        under ``"always"`` the fdatasyncs run on the sync threads and their results reach the
-        listener: the caller never waits for the disk. If the writer thread holds the files (a
-        compaction swap, an :meth:`append`), the staged writes are left to it, in order, and
-        reported to the listener: the loop never waits for a compaction either."""
-        if not self._staged:
-            return []
-        if not self._wlock.acquire(blocking=False):
-            self._queue.put((_FLUSH,))
-            return []
-        try:
-            return self._flush_staged()
-        finally:
-            self._wlock.release()
+    def flush(self) -> list:  # replaced per instance
+        return self.writer.flush()
 
     def set_listener(self, listener) -> None:
-        """``listener(results)`` is called in a log thread (a sync or the writer thread) for what
-        :meth:`flush` did not return: a list of ``(shard_id, seq, exc)``, every write of that shard
-        up to ``seq`` is durable (``exc`` None) or failed with ``exc``. It must be quick and
-        thread-safe (e.g. hand over to the loop)."""
-        self._listener = listener
-
-    def _check_writable(self, shard_id: int) -> None:
-        if self._state != "open":
-            raise LogClosedError(f"log store is {self._state}")
-        if not 0 <= shard_id < self.num_shards:
-            raise ValueError(f"shard {shard_id} out of range 0..{self.num_shards - 1}")
-
-    def _report(self, results: list) -> None:
-        listener = self._listener
-        if listener is not None and results:
-            try:
-                listener(results)
-            except Exception:  # the listener's bug must not kill the writer
-                log.exception("log.listener_error")
+        self.writer.set_listener(listener)
 
     def compact(self, shard_id: int) -> Future:
         """Compact ``shard_id`` now (in the background); the Future resolves to a dict of figures."""
-        fut: Future = Future()
-        fut.set_running_or_notify_cancel()
-        with self._lock:
-            if self._state != "open":
-                raise LogClosedError(f"log store is {self._state}")
-            if not 0 <= shard_id < self.num_shards:
-                raise ValueError(f"shard {shard_id} out of range 0..{self.num_shards - 1}")
-            self._queue.put((_COMPACT, shard_id, fut))
-        return fut
-
-    # ---- close / stats ---------------------------------------------------------------------------
+        return self.writer.compact(shard_id)
 
     def close(self) -> None:
         """Write everything queued (resolving its futures), stop the threads, close the files."""
-        with self._lock:
-            if self._state in ("closing", "closed"):
-                return
-            if self._state != "open":
-                self._state = "closed"
-                return
-            self._state = "closing"
-            self._queue.put((_FLUSH,))  # submitted but not flushed: written like everything else
-        self._jobs.put(None)
-        self._compactor.join()
-        self._queue.put((_STOP,))
-        self._writer.join()
-        with self._wlock, self._lock:  # a flush() that raced with close() left nothing behind
-            left, self._staged = self._staged, []
-        self._report([(shard_id, seq, LogClosedError("log store closed")) for shard_id, _e, seq, _f in left])
-        for _shard, _e, _seq, fut in left:
-            if fut is not None:
-                _fail(fut, LogClosedError("log store closed"))
-        # The writer may have asked for a compaction after the compactor had stopped.
-        while True:
-            try:
-                job = self._jobs.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                self._compaction_over(self._shards[job[0]], LogClosedError("log store closed"))
-        # Anything left (it cannot be an append: those are refused once closing) is failed.
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            self._discard(item, LogClosedError("log store closed"))
-        with self._lock:
-            self._state = "closed"
+        self.writer.close()
 
     def __enter__(self):
         return self
@@ -441,17 +297,7 @@ class LogStore(WriterThreads, Compaction):
         self.close()
 
     def stats(self) -> list[ShardStats]:
-        out = []
-        for st in self._shards:
-            body = max(st.size - HEADER_SIZE, 0)
-            out.append(ShardStats(
-                shard=st.id, bytes=st.size, entries=st.entries, live_keys=len(st.sizes),
-                live_bytes=st.live_bytes, dead_bytes=max(body - st.live_bytes, 0), batches=st.batches,
-                fsyncs=st.fsyncs, fsync_seconds=st.fsync_seconds, compactions=st.compactions,
-                compaction_seconds=st.compaction_seconds,
-                failed=None if st.failed is None else f"{type(st.failed).__name__}: {st.failed}",
-                fsync_buckets=tuple(st.fsync_buckets)))
-        return out
+        return self.writer.stats()
 
 
 class FileStore(Store):

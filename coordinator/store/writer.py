@@ -1,6 +1,9 @@
-"""The file log's writing machinery: the writer thread, the sync threads, and the locks between
-them and the event loop. A mixin of :class:`coordinator.store.filelog.LogStore` (it shares the
-store's state; see ``LogStore.__init__`` for what each lock guards).
+"""The file log's writing machinery: :class:`Writer`, the object that owns the open files (the
+shards' state), the staged writes, the writer thread, the sync threads and the locks between them
+and the event loop (see ``Writer.__init__`` for what each lock guards). The
+:class:`~coordinator.store.filelog.LogStore` holds one (``writer``) and one
+:class:`~coordinator.store.compaction.Compaction`; its ``submit``, ``flush``, ``append`` are the
+writer's.
 
 Writing: framed on the loop, written and fsynced off it (fsync="always"), group commit
 --------------------------------------------------------------------------------------
@@ -41,23 +44,29 @@ restart (which re-reads the file) can say what is on disk.
 from __future__ import annotations
 
 import bisect
+import collections
 import errno
 import os
 import queue
+import threading
 import time
+from collections.abc import Iterable
 from concurrent.futures import Future
 from pathlib import Path
 
 import structlog
 
-from coordinator.store import FSYNC_BUCKETS, ShardFailedError
+from coordinator.store import FSYNC_BUCKETS, ShardFailedError, ShardStats
 from coordinator.store.fileio import _close_quietly, _fail, _pwrite_all, _unlink_quietly
 from coordinator.store.logformat import (
     _MIN_FRAME,
     COMPACT_TMP,
     HEADER_SIZE,
     LOG_NAME,
+    MAX_ENTRY_BYTES,
     PREFIX_DURABLE,
+    LogClosedError,
+    LogError,
     encode_entries,
     encode_header,
 )
@@ -121,8 +130,213 @@ class _SyncJob:
         self.errors: list | None = None  # once synced, per item: the exception, or None (durable)
 
 
-class WriterThreads:
-    """The writer and sync threads of :class:`~coordinator.store.filelog.LogStore` (a mixin)."""
+class Writer:
+    """The file log's writer: ``append()`` from any thread, ``submit()``/``flush()`` from the
+    event loop, the writer and sync threads. Lifecycle (``begin_open``, ``start``, ``close``)
+    driven by the :class:`~coordinator.store.filelog.LogStore`; the compaction it is started with
+    (:meth:`start`) is asked on the writer thread to start, swap in or abandon a compaction, and
+    asks the writer through :meth:`post`, :meth:`is_open`, :meth:`fail_shard` and ``shards``."""
+
+    def __init__(self, num_shards: int, fsync: str, sync_jobs: int = SYNC_JOBS):
+        self.num_shards = num_shards
+        self.fsync = fsync
+        self.shards: list[_Shard] = []  # the open files (given by start)
+        self.compaction = None  # given by start
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()  # the writer thread's work
+        # Guards the lifecycle state, the staged writes and the sequence numbers.
+        self._lock = threading.Lock()
+        # Held while writing (flush on the loop, the writer thread's work): orders the writes and
+        # guards the writer-side shard state. ``_synced_lock`` pairs a shard's size with ``synced``.
+        self._wlock = threading.Lock()
+        self._synced_lock = threading.Lock()
+        # Guards the sync jobs (``_running``, ``_active``, ``_unsynced``, ``_syncing``) and orders
+        # the listener's reports.
+        self._settle_lock = threading.Condition(threading.Lock())
+        self._running: collections.deque = collections.deque()  # _SyncJobs not settled, oldest first
+        self._sync_jobs = max(1, sync_jobs)  # at most this many _SyncJobs syncing at once
+        self._active = 0  # _SyncJobs on the sync threads
+        self._unsynced: list = []  # written while its shard synced or all slots were busy
+        self._syncing: set[int] = set()  # shards with a job syncing (one fdatasync per file at a time)
+        # The fsync threads take jobs from this queue (a SimpleQueue and plain threads: the
+        # ThreadPoolExecutor's Future, Condition and Semaphore per job cost ~40 us of loop CPU).
+        self._sync_queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._sync_threads: list[threading.Thread] = []
+        self._staged: list = []  # (shard, entries, seq, future | None) not yet handed to the writer
+        self._seqs = [0] * num_shards  # last sequence number given out per shard
+        self._listener = None
+        self._state = "new"  # new -> opening -> open -> closing -> closed
+        self._writer: threading.Thread | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+
+    def begin_open(self) -> None:
+        with self._lock:
+            if self._state != "new":
+                raise LogError("LogStore.open() may be called once")
+            self._state = "opening"
+
+    def open_failed(self) -> None:
+        with self._lock:
+            self._state = "closed"
+
+    def start(self, shards: list[_Shard], compaction) -> None:
+        """The files are open: start the writer, the compactor and (fsync="always") the sync
+        threads, and look for shards to compact."""
+        self.shards = shards
+        self.compaction = compaction
+        self._writer = threading.Thread(target=self._writer_main, name="herd-log-writer", daemon=True)
+        if self.fsync == "always":
+            self._sync_threads = [threading.Thread(target=self._sync_main, name=f"herd-log-fsync-{i}", daemon=True)
+                                  for i in range(self._sync_jobs)]
+        with self._lock:
+            self._state = "open"
+        self._writer.start()
+        compaction.start()
+        for t in self._sync_threads:
+            t.start()
+        self._queue.put((_CHECK_ALL,))
+
+    def is_open(self) -> bool:
+        return self._state == "open"
+
+    def post(self, item) -> None:
+        """Give the writer thread work (a compaction's swap or failure)."""
+        self._queue.put(item)
+
+    # ---- append ----------------------------------------------------------------------------------
+
+    def append(self, shard_id: int, entries: Iterable) -> Future:
+        """Queue entries for ``shard_id``; the Future resolves (None) once they are written and, with
+        fsync="always", fsynced. It fails with the OSError if the write or fsync fails, or with
+        ShardFailedError if the shard had already failed. Never blocks on disk."""
+        entries = list(entries)
+        for item in entries:
+            key, value = item
+            if type(key) is not bytes or (value is not None and type(value) is not bytes):
+                raise TypeError("log entries are (bytes, bytes | None) pairs")
+            if len(key) + (len(value) if value is not None else 0) > MAX_ENTRY_BYTES:
+                raise ValueError(f"log entry larger than {MAX_ENTRY_BYTES} bytes")
+        fut: Future = Future()
+        fut.set_running_or_notify_cancel()
+        with self._lock:
+            self._check_writable(shard_id)
+            st = self.shards[shard_id]
+            if st.failed is not None:
+                fut.set_exception(ShardFailedError(shard_id, st.failed))
+                return fut
+            seq = self._seqs[shard_id] = self._seqs[shard_id] + 1
+            self._staged.append((shard_id, entries, seq, fut))  # behind everything staged before it
+            self._queue.put((_FLUSH,))
+        return fut
+
+    def submit(self, shard_id: int, entries: list) -> int:
+        """The event loop's fast path: stage ``entries`` (a list of (bytes, bytes | None) built by
+        herd itself, not checked) for ``shard_id`` and return the shard's sequence number of this
+        write. Nothing is written until :meth:`flush` (the runtime flushes once per loop
+        iteration)."""
+        with self._lock:
+            self._check_writable(shard_id)
+            seq = self._seqs[shard_id] = self._seqs[shard_id] + 1
+            self._staged.append((shard_id, entries, seq, None))
+        return seq
+
+    def flush(self) -> list:
+        """Write everything staged, on the calling thread (the event loop: a page-cache write of a
+        few KB), and return what is settled now: a list of ``(shard_id, seq, exc)`` (see
+        :meth:`set_listener`). Under ``fsync="never"`` that is everything (written to the OS);
+        under ``"always"`` the fdatasyncs run on the sync threads and their results reach the
+        listener: the caller never waits for the disk. If the writer thread holds the files (a
+        compaction swap, an :meth:`append`), the staged writes are left to it, in order, and
+        reported to the listener: the loop never waits for a compaction either."""
+        if not self._staged:
+            return []
+        if not self._wlock.acquire(blocking=False):
+            self._queue.put((_FLUSH,))
+            return []
+        try:
+            return self._flush_staged()
+        finally:
+            self._wlock.release()
+
+    def set_listener(self, listener) -> None:
+        """``listener(results)`` is called in a log thread (a sync or the writer thread) for what
+        :meth:`flush` did not return: a list of ``(shard_id, seq, exc)``, every write of that shard
+        up to ``seq`` is durable (``exc`` None) or failed with ``exc``. It must be quick and
+        thread-safe (e.g. hand over to the loop)."""
+        self._listener = listener
+
+    def _check_writable(self, shard_id: int) -> None:
+        if self._state != "open":
+            raise LogClosedError(f"log store is {self._state}")
+        if not 0 <= shard_id < self.num_shards:
+            raise ValueError(f"shard {shard_id} out of range 0..{self.num_shards - 1}")
+
+    def _report(self, results: list) -> None:
+        listener = self._listener
+        if listener is not None and results:
+            try:
+                listener(results)
+            except Exception:  # the listener's bug must not kill the writer
+                log.exception("log.listener_error")
+
+    def compact(self, shard_id: int) -> Future:
+        """Compact ``shard_id`` now (in the background); the Future resolves to a dict of figures."""
+        fut: Future = Future()
+        fut.set_running_or_notify_cancel()
+        with self._lock:
+            if self._state != "open":
+                raise LogClosedError(f"log store is {self._state}")
+            if not 0 <= shard_id < self.num_shards:
+                raise ValueError(f"shard {shard_id} out of range 0..{self.num_shards - 1}")
+            self._queue.put((_COMPACT, shard_id, fut))
+        return fut
+
+    # ---- close / stats ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Write everything queued (resolving its futures), stop the threads, close the files."""
+        with self._lock:
+            if self._state in ("closing", "closed"):
+                return
+            if self._state != "open":
+                self._state = "closed"
+                return
+            self._state = "closing"
+            self._queue.put((_FLUSH,))  # submitted but not flushed: written like everything else
+        compaction = self.compaction
+        compaction.stop()
+        self._queue.put((_STOP,))
+        self._writer.join()
+        with self._wlock, self._lock:  # a flush() that raced with close() left nothing behind
+            left, self._staged = self._staged, []
+        self._report([(shard_id, seq, LogClosedError("log store closed")) for shard_id, _e, seq, _f in left])
+        for _shard, _e, _seq, fut in left:
+            if fut is not None:
+                _fail(fut, LogClosedError("log store closed"))
+        # The writer may have asked for a compaction after the compactor had stopped.
+        compaction.abandon_jobs(LogClosedError("log store closed"))
+        # Anything left (it cannot be an append: those are refused once closing) is failed.
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            self._discard(item, LogClosedError("log store closed"))
+        with self._lock:
+            self._state = "closed"
+
+    def stats(self) -> list[ShardStats]:
+        out = []
+        for st in self.shards:
+            body = max(st.size - HEADER_SIZE, 0)
+            out.append(ShardStats(
+                shard=st.id, bytes=st.size, entries=st.entries, live_keys=len(st.sizes),
+                live_bytes=st.live_bytes, dead_bytes=max(body - st.live_bytes, 0), batches=st.batches,
+                fsyncs=st.fsyncs, fsync_seconds=st.fsync_seconds, compactions=st.compactions,
+                compaction_seconds=st.compaction_seconds,
+                failed=None if st.failed is None else f"{type(st.failed).__name__}: {st.failed}",
+                fsync_buckets=tuple(st.fsync_buckets)))
+        return out
 
     # ---- writer thread ---------------------------------------------------------------------------
 
@@ -150,7 +364,7 @@ class WriterThreads:
                 self._sync_queue.put(None)
             for t in self._sync_threads:
                 t.join()
-        for st in self._shards:
+        for st in self.shards:
             if st.fd >= 0:
                 if self.fsync == "always" and st.failed is None and (
                         st.allocated > st.size or st.size > st.durable_end):
@@ -187,12 +401,12 @@ class WriterThreads:
         if kind == _COMPACT:
             _fail(item[2], exc)
         elif kind == _SWAP:
-            st = self._shards[item[1]]
+            st = self.shards[item[1]]
             _close_quietly(item[2])
             _unlink_quietly(st.dir / COMPACT_TMP)
-            self._compaction_over(st, exc)
+            self.compaction.over(st, exc)
         elif kind == _SWAP_FAILED:
-            self._compaction_over(self._shards[item[1]], exc)
+            self.compaction.over(self.shards[item[1]], exc)
 
     def _process(self, batch) -> bool:
         """The writer thread's work, under the write lock: staged writes (an append(), a flush the
@@ -206,15 +420,15 @@ class WriterThreads:
                     flushed = True
                     self._report(self._flush_staged())
             elif kind == _COMPACT:
-                self._request_compaction(self._shards[item[1]], item[2])
+                self.compaction.request(self.shards[item[1]], item[2])
             elif kind == _SWAP:
                 self._sync_barrier()  # no fdatasync of the old file may still run
-                self._swap(*item[1:])
+                self.compaction.swap(*item[1:])
             elif kind == _SWAP_FAILED:
-                self._compaction_over(self._shards[item[1]], item[2])
+                self.compaction.over(self.shards[item[1]], item[2])
             elif kind == _CHECK_ALL:
-                for st in self._shards:
-                    self._maybe_compact(st)
+                for st in self.shards:
+                    self.compaction.maybe_compact(st)
             elif kind == _STOP:
                 stop = True
         return stop
@@ -247,7 +461,7 @@ class WriterThreads:
         deferred = self.fsync == "always"
         try:
             for shard_id, slot in pending.items():
-                st = self._shards[shard_id]
+                st = self.shards[shard_id]
                 if st.failed is not None:
                     self._settle(results, st, slot, ShardFailedError(shard_id, st.failed))
                     continue
@@ -257,7 +471,7 @@ class WriterThreads:
                     try:
                         self._write(st, data, st.size)
                     except OSError as exc:
-                        self._fail_shard(st, exc, "write")
+                        self.fail_shard(st, exc, "write")
                         self._settle(results, st, slot, exc)
                         continue
                 with self._synced_lock:
@@ -276,8 +490,8 @@ class WriterThreads:
             done = {sid for sid, _seq, _exc in results} | {item[0].id for item in written}
             for shard_id, slot in pending.items():
                 if shard_id not in done:
-                    st = self._shards[shard_id]
-                    self._fail_shard(st, exc)
+                    st = self.shards[shard_id]
+                    self.fail_shard(st, exc)
                     self._settle(results, st, slot, exc)
         if written:
             if deferred:
@@ -285,9 +499,10 @@ class WriterThreads:
             else:
                 for st, slot, _size, _pending in written:
                     self._settle(results, st, slot, None)
-            if self.auto_compact and self._state == "open":
+            compaction = self.compaction
+            if compaction.auto_compact and self._state == "open":
                 for item in written:
-                    self._maybe_compact(item[0])
+                    compaction.maybe_compact(item[0])
         return results
 
     @staticmethod
@@ -418,7 +633,7 @@ class WriterThreads:
             try:
                 self._write(st, data, size - len(data))
             except OSError as exc:
-                self._fail_shard(st, exc, "write")
+                self.fail_shard(st, exc, "write")
                 write_failed[st.id] = exc
                 continue
             st.written = (size, entries_after)
@@ -449,7 +664,7 @@ class WriterThreads:
                 exc = ShardFailedError(st.id, st.failed)
             if exc is not None:
                 if not isinstance(exc, ShardFailedError):
-                    self._fail_shard(st, exc, "fsync")
+                    self.fail_shard(st, exc, "fsync")
                 self._settle(results, st, slot, exc)
                 continue
             with self._synced_lock:
@@ -521,7 +736,8 @@ class WriterThreads:
                 live += new - old
         st.live_bytes = live
 
-    def _fail_shard(self, st: _Shard, exc: BaseException, what: str = "internal error") -> None:
+    def fail_shard(self, st: _Shard, exc: BaseException, what: str = "internal error") -> None:
+        """Mark ``st`` failed (the first failure is kept): it refuses writes until restart."""
         if st.failed is None:
             st.failed = exc
             log.error("log.shard_failed", shard=st.id, path=str(st.path), operation=what, error=str(exc),

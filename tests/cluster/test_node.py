@@ -36,6 +36,13 @@ class PgLikeStore(FakeStore):
         self.drains = 0
         self.drain_gate = asyncio.Event()
         self.drain_gate.set()
+        self.topics: dict[str, bytes] = {}  # herd_topics: name -> record, first writer wins
+
+    async def load_topics(self):
+        return list(self.topics.items())
+
+    async def put_topic(self, name, record):
+        return self.topics.setdefault(name, record)
 
     def grant(self, shard, epoch):
         self.granted[shard] = epoch
@@ -48,18 +55,19 @@ class PgLikeStore(FakeStore):
         await self.drain_gate.wait()
 
 
-async def make_node():
+async def make_node(topics=()):
     clock = ManualClock()
     config = Config(offsets_partitions=N, initial_rebalance_delay_ms=0, shard_lease_ms=LEASE_MS,
-                    store="postgresql://u@127.0.0.1:1/db")
+                    store="postgresql://u@127.0.0.1:1/db", topics=topics)
     store = PgLikeStore()
-    catalog = Catalog(config, node_id=0)
-    rt = Runtime(config, GroupCoordinator(config, node_id=0), catalog, store, clock=clock)
+    node = ClusterNode(config, store, clock)
+    catalog = Catalog(config, node_id=0, routing=node.routing)
+    rt = Runtime(config, GroupCoordinator(config.group_config(), node_id=0), catalog, store, clock=clock,
+                 ownership=node, topic_store=node)
+    node.attach(rt)
     rt.start(asyncio.get_running_loop())
-    node = ClusterNode(config, rt, catalog, store)
     node.leases = LeaseManager(parse_store_url(config.store), 0, N, node, host="h", port=1, lease_ms=LEASE_MS,
                                clock=clock)  # never started: the table is driven by hand
-    rt.guard, rt.shard_failed = node.check, node.reload
     return clock, store, rt, node
 
 
@@ -147,3 +155,28 @@ async def test_the_steady_consumer_heartbeat_path_fences_too():
     assert rt.consumer_heartbeat_steady(group_in(1), "m", 1, "c", "/127.0.0.1") is None
     assert rt.shard_states[1] == NOT_OWNED and store.disowned == [1]
     rt.shutdown()
+
+
+async def test_the_topics_configured_at_start_go_to_the_database_not_to_a_shard():
+    """The node is the runtime's topic store from its construction: ``--topic`` topics are put in
+    herd_topics when the runtime starts (first writer wins), and none is written to shard 0."""
+    clock, store, rt, node = await make_node(topics=(("orders", 3),))
+    await settle()
+    assert list(store.topics) == ["orders"] and store.seqs == [0] * N
+    assert rt.catalog.get("orders")[1] == 3
+    rt.shutdown()
+
+
+async def test_topics_read_from_the_database_reach_the_catalog_and_the_consumer_groups():
+    clock, store, rt, node = await make_node()
+    store.topics["made-elsewhere"] = _topic_record("made-elsewhere", 5)
+    assert await node.load_topics() == 1
+    assert rt.catalog.get("made-elsewhere")[1] == 5
+    assert await node.load_topics() == 0  # unchanged: not replayed again
+    rt.shutdown()
+
+
+def _topic_record(name, partitions):
+    from coordinator.core.catalog import Topic, topic_value
+
+    return topic_value(Topic(name, partitions, bytes(range(16))))

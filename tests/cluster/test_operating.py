@@ -5,8 +5,12 @@ import http.client
 import json
 import re
 
+import pytest
+
 from tests.cluster.nodes import Node
 from tests.conformance.harness import wait_until
+
+pytestmark = pytest.mark.integration
 
 
 def metrics_port(node) -> int:
@@ -57,6 +61,10 @@ def test_health_readiness_and_metrics_per_node(tmp_path, pg):
         assert value(text, "herd_cluster_db_roundtrip_seconds_count") >= 1
         assert value(text, "herd_cluster_db_roundtrip_seconds_sum") > 0
         assert "herd_cluster_lease_losses_total 0" in text
+        # the daemon's own watches run on a cluster node as on a single node (they used to be
+        # started by the single node only)
+        for name in ("herd_gc_collections_total", "herd_event_loop_lag_max_seconds", "herd_stalls_total"):
+            assert f"\n{name}" in text, name
         # the database goes away: still alive, no longer ready (and says why); the leases are lost
         pg.server.stop()
         try:

@@ -93,7 +93,8 @@ class Broker:
         c = self.cluster
         if key == 3:
             topics = []
-            for t in req.topics:
+            asked = req.topics if req.topics is not None else [m.MetadataRequestTopic(name=n) for n in c.leaders]
+            for t in asked:
                 if t.name not in c.leaders:
                     topics.append(m.MetadataResponseTopic(error_code=E.UNKNOWN_TOPIC_OR_PARTITION, name=t.name,
                                                           partitions=[]))
@@ -324,5 +325,58 @@ async def test_a_partition_without_a_leader_is_a_failure_and_its_leader_is_asked
             c.leaders = {"t": {0: 1, 1: 1}}
             assert await reader.fetch([("t", 0), ("t", 1)]) == {("t", 0): 4, ("t", 1): 9}
             assert c.count(3) == [2]
+        finally:
+            reader.close()
+
+
+async def test_topics_read_every_topic_or_some_names_with_ids_the_same_for_every_reader():
+    async with Cluster(2) as c:
+        c.leaders = {"a": {0: 1, 1: 2}, "b": {0: 2}}
+        one, two = DataClusterReader(c.bootstrap, timeout_ms=2000), DataClusterReader(c.bootstrap, timeout_ms=2000)
+        try:
+            every = await one.topics()
+            assert {n: count for n, (_, count) in every.found.items()} == {"a": 2, "b": 1}
+            # this cluster gives no topic ids (as before Kafka 2.8): derived from its cluster id and the
+            # name, so every herd node reading it gets the same ones
+            assert len({tid for tid, _ in every.found.values()}) == 2
+            assert (await two.topics()).found == every.found
+            some = await one.topics(["b", "zz"])
+            assert some.found == {"b": every.found["b"]} and some.unknown == {"zz"}
+        finally:
+            one.close()
+            two.close()
+
+
+async def test_list_offsets_per_leader_a_silent_one_is_leader_not_available_in_time():
+    async with Cluster(2) as c:
+        c.leaders = {"t": {0: 1, 1: 2}}
+        c.ends = {("t", 0): 5, ("t", 1): 6}
+        reader = DataClusterReader(c.bootstrap, timeout_ms=300)
+        try:
+            got = await reader.list_offsets({("t", 0): -1, ("t", 1): -1, ("t", 9): -1, ("nope", 0): -2})
+            assert got == {("t", 0): (E.NONE, -1, 5), ("t", 1): (E.NONE, -1, 6),
+                           ("t", 9): (E.UNKNOWN_TOPIC_OR_PARTITION, -1, -1),
+                           ("nope", 0): (E.UNKNOWN_TOPIC_OR_PARTITION, -1, -1)}
+            assert c.count(2) == [1, 1]  # one ListOffsets per leader
+            c.brokers[1].silent = True
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            got = await reader.list_offsets({("t", 0): -1, ("t", 1): -1})
+            assert loop.time() - t0 < 2.0  # bounded by the budget
+            assert got == {("t", 0): (E.NONE, -1, 5), ("t", 1): (E.LEADER_NOT_AVAILABLE, -1, -1)}
+        finally:
+            reader.close()
+
+
+async def test_list_offsets_follows_a_moved_leader_once():
+    async with Cluster(2) as c:
+        c.leaders = {"t": {0: 1}}
+        c.ends = {("t", 0): 3}
+        reader = DataClusterReader(c.bootstrap, timeout_ms=2000)
+        try:
+            assert await reader.list_offsets({("t", 0): -1}) == {("t", 0): (E.NONE, -1, 3)}
+            c.leaders = {"t": {0: 2}}
+            assert await reader.list_offsets({("t", 0): -1}) == {("t", 0): (E.NONE, -1, 3)}
+            assert c.count(2) == [2, 1]  # the old leader refused, the new one answered
         finally:
             reader.close()

@@ -141,7 +141,9 @@ class Heartbeats:
 
     def __init__(self, address):
         self.c = RawClient(address)
-        j = self.c.call(m.JoinGroupRequest(group_id="live", session_timeout_ms=30000, rebalance_timeout_ms=30000,
+        # the session outlives the data cluster's restart (a JVM start on a loaded machine can take
+        # longer than 30 s, and no heartbeat is sent meanwhile): these beats time herd, not a session
+        j = self.c.call(m.JoinGroupRequest(group_id="live", session_timeout_ms=300_000, rebalance_timeout_ms=30000,
                                            member_id="", protocol_type="consumer",
                                            protocols=[m.JoinGroupRequestProtocol(name="range", metadata=b"")]), 1)
         assert j.error_code == 0, j

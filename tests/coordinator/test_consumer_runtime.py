@@ -44,7 +44,7 @@ class DeferredStore(FakeStore):
 
 def runtime(store, **kw) -> Runtime:
     config = Config(offsets_partitions=N, initial_rebalance_delay_ms=0, topics=(("t", 4),), **kw)
-    return Runtime(config, GroupCoordinator(config, node_id=0), Catalog(config, node_id=0), store)
+    return Runtime(config, GroupCoordinator(config.group_config(), node_id=0), Catalog(config, node_id=0), store)
 
 
 def cghb(rt, req, version=1):

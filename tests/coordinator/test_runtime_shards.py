@@ -103,7 +103,7 @@ def join(group: str, member_id: str = "") -> m.JoinGroupRequest:
 
 def runtime_with(store) -> Runtime:
     config = Config(offsets_partitions=N, initial_rebalance_delay_ms=0)
-    return Runtime(config, GroupCoordinator(config, node_id=0), Catalog(config, node_id=0), store)
+    return Runtime(config, GroupCoordinator(config.group_config(), node_id=0), Catalog(config, node_id=0), store)
 
 
 def send(rt: Runtime, api_key: int, version: int, request) -> Token:

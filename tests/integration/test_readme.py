@@ -66,7 +66,7 @@ NOT_RUN = {
         "needs a Kafka cluster; herd with a data cluster is tested in tests/console/test_lag_data_cluster.py",
     "pyproject.toml  Makefile  README.md  Dockerfile  docker-compose.yml  .ci/run": "the layout",
     "location /herd/ {": "an nginx configuration; the console's relative URLs are tested in tests/console",
-    "[Service]": "a systemd unit; the notify protocol is tested in tests/coordinator/test_notify.py",
+    "[Service]": "a systemd unit; the notify protocol is tested in tests/coordinator/ops/test_notify.py",
     "livenessProbe:   {httpGet: {path: /healthz, port: 9404}, periodSeconds: 10, timeoutSeconds: 2}":
         "Kubernetes probes; /healthz and /readyz are tested in tests/integration/test_metrics.py",
     "export HERD_STORE='postgresql://herd:SECRET@db.example:5432/herd'   # the environment: not seen in ps":

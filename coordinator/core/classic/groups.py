@@ -1,12 +1,27 @@
 """The classic group protocol on one shard: JoinGroup, SyncGroup, Heartbeat, LeaveGroup, the
 rebalance they drive and its timers (session expiry, join completion, pending members and
-syncs). A mixin of :class:`coordinator.shard.Shard` (it works on the shard's groups, timers and
-records); the group's own state table is :mod:`coordinator.group`.
+syncs), the GroupMetadata records and their replay, and the operator's view of classic groups
+(DescribeGroups, ListGroups, parked requests). :class:`ClassicGroups` owns the shard's classic
+groups; the shard (:class:`coordinator.core.shard.Shard`) holds one, beside its offsets and its
+consumer groups, and passes it the shard's :class:`~coordinator.core.timers.Timers` (keys
+``("hb"|"pending", group, member)``, ``("join"|"sync", group)``). The group's own state table is
+:mod:`coordinator.core.classic.group`.
+
+A GroupMetadata record snapshots a group (written when the leader's SyncGroup stores the
+assignment, when a group falls Empty, and when a static member is replaced without a rebalance).
+The live group object is authoritative while the process runs (it also holds parked requests and
+rebalance progress that are never persisted, as in Kafka); replay rebuilds it as Stable/Empty. A
+GroupMetadata tombstone deletes the group (DeleteGroups, expiry, a consumer group taking its id):
+:meth:`ClassicGroups.write_tombstone` writes it and replays it, as start-up does.
+
+Member ids are minted here (``<client id or instance id>-<uuid4>``, as Kafka) and only ever read
+back from records, so replay is deterministic.
 """
 from __future__ import annotations
 
 import structlog
 
+from coordinator.core import records
 from coordinator.core.classic.group import (
     COMPLETING_REBALANCE,
     DEAD,
@@ -20,21 +35,33 @@ from coordinator.core.classic.group import (
 )
 from coordinator.core.responses import join_response, sync_response
 from coordinator.core.result import Result
+from coordinator.core.timers import Timers
 from protocol import errors
 from protocol.messages import (
+    DescribeGroupsResponseDescribedGroup,
+    DescribeGroupsResponseDescribedGroupMember,
+    GroupMetadataValue,
+    GroupMetadataValueMemberMetadata,
     JoinGroupResponseMember,
     LeaveGroupRequestMemberIdentity,
     LeaveGroupResponse,
     LeaveGroupResponseMemberResponse,
+    ListGroupsResponseListedGroup,
 )
 
-__all__ = ["ClassicGroups", "NEW_MEMBER_JOIN_TIMEOUT_MS"]
+__all__ = ["ClassicGroups", "NEW_MEMBER_JOIN_TIMEOUT_MS", "CLASSIC_TIMER_KINDS"]
 
 log = structlog.get_logger("herd.group")
 
 # Kafka's group.classic.new.member.join.timeout: a new member whose JoinGroup is parked is dropped
 # after this long if the rebalance has not completed (it cannot heartbeat without its member id).
 NEW_MEMBER_JOIN_TIMEOUT_MS = 300_000
+
+# Operations a describing client may perform on a group when no authorizer is configured:
+# READ(3), DELETE(6), DESCRIBE(8), DESCRIBE_CONFIGS(10), ALTER_CONFIGS(11).
+GROUP_AUTHORIZED_OPERATIONS = (1 << 3) | (1 << 6) | (1 << 8) | (1 << 10) | (1 << 11)
+
+CLASSIC_TIMER_KINDS = frozenset({"hb", "pending", "join", "sync"})
 
 _NONE = errors.NONE
 
@@ -62,7 +89,24 @@ class _JoinCtx:
 
 
 class ClassicGroups:
-    """The classic protocol's handlers of :class:`~coordinator.shard.Shard` (a mixin)."""
+    """One shard's classic groups (``groups``: group id -> :class:`Group`) and their protocol.
+
+    Given at construction: the shard id (written into records), the group config, the shard's
+    :class:`Timers` (shared with the consumer groups: each side schedules only its own keys),
+    ``new_uuid`` (member ids), ``count(name, n=1)`` (the coordinator's counters) and
+    ``listeners`` (called with each completed rebalance's flight-recorder entry)."""
+
+    def __init__(self, shard_id: int, config, timers: Timers, new_uuid, count, listeners):
+        self.shard_id = shard_id
+        self.config = config
+        self.timers = timers
+        self._new_uuid = new_uuid
+        self._count = count
+        self.listeners = listeners
+        self.groups: dict[str, Group] = {}
+        # the last stall of herd itself (on_stall): {"stall_ms", "ended_ms", "ended_wall_ms"}; the
+        # flight recorder marks the rebalances it may have caused
+        self.last_stall: dict | None = None
 
     # ==== JoinGroup ==============================================================================
 
@@ -671,3 +715,241 @@ class ClassicGroups:
         self._prepare_rebalance(group, "sync_expired", f"no SyncGroup from {', '.join(missing)} within the "
                                 f"rebalance timeout", {"member_ids": missing, "members": missing_members},
                                 None, now, wall, out)
+
+    # ==== timers =================================================================================
+
+    def on_timer(self, key, now: int, wall: int, out: Result) -> None:
+        """Fire one of this side's timer keys (``key[0]`` in :data:`CLASSIC_TIMER_KINDS`)."""
+        kind = key[0]
+        if kind == "hb":
+            self._expire_heartbeat(key[1], key[2], now, wall, out)
+        elif kind == "pending":
+            self._expire_pending_member(key[1], key[2], now, wall, out)
+        elif kind == "join":
+            self._on_join_timer(key[1], now, wall, out)
+        else:  # "sync"
+            self._expire_pending_sync(key[1], now, wall, out)
+
+    # ==== records ================================================================================
+
+    def replay_group(self, gid: str, value: GroupMetadataValue | None) -> None:
+        """Apply one GroupMetadata record (a decoded value; None: the tombstone)."""
+        if value is None:
+            self._remove_group(gid)
+        else:
+            self._load_group(gid, value)
+
+    def _load_group(self, gid: str, value: GroupMetadataValue) -> None:
+        old = self.groups.get(gid)
+        if old is not None:
+            self._cancel_group_timers(old)
+        group = Group(gid, state=STABLE if value.members else EMPTY, generation=value.generation,
+                      protocol_type=value.protocol_type or None, protocol_name=value.protocol,
+                      leader_id=value.leader,
+                      state_wall_ms=(None if value.current_state_timestamp == -1
+                                     else value.current_state_timestamp),
+                      history_size=self.config.rebalance_history_size)
+        for mm in value.members:
+            rt = mm.session_timeout if mm.rebalance_timeout == -1 else mm.rebalance_timeout
+            group.add(Member(mm.member_id, mm.group_instance_id, mm.client_id, mm.client_host, rt,
+                             mm.session_timeout, value.protocol_type, [(value.protocol, mm.subscription)],
+                             mm.assignment, hb_key=("hb", gid, mm.member_id)))
+        if group.leader_id is not None and group.leader_id not in group.members:
+            group.leader_id = next(iter(group.members), None)
+        group.subscribed_topics = group.compute_subscribed_topics()
+        self.groups[gid] = group
+
+    def _remove_group(self, gid: str) -> None:
+        group = self.groups.pop(gid, None)
+        if group is not None:
+            self._cancel_group_timers(group)
+            if group.state != DEAD:
+                group.transition_to(DEAD, group.state_wall_ms)
+
+    def _cancel_group_timers(self, group: Group) -> None:
+        gid = group.group_id
+        t = self.timers
+        t.cancel(("join", gid))
+        t.cancel(("sync", gid))
+        for mid in group.members:
+            t.cancel(("hb", gid, mid))
+        for mid in group.pending_members:
+            t.cancel(("pending", gid, mid))
+
+    def _write_group(self, out: Result, group: Group, assignment: dict[str, bytes] | None = None) -> None:
+        members = []
+        for m in group.members.values():
+            members.append(GroupMetadataValueMemberMetadata(
+                member_id=m.member_id, group_instance_id=m.group_instance_id, client_id=m.client_id,
+                client_host=m.client_host, rebalance_timeout=m.rebalance_timeout_ms,
+                session_timeout=m.session_timeout_ms, subscription=m.metadata(group.protocol_name),
+                assignment=(assignment.get(m.member_id, b"") if assignment is not None else m.assignment)))
+        value = GroupMetadataValue(
+            protocol_type=group.protocol_type or "", generation=group.generation,
+            protocol=group.protocol_name, leader=group.leader_id if members else None,
+            current_state_timestamp=-1 if group.state_wall_ms is None else group.state_wall_ms,
+            members=members)
+        out.writes.append((self.shard_id, records.group_metadata_key(group.group_id),
+                           records.group_metadata_value(value)))
+
+    def write_tombstone(self, out: Result, gid: str) -> None:
+        """Delete group ``gid``: its GroupMetadata tombstone, replayed as start-up replays it."""
+        out.writes.append((self.shard_id, records.group_metadata_key(gid), None))
+        self.replay_group(gid, None)
+
+    # ==== "simple" groups (offsets only) =========================================================
+
+    def create_simple(self, gid: str, state_wall_ms: int) -> Group:
+        """A group with no protocol type, kept by its committed offsets (a standalone consumer)."""
+        group = self.groups[gid] = Group(gid, state_wall_ms=state_wall_ms,
+                                         history_size=self.config.rebalance_history_size)
+        return group
+
+    def drop_replaced_simple(self, gid: str) -> None:
+        """After replay: a "simple" group rebuilt from offsets replayed before the records of the
+        consumer group that replaced it (a compacted log) goes."""
+        group = self.groups.get(gid)
+        if group is not None and group.state == EMPTY and not group.members and not group.protocol_type:
+            self._remove_group(gid)
+
+    def validate_offset_commit(self, gid: str, member_id: str, instance_id: str | None, generation: int,
+                               version: int, now: int, wall: int) -> int:
+        """The classic group's part of an OffsetCommit for ``gid`` (no consumer group of that id):
+        a commit from a non-member into no group makes a "simple" group; a member's commit restarts
+        its session as a heartbeat would."""
+        group = self.groups.get(gid)
+        if group is None:
+            if generation >= 0:
+                return errors.GROUP_ID_NOT_FOUND if version >= 9 else errors.ILLEGAL_GENERATION
+            # a standalone consumer (or the admin client): a "simple" group, kept by its offsets
+            group = self.create_simple(gid, wall)
+        err = _validate_offset_commit(group, member_id, instance_id, generation)
+        if err == _NONE and group.state in (STABLE, PREPARING_REBALANCE):
+            member = group.members[member_id]  # validated above
+            self.timers.schedule(member.hb_key, now + member.session_timeout_ms)
+        return err
+
+    # ==== start-up and stalls =====================================================================
+
+    def on_loaded(self, now: int, wall: int, out: Result) -> None:
+        """After replay: session timers for loaded members, and a rebalance for groups over
+        ``group_max_size`` (the limit may have been lowered)."""
+        for group in list(self.groups.values()):
+            for m in group.members.values():
+                self.timers.schedule(m.hb_key, now + m.session_timeout_ms)
+            if len(group.members) > self.config.group_max_size:
+                detail = (f"freshly loaded group has {len(group.members)} members, over "
+                          f"group_max_size {self.config.group_max_size}")
+                self._prepare_rebalance(group, "over_capacity", detail, None, None, now, wall, out)
+
+    def on_stall(self, stall_ms: int, now: int, wall: int) -> None:
+        """herd did not run for ``stall_ms`` (see :meth:`coordinator.core.shard.Shard.on_stall`, which
+        moved the deadlines): remember the stall for the flight recorder and for members whose
+        client gave its session up meanwhile (:meth:`_drop_member_given_up_after_stall`)."""
+        self.last_stall = {"stall_ms": stall_ms, "ended_ms": now, "ended_wall_ms": wall}
+        for group in self.groups.values():
+            for m in group.members.values():
+                m.stall_until = now + m.session_timeout_ms
+            if group.rebalance is not None:
+                group.rebalance.mark_stall(self.last_stall, now, during=True)
+
+    def stall_mark(self, group: Group, now: int) -> dict | None:
+        """The last stall, if a rebalance of ``group`` starting at ``now`` may come from it: it
+        ended less than the largest session timeout of the group's members ago."""
+        stall = self.last_stall
+        if stall is None:
+            return None
+        window = max((m.session_timeout_ms for m in group.members.values()), default=0)
+        return stall if now - stall["ended_ms"] <= max(window, self.config.min_session_timeout_ms) else None
+
+    # ==== group admin ============================================================================
+
+    def describe_group(self, group_id: str,
+                       include_authorized_operations: bool = False) -> DescribeGroupsResponseDescribedGroup:
+        group = self.groups.get(group_id)
+        ops = GROUP_AUTHORIZED_OPERATIONS if include_authorized_operations else -2147483648
+        # a consumer group is not a classic group: Kafka answers DescribeGroups v0-5 for it as for
+        # an unknown group (Dead, no error); ConsumerGroupDescribe describes it
+        if group is None or group.state == DEAD:
+            return DescribeGroupsResponseDescribedGroup(
+                error_code=_NONE, group_id=group_id, group_state=DEAD, protocol_type="", protocol_data="",
+                members=[], authorized_operations=ops)
+        stable = group.state == STABLE
+        members = []
+        # As Kafka (GroupMetadataManager.describeGroups, ClassicGroupMember.describeNoMetadata):
+        # metadata only while Stable; the assignment always, i.e. each member's last one while
+        # the group rebalances (empty for a member that joined since, and for every member once
+        # a rebalance interrupted CompletingRebalance: _reset_and_propagate_assignment_error).
+        for m in group.members.values():
+            members.append(DescribeGroupsResponseDescribedGroupMember(
+                member_id=m.member_id, group_instance_id=m.group_instance_id, client_id=m.client_id,
+                client_host=m.client_host, member_metadata=m.metadata(group.protocol_name) if stable else b"",
+                member_assignment=m.assignment))
+        return DescribeGroupsResponseDescribedGroup(
+            error_code=_NONE, group_id=group_id, group_state=group.state,
+            # Kafka names the protocol of a Stable group only (GroupMetadata.summary)
+            protocol_type=group.protocol_type or "", protocol_data=(group.protocol_name or "") if stable else "",
+            members=members, authorized_operations=ops)
+
+    def check_delete(self, group_id: str) -> int:
+        """DeleteGroups' check of a classic group (NONE: it may go; its pending ids are forgotten)."""
+        group = self.groups.get(group_id)
+        if group is None or group.state == DEAD:
+            return errors.GROUP_ID_NOT_FOUND
+        if group.state != EMPTY:
+            return errors.NON_EMPTY_GROUP
+        for pid in list(group.pending_members):
+            self.timers.cancel(("pending", group_id, pid))
+        return _NONE
+
+    def list_groups(self, states: set[str] | None) -> list[ListGroupsResponseListedGroup]:
+        res = []
+        for group in self.groups.values():
+            if states and group.state.lower() not in states:
+                continue
+            res.append(ListGroupsResponseListedGroup(group.group_id, group.protocol_type or "", group.state,
+                                                     "classic"))
+        return res
+
+    # ==== lifecycle ==============================================================================
+
+    def parked(self) -> list[tuple[str, Parked]]:
+        """Every parked request as ``("join"|"sync", parked)``."""
+        res = []
+        for group in self.groups.values():
+            for m in group.members.values():
+                if m.join is not None:
+                    res.append(("join", m.join))
+                if m.sync is not None:
+                    res.append(("sync", m.sync))
+        return res
+
+    def release_parked(self, error: int, out: Result) -> None:
+        """Answer every parked request with ``error`` and forget them."""
+        for group in self.groups.values():
+            for m in group.members.values():
+                parked = group.take_join(m)
+                if parked is not None:
+                    out.reply(parked.token, join_response(parked.version, error, m.member_id))
+                if m.sync is not None:
+                    out.reply(m.sync.token, sync_response(m.sync.version, error))
+                    m.sync = None
+
+
+def _validate_offset_commit(group: Group, member_id: str, instance_id: str | None, generation: int) -> int:
+    state = group.state
+    if state == DEAD:
+        return errors.COORDINATOR_NOT_AVAILABLE
+    if generation < 0 and state == EMPTY:
+        return _NONE  # a non-member committing into an Empty group (Spark jobs, admin tools)
+    if generation >= 0 or member_id or instance_id is not None:
+        err = group.validate_member(member_id, instance_id)
+        if err != _NONE:
+            return err
+        if generation != group.generation:
+            return errors.ILLEGAL_GENERATION
+    elif state != EMPTY:
+        return errors.UNKNOWN_MEMBER_ID
+    if state == COMPLETING_REBALANCE:
+        return errors.REBALANCE_IN_PROGRESS
+    return _NONE

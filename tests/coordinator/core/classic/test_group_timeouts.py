@@ -2,7 +2,7 @@
 session expiry, new-member join timeout, pending-member expiry, pending-sync expiry."""
 from coordinator.core.classic.groups import NEW_MEMBER_JOIN_TIMEOUT_MS
 from protocol import errors as E
-from tests.coordinator.test_group_harness import Harness, sub
+from tests.coordinator.core.test_group_harness import Harness, sub
 
 CHANGED = (("range", sub("t", "u")),)
 

@@ -22,7 +22,7 @@ from coordinator.store.filelog import LogStore
 from protocol import errors as E
 from protocol import messages as m
 from protocol.headers import encode_request_header
-from tests.coordinator.test_server_fastpath import FakeTransport, answers, decode, run, turns, until
+from tests.coordinator.edge.test_server_fastpath import FakeTransport, answers, decode, run, turns, until
 
 CG = m.ConsumerGroupHeartbeatRequest
 TP = m.ConsumerGroupHeartbeatRequestTopicPartitions
@@ -50,7 +50,7 @@ class Daemon:
 
     async def __aenter__(self):
         self.store.open(latest_only=True)
-        self.groups = GroupCoordinator(self.config, node_id=0)
+        self.groups = GroupCoordinator(self.config.group_config(), node_id=0)
         self.runtime = Runtime(self.config, self.groups, Catalog(self.config, node_id=0), self.store,
                                clock=self.clock)
         self.server = Server(self.config, self.runtime)
@@ -105,7 +105,7 @@ class Daemon:
             return {}
         return {"state": group.state, "epochs": (group.group_epoch, group.assignment_epoch),
                 "members": {mid: (mm.member_epoch, mm.state, mm.client_id,
-                                  shard.consumer.timers.deadline((SESSION, GID, mid)))
+                                  shard.timers.deadline((SESSION, GID, mid)))
                             for mid, mm in sorted(group.members.items())}}
 
 

@@ -3,21 +3,21 @@ from coordinator.clock import ManualClock
 from coordinator.core import records
 from coordinator.core.coordinator import GroupCoordinator
 from protocol import errors as E
-from tests.coordinator.test_group_harness import Harness, sub
+from tests.coordinator.core.test_group_harness import Harness, sub
 
 
 def durable_view(gc: GroupCoordinator) -> dict:
     """What the log must preserve: Stable/Empty groups and every offset."""
     view = {}
     for shard in gc.shards:
-        for gid, g in shard.groups.items():
+        for gid, g in shard.classic.groups.items():
             assert g.state in ("Stable", "Empty"), (gid, g.state)
             members = tuple(
                 (m.member_id, m.group_instance_id, m.client_id, m.client_host, m.rebalance_timeout_ms,
                  m.session_timeout_ms, m.metadata(g.protocol_name), m.assignment)
                 for m in g.members.values())
             offsets = {(t, p): records.offset_value_fields(v)
-                       for t, parts in shard.offsets.get(gid, {}).items() for p, v in parts.items()}
+                       for t, parts in shard.offsets.committed.get(gid, {}).items() for p, v in parts.items()}
             if g.generation == 0 and not offsets:
                 continue  # never written: e.g. a group that only handed out a KIP-394 member id
             view[gid] = {
@@ -31,7 +31,7 @@ def durable_view(gc: GroupCoordinator) -> dict:
 
 
 def replayed(h: Harness) -> GroupCoordinator:
-    fresh = GroupCoordinator(h.config)
+    fresh = GroupCoordinator(h.config.group_config())
     for shard_id, key, value in h.writes:
         fresh.replay(shard_id, key, value)
     return fresh
@@ -92,25 +92,25 @@ def test_replayed_groups_serve_members_and_expire_them_after_loading():
     # mids[1] never heartbeats after the restart: expired 5000 ms after loading
     res = fresh.on_timers(h.now + 5_000, h.wall + 5_000)
     assert res.writes == []
-    g = fresh._shard("g").groups["g"]
+    g = fresh._shard("g").classic.groups["g"]
     assert set(g.members) == {mids[0]} and g.state == "PreparingRebalance"
 
 
 def test_replay_of_a_group_over_the_size_limit_rebalances_on_load():
     h = Harness(offsets_partitions=2)
     mids, gen = h.form_group("g", 3)
-    small = GroupCoordinator(h.config.replace(group_max_size=2))
+    small = GroupCoordinator(h.config.replace(group_max_size=2).group_config())
     for w in h.writes:
         small.replay(*w)
     small.loaded(0, ManualClock().wall_ms())
-    g = small._shard("g").groups["g"]
+    g = small._shard("g").classic.groups["g"]
     assert g.state == "PreparingRebalance" and g.rebalance.reason == "over_capacity"
 
 
 def test_replay_routes_records_from_another_partition_count():
     h = Harness(offsets_partitions=4)
     h.commit("g", {("t", 0): 1})
-    other = GroupCoordinator(h.config.replace(offsets_partitions=7))
+    other = GroupCoordinator(h.config.replace(offsets_partitions=7).group_config())
     for shard_id, key, value in h.writes:
         other.replay(shard_id, key, value)
     assert other.group_offsets("g") == {"t": {0: other.group_offsets("g")["t"][0]}}

@@ -31,7 +31,7 @@ from coordinator.store.logformat import (
     LogFormatError,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 WAIT = 30  # seconds: only a bound for a hung test, never a pacing sleep
 
 
@@ -82,7 +82,7 @@ def write_batches(d, shard_entries, n=2, fsync="always", as_if_crashed=True, **k
     file is durable, as a clean stop's does, so damage at the tail reads as a torn write."""
     s, _ = opened(d, n, fsync=fsync, **kw)
     if as_if_crashed:
-        s._stop_cleanly = _trim_only
+        s.writer._stop_cleanly = _trim_only
     try:
         for shard, entries in shard_entries:
             s.append(shard, entries).result(WAIT)
@@ -247,8 +247,8 @@ def test_group_commit_one_fsync_per_touched_file_per_batch(tmp_path, monkeypatch
         t.start()
     for t in threads:
         t.join()
-    with s._settle_lock:  # until the writer has written all 200 (they wait for the sync slot)
-        assert s._settle_lock.wait_for(lambda: sum(len(item[1][0]) for item in s._unsynced) == 200, WAIT)
+    with s.writer._settle_lock:  # until the writer has written all 200 (they wait for the sync slot)
+        assert s.writer._settle_lock.wait_for(lambda: sum(len(item[1][0]) for item in s.writer._unsynced) == 200, WAIT)
     release.set()
     first.result(WAIT)
     for f in futures:
@@ -316,17 +316,17 @@ def test_one_free_sync_thread_takes_a_fair_share_of_the_waiting_shards(tmp_path)
     s = LogStore(tmp_path, 10, fsync="always", sync_jobs=4)
     s.open()
     try:
-        with s._settle_lock:
+        with s.writer._settle_lock:
             busy = [types.SimpleNamespace(id=9)]
             waiting = [(types.SimpleNamespace(id=sid), n) for n in range(2) for sid in range(8)]
-            s._active, s._syncing, s._unsynced = 3, {9}, [(busy[0], 0)] + waiting
-            (job,) = s._launch()
+            s.writer._active, s.writer._syncing, s.writer._unsynced = 3, {9}, [(busy[0], 0)] + waiting
+            (job,) = s.writer._launch()
             assert [(st.id, n) for st, n in job.items] == [(0, 0), (0, 1), (1, 0), (1, 1)]
-            assert [(st.id, n) for st, n in s._unsynced] == [(9, 0)] + [(sid, n) for n in range(2)
+            assert [(st.id, n) for st, n in s.writer._unsynced] == [(9, 0)] + [(sid, n) for n in range(2)
                                                                         for sid in range(2, 8)]
-            assert s._active == 4 and s._syncing == {9, 0, 1}
-            s._running.clear()
-            s._active, s._syncing, s._unsynced = 0, set(), []
+            assert s.writer._active == 4 and s.writer._syncing == {9, 0, 1}
+            s.writer._running.clear()
+            s.writer._active, s.writer._syncing, s.writer._unsynced = 0, set(), []
     finally:
         s.close()
 
@@ -348,16 +348,16 @@ def test_a_batch_that_waited_for_its_shard_runs_on_the_thread_that_synced_it(tmp
     monkeypatch.setattr(LW, "_fdatasync", fdatasync)
     results, done = listen_for(s, 2)
     queued = []
-    real_put = s._sync_queue.put
-    monkeypatch.setattr(s, "_sync_queue", types.SimpleNamespace(get=s._sync_queue.get,
+    real_put = s.writer._sync_queue.put
+    monkeypatch.setattr(s.writer, "_sync_queue", types.SimpleNamespace(get=s.writer._sync_queue.get,
                                                                 put=lambda job: queued.append(job) or real_put(job)))
     s.submit(0, [kv(1)])
     s.flush()
     assert entered.wait(WAIT)  # a sync thread is inside shard 0's first fsync
     s.submit(0, [kv(2)])
     s.flush()  # shard 0 is syncing: this batch waits for that job
-    with s._settle_lock:
-        assert len(s._unsynced) == 1
+    with s.writer._settle_lock:
+        assert len(s.writer._unsynced) == 1
     release.set()
     assert done.wait(WAIT)
     assert [(sid, seq, exc) for sid, seq, exc in results] == [(0, 1, None), (0, 2, None)]
@@ -390,7 +390,7 @@ def test_fsync_never_never_calls_fsync(tmp_path, monkeypatch):
 def test_fsync_failure_fails_the_batch_and_the_shard_refuses_further_appends(tmp_path, monkeypatch, events):
     s, _ = opened(tmp_path, 2)
     s.append(0, [kv(0)]).result(WAIT)
-    bad_fd = s._shards[0].fd
+    bad_fd = s.writer.shards[0].fd
     real_fsync = os.fsync
     calls_on_bad = []
 
@@ -434,7 +434,7 @@ def _no_space_on(bad_fd):
 
 def test_write_failure_fails_the_shard(tmp_path, monkeypatch):
     s, _ = opened(tmp_path, 2)
-    pwrite = _no_space_on(s._shards[1].fd)
+    pwrite = _no_space_on(s.writer.shards[1].fd)
     monkeypatch.setattr(os, "pwrite", pwrite)
     with pytest.raises(OSError, match="No space"):
         s.append(1, [kv(1)]).result(WAIT)
@@ -708,7 +708,7 @@ def test_appends_racing_with_compaction_are_kept_in_order(tmp_path):
         written.set()
         assert release.wait(WAIT)
 
-    s._compaction_written_hook = hook
+    s.compaction.written_hook = hook
     comp = s.compact(0)
     assert written.wait(WAIT)  # the compacted file is written; the writer has not swapped it in
     racing = [(b"k1", b"new1"), (b"k9", b"new9"), (b"k2", None), (b"k3", b"new3")]
@@ -982,7 +982,7 @@ def test_listener_learns_of_a_failed_fsync_and_of_writes_to_the_failed_shard(tmp
     s, _ = opened(tmp_path, 2)
     got = []
     s.set_listener(got.extend)
-    bad_fd = s._shards[0].fd
+    bad_fd = s.writer.shards[0].fd
 
     def fsync(fd):
         if fd == bad_fd:
@@ -1053,7 +1053,7 @@ def test_one_fsync_per_file_at_a_time_so_a_failed_one_is_never_papered_over(tmp_
     first_in, release_first = threading.Event(), threading.Event()
     other_done = threading.Event()
     calls = []
-    bad_fd = s._shards[0].fd
+    bad_fd = s.writer.shards[0].fd
     got, heard = [], threading.Event()
 
     def fsync(fd):
@@ -1079,8 +1079,8 @@ def test_one_fsync_per_file_at_a_time_so_a_failed_one_is_never_papered_over(tmp_
     s.submit(1, [kv(3)])
     s.flush()
     assert other_done.wait(WAIT)  # shard 1 synced while shard 0's fsync hangs
-    with s._settle_lock:
-        assert [item[1][1] for item in s._unsynced] == [2]  # shard 0's batch 2 waits its turn
+    with s.writer._settle_lock:
+        assert [item[1][1] for item in s.writer._unsynced] == [2]  # shard 0's batch 2 waits its turn
     assert calls.count(bad_fd) == 1 and got == []  # nothing settled ahead of the hanging job
     release_first.set()
     assert heard.wait(WAIT)
@@ -1101,10 +1101,10 @@ def test_flush_leaves_its_writes_to_the_writer_thread_while_that_holds_the_files
         heard.set()
 
     s.set_listener(listener)
-    with s._wlock:  # as during a compaction swap
+    with s.writer._wlock:  # as during a compaction swap
         s.submit(0, [kv(1)])
         assert s.flush() == []  # the loop does not wait for the lock
-        assert len(s._staged) == 1 and got == []  # nobody can write it while the lock is held
+        assert len(s.writer._staged) == 1 and got == []  # nobody can write it while the lock is held
     assert heard.wait(WAIT) and got == [(0, 1, None)]  # the writer thread wrote it
     s.close()
     assert reopen(tmp_path, 1)[0] == [kv(1)]
@@ -1115,7 +1115,7 @@ def test_under_fsync_always_a_blocked_write_never_blocks_flush_or_other_shards(t
     # frames the batch; the sync pool writes it with its fdatasync, so the loop and other shards go on
     # (answers are still settled in the order the batches were made).
     s, _ = opened(tmp_path, 2)
-    blocked_fd, other_fd = s._shards[0].fd, s._shards[1].fd
+    blocked_fd, other_fd = s.writer.shards[0].fd, s.writer.shards[1].fd
     entered, release, other_written = threading.Event(), threading.Event(), threading.Event()
     writers = []
     real_pwrite = os.pwrite
@@ -1160,7 +1160,7 @@ def test_under_fsync_always_a_blocked_write_never_blocks_flush_or_other_shards(t
 
 def test_under_fsync_always_a_failed_write_fails_its_shard_through_the_listener(tmp_path, monkeypatch):
     s, _ = opened(tmp_path, 2)
-    pwrite = _no_space_on(s._shards[1].fd)
+    pwrite = _no_space_on(s.writer.shards[1].fd)
     got, heard = [], threading.Event()
 
     def listener(results):
@@ -1191,7 +1191,7 @@ def test_under_fsync_always_compaction_reads_only_what_is_written(tmp_path, monk
     s, _ = opened(tmp_path, 1)
     for i in range(20):
         s.append(0, [(b"k", b"old-%d" % i)]).result(WAIT)
-    fd = s._shards[0].fd
+    fd = s.writer.shards[0].fd
     entered, release = threading.Event(), threading.Event()
     real_pwrite = os.pwrite
 
@@ -1213,7 +1213,7 @@ def test_under_fsync_always_compaction_reads_only_what_is_written(tmp_path, monk
     s.flush()
     assert entered.wait(WAIT)
     snapped = threading.Event()
-    s._compaction_written_hook = lambda _shard: snapped.set()
+    s.compaction.written_hook = lambda _shard: snapped.set()
     done = s.compact(0)  # the compactor snapshots what is written: the 20 old entries
     assert snapped.wait(WAIT)  # its copy is made; the swap waits for the pending write
     release.set()

@@ -104,7 +104,7 @@ def test_newer_value_versions_are_read_with_the_newest_schema():
 
 
 def test_replay_skips_unknown_types_cleanly():
-    gc = GroupCoordinator(Config(offsets_partitions=3))
+    gc = GroupCoordinator(Config(offsets_partitions=3).group_config())
     for rtype in range(9, 16):  # share and streams group records: not herd's
         gc.replay(0, struct.pack(">h", rtype) + b"\x00\x03abc", b"\x00\x00whatever")
     assert gc.skipped_records == 7
@@ -173,9 +173,9 @@ def test_every_value_version_replays_to_the_same_memory():
         (generated_value(4, OffsetCommitValue(7, 4, "m", 11)), (7, 4, "m", 11, -1)),
     ]
     for raw, fields in cases:
-        gc = GroupCoordinator(Config(offsets_partitions=1))
+        gc = GroupCoordinator(Config(offsets_partitions=1).group_config())
         gc.replay(0, key, raw)
-        stored = gc.shards[0].offsets["g"]["t"][0]
+        stored = gc.shards[0].offsets.committed["g"]["t"][0]
         assert records.offset_value_fields(stored) == fields
         assert stored == records.offset_commit_value(*fields)
         assert gc.group_offsets("g")["t"][0]["offset"] == 7

@@ -57,7 +57,7 @@ class Harness:
         self.config = Config(**settings).validate()
         self.clock = ManualClock(monotonic_ms=1_000)
         ids = count(1)
-        self.gc = GroupCoordinator(self.config, new_uuid=lambda: f"u{next(ids)}")
+        self.gc = GroupCoordinator(self.config.group_config(), new_uuid=lambda: f"u{next(ids)}")
         self.gc.loaded(self.now, self.wall)
         self.auto_timers = auto_timers
         self.replies: dict = {}  # token -> response
@@ -128,7 +128,7 @@ class Harness:
         self.clock.advance(target - self.now)
 
     def group(self, group_id: str):
-        return self.gc._shard(group_id).groups.get(group_id)
+        return self.gc._shard(group_id).classic.groups.get(group_id)
 
     def state(self, group_id: str) -> str:
         g = self.group(group_id)

@@ -110,7 +110,7 @@ class Edge:
     async def __aenter__(self) -> Edge:
         loop = asyncio.get_running_loop()
         self.store.open(latest_only=True)
-        self.runtime = Runtime(self.config, GroupCoordinator(self.config, node_id=0),
+        self.runtime = Runtime(self.config, GroupCoordinator(self.config.group_config(), node_id=0),
                                Catalog(self.config, node_id=0), self.store)
         self.server = Server(self.config, self.runtime)
         self.server.loop = loop
@@ -315,7 +315,7 @@ def test_held_commits_whose_fsync_fails_are_refused_in_order_and_nothing_after_t
         async with Edge(tmp_path, fsync="always") as edge:
             hb = await edge.member("g")
             shard = edge.runtime.groups.shard_for("s1")
-            path = edge.store._shards[shard].path
+            path = edge.store.writer.shards[shard].path
             real = LW._fdatasync
 
             def fdatasync(fd):
