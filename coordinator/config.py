@@ -181,6 +181,21 @@ class Config:
     #: Kafka: the JAAS user_<name>= entries / SCRAM credentials
     #: `user:password` per line, `#` comments; read at start-up (keep it mode 600)
     sasl_users_file: str | None = None  # user:password per line
+    #: Kafka: ssl.principal.mapping.rules
+    #: how a TLS client certificate's subject becomes the principal: `RULE:pattern/replacement/[L|U]`,
+    #: comma-separated, and `DEFAULT` (the whole subject); see docs/operating.md, "Authorization"
+    ssl_principal_mapping_rules: str = "DEFAULT"  # ssl.principal.mapping.rules (TLS client certificates)
+
+    # authorization
+    #: Kafka: authorizer.class.name
+    #: `none`: every client may do everything; `acl`: Kafka's ACLs (docs/operating.md, "Authorization")
+    authorizer: str = "none"  # none (every client may do everything) | acl (Kafka's ACLs)
+    #: Kafka: super.users
+    #: principals allowed everything with `authorizer = acl`: `User:admin;User:ops`
+    super_users: str = ""  # User:admin;User:ops
+    #: Kafka: allow.everyone.if.no.acl.found
+    #: with `authorizer = acl`, allow a resource that no ACL names (default: deny)
+    allow_everyone_if_no_acl_found: bool = False
 
     # operating
     #: `debug`, `info`, `warning` or `error`
@@ -259,6 +274,7 @@ class Config:
             raise ConfigError(f"fsync must be 'always' or 'never', got {self.fsync!r}")
         self.consumer_group_config()  # the group_consumer_* settings, checked as Kafka does
         self._validate_security()
+        self._validate_authorization()
         self._validate_store()
         self._validate_lag()
         if self.log_format not in ("auto", "json", "console"):
@@ -301,6 +317,21 @@ class Config:
         if self.security_protocol.startswith("SASL_") and not self.sasl_users_file:
             raise ConfigError(f"security_protocol {self.security_protocol} needs sasl_users_file "
                               "(user:password per line)")
+
+    def _validate_authorization(self) -> None:
+        if self.authorizer not in ("none", "acl"):
+            raise ConfigError(f"authorizer must be 'none' or 'acl', got {self.authorizer!r}")
+        from coordinator.core.auth.acl import AclError, parse_super_users
+        from coordinator.core.auth.principal import MappingRuleError, parse_rules
+
+        try:
+            parse_super_users(self.super_users)
+        except AclError as exc:
+            raise ConfigError(f"super_users wants User:NAME;User:NAME: {exc}") from None
+        try:
+            parse_rules(self.ssl_principal_mapping_rules)
+        except MappingRuleError as exc:
+            raise ConfigError(str(exc)) from None
 
     def consumer_group_config(self):
         """The ``group_consumer_*`` settings as the consumer-group core takes them (ConfigError

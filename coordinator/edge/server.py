@@ -42,6 +42,7 @@ from collections import deque
 from coordinator import logging_setup
 from coordinator.core.versions import API_NAMES, API_VERSIONS, SUPPORTED, api_versions_response
 from coordinator.ops.metrics import HTTP_MAX_CONNECTIONS, HTTP_RESERVE, response_error
+from protocol import acls as acl_messages
 from protocol import errors as E
 from protocol import messages as m
 from protocol import produce
@@ -53,7 +54,7 @@ from protocol.wire import EncodeError, ProtocolError
 log = logging_setup.get("herd.server")
 _SIZE = struct.Struct(">i")
 _FRAME_HEAD = struct.Struct(">ii")  # frame size (filled in last), correlation id
-_REQUESTS = m.REQUESTS
+_REQUESTS = {**m.REQUESTS, **acl_messages.REQUESTS}
 _now = time.perf_counter
 
 # api key -> by version, what follows the correlation id in our response header: the empty tagged
@@ -180,7 +181,7 @@ class Reply:
     """The token a request travels with: ``reply(response)`` answers it on its connection."""
 
     __slots__ = ("conn", "correlation_id", "api_key", "api_version", "request", "timer", "started", "held",
-                 "data")
+                 "data", "amend")
 
     def __init__(self, conn, correlation_id, api_key, api_version, request):
         self.started = _now()
@@ -192,6 +193,7 @@ class Reply:
         self.timer = None
         self.held = False  # done, its answer waits for the log (hold())
         self.data = None  # the encoded answer, while it waits for earlier ones (Connection.held)
+        self.amend = None  # the authorization gate's: puts refused parts back into the answer
 
     def reply(self, response) -> None:
         self.conn.send_response(self, response)
@@ -246,6 +248,12 @@ class Connection(asyncio.Protocol):
         self.sasl = None  # the ServerMechanism chosen by SaslHandshake
         self.sasl_raw = False  # after a v0 SaslHandshake the tokens come as bare frames
         self.principal = None  # the authenticated user
+        # Kafka's principal (User:name; User:ANONYMOUS until SASL or a client certificate says
+        # otherwise), the client's address as ACL hosts name it, and the gate's GROUP READ
+        # decisions for the fast paths (coordinator.core.auth.gate)
+        self.kafka_principal = "User:ANONYMOUS"
+        self.client_ip = ""
+        self.authz_cache: dict = {}
         if self.unauthenticated:
             self.decoder.max_frame_size = min(self.decoder.max_frame_size, SASL_MAX_RECEIVE_SIZE)
 
@@ -258,6 +266,18 @@ class Connection(asyncio.Protocol):
             self.peer = f"{peer[0]}:{peer[1]}"
             self.client_host = f"/{peer[0]}"
             self.host = str(peer[0])
+            self.client_ip = peer[0]
+        if self.server.gate is not None and self.server.principal_rules is not None:
+            from coordinator.core.auth.principal import NoMatchingRule, tls_principal
+            try:
+                self.kafka_principal = tls_principal(self.server.principal_rules,
+                                                     transport.get_extra_info("peercert"))
+            except NoMatchingRule as exc:  # Kafka fails the authentication
+                log.warning("no ssl_principal_mapping_rules rule maps the client certificate; closing",
+                            peer=self.peer, reason=str(exc))
+                self.closed = True
+                transport.abort()
+                return
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:
@@ -470,6 +490,12 @@ class Connection(asyncio.Protocol):
             self.fail(f"malformed {cls.NAME} v{version}", exc, client_id=client_id)
             return
         token = self.inflight = Reply(self, correlation_id, api_key, version, request)
+        gate = self.server.gate
+        if gate is not None:  # the one authorization point (coordinator/core/auth/gate.py)
+            refusal, token.amend = gate.check(self.kafka_principal, self.client_ip, api_key, version, request)
+            if refusal is not None:
+                self.send_response(token, refusal)
+                return
         try:
             self.runtime.dispatch(token, api_key, version, request, client_id or "", self.client_host)
         except Exception:  # our bug: log it with context, drop this connection, keep serving
@@ -492,7 +518,12 @@ class Connection(asyncio.Protocol):
             self.fail(f"malformed Heartbeat v{version}", exc, client_id=client_id)
             return
         try:
-            code = self.runtime.heartbeat(version, request)
+            gate = self.server.gate
+            if gate is not None and not gate.group_read(self.authz_cache, self.kafka_principal, self.client_ip,
+                                                        request.group_id):
+                code = E.GROUP_AUTHORIZATION_FAILED
+            else:
+                code = self.runtime.heartbeat(version, request)
         except Exception:  # our bug: log it with context, drop this connection, keep serving
             log.exception("error handling request", peer=self.peer, client_id=_clip(client_id), api="Heartbeat",
                           api_version=version)
@@ -536,6 +567,10 @@ class Connection(asyncio.Protocol):
             member_id = member.decode()
         except (IndexError, struct.error, UnicodeDecodeError):
             return False  # the full path's decoder says what is wrong
+        gate = self.server.gate
+        if gate is not None and not gate.group_read(self.authz_cache, self.kafka_principal, self.client_ip,
+                                                    group_id):
+            return False  # the full path refuses it
         started = _now()
         try:
             interval = self.runtime.consumer_heartbeat_steady(group_id, member_id, epoch, client_id or "",
@@ -674,6 +709,7 @@ class Connection(asyncio.Protocol):
                 self.auth_timer = None
             self.sasl_raw = False
             self.principal = mech.username
+            self.kafka_principal = "User:" + mech.username
             # from the next read on (frames already split came under the pre-authentication
             # limit; Kafka's clients wait for this answer before they send another request)
             self.decoder.max_frame_size = self.server.config.max_frame_size
@@ -739,6 +775,8 @@ class Connection(asyncio.Protocol):
         if self.closed:
             return
         version = token.api_version
+        if token.amend is not None:
+            response = token.amend(response)
         out = token.data = bytearray() if waits else self.out
         start = len(out)
         out += _FRAME_HEAD.pack(0, token.correlation_id)
@@ -857,6 +895,10 @@ class Server:
         self.runtime = runtime
         self.metrics = metrics
         self.security = security  # coordinator.security.Security, None: PLAINTEXT
+        # authorizer = acl: the authorization point (coordinator.core.auth.gate.Gate) and the
+        # ssl_principal_mapping_rules for TLS client certificates (None: not a TLS listener)
+        self.gate = None
+        self.principal_rules = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.connections: set[Connection] = set()
         self.server: asyncio.base_events.Server | None = None

@@ -203,6 +203,10 @@ class Metrics:
         self.authentications = Counter("herd_sasl_authentications_total",
                                        "SASL authentications, by mechanism and result (ok, failed).",
                                        ("mechanism", "result"))
+        self.authorization_failures = Counter(
+            "herd_authorization_failures_total",
+            "Requests or parts of requests refused by the ACL authorizer, by resource type and operation.",
+            ("resource_type", "operation"))
         self.stalls = Counter("herd_stalls_total", "Times herd itself stalled (its loop or process did not run for "
                               "stall_threshold_ms or more, or the system was suspended); members got the time back.")
         self.stall_seconds = Histogram("herd_stall_seconds", "Length of herd's own stalls.", buckets=STALL_BUCKETS)
@@ -232,7 +236,8 @@ class Metrics:
         requests = self.request_stats
         for metric in (requests.counter(), requests.error_counter(), requests.histogram(),
                        self.rebalance_seconds, self.connections_total, self.connections_refused,
-                       self.connections_closed, self.authentications, self.stalls, self.stall_seconds):
+                       self.connections_closed, self.authentications, self.authorization_failures,
+                       self.stalls, self.stall_seconds):
             yield metric.render()
         yield [
             "# HELP herd_shard_replay_seconds Time spent replaying the logs at start-up.",

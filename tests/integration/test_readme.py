@@ -69,6 +69,10 @@ NOT_RUN = {
     "[Service]": "a systemd unit; the notify protocol is tested in tests/coordinator/ops/test_notify.py",
     "livenessProbe:   {httpGet: {path: /healthz, port: 9404}, periodSeconds: 10, timeoutSeconds: 2}":
         "Kubernetes probes; /healthz and /readyz are tested in tests/integration/test_metrics.py",
+    "printf 'admin:admin-pw\\nalice:alice-pw\\nbob:bob-pw\\n' > users && chmod 600 users":
+        "herd serve in the foreground, then the admin's commands (and kafka-acls.sh, not on PATH); the same "
+        "herd acls commands run in tests/integration/test_authorization.py, kafka-acls in "
+        "tests/conformance/test_kafka_acls.py",
     "export HERD_STORE='postgresql://herd:SECRET@db.example:5432/herd'   # the environment: not seen in ps":
         "needs a PostgreSQL on other machines; herd serve --store is tested in tests/cluster/test_serve.py "
         "(and docs/cluster.md's local recipe by tests/cluster/test_local_recipe.py)",
