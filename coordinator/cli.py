@@ -49,6 +49,11 @@ SERVE_HELP = {
     "data_metadata_refresh_interval_ms": "how often the data cluster's topics (partition counts, topic ids) "
                                          "are read again (default 30000)",
     "lag_metrics": "partition (default): lag per group, topic and partition; group: per group only",
+    "max_buffered_bytes": "all connections' buffered requests and answers together; past it herd stops "
+                          "reading from the connections that would add more (default: min(1 GiB, RAM/4))",
+    "max_connections_per_ip": "connections one client address may hold (Kafka's max.connections.per.ip)",
+    "sasl_handshake_timeout_ms": "close a SASL listener's connection not authenticated within this "
+                                 "(default 10000)",
 }
 
 

@@ -395,7 +395,7 @@ class Daemon:
             raise StartError(f"cannot listen on {config.host}:{config.port}: {exc.strerror}") from None
         http = None
         if config.metrics_port is not None:  # bound first: a busy port fails before the replay
-            http = HttpEndpoint(self.metrics, self.groups.list_groups,
+            http = HttpEndpoint(self.metrics, self.groups.iter_groups,
                                 lambda g: self.groups.group_history(g, runtime.now_ms()),
                                 **node.http_checks(self.groups))
             http.console = self.console
