@@ -890,15 +890,15 @@ class Connection(asyncio.Protocol):
 
 
 class Server:
-    def __init__(self, config, runtime, metrics=None, security=None):
+    def __init__(self, config, runtime, metrics=None, security=None, *, gate=None, principal_rules=None):
         self.config = config
         self.runtime = runtime
         self.metrics = metrics
         self.security = security  # coordinator.security.Security, None: PLAINTEXT
         # authorizer = acl: the authorization point (coordinator.core.auth.gate.Gate) and the
         # ssl_principal_mapping_rules for TLS client certificates (None: not a TLS listener)
-        self.gate = None
-        self.principal_rules = None
+        self.gate = gate
+        self.principal_rules = principal_rules
         self.loop: asyncio.AbstractEventLoop | None = None
         self.connections: set[Connection] = set()
         self.server: asyncio.base_events.Server | None = None
