@@ -21,7 +21,7 @@ values invented (must be 0), restart times, and the ``log.tail_truncated`` event
 
 SIGKILL ends the process, not the machine: the page cache survives, so this proves that herd
 answers only after its write reached the kernel and that replay finds it. Power loss (writes that
-never left the page cache) is covered in-process by ``tests/coordinator/test_log.py`` (fsync
+never left the page cache) is covered in-process by ``tests/coordinator/store/test_log.py`` (fsync
 ordering, fault injection), not here.
 """
 from __future__ import annotations

@@ -5,6 +5,12 @@ npm ci) and warns about the rest. Here, for a run whose selected tests need a to
 there: tests that fail without it (kcat, KafkaJS) fail once, the first of them with the message
 and the others deselected; tests that skip without it (spark without Java, KafkaJS without
 Node.js) skip as before; and the end of the run lists every missing prerequisite in one section.
+
+The markers `make test-fast` leaves out are applied here, so a new test gets them by where it lives
+or what it uses: `integration` (a real daemon process: every test under tests/integration,
+conformance, reference and spark, and any test marked so by hand), `postgres` (the PostgreSQL
+fixture of tests/cluster/conftest.py), `browser` (the console in chromium). A test left unmarked
+that starts a daemon process fails at teardown saying to mark it `integration`.
 """
 from __future__ import annotations
 
@@ -129,3 +135,56 @@ def pytest_terminal_summary(terminalreporter, config):
         terminalreporter.section("missing prerequisites")
         for line in lines:
             terminalreporter.line(line)
+
+
+# --- markers -----------------------------------------------------------------------------------
+INTEGRATION_DIRS = ("tests/integration/", "tests/conformance/", "tests/reference/", "tests/spark/")
+BROWSER_FILES = ("tests/console/test_console_browser.py",)
+
+
+def pytest_itemcollected(item):
+    """Marks by folder and fixture, before -m selects (pytest_collection_modifyitems comes later)."""
+    path = _path_of(item)
+    if path.startswith(INTEGRATION_DIRS):
+        item.add_marker(pytest.mark.integration)
+    if "pg_server" in getattr(item, "fixturenames", ()):
+        item.add_marker(pytest.mark.postgres)
+    if path in BROWSER_FILES:
+        item.add_marker(pytest.mark.browser)
+
+
+def _starts_daemon(args) -> bool:
+    """``python -m coordinator serve`` / ``herd_cli serve`` / ``herd serve``, not ``--help``."""
+    if isinstance(args, (str, bytes)) or not isinstance(args, (list, tuple)):
+        return False
+    argv = [str(a) for a in args]
+    if "serve" not in argv or "--help" in argv or "-h" in argv:
+        return False
+    before = argv[:argv.index("serve")]
+    return bool(before) and (before[-1] in ("coordinator", "herd_cli") or Path(before[-1]).name == "herd")
+
+
+_current = {"item": None, "daemon": None}
+_popen_init = subprocess.Popen.__init__
+
+
+def _watching_init(self, args, *rest, **kwargs):
+    item = _current["item"]
+    if item is not None and _current["daemon"] is None and item.get_closest_marker("integration") is None \
+            and _starts_daemon(args):
+        _current["daemon"] = " ".join(map(str, args))
+    return _popen_init(self, args, *rest, **kwargs)
+
+
+subprocess.Popen.__init__ = _watching_init
+
+
+@pytest.fixture(autouse=True)
+def _daemon_tests_are_marked(request):
+    """`make test-fast` must not start daemons: a test that does is marked `integration`."""
+    _current["item"], _current["daemon"] = request.node, None
+    yield
+    started, _current["item"], _current["daemon"] = _current["daemon"], None, None
+    if started:
+        pytest.fail(f"this test starts a daemon process ({started}) but is not marked integration: "
+                    "add pytestmark = pytest.mark.integration (make test-fast leaves those out)", pytrace=False)

@@ -9,6 +9,7 @@ when needed" still depends on it.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,6 +82,7 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
     return found
 
 
+@functools.cache  # the files do not change during a run: parsed once (~3 s of CPU each time)
 def graph() -> dict[str, set[str]]:
     mods = project_modules()
     known = set(mods)
@@ -216,6 +218,18 @@ def test_benchmarks_and_tools_import_nothing_from_the_tests():
 
 def test_no_two_project_modules_import_each_other():
     assert cycles(graph()) == []
+
+
+def test_the_coordinator_tests_mirror_the_code():
+    # tests/coordinator/<folder>/ holds the tests of coordinator/<folder>/: a test folder names a package
+    # (the daemon's own modules, runtime.py, config.py ..., are tested at tests/coordinator's top)
+    tests = ROOT / "tests" / "coordinator"
+    folders = sorted(d.relative_to(tests) for d in tests.rglob("*") if d.is_dir() and d.name != "__pycache__"
+                     and any(d.glob("*.py")))
+    bad = [f"tests/coordinator/{d.as_posix()} names no package coordinator/{d.as_posix()}" for d in folders
+           if not (ROOT / "coordinator" / d / "__init__.py").is_file()]
+    assert not bad, "\n".join(bad)
+    assert {"core", "core/classic", "core/consumer", "edge", "ops", "store"} <= {d.as_posix() for d in folders}
 
 
 def test_the_checker_sees_lazy_imports_and_cycles(tmp_path):

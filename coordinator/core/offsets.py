@@ -18,6 +18,7 @@ import structlog
 
 from coordinator.core import records
 from coordinator.core.classic.group import DEAD, EMPTY
+from coordinator.core.consumer.groups import OLDER_MEMBER_EPOCH
 from coordinator.core.responses import commit_error
 from coordinator.core.result import Result
 from protocol import errors
@@ -57,6 +58,10 @@ class OffsetGroups(Protocol):
     def validate_commit(self, group_id: str, member_id: str, instance_id: str | None, generation: int,
                         version: int, now: int, wall: int) -> int:
         """An OffsetCommit's group check: the error code (NONE: commit)."""
+
+    def commit_partition_check(self, group_id: str, member_id: str, member_epoch: int):
+        """After validate_commit answered OLDER_MEMBER_EPOCH: ``(topic, partition) -> bool``, whether
+        that partition's commit is accepted."""
 
     def delete_target(self, group_id: str):
         """OffsetDelete's view of the group, or None: ``state``, ``uses_consumer_protocol()``,
@@ -138,7 +143,11 @@ class Offsets:
         gid = req.group_id
         err = self._groups.validate_commit(gid, req.member_id, req.group_instance_id if version >= 7 else None,
                                            req.generation_id_or_member_epoch, version, now, wall)
-        if err != _NONE:
+        partition_ok = None
+        if err == OLDER_MEMBER_EPOCH:
+            # a consumer-group member's older epoch: accepted per partition (Kafka 4.4)
+            partition_ok = self._groups.commit_partition_check(gid, req.member_id, req.generation_id_or_member_epoch)
+        elif err != _NONE:
             out.reply(token, commit_error(req, err))
             return
         expire = -1
@@ -160,6 +169,9 @@ class Offsets:
             prefix = stored = None
             name = t.name
             for p in t.partitions:
+                if partition_ok is not None and not partition_ok(name, p.partition_index):
+                    parts_out.append(OffsetCommitResponsePartition(p.partition_index, errors.STALE_MEMBER_EPOCH))
+                    continue
                 meta = p.committed_metadata
                 if meta is None:
                     meta = ""

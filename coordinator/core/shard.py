@@ -98,6 +98,9 @@ class _OffsetGroups:
         return self._classic.validate_offset_commit(group_id, member_id, instance_id, generation, version,
                                                     now, wall)
 
+    def commit_partition_check(self, group_id: str, member_id: str, member_epoch: int):
+        return self._consumer.commit_partition_check(group_id, member_id, member_epoch)
+
     def delete_target(self, group_id: str):
         group = self._classic.groups.get(group_id)
         if group is None and group_id in self._consumer.groups:

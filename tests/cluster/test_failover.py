@@ -18,7 +18,7 @@ from tests.cluster.load import Committer, fetch_offset, find
 from tests.cluster.nodes import Node
 from tests.conformance.harness import Members, all_partitions, create_topic, wait_converged, wait_until
 
-pytestmark = [pytest.mark.conformance, pytest.mark.slow]
+pytestmark = [pytest.mark.conformance, pytest.mark.integration, pytest.mark.slow]
 
 LEASE_MS = 2000
 SHARDS = 12

@@ -13,7 +13,7 @@ from tests.cluster.nodes import Node
 from tests.conformance.harness import Members, all_partitions, create_topic, wait_converged, wait_until
 from tools.daemon import REPO
 
-pytestmark = [pytest.mark.conformance]
+pytestmark = [pytest.mark.conformance, pytest.mark.integration]
 
 
 def groups_tool(*args: str) -> subprocess.CompletedProcess:

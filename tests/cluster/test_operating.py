@@ -5,8 +5,12 @@ import http.client
 import json
 import re
 
+import pytest
+
 from tests.cluster.nodes import Node
 from tests.conformance.harness import wait_until
+
+pytestmark = pytest.mark.integration
 
 
 def metrics_port(node) -> int:

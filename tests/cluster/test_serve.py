@@ -17,6 +17,8 @@ from tests.cluster.nodes import Node, coordinator_of, find_coordinator, metadata
 from tools.daemon import REPO
 from tools.postgres import PASSWORD, _run_async
 
+pytestmark = pytest.mark.integration
+
 
 def serve(tmp_path, url: str, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO), HERD_STORE=url)

@@ -113,7 +113,7 @@ class Member:
     __slots__ = ("member_id", "instance_id", "rack_id", "client_id", "client_host",
                  "subscribed_topic_names", "subscribed_topic_regex", "rebalance_timeout_ms",
                  "server_assignor", "member_epoch", "previous_member_epoch", "state", "assigned",
-                 "pending_revocation", "has_metadata")
+                 "pending_revocation", "has_metadata", "assigned_at")
 
     def __init__(self, member_id: str):
         self.member_id = member_id
@@ -131,6 +131,12 @@ class Member:
         self.assigned: dict[bytes, frozenset[int]] = {}
         self.pending_revocation: dict[bytes, frozenset[int]] = {}
         self.has_metadata = False
+        # (topic id, partition) -> the member epoch at which this member got it (kept while the
+        # partition stays assigned or pending revocation): an OffsetCommit with an older member
+        # epoch is accepted for it when that epoch is at or after this one (Kafka 4.4). Derived
+        # from the CurrentMemberAssignment records in replay order; after a restart that replayed
+        # only the latest record, a kept partition counts from the member's epoch then (stricter)
+        self.assigned_at: dict[tuple[bytes, int], int] = {}
 
     def set_state(self, state: int) -> None:
         if state not in MEMBER_VALID_PREVIOUS:
@@ -309,6 +315,13 @@ class ConsumerGroup:
         m.set_state(state)
         m.assigned = assigned
         m.pending_revocation = pending
+        old_at = m.assigned_at
+        at: dict[tuple[bytes, int], int] = {}
+        for assignment in (assigned, pending):
+            for tid, parts in assignment.items():
+                for p in parts:
+                    at[(tid, p)] = old_at.get((tid, p), epoch)
+        m.assigned_at = at
         self._own(m)
 
     def remove_current_assignment(self, member_id: str) -> None:
@@ -321,6 +334,7 @@ class ConsumerGroup:
         m.state = MEMBER_STABLE
         m.assigned = {}
         m.pending_revocation = {}
+        m.assigned_at = {}
 
 
 def error_name(code: int) -> str:

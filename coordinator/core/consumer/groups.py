@@ -59,7 +59,8 @@ from protocol.messages import (
 )
 
 __all__ = ["ConsumerGroupConfig", "Topics", "StaticTopics", "ConsumerGroups", "next_assignment",
-           "validate_offset_commit", "validate_offset_fetch", "HeartbeatError", "SESSION", "REBALANCE"]
+           "validate_offset_commit", "validate_offset_fetch", "OLDER_MEMBER_EPOCH", "commit_partition_ok",
+           "HeartbeatError", "SESSION", "REBALANCE"]
 
 INT32_MAX = 2**31 - 1
 SESSION = "cg-session"  # timer key (SESSION, group id, member id)
@@ -223,8 +224,29 @@ def validate_offset_commit(group: ConsumerGroup | None, member_id: str, member_e
     if not transactional and version < 9:
         return E.UNSUPPORTED_VERSION
     if member_epoch != member.member_epoch:
+        if 0 <= member_epoch < member.member_epoch:
+            return OLDER_MEMBER_EPOCH  # decided partition by partition: commit_partition_ok
         return E.STALE_MEMBER_EPOCH
     return E.NONE
+
+
+# Not a Kafka error code: validate_offset_commit's answer for a member's older epoch, which Kafka
+# 4.4 accepts partition by partition (:func:`commit_partition_ok`); the others get STALE_MEMBER_EPOCH.
+OLDER_MEMBER_EPOCH = -1000
+
+
+def commit_partition_ok(group: ConsumerGroup, member_id: str, member_epoch: int, topic: str,
+                        partition: int) -> bool:
+    """Kafka 4.4's rule for an OffsetCommit at an older member epoch: the partition is still the
+    member's (assigned, or pending revocation from it) and it got it at or before that epoch."""
+    member = group.members.get(member_id)
+    if member is None:
+        return False
+    meta = group.subscription_metadata.get(topic)
+    if meta is None:
+        return False
+    at = member.assigned_at.get((meta[0], partition))
+    return at is not None and at <= member_epoch
 
 
 def validate_offset_fetch(group: ConsumerGroup | None, member_id: str | None, member_epoch: int) -> int:

@@ -30,7 +30,7 @@ from collections import deque
 import structlog
 
 from coordinator.core.consumer import ConsumerGroups, validate_offset_commit
-from coordinator.core.consumer.groups import HeartbeatError
+from coordinator.core.consumer.groups import HeartbeatError, commit_partition_ok
 from coordinator.core.responses import join_response
 from coordinator.core.result import Result
 from protocol import errors
@@ -179,6 +179,10 @@ class ConsumerProtocol:
 
     def validate_offset_commit(self, gid: str, member_id: str, member_epoch: int, version: int) -> int:
         return validate_offset_commit(self.groups[gid], member_id, member_epoch, version)
+
+    def commit_partition_check(self, gid: str, member_id: str, member_epoch: int):
+        group = self.groups[gid]
+        return lambda topic, partition: commit_partition_ok(group, member_id, member_epoch, topic, partition)
 
     def subscribed(self, gid: str) -> SubscribedTopics:
         return SubscribedTopics(self.groups[gid])

@@ -11,7 +11,7 @@ from coordinator.core.coordinator import GroupCoordinator
 from coordinator.core.versions import CONSUMER_GROUP_DESCRIBE, CONSUMER_GROUP_HEARTBEAT, api_versions_response
 from protocol import errors as E
 from protocol import messages as m
-from tests.coordinator.test_group_harness import (
+from tests.coordinator.core.test_group_harness import (
     COMMIT,
     DEFAULT_PROTOCOLS,
     DELETE,
@@ -298,3 +298,38 @@ def test_consumer_group_offsets_expire_by_commit_time_except_subscribed_topics_a
     h.advance(20_000)
     assert h.gc.group_offsets("g") == {} and h.gc.describe_group("g") is None
     assert h.gc.stats["groups_expired"] == 1
+
+
+def test_offset_commit_with_an_older_member_epoch_is_accepted_for_partitions_still_held_since():
+    """Kafka 4.4: an OffsetCommit at an older member epoch is accepted for a partition still assigned
+    to (or pending revocation from) that member, which it got at or before that epoch; anything
+    else is STALE_MEMBER_EPOCH, partition by partition (issue 33 item 10)."""
+    h = harness()
+    a = join(h)
+    first = a.member_epoch
+    assert owned_of(a) == {T: {0, 1, 2, 3}}
+    b = join(h, mid="", topics=("t",))
+    st = converge(h, "g", {a.member_id: [a.member_epoch, owned_of(a)], b.member_id: [b.member_epoch, {}]})
+    a_epoch, a_owned = st[a.member_id]
+    b_epoch, b_owned = st[b.member_id]
+    assert a_epoch > first and len(a_owned[T]) == 2 and len(b_owned[T]) == 2
+
+    def commit(mid, epoch, partitions):
+        r = h.call(COMMIT, 9, m.OffsetCommitRequest(
+            group_id="g", generation_id_or_member_epoch=epoch, member_id=mid, topics=[
+                m.OffsetCommitRequestTopic("t", [m.OffsetCommitRequestPartition(p, 100 + p) for p in partitions])]))
+        return {p.partition_index: p.error_code for p in r.topics[0].partitions}
+
+    kept, lost = sorted(a_owned[T]), sorted(b_owned[T])
+    # a commits at its first epoch (a commit in flight when the rebalance moved it on): its kept
+    # partitions (held since that epoch) are accepted, the ones now b's are not
+    got = commit(a.member_id, first, kept + lost)
+    assert got == {**{p: E.NONE for p in kept}, **{p: E.STALE_MEMBER_EPOCH for p in lost}}
+    # b got its partitions at its current epoch: an older epoch is refused for them
+    assert set(commit(b.member_id, b_epoch - 1, lost).values()) == {E.STALE_MEMBER_EPOCH}
+    assert set(commit(b.member_id, b_epoch, lost).values()) == {E.NONE}
+    assert set(commit(a.member_id, a_epoch + 1, kept).values()) == {E.STALE_MEMBER_EPOCH}  # newer: refused
+    fetched = h.call(FETCH, 9, m.OffsetFetchRequest(groups=[m.OffsetFetchRequestGroup(
+        group_id="g", member_id=None, member_epoch=-1, topics=[m.OffsetFetchRequestTopics("t", [0, 1, 2, 3])])]))
+    assert {p.partition_index: p.committed_offset for p in fetched.groups[0].topics[0].partitions} == \
+        {p: 100 + p for p in range(4)}

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from protocol import errors as E
-from tests.coordinator.test_group_harness import Harness, sub
-from tests.coordinator.test_group_replay import durable_view, replayed
+from tests.coordinator.core.test_group_harness import Harness, sub
+from tests.coordinator.core.test_group_replay import durable_view, replayed
 
 GROUP = "g"
 ORACLE_CHECKED: dict[int, int] = {}  # expected error -> commits the oracle checked (all runs)

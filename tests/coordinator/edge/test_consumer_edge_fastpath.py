@@ -22,7 +22,7 @@ from coordinator.store.filelog import LogStore
 from protocol import errors as E
 from protocol import messages as m
 from protocol.headers import encode_request_header
-from tests.coordinator.test_server_fastpath import FakeTransport, answers, decode, run, turns, until
+from tests.coordinator.edge.test_server_fastpath import FakeTransport, answers, decode, run, turns, until
 
 CG = m.ConsumerGroupHeartbeatRequest
 TP = m.ConsumerGroupHeartbeatRequestTopicPartitions

@@ -3,7 +3,7 @@ from coordinator.clock import ManualClock
 from coordinator.core import records
 from coordinator.core.coordinator import GroupCoordinator
 from protocol import errors as E
-from tests.coordinator.test_group_harness import Harness, sub
+from tests.coordinator.core.test_group_harness import Harness, sub
 
 
 def durable_view(gc: GroupCoordinator) -> dict:

@@ -31,7 +31,7 @@ from coordinator.store.logformat import (
     LogFormatError,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 WAIT = 30  # seconds: only a bound for a hung test, never a pacing sleep
 
 

@@ -19,7 +19,7 @@ from coordinator.ops.stall import StallDetector
 from coordinator.runtime import Runtime
 from protocol import errors as E
 from protocol.messages import HeartbeatRequest
-from tests.coordinator.test_group_harness import Harness, sub
+from tests.coordinator.core.test_group_harness import Harness, sub
 from tests.coordinator.test_runtime_shards import FakeStore
 
 CHANGED = (("range", sub("t", "u")),)

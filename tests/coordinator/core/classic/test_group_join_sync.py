@@ -2,7 +2,7 @@
 import pytest
 
 from protocol import errors as E
-from tests.coordinator.test_group_harness import HB, JOIN, Harness, sub
+from tests.coordinator.core.test_group_harness import HB, JOIN, Harness, sub
 
 P = (("range", sub("t")),)
 

@@ -8,7 +8,7 @@ import json
 import re
 
 from coordinator.ops.console import Console
-from tests.coordinator.test_group_harness import Harness
+from tests.coordinator.core.test_group_harness import Harness
 
 T = ("orders", 0)
 

@@ -9,7 +9,7 @@ import pytest
 from coordinator.core.consumer.group import STATIC_LEAVE_EPOCH
 from protocol import errors as E
 from protocol.messages import ConsumerGroupHeartbeatRequest
-from tests.coordinator.consumer.cg_harness import Client, Harness, assert_never_owned_twice, run_rounds
+from tests.coordinator.core.consumer.cg_harness import Client, Harness, assert_never_owned_twice, run_rounds
 
 
 def check(h: Harness, clients) -> None:

@@ -5,7 +5,7 @@ import pytest
 from coordinator.core import offsets
 from coordinator.core import shard as shard_module
 from coordinator.core.classic import groups as classic
-from tests.coordinator.test_group_harness import Harness, sub
+from tests.coordinator.core.test_group_harness import Harness, sub
 
 
 class RecordingLog:

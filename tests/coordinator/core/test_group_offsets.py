@@ -2,7 +2,7 @@
 from coordinator.core import records
 from protocol import errors as E
 from protocol.messages import OffsetFetchRequest, OffsetFetchRequestGroup, OffsetFetchRequestTopics
-from tests.coordinator.test_group_harness import FETCH, Harness, sub
+from tests.coordinator.core.test_group_harness import FETCH, Harness, sub
 
 RETENTION = 60_000  # offsets_retention_minutes=1
 

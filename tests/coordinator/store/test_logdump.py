@@ -21,7 +21,7 @@ from protocol.messages import (
 )
 from tools import logdump
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 I16 = struct.Struct(">h")
 
 

@@ -13,10 +13,16 @@ from coordinator.core.consumer.group import (
     ConsumerGroup,
     IllegalStateTransition,
 )
-from coordinator.core.consumer.groups import ConsumerGroupConfig, validate_offset_commit, validate_offset_fetch
+from coordinator.core.consumer.groups import (
+    OLDER_MEMBER_EPOCH,
+    ConsumerGroupConfig,
+    commit_partition_ok,
+    validate_offset_commit,
+    validate_offset_fetch,
+)
 from protocol import errors as E
 from protocol.messages import ConsumerGroupHeartbeatRequest, ConsumerGroupHeartbeatRequestTopicPartitions
-from tests.coordinator.consumer.cg_harness import Client, Harness, assert_never_owned_twice, run_rounds, tid
+from tests.coordinator.core.consumer.cg_harness import Client, Harness, assert_never_owned_twice, run_rounds, tid
 
 T = tid("t")
 
@@ -467,7 +473,10 @@ def test_offset_commit_and_fetch_member_epoch_rules():
     a.join()
     g = h.group()
     assert validate_offset_commit(g, "a", 2, 9) == E.NONE
-    assert validate_offset_commit(g, "a", 0, 9) == E.STALE_MEMBER_EPOCH
+    assert validate_offset_commit(g, "a", 3, 9) == E.STALE_MEMBER_EPOCH  # newer than its epoch
+    assert validate_offset_commit(g, "a", 1, 9) == OLDER_MEMBER_EPOCH  # older: decided per partition
+    assert not commit_partition_ok(g, "a", 1, "t", 0)  # it got t-0 at epoch 2, after epoch 1
+    assert commit_partition_ok(g, "a", 2, "t", 0) and not commit_partition_ok(g, "a", 2, "t", 7)
     assert validate_offset_commit(g, "x", 2, 9) == E.UNKNOWN_MEMBER_ID
     assert validate_offset_commit(g, "a", 2, 8) == E.UNSUPPORTED_VERSION
     assert validate_offset_commit(g, "", -1, 9) == E.UNKNOWN_MEMBER_ID  # members present

@@ -1,7 +1,7 @@
 """KIP-345 static membership."""
 from coordinator.core import records
 from protocol import errors as E
-from tests.coordinator.test_group_harness import Harness, sub
+from tests.coordinator.core.test_group_harness import Harness, sub
 
 P = (("range", sub("t")),)
 

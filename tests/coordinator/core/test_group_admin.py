@@ -20,7 +20,7 @@ from protocol.messages import (
     OffsetFetchRequestTopics,
     SyncGroupRequest,
 )
-from tests.coordinator.test_group_harness import DESCRIBE, FETCH, Harness, sub
+from tests.coordinator.core.test_group_harness import DESCRIBE, FETCH, Harness, sub
 
 
 def test_list_groups_with_filters_and_versions():
