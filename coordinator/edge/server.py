@@ -67,6 +67,8 @@ _encode_heartbeat_body = fastpath.encode_heartbeat_body
 _parse_steady = fastpath.parse_steady_consumer_heartbeat
 _steady_answer = fastpath.steady_consumer_heartbeat_answer
 HEARTBEAT = 12
+JOIN_GROUP = m.JoinGroupRequest.API_KEY
+PENDING_IDS_KEPT = 32  # MEMBER_ID_REQUIRED ids remembered per connection (normally one at a time)
 CONSUMER_GROUP_HEARTBEAT = m.ConsumerGroupHeartbeatRequest.API_KEY
 SASL_HANDSHAKE = m.SaslHandshakeRequest.API_KEY
 SASL_AUTHENTICATE = m.SaslAuthenticateRequest.API_KEY
@@ -212,6 +214,7 @@ class Connection(asyncio.Protocol):
         self.processing = False
         self.out = bytearray()
         self.closed = False
+        self.pending_ids: list[tuple[str, str]] | None = None  # MEMBER_ID_REQUIRED ids handed out here
         self.paused = False
         self.write_paused = False  # the transport's write buffer is over its high-water mark
         self.resume_scheduled = False
@@ -288,8 +291,26 @@ class Connection(asyncio.Protocol):
         if not self.closed:  # answers still held: nothing an unauthenticated client waits for matters
             self._abort()
 
+    def _minted(self, group_id: str, member_id: str) -> None:
+        """A JoinGroup on this connection was answered MEMBER_ID_REQUIRED: remember the id (the last
+        PENDING_IDS_KEPT) so that the group stops waiting for it if this connection closes first."""
+        if self.closed:  # answered after its connection closed: nobody will ever use the id
+            self.runtime.forget_pending([(group_id, member_id)])
+            return
+        if self.pending_ids is None:
+            self.pending_ids = []
+        self.pending_ids.append((group_id, member_id))
+        if len(self.pending_ids) > PENDING_IDS_KEPT:
+            del self.pending_ids[0]
+
     def connection_lost(self, exc):
         self.closed = True
+        if self.pending_ids:  # member ids handed out here that no client can come back with now
+            pending, self.pending_ids = self.pending_ids, None
+            try:
+                self.runtime.forget_pending(pending)
+            except Exception:  # our bug: logged; the ids still expire at their session timeout
+                log.exception("cannot forget the pending member ids of a closed connection", peer=self.peer)
         if self.auth_timer is not None:
             self.auth_timer.cancel()
             self.auth_timer = None
@@ -729,6 +750,8 @@ class Connection(asyncio.Protocol):
     # ---- responses ---------------------------------------------------------------------------
 
     def send_response(self, token: Reply, response) -> None:
+        if token.api_key == JOIN_GROUP and response.error_code == E.MEMBER_ID_REQUIRED and response.member_id:
+            self._minted(token.request.group_id, response.member_id)
         if token is self.inflight:
             self.inflight = None
             waits = bool(self.held)  # behind an answer that waits for the log
