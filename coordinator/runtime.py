@@ -339,6 +339,14 @@ class Runtime:
         clock = self.clock
         self.apply(self.groups.topics_changed(clock.monotonic_ms(), clock.wall_ms()))
 
+    def forget_pending(self, pending) -> None:
+        """A connection closed: the pending member ids its JoinGroups were answered with
+        (MEMBER_ID_REQUIRED) and never used stop holding their groups' join phases."""
+        if self._closing:
+            return
+        clock = self.clock
+        self.apply(self.groups.forget_pending(pending, clock.monotonic_ms(), clock.wall_ms()))
+
     # ---- requests ----------------------------------------------------------------------------
 
     def dispatch(self, token, api_key: int, version: int, request, client_id: str, client_host: str) -> None:

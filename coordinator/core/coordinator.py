@@ -432,6 +432,21 @@ class GroupCoordinator:
         out.shards = frozenset(touched)
         return out
 
+    def forget_pending(self, pending, now_ms: int, wall_ms: int) -> Result:
+        """``pending``: (group id, member id) pairs handed out with MEMBER_ID_REQUIRED on a connection
+        that has closed; those still pending stop holding their group's join phase
+        (:meth:`ClassicGroups.forget_pending`)."""
+        out = Result()
+        touched = set()
+        for gid, mid in pending:
+            shard = self._shard(gid)
+            if self._unavailable(shard):
+                continue
+            if shard.classic.forget_pending(gid, mid, now_ms, wall_ms, out):
+                touched.add(shard.shard_id)
+        out.shards = frozenset(touched)
+        return out
+
     def on_stall(self, stall_ms: int, now_ms: int, wall_ms: int, shift_ms: int | None = None) -> None:
         """herd did not run for ``stall_ms`` and is back at ``now_ms`` (the runtime's stall
         detector): every shard's deadlines move ``shift_ms`` (default ``stall_ms``; 0 after a system

@@ -44,10 +44,10 @@ from coordinator.core.versions import API_NAMES, API_VERSIONS, SUPPORTED, api_ve
 from coordinator.ops.metrics import HTTP_MAX_CONNECTIONS, HTTP_RESERVE, response_error
 from protocol import acls as acl_messages
 from protocol import errors as E
+from protocol import fastpath, produce
 from protocol import messages as m
-from protocol import produce
 from protocol.framing import FrameDecoder
-from protocol.headers import read_request_header, response_header_version
+from protocol.headers import read_request_header
 from protocol.sasl import SaslError, server_mechanism
 from protocol.wire import EncodeError, ProtocolError
 
@@ -57,25 +57,19 @@ _FRAME_HEAD = struct.Struct(">ii")  # frame size (filled in last), correlation i
 _REQUESTS = {**m.REQUESTS, **acl_messages.REQUESTS}
 _now = time.perf_counter
 
-# api key -> by version, what follows the correlation id in our response header: the empty tagged
-# fields of header v1 (flexible versions), or nothing (v0; always for ApiVersions).
-_HEADER_TAIL = {key: tuple(b"\x00" if response_header_version(key, v) else b"" for v in range(hi + 1))
-                for key, (_, hi) in SUPPORTED.items()}
+# api key -> by version, what follows the correlation id in our response header
+_HEADER_TAIL = fastpath.header_tails(SUPPORTED)
 
 _HeartbeatResponse = m.HeartbeatResponse
 _HeartbeatRequest = m.HeartbeatRequest
-_heartbeat_bodies: dict[tuple[int, int], bytes] = {}  # (version, error code) -> encoded body
-_heartbeat_tails: dict[tuple[int, int], bytes] = {}  # (version, code) -> header tail + body
+_heartbeat_tail = fastpath.heartbeat_tail
+_encode_heartbeat_body = fastpath.encode_heartbeat_body
+_parse_steady = fastpath.parse_steady_consumer_heartbeat
+_steady_answer = fastpath.steady_consumer_heartbeat_answer
 HEARTBEAT = 12
+JOIN_GROUP = m.JoinGroupRequest.API_KEY
+PENDING_IDS_KEPT = 32  # MEMBER_ID_REQUIRED ids remembered per connection (normally one at a time)
 CONSUMER_GROUP_HEARTBEAT = m.ConsumerGroupHeartbeatRequest.API_KEY
-# A steady-state ConsumerGroupHeartbeat's bytes after its member epoch: instance id, rack id null,
-# rebalance timeout -1, subscribed topic names, (v1+) regex, server assignor, topic partitions
-# null, no tagged fields. By version.
-_CG_STEADY_TAIL = (b"\x00\x00\xff\xff\xff\xff\x00\x00\x00\x00", b"\x00\x00\xff\xff\xff\xff\x00\x00\x00\x00\x00")
-_CG_OK_HEAD = b"\x00" + b"\x00" * 6 + b"\x00"  # header tags; throttle 0, error 0, error message null
-_CG_OK_END = b"\xff\x00"  # assignment null, no tagged fields
-_II = struct.Struct(">ii")
-_I32 = struct.Struct(">i")
 SASL_HANDSHAKE = m.SaslHandshakeRequest.API_KEY
 SASL_AUTHENTICATE = m.SaslAuthenticateRequest.API_KEY
 _SASL_APIS = frozenset({SASL_HANDSHAKE, SASL_AUTHENTICATE})
@@ -154,25 +148,12 @@ def _decode_whole(cls, frame: bytes, pos: int, version: int):
     return request
 
 
-def _heartbeat_tail(version: int, code: int) -> bytes:
-    """What follows the correlation id in a plain HeartbeatResponse of this version and code."""
-    tail = _heartbeat_tails.get((version, code))
-    if tail is None:
-        tail = _heartbeat_tails[(version, code)] = (
-            _HEADER_TAIL[HEARTBEAT][version] + _HeartbeatResponse(error_code=code).encode(version))
-    return tail
-
-
 def _encode_body(out: bytearray, response, version: int) -> None:
     """Append the encoded response. A plain HeartbeatResponse (no throttle, no unknown tagged
     fields: what herd sends) is the same few bytes for a given version and error code: cached."""
     if type(response) is _HeartbeatResponse and not response.throttle_time_ms \
             and not response.unknown_tagged_fields:
-        key = (version, response.error_code)
-        body = _heartbeat_bodies.get(key)
-        if body is None:
-            body = _heartbeat_bodies[key] = response.encode(version)
-        out += body
+        out += _encode_heartbeat_body(version, response.error_code)
     else:
         response.encode_into(out, version)
 
@@ -233,6 +214,7 @@ class Connection(asyncio.Protocol):
         self.processing = False
         self.out = bytearray()
         self.closed = False
+        self.pending_ids: list[tuple[str, str]] | None = None  # MEMBER_ID_REQUIRED ids handed out here
         self.paused = False
         self.write_paused = False  # the transport's write buffer is over its high-water mark
         self.resume_scheduled = False
@@ -309,8 +291,26 @@ class Connection(asyncio.Protocol):
         if not self.closed:  # answers still held: nothing an unauthenticated client waits for matters
             self._abort()
 
+    def _minted(self, group_id: str, member_id: str) -> None:
+        """A JoinGroup on this connection was answered MEMBER_ID_REQUIRED: remember the id (the last
+        PENDING_IDS_KEPT) so that the group stops waiting for it if this connection closes first."""
+        if self.closed:  # answered after its connection closed: nobody will ever use the id
+            self.runtime.forget_pending([(group_id, member_id)])
+            return
+        if self.pending_ids is None:
+            self.pending_ids = []
+        self.pending_ids.append((group_id, member_id))
+        if len(self.pending_ids) > PENDING_IDS_KEPT:
+            del self.pending_ids[0]
+
     def connection_lost(self, exc):
         self.closed = True
+        if self.pending_ids:  # member ids handed out here that no client can come back with now
+            pending, self.pending_ids = self.pending_ids, None
+            try:
+                self.runtime.forget_pending(pending)
+            except Exception:  # our bug: logged; the ids still expire at their session timeout
+                log.exception("cannot forget the pending member ids of a closed connection", peer=self.peer)
         if self.auth_timer is not None:
             self.auth_timer.cancel()
             self.auth_timer = None
@@ -529,7 +529,7 @@ class Connection(asyncio.Protocol):
                           api_version=version)
             self.close()
             return
-        tail = _heartbeat_tails.get((version, code)) or _heartbeat_tail(version, code)
+        tail = _heartbeat_tail(version, code)
         if self.held:  # behind an answer that waits for the log
             self.held.append(_FRAME_HEAD.pack(len(tail) + 4, correlation_id) + tail)
         else:
@@ -545,28 +545,15 @@ class Connection(asyncio.Protocol):
         """A ConsumerGroupHeartbeat that changes nothing, answered in place, as a Heartbeat is: ->
         False (nothing done) unless it is one. The frame must be exactly a group id and a member
         id (compact strings of 1-126 bytes), an epoch > 0 and every other field null
-        (``_CG_STEADY_TAIL``), and the member Stable at its group's assignment epoch with nothing
-        to write or to wait for (see Runtime.consumer_heartbeat_steady); then the session deadline
-        moves and the answer is the full path's: member id, epoch, interval, no assignment.
-        Anything else (a join, an acknowledgement, a leave, an error to answer, a malformed
-        frame) takes the full path."""
-        try:
-            n = frame[pos] - 1
-            if not 0 < n < 127:
-                return False
-            g_end = pos + 1 + n
-            n = frame[g_end] - 1
-            if not 0 < n < 127:
-                return False
-            m_end = g_end + 1 + n
-            epoch = _I32.unpack_from(frame, m_end)[0]
-            if epoch <= 0 or frame[m_end + 4:] != _CG_STEADY_TAIL[version]:
-                return False
-            group_id = frame[pos + 1:g_end].decode()
-            member = frame[g_end + 1:m_end]
-            member_id = member.decode()
-        except (IndexError, struct.error, UnicodeDecodeError):
-            return False  # the full path's decoder says what is wrong
+        (``protocol.fastpath.parse_steady_consumer_heartbeat``), and the member Stable at its
+        group's assignment epoch with nothing to write or to wait for (see
+        Runtime.consumer_heartbeat_steady); then the session deadline moves and the answer is the
+        full path's: member id, epoch, interval, no assignment. Anything else (a join, an
+        acknowledgement, a leave, an error to answer, a malformed frame) takes the full path."""
+        steady = _parse_steady(frame, pos, version)
+        if steady is None:
+            return False  # the full path's decoder says what it is
+        group_id, member_id, epoch, member_span = steady
         gate = self.server.gate
         if gate is not None and not gate.group_read(self.authz_cache, self.kafka_principal, self.client_ip,
                                                     group_id):
@@ -582,7 +569,7 @@ class Connection(asyncio.Protocol):
             return True
         if interval is None:
             return False
-        body = b"".join((_CG_OK_HEAD, frame[g_end:m_end], _II.pack(epoch, interval), _CG_OK_END))
+        body = _steady_answer(frame, member_span, epoch, interval)
         answer = _FRAME_HEAD.pack(len(body) + 4, correlation_id) + body
         if self.held:  # behind an answer that waits for the log
             self.held.append(answer)
@@ -763,6 +750,8 @@ class Connection(asyncio.Protocol):
     # ---- responses ---------------------------------------------------------------------------
 
     def send_response(self, token: Reply, response) -> None:
+        if token.api_key == JOIN_GROUP and response.error_code == E.MEMBER_ID_REQUIRED and response.member_id:
+            self._minted(token.request.group_id, response.member_id)
         if token is self.inflight:
             self.inflight = None
             waits = bool(self.held)  # behind an answer that waits for the log

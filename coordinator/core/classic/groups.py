@@ -676,6 +676,25 @@ class ClassicGroups:
         detail = f"member {mid} (client {member.client_id!r} from {member.client_host or '?'}) {what}"
         self._remove_member_and_update(group, member, why, detail, now, wall, out)
 
+    def forget_pending(self, gid: str, mid: str, now: int, wall: int, out: Result) -> bool:
+        """The connection that carried ``mid``'s MEMBER_ID_REQUIRED answer closed before the member
+        joined with it: no client will come back with that id (a JoinGroup answered after its
+        client timed it out and reconnected, e.g. one read when herd resumed from a pause), so it
+        stops holding the join phase now rather than at its session timeout. -> whether it was
+        pending. (A client that did read the answer and rejoins on a new connection gets
+        UNKNOWN_MEMBER_ID and joins afresh: one more round trip.)"""
+        group = self.groups.get(gid)
+        if group is None or mid not in group.pending_members:
+            return False
+        group.pending_members.discard(mid)
+        self.timers.cancel(("pending", gid, mid))
+        self._count("pending_members_forgotten")
+        if group.rebalance is not None:
+            group.rebalance.on_pending_gone(mid, "connection_closed", now)
+        if group.state == PREPARING_REBALANCE and group.has_all_members_joined():
+            self._complete_join(group, now, wall, out)
+        return True
+
     def _expire_pending_member(self, gid: str, mid: str, now: int, wall: int, out: Result) -> None:
         group = self.groups.get(gid)
         if group is None or mid not in group.pending_members:
