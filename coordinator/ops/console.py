@@ -77,7 +77,7 @@ def make_source(config, reader=None) -> LogEndSource | None:
 
 
 class _Row:
-    __slots__ = ("group_id", "state", "protocol_type", "members", "lag", "max_lag", "lag_seconds",
+    __slots__ = ("group_id", "state", "protocol_type", "members", "lag", "max_lag", "lag_seconds", "lag_seconds_method",
                  "last_commit_ms", "rebalances_1h", "rebalances_capped", "partitions", "known", "stale")
 
     def __init__(self, group_id: str):
@@ -88,6 +88,7 @@ class _Row:
         self.lag: int | None = None  # sum over partitions with a fresh sample
         self.max_lag: int | None = None
         self.lag_seconds: float | None = None  # max over them
+        self.lag_seconds_method: str | None = None  # how that max was found (lag.INTERPOLATED, ...)
         self.last_commit_ms: int | None = None
         self.rebalances_1h = 0
         self.rebalances_capped = False
@@ -99,6 +100,7 @@ class _Row:
         return {"group_id": self.group_id, "state": self.state, "protocol_type": self.protocol_type,
                 "members": self.members, "lag": self.lag,
                 "lag_seconds": None if self.lag_seconds is None else round(self.lag_seconds, 3),
+                "lag_seconds_method": self.lag_seconds_method,
                 "last_commit_ms": self.last_commit_ms,
                 "last_commit_age": (None if self.last_commit_ms is None
                                     else round((now_ms - self.last_commit_ms) / 1000, 3)),
@@ -216,7 +218,7 @@ class Console:
             if i % GROUP_STEP == GROUP_STEP - 1:
                 yield
         tracker = self.tracker
-        lag_of = tracker.lag if tracker is not None else None
+        lag_of = tracker.lag_with_method if tracker is not None else None
         for shard_rows in groups.committed_by_shard():
             row = None
             for i, (gid, topic, p, off, ts) in enumerate(shard_rows):
@@ -231,7 +233,7 @@ class Console:
                     row.last_commit_ms = ts
                 if lag_of is None:
                     continue
-                end, lag, lag_ms, stale = lag_of((topic, p), off, now)
+                end, lag, lag_ms, stale, method = lag_of((topic, p), off, now)
                 if end is None:
                     continue
                 if stale:
@@ -248,6 +250,7 @@ class Console:
                     secs = lag_ms / 1000
                     if row.lag_seconds is None or secs > row.lag_seconds:
                         row.lag_seconds = secs
+                        row.lag_seconds_method = method
                 lags.append((gid, topic, p, lag, lag_ms))
             yield
 
@@ -313,7 +316,8 @@ class Console:
                            for g, t, p, lag, _ in lags[i:i + LINE_STEP])
                 yield
             family("herd_group_lag_seconds", "gauge", "How long ago the log end was at the committed offset "
-                   "(interpolated from log-end samples), per group and partition; only where it is known.")
+                   "(interpolated from log-end samples; older than them, the age of the record at the committed "
+                   "offset), per group and partition; only where it is known.")
             for i in range(0, len(lags), LINE_STEP):
                 out.extend(f'herd_group_lag_seconds{{group="{_escape(g)}",topic="{_escape(t)}",partition="{p}"}} '
                            f'{_fmt(ms / 1000)}' for g, t, p, _, ms in lags[i:i + LINE_STEP] if ms is not None)
@@ -458,10 +462,11 @@ class Console:
                 o = offsets[topic][p]
                 row = {"topic": topic, "partition": p, "committed": o["offset"], "commit_ms": o["commit_timestamp"],
                        "metadata": o["metadata"], "log_end": None, "lag": None, "lag_seconds": None,
-                       "sampled_ms": None, "stale": None, "owner": owner.get((topic, p))}
+                       "lag_seconds_method": None, "sampled_ms": None, "stale": None, "owner": owner.get((topic, p))}
                 if tracker is not None:
-                    end, lag, lag_ms, stale = tracker.lag((topic, p), o["offset"], now)
+                    end, lag, lag_ms, stale, method = tracker.lag_with_method((topic, p), o["offset"], now)
                     row.update(log_end=end, lag=lag, lag_seconds=None if lag_ms is None else lag_ms / 1000,
+                               lag_seconds_method=None if lag_ms is None else method,
                                sampled_ms=tracker.sampled_ms((topic, p)), stale=stale if end is not None else None)
                 partitions.append(row)
         # assigned partitions with no commit yet: shown, so an owner without progress is visible
@@ -470,7 +475,8 @@ class Console:
                 end = None if tracker is None else tracker.log_end((topic, p))
                 partitions.append({"topic": topic, "partition": p, "committed": None, "commit_ms": None,
                                    "metadata": None, "log_end": end,
-                                   "lag": None, "lag_seconds": None, "sampled_ms": None, "stale": None, "owner": mid})
+                                   "lag": None, "lag_seconds": None, "lag_seconds_method": None, "sampled_ms": None,
+                                   "stale": None, "owner": mid})
         history = groups.group_history(gid, mono) or []
         return {"now_ms": now, "group_id": gid, "state": described["state"],
                 "protocol_type": described["protocol_type"], "protocol": described["protocol"],

@@ -92,6 +92,17 @@ function renderHeader(data) {
   document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
 }
 
+// how a time lag was found: a small tag after the number, its explanation on hover
+const LAG_METHODS = {
+  interpolated: ["history", "interpolated from herd's log-end history"],
+  record: ["record", "the timestamp of the record at the committed offset (older than herd's log-end history)"],
+  extrapolated: ["extrap.", "extrapolated along herd's log-end history (older than it; the record's time not read yet)"],
+};
+function lagMethod(method) {
+  const m = method && LAG_METHODS[method];
+  return m ? h("span", { class: "lag-method muted", "data-method": method, title: m[1] }, m[0]) : null;
+}
+
 // ---- the group list -------------------------------------------------------------------------------------
 
 const COLUMNS = [
@@ -154,7 +165,7 @@ function renderList(data) {
       h("td", { class: "num" }, fmtInt(g.members)),
       h("td", { class: "num" }, fmtInt(g.partitions)),
       h("td", { class: "num" }, fmtInt(g.lag), g.stale_partitions ? h("span", { class: "stale-mark", title: `${g.stale_partitions} partition(s) stale` }, "stale") : null),
-      h("td", { class: lagCls }, fmtDuration(g.lag_seconds)),
+      h("td", { class: lagCls }, fmtDuration(g.lag_seconds), lagMethod(g.lag_seconds_method)),
       h("td", { class: "num", title: fmtTime(g.last_commit_ms) }, g.last_commit_age === null ? "never" : `${fmtDuration(g.last_commit_age)} ago`),
       h("td", { class: "num", title: g.rebalances_1h_or_more ? "every rebalance the flight recorder keeps is from the last hour" : null },
         g.rebalances_1h_or_more ? `${fmtInt(g.rebalances_1h)}+` : fmtInt(g.rebalances_1h)));
@@ -199,7 +210,7 @@ function partitionsCard(g) {
       h("td", { title: fmtTime(p.commit_ms) }, p.commit_ms === null ? "–" : `${fmtMs(g.now_ms - p.commit_ms)} ago`),
       h("td", { class: "num" }, fmtInt(p.log_end)),
       h("td", { class: "num" }, fmtInt(p.lag), p.stale ? h("span", { class: "stale-mark", title: `last log end read ${fmtTime(p.sampled_ms)}` }, "stale") : null),
-      h("td", { class: p.lag_seconds >= 60 ? "num lag-hot" : "num" }, fmtDuration(p.lag_seconds)),
+      h("td", { class: p.lag_seconds >= 60 ? "num lag-hot" : "num" }, fmtDuration(p.lag_seconds), lagMethod(p.lag_seconds_method)),
       h("td", {}, p.owner ? who(owners[p.owner]) : h("span", { class: "muted" }, "unowned")))))));
   return card;
 }
