@@ -44,7 +44,7 @@ FOLD_STEP = 1000  # committed partitions per step
 FREE_STEP = 10_000
 HOUR_MS = 3_600_000
 MAX_PAGE = 500
-SORT_KEYS = ("group_id", "state", "protocol_type", "members", "lag", "lag_seconds", "last_commit_age",
+SORT_KEYS = ("group_id", "state", "type", "protocol_type", "members", "lag", "lag_seconds", "last_commit_age",
              "rebalances_1h", "partitions")
 STATIC = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
           "app.css": "text/css; charset=utf-8", "favicon.svg": "image/svg+xml"}
@@ -77,13 +77,15 @@ def make_source(config, reader=None) -> LogEndSource | None:
 
 
 class _Row:
-    __slots__ = ("group_id", "state", "protocol_type", "members", "lag", "max_lag", "lag_seconds", "lag_seconds_method",
-                 "last_commit_ms", "rebalances_1h", "rebalances_capped", "partitions", "known", "stale")
+    __slots__ = ("group_id", "state", "type", "protocol_type", "members", "lag", "max_lag", "lag_seconds",
+                 "lag_seconds_method", "last_commit_ms", "rebalances_1h", "rebalances_capped", "partitions",
+                 "known", "stale")
 
     def __init__(self, group_id: str):
         self.group_id = group_id
         self.state = "Empty"
-        self.protocol_type = ""
+        self.type = ""  # classic or consumer (KIP-848), as ListGroups v5 and `herd groups list --type`
+        self.protocol_type = ""  # a classic group's protocol type ("consumer", "connect", ...)
         self.members = 0
         self.lag: int | None = None  # sum over partitions with a fresh sample
         self.max_lag: int | None = None
@@ -97,7 +99,8 @@ class _Row:
         self.stale = 0  # of which stale (sampled once, not lately)
 
     def as_json(self, now_ms: int) -> dict:
-        return {"group_id": self.group_id, "state": self.state, "protocol_type": self.protocol_type,
+        return {"group_id": self.group_id, "state": self.state, "type": self.type,
+                "protocol_type": self.protocol_type,
                 "members": self.members, "lag": self.lag,
                 "lag_seconds": None if self.lag_seconds is None else round(self.lag_seconds, 3),
                 "lag_seconds_method": self.lag_seconds_method,
@@ -117,6 +120,7 @@ class Console:
         self.groups = groups
         self.clock = clock if clock is not None else SystemClock()
         self.now_ms = now_ms  # monotonic ms for views of rebalances in progress (the runtime's clock)
+        self.started_ms = self.clock.wall_ms()  # the flight recorder (in memory) starts empty here
         self.tracker: LagTracker | None = None
         self.refresher: LagRefresher | None = None
         if source is not None:
@@ -211,6 +215,7 @@ class Console:
             gid = g["group_id"]
             r = rows[gid] = _Row(gid)
             r.state, r.protocol_type, r.members = g["state"], g["protocol_type"], g["members"]
+            r.type = g.get("type", "classic")
             starts = groups.rebalance_starts(gid)
             r.rebalances_1h = sum(1 for t in starts if t >= since)
             # the flight recorder keeps rebalance_history_size: all of them this hour means "or more"
@@ -410,7 +415,7 @@ class Console:
                     if (not text or text in r.group_id.lower()) and (not states or r.state.lower() in states)]
         # ties always in group id order (a stable sort by id first; reverse keeps it stable)
         selected.sort(key=lambda r: r.group_id)
-        if sort in ("state", "protocol_type"):
+        if sort in ("state", "type", "protocol_type"):
             selected.sort(key=lambda r: getattr(r, sort), reverse=desc)
         elif sort == "group_id":
             if desc:
@@ -432,7 +437,15 @@ class Console:
             by_state[r.state] = by_state.get(r.state, 0) + 1
         return {"now_ms": now, "total": len(rows), "matched": len(selected), "offset": offset, "limit": limit,
                 "sort": sort, "order": "desc" if desc else "asc", "by_state": by_state,
+                "rebalances": self.rebalance_window(now),
                 "lag": self.lag_status(now), "groups": [r.as_json(now) for r in page]}
+
+    def rebalance_window(self, now: int) -> dict:
+        """What ``rebalances_1h`` counts: the last hour, or since this process started when that was
+        less than an hour ago (the flight recorder is in memory: it starts empty with the process)."""
+        since_start = now - self.started_ms < HOUR_MS
+        return {"since_ms": max(now - HOUR_MS, self.started_ms), "since_start": since_start,
+                "label": "since start" if since_start else "1h"}
 
     def group_detail(self, gid: str) -> dict | None:
         groups = self.groups
@@ -444,16 +457,21 @@ class Console:
         assignments = groups.member_assignments(gid)
         owner: dict[tuple[str, int], str] = {}
         members = []
+        consumer_group = described.get("type") == "consumer"  # KIP-848: the coordinator assigns
         for m in described["members"]:
             mid = m["member_id"]
-            assigned = _decode_assignment(assignments.get(mid, b""), described["protocol_type"])
+            if consumer_group:
+                assigned = sorted((t, list(ps)) for t, ps in (m.get("assignment") or {}).items())
+            else:
+                assigned = _decode_assignment(assignments.get(mid, b""), described["protocol_type"])
             for topic, parts in assigned or []:
                 for p in parts:
                     owner[(topic, p)] = mid
-            members.append({"member_id": mid, "group_instance_id": m["group_instance_id"],
+            members.append({"member_id": mid, "group_instance_id": m.get("group_instance_id", m.get("instance_id")),
                             "client_id": m["client_id"], "client_host": m["client_host"],
-                            "session_timeout_ms": m["session_timeout_ms"], "assignment": assigned,
-                            "awaiting_join": m["awaiting_join"], "awaiting_sync": m["awaiting_sync"]})
+                            "session_timeout_ms": m.get("session_timeout_ms"), "assignment": assigned,
+                            "awaiting_join": m.get("awaiting_join", False),
+                            "awaiting_sync": m.get("awaiting_sync", False)})
         tracker = self.tracker
         partitions = []
         offsets = groups.group_offsets(gid)
@@ -478,11 +496,11 @@ class Console:
                                    "lag": None, "lag_seconds": None, "lag_seconds_method": None, "sampled_ms": None,
                                    "stale": None, "owner": mid})
         history = groups.group_history(gid, mono) or []
-        return {"now_ms": now, "group_id": gid, "state": described["state"],
+        return {"now_ms": now, "group_id": gid, "state": described["state"], "type": described.get("type", "classic"),
                 "protocol_type": described["protocol_type"], "protocol": described["protocol"],
-                "generation": described["generation"], "leader": described["leader"],
-                "state_since_ms": described["state_since_wall_ms"], "members": members,
-                "pending_members": described["pending_member_ids"], "partitions": partitions,
+                "generation": described["generation"], "leader": described.get("leader"),
+                "state_since_ms": described.get("state_since_wall_ms"), "members": members,
+                "pending_members": described.get("pending_member_ids", []), "partitions": partitions,
                 "history": history, "history_size": self.config.rebalance_history_size,
                 "lag": self.lag_status(now)}
 

@@ -106,7 +106,7 @@ function lagMethod(method) {
 // ---- the group list -------------------------------------------------------------------------------------
 
 const COLUMNS = [
-  ["group_id", "Group", "group"], ["state", "State", ""], ["protocol_type", "Type", ""],
+  ["group_id", "Group", "group"], ["state", "State", ""], ["type", "Type", ""],
   ["members", "Members", "num"], ["partitions", "Partitions", "num"], ["lag", "Lag (offsets)", "num"],
   ["lag_seconds", "Lag (time)", "num"], ["last_commit_age", "Last commit", "num"],
   ["rebalances_1h", "Rebalances 1h", "num"],
@@ -155,13 +155,20 @@ function renderList(data) {
     th.classList.toggle("sorted", on);
     th.classList.toggle("desc", on && data.order === "desc");
   }
+  // the flight recorder is in memory: less than an hour after a start it counts since the start
+  const rb = app.querySelector('th[data-sort="rebalances_1h"]');
+  if (rb && data.rebalances) {
+    rb.textContent = `Rebalances ${data.rebalances.label}`;
+    rb.title = data.rebalances.since_start ? `herd started ${fmtTime(data.rebalances.since_ms)}: rebalances before are not known (the flight recorder is in memory)` : "rebalances in the last hour";
+  }
   const tbody = app.querySelector("#groups tbody");
   const rows = data.groups.map((g) => {
     const lagCls = g.lag_seconds !== null && g.lag_seconds >= 60 ? "num lag-hot" : "num";
     return h("tr", { class: "group-row", "data-group": g.group_id },
       h("td", { class: "group" }, h("a", { href: `#/group/${encodeURIComponent(g.group_id)}` }, g.group_id)),
       h("td", {}, stateBadge(g.state)),
-      h("td", { class: "muted" }, g.protocol_type || "–"),
+      h("td", { class: "muted group-type", title: g.protocol_type ? `protocol type: ${g.protocol_type}` : null }, g.type || "–",
+        g.type === "classic" && g.protocol_type && g.protocol_type !== "consumer" ? h("span", { class: "lag-method" }, g.protocol_type) : null),
       h("td", { class: "num" }, fmtInt(g.members)),
       h("td", { class: "num" }, fmtInt(g.partitions)),
       h("td", { class: "num" }, fmtInt(g.lag), g.stale_partitions ? h("span", { class: "stale-mark", title: `${g.stale_partitions} partition(s) stale` }, "stale") : null),
@@ -272,7 +279,8 @@ function renderGroup(g) {
   app.replaceChildren(
     h("div", { class: "group-head" }, h("a", { href: "#/" }, "← all groups"), h("h1", { id: "group-title" }, g.group_id), stateBadge(g.state)),
     h("div", { class: "facts", style: null },
-      h("span", {}, "type ", h("b", {}, g.protocol_type || "–")), h("span", {}, "protocol ", h("b", {}, g.protocol || "–")),
+      h("span", {}, "type ", h("b", {}, g.type || "–")), h("span", {}, "protocol type ", h("b", {}, g.protocol_type || "–")),
+      h("span", {}, "protocol ", h("b", {}, g.protocol || "–")),
       h("span", {}, "generation ", h("b", {}, g.generation)), h("span", {}, "state since ", h("b", {}, fmtTime(g.state_since_ms))),
       h("span", {}, "lag ", h("b", {}, fmtInt(totalLag)), " offsets, ", h("b", {}, fmtDuration(maxLagS))),
       h("span", {}, "last commit ", h("b", {}, lastCommit < 0 ? "never" : `${fmtMs(g.now_ms - lastCommit)} ago`))),
