@@ -21,7 +21,7 @@ SERVE_ARGS = $(if $(call on_cmdline,HOST),--host '$(HOST)') $(if $(call on_cmdli
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: run test test-fast bench lint clean java demo-spark conformance-deps console-deps screenshots bytecode reference-deps reference-tools
+.PHONY: run test test-fast bench lint clean java demo-spark demo-spark-kafka conformance-deps console-deps screenshots bytecode reference-deps reference-tools
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -74,6 +74,13 @@ test-fast: $(VENV)/.installed-test bytecode
 #   make demo-spark [DEMO_ARGS='--static --partitions 16']
 demo-spark: $(VENV)/.installed-test java bytecode
 	$(BIN)/python -m tools.spark_demo $(DEMO_ARGS)
+
+# A PySpark job reading a real Kafka topic (200,000 records, 8 partitions) with herd coordinating its
+# 4 tasks; one task's worker is SIGKILLed mid-way; every record checked, herd's lag 0 at the end
+# (a few minutes; needs Java 17 and Kafka's jars from reference-deps).
+#   make demo-spark-kafka [DEMO_ARGS='--records 50000 --tasks 2']
+demo-spark-kafka: $(VENV)/.installed-test java reference-deps bytecode
+	$(BIN)/python -m tools.spark_kafka_demo $(DEMO_ARGS)
 
 bench: $(VENV)/.installed-test reference-deps bytecode
 	$(BIN)/python -m bench

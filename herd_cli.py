@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-COMMANDS = ("serve", "groups")
+COMMANDS = ("serve", "groups", "acls")
 
 
 def _one_line_error(parser: argparse.ArgumentParser):
@@ -32,6 +32,9 @@ def build_parser(commands=COMMANDS) -> argparse.ArgumentParser:
     if "groups" in commands:
         from admin import cli as admin_cli
         admin_cli.add_parser(sub)
+    if "acls" in commands:
+        from admin import cli as admin_cli
+        admin_cli.add_acls_parser(sub)
     return ap
 
 

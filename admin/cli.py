@@ -163,6 +163,24 @@ def add_parser(sub) -> None:
     p.set_defaults(func=cmd_history)
 
 
+def add_acls_parser(sub) -> None:
+    from admin import acls
+
+    top = sub.add_parser(
+        "acls", help="list, add and remove Kafka ACLs (herd with --authorizer acl, or any Kafka cluster)",
+        description="Manage ACLs like kafka-acls.sh (CreateAcls, DescribeAcls, DeleteAcls). See the "
+                    "'Authorization' section of docs/operating.md.")
+    top.error = lambda message: _Parser.error(top, message)
+    asub = top.add_subparsers(dest="acls_command", required=True, metavar="COMMAND", parser_class=_Parser)
+    for name, func, text in (("list", acls.cmd_list, "list ACLs (all, or of --topic/--group/--cluster)"),
+                             ("add", acls.cmd_add, "add ACLs (--allow-principal/--deny-principal, --operation)"),
+                             ("remove", acls.cmd_remove, "remove the ACLs matching the flags")):
+        p = asub.add_parser(name, help=text, description=text)
+        _common(p)
+        acls.add_arguments(p, name)
+        p.set_defaults(func=func)
+
+
 def _group_args(p) -> None:
     p.add_argument("groups", nargs="*", metavar="GROUP", help="group ids (several allowed)")
     p.add_argument("--group", dest="more_groups", action="append", default=[], metavar="GROUP",

@@ -12,6 +12,7 @@ import ssl
 import time
 
 from admin.errors import CliError
+from protocol import acls as acl_messages
 from protocol import errors as E
 from protocol import messages as m
 from protocol.client_connection import AuthenticationFailed, Connection, ConnectionBroken, Ready, Response
@@ -194,7 +195,8 @@ class BrokerConnection:
         awaited = self._conn.awaiting()
         if not awaited:
             return "the server"
-        return m.REQUESTS[awaited[0][1]].NAME.removesuffix("Request")
+        key = awaited[0][1]
+        return (m.REQUESTS.get(key) or acl_messages.REQUESTS[key]).NAME.removesuffix("Request")
 
     def _until(self, done):
         """Send what the connection has queued and read until an event satisfies ``done``."""

@@ -84,11 +84,14 @@ from pathlib import Path
 
 from bench import _util as U
 
-TARGETS = ("c-floor", "py-floor", "herd", "herd-ssl", "herd-sasl-ssl", "herd-sasl-plaintext", "mock")
+TARGETS = ("c-floor", "py-floor", "herd", "herd-ssl", "herd-sasl-ssl", "herd-sasl-plaintext", "herd-acl", "mock")
 # herd's targets and their listener's security protocol
 SECURITY = {
     "herd": "PLAINTEXT", "herd-ssl": "SSL", "herd-sasl-ssl": "SASL_SSL", "herd-sasl-plaintext": "SASL_PLAINTEXT",
+    "herd-acl": "PLAINTEXT",
 }
+# herd-acl: herd with --authorizer acl and ACL_COUNT ACLs (issue 30: <= 10 % more CPU than none)
+ACL_COUNT = 100
 DEFAULT_TARGETS = ("c-floor", "py-floor", "herd", "herd-ssl", "herd-sasl-ssl", "mock")
 SASL_USER = "bench"
 TARGET_US = {"heartbeat": 10.0, "commit": 25.0}  # issue 6's targets (none for cgheartbeat)
@@ -225,6 +228,39 @@ def herd_security_args(protocol: str, pki: dict | None, mechanism: str) -> list[
     if protocol.startswith("SASL_"):
         args += ["--sasl-users-file", pki["users"], "--sasl-mechanisms", mechanism]
     return args
+
+
+# Everyone is User:ANONYMOUS on PLAINTEXT; allowed where no ACL names a resource (so the ACLs below
+# can be created without a super user), and the bench's groups and topic are named by ACLs, so every
+# decision is made by them, not by the default.
+ACL_ARGS = ["--authorizer", "acl", "--allow-everyone-if-no-acl-found"]
+
+
+def install_acls(address) -> int:
+    """ACL_COUNT ACLs: ANONYMOUS may READ the bench's groups (prefixed ``floor-``, the consumer
+    groups' prefix too) and topic; the rest are other teams' (prefixed and literal groups and topics,
+    DENYs for other principals on the bench's own resources) as a shared deployment would have."""
+    from protocol import acls as W
+    from tools.rawclient import RawClient
+
+    group, topic, literal, prefixed, read, allow, deny = 3, 2, 3, 4, 3, 3, 2
+    acls = [W.AclBindingData(group, "floor-", prefixed, "User:ANONYMOUS", "*", read, allow),
+            W.AclBindingData(group, "cg-", prefixed, "User:ANONYMOUS", "*", read, allow),
+            W.AclBindingData(topic, TOPIC, literal, "User:ANONYMOUS", "*", read, allow),
+            W.AclBindingData(group, "floor-", prefixed, "User:intruder", "*", read, deny),
+            W.AclBindingData(topic, TOPIC, literal, "User:intruder", "*", read, deny)]
+    i = 0
+    while len(acls) < ACL_COUNT:
+        kind = (group, topic)[i % 2]
+        acls.append(W.AclBindingData(kind, f"team-{i}-", prefixed if i % 3 else literal, f"User:team{i}", "*",
+                                     read, allow))
+        i += 1
+    with RawClient(address) as c:
+        r = c.call(W.CreateAclsRequest(acls), 3)
+    bad = [x.error_code for x in r.results if x.error_code]
+    if bad:
+        raise SystemExit(f"bench.floor: herd-acl: CreateAcls failed: {bad[:3]}")
+    return len(acls)
 
 
 def client_ssl_context(cafile: str):
@@ -956,12 +992,15 @@ def main(argv=None):
                 ctx = U.Herd(
                     fsync=args.fsync,
                     extra_args=["--max-connections", str(limit)]
-                    + herd_security_args(SECURITY[t], pki, args.sasl_mechanism),
+                    + herd_security_args(SECURITY[t], pki, args.sasl_mechanism)
+                    + (ACL_ARGS if t == "herd-acl" else []),
                 )
                 security = driver_security(SECURITY[t], pki, args.sasl_mechanism, password)
             else:
                 ctx = U.Mock()
             with ctx as server:
+                if t == "herd-acl":
+                    install_acls(server.address)
                 results.append(measure_target(t, server, args, security))
     probe = fdatasync_probe(U.default_tmp_root(), args.fsync_samples) if args.fsync_samples > 0 else None
     result = {

@@ -1,6 +1,8 @@
 """herd's thin Kafka consumer-group client (group membership and offsets, no fetching).
 
-``from client import GroupConsumer, TopicPartition`` -- see ``client/consumer.py`` for the API.
+``from client import GroupConsumer, TopicPartition`` -- see ``client/consumer.py`` for the API;
+``from client import KafkaGroupConsumer, Record`` (records from a Kafka data cluster, with herd
+coordinating: ``client/kafka_consumer.py``, needs ``pip install herd[kafka]``).
 
 Layout: ``connection`` (sans-IO Kafka connection), ``heartbeat`` (timers taking ``now``),
 ``coordinator`` (the pure group state machine returning actions), ``assignors`` (range, roundrobin,
@@ -25,10 +27,13 @@ from client.assignors import (
 from client.consumer import GroupConsumer, RebalanceListener
 from client.errors import *  # noqa: F403
 from client.errors import __all__ as _errors_all
+from client.kafka_consumer import KafkaGroupConsumer, Record
 from client.types import COOPERATIVE, EAGER, OffsetAndMetadata, TopicPartition
 
 __all__ = [
     "GroupConsumer",
+    "KafkaGroupConsumer",
+    "Record",
     "RebalanceListener",
     "TopicPartition",
     "OffsetAndMetadata",

@@ -57,6 +57,12 @@ Spark's Kafka source (``{"topic": {"0": 42, "1": -2}}``, -2 = earliest); for a r
 without positions (rate, files), ``skip_committed(df, group_offsets(...))`` drops the rows before
 the committed offsets, so a query restarted without its checkpoint resumes right after them.
 
+Records in Kafka -- each Spark task is a ``KafkaGroupConsumer`` member reading the topic from the
+data cluster, herd coordinating (``pip install herd[kafka]``)::
+
+    job = KafkaGroupJob("herd:9092", "etl", "kafka:9092", ["events"])   # to the log ends at start
+    stats = job.run(spark, process, num_tasks=4)   # process(records) per batch, then a commit
+
 Driver-side inspection: ``describe_group``, ``group_offsets``, ``wait_for_offsets``, and
 ``offsets_dataframe`` / ``members_dataframe`` / ``history_dataframe`` (the last reads the flight
 recorder at ``/groups/<group>/history`` of ``herd serve --metrics-port``).
@@ -113,6 +119,10 @@ __all__ = [
     "with_source_position",
     "skip_committed",
     "starting_offsets_json",
+    "list_offsets",
+    "KafkaGroupJob",
+    "run_kafka_member",
+    "data_end_offsets",
 ]
 
 # ---- members a worker still holds: closed at exit ------------------------------------------------
@@ -866,12 +876,42 @@ def skip_committed(df, committed: dict, topic_col: str = "topic", partition_col:
     return df.where(F.col(offset_col) >= start)
 
 
+def list_offsets(bootstrap, partitions, spec: str | int = "latest", timeout_s: float = 30.0,
+                 config: dict | None = None) -> dict:
+    """herd's ListOffsets answer for ``partitions``: ``{TopicPartition: offset}`` (``spec``:
+    "earliest", "latest" or a timestamp in ms; -1 where none). With ``--data-bootstrap-server``
+    herd answers with the data cluster's offsets; a partition's error raises KafkaError."""
+    ts = {"earliest": -2, "latest": -1}.get(spec, spec)
+    if not isinstance(ts, int):
+        raise ValueError(f"spec must be 'earliest', 'latest' or a timestamp, not {spec!r}")
+    by_topic: dict = {}
+    for tp in map(_tp, partitions):
+        by_topic.setdefault(tp.topic, []).append(tp.partition)
+    if not by_topic:
+        return {}
+    req = m.ListOffsetsRequest(replica_id=-1, topics=[
+        m.ListOffsetsRequestListOffsetsTopic(name=t, partitions=[
+            m.ListOffsetsRequestListOffsetsPartition(partition_index=p, timestamp=ts) for p in sorted(ps)])
+        for t, ps in sorted(by_topic.items())], timeout_ms=int(timeout_s * 1000))
+    with _bootstrap_broker(bootstrap, timeout_s, config) as b:
+        resp, _ = b.request(req, min(b.version(m.ListOffsetsRequest), 7))
+    out = {}
+    for t in resp.topics:
+        for p in t.partitions:
+            if p.error_code != codes.NONE:
+                raise cerr.KafkaError(f"ListOffsets({t.name}-{p.partition_index}): {codes.error_name(p.error_code)}",
+                                      code=p.error_code)
+            out[TopicPartition(t.name, p.partition_index)] = p.offset
+    return out
+
+
 def starting_offsets_json(bootstrap, group_id: str, topics, default: str | int = "earliest",
-                          timeout_s: float = 30.0, config: dict | None = None) -> str:
-    """The ``startingOffsets`` option of Spark's Kafka source from the group's committed offsets:
-    ``{"topic": {"0": 42, "1": -2}}`` over every committed partition and every partition herd's
-    topic catalog lists; partitions without a commit get ``default`` ("earliest" = -2, "latest" =
-    -1, or an offset)."""
+                          timeout_s: float = 30.0, config: dict | None = None, resolve: bool = False) -> str:
+    """The ``startingOffsets`` option of Spark's Kafka source from the group's committed offsets
+    (OffsetFetch): ``{"topic": {"0": 42, "1": -2}}`` over every committed partition and every
+    partition herd's topic catalog lists; partitions without a commit get ``default`` ("earliest"
+    = -2, "latest" = -1, or an offset). ``resolve=True`` asks herd's ListOffsets for those instead
+    (herd with a data cluster answers with its offsets), so the query starts at offsets fixed now."""
     if isinstance(topics, str):
         topics = [topics]
     fallback = {"earliest": -2, "latest": -1}.get(default, default)
@@ -882,9 +922,13 @@ def starting_offsets_json(bootstrap, group_id: str, topics, default: str | int =
     parts = set(committed)  # every committed partition, even of a topic herd does not know (yet)
     for t in topics:
         parts.update(_known_partitions(bootstrap, t, timeout_s, config) or [])
+    resolved = {}
+    if resolve and isinstance(default, str):
+        resolved = {tp: off for tp, off in list_offsets(bootstrap, [tp for tp in parts if tp not in committed],
+                                                        default, timeout_s, config).items() if off >= 0}
     out: dict = {t: {} for t in topics}
     for tp in sorted(parts):
-        out.setdefault(tp.topic, {})[str(tp.partition)] = committed.get(tp, fallback)
+        out.setdefault(tp.topic, {})[str(tp.partition)] = committed.get(tp, resolved.get(tp, fallback))
     return json.dumps(out, sort_keys=True)
 
 
@@ -995,3 +1039,223 @@ class BatchProgressCommitter:
 
     def __exit__(self, *exc):
         self.close()
+
+
+# ---- Kafka data: Spark tasks as KafkaGroupConsumer members -----------------------------------------
+
+def data_end_offsets(data_bootstrap, topics, timeout_s: float = 30.0, data_config: dict | None = None) -> dict:
+    """``{TopicPartition: log-end offset}`` of every partition of ``topics`` in the data cluster
+    (librdkafka; ``data_config``: librdkafka settings, e.g. TLS / SASL)."""
+    from client.kafka_consumer import _import_kafka
+
+    ck = _import_kafka()
+    if isinstance(topics, str):
+        topics = [topics]
+    c = ck.Consumer({"bootstrap.servers": data_bootstrap, "group.id": "herd-spark-ends",
+                     "enable.auto.commit": False, **(data_config or {})})
+    try:
+        out = {}
+        for topic in topics:
+            md = c.list_topics(topic, timeout=timeout_s).topics.get(topic)
+            if md is None or md.error is not None or not md.partitions:
+                raise ValueError(f"topic {topic!r} is not in the data cluster {data_bootstrap}"
+                                 + (f" ({md.error})" if md is not None and md.error is not None else ""))
+            for p in sorted(md.partitions):
+                _low, high = c.get_watermark_offsets(ck.TopicPartition(topic, p), timeout=timeout_s)
+                out[TopicPartition(topic, p)] = high
+        return out
+    finally:
+        c.close()
+
+
+@dataclass
+class KafkaGroupJob:
+    """A batch job over records in Kafka: its Spark tasks are ``KafkaGroupConsumer`` members of
+    ``group_id`` in herd (``bootstrap``), reading ``topics`` from the data cluster
+    (``data_bootstrap``) up to ``end_offsets`` (default: the log ends when the job starts, read by
+    ``resolve``)::
+
+        job = KafkaGroupJob("herd:9092", "etl", "kafka:9092", ["events"])
+        stats = job.run(spark, process, num_tasks=4)   # process(records): list[Record]
+        job.wait()                                      # every end offset committed in herd
+
+    Each task loops: ``poll`` (up to ``max_poll_records`` records of its assigned partitions, from
+    the group's committed offsets, else the earliest), ``process(records)`` -- which must make its
+    output durable before it returns -- then a synchronous commit of the positions after those
+    records. A partition whose position reaches its end offset is paused; a task whose partitions
+    are all done stays in the group (so that a dead member's partitions come to it) until the
+    whole group's work is committed, then leaves. A task killed between ``process`` and its commit
+    leaves that batch to the next owner of the partitions: delivery is at least once, and the
+    duplicates are the batches processed but not committed (or whose commit failed in a
+    rebalance). Records past an end offset are never passed to ``process``."""
+
+    bootstrap: str
+    group_id: str
+    data_bootstrap: str
+    topics: list
+    end_offsets: dict | None = None
+    config: dict = field(default_factory=dict, repr=False)  # KafkaGroupConsumer settings (data.* too)
+    max_poll_records: int = 500
+    poll_timeout_s: float = 0.5
+    task_timeout_s: float = 600.0  # a task that sees no progress (its own or the group's) that long fails
+    static_membership: bool = False
+
+    def __post_init__(self):
+        if isinstance(self.topics, str):
+            self.topics = [self.topics]
+        self.topics = sorted(set(self.topics))
+        if self.end_offsets is not None:
+            self.end_offsets = {_tp(tp): int(n) for tp, n in dict(self.end_offsets).items()}
+
+    def _data_config(self) -> dict:
+        out = {}
+        for k, v in self.config.items():
+            name = k.replace("_", ".")
+            if name.startswith("data.") and name != "data.command.config":
+                out[name[5:]] = v
+        return out
+
+    def resolve(self, timeout_s: float = 30.0) -> dict:
+        """The end offsets: given, or the data cluster's log ends now (then fixed for the job)."""
+        if self.end_offsets is None:
+            self.end_offsets = data_end_offsets(self.data_bootstrap, self.topics, timeout_s, self._data_config())
+        return self.end_offsets
+
+    @property
+    def total_records(self) -> int:
+        return sum(self.resolve().values())
+
+    def task_fn(self, process, on_start=None):
+        job = self
+        job.resolve()
+
+        def run_task(index, _iterator):
+            spark_partition, attempt = index, 0
+            try:
+                from pyspark import TaskContext
+
+                ctx = TaskContext.get()
+                if ctx is not None:
+                    spark_partition, attempt = ctx.partitionId(), ctx.attemptNumber()
+            except ImportError:
+                pass
+            yield run_kafka_member(job, process, spark_partition, attempt, on_start)
+
+        return run_task
+
+    def run(self, spark, process, num_tasks: int, on_start=None) -> list[dict]:
+        """Run ``num_tasks`` Spark tasks as members until the work is done; their stats dicts."""
+        self.resolve()
+        sc = getattr(spark, "sparkContext", spark)
+        sc.setJobDescription(f"herd group {self.group_id}: {num_tasks} members reading "
+                             f"{','.join(self.topics)} from Kafka")
+        rdd = sc.parallelize(range(num_tasks), num_tasks)
+        return rdd.mapPartitionsWithIndex(self.task_fn(process, on_start)).collect()
+
+    def wait(self, timeout_s: float = 300.0, **kwargs) -> dict:
+        """Block until the group has committed every end offset (see ``wait_for_offsets``)."""
+        cfg = {k: v for k, v in self.config.items() if not k.replace("_", ".").startswith("data.")}
+        kwargs.setdefault("config", cfg)
+        return wait_for_offsets(self.bootstrap, self.group_id, self.resolve(), timeout_s, **kwargs)
+
+
+def run_kafka_member(job: KafkaGroupJob, process, spark_partition: int = 0, attempt: int = 0,
+                     on_start=None) -> dict:
+    """Be one ``KafkaGroupConsumer`` member of ``job``'s group until the group's work is done (the
+    body of a Spark task; usable without Spark). ``process(records)`` gets each batch."""
+    from client.kafka_consumer import KafkaGroupConsumer
+
+    started = time.monotonic()
+    targets = job.resolve()
+    cfg = {"enable.auto.commit": False, "auto.offset.reset": "earliest", "allow.auto.create.topics": False,
+           "max.poll.records": job.max_poll_records, "partition.assignment.strategy": ["range"], **job.config}
+    cfg["client.id"] = f"herd-spark-p{spark_partition}-a{attempt}"
+    instance_id = instance_id_for(job.group_id, spark_partition) if job.static_membership else None
+    if instance_id is not None:
+        cfg["group.instance.id"] = instance_id
+    stats = {"spark_partition": spark_partition, "attempt": attempt, "pid": os.getpid(), "instance_id": instance_id,
+             "records": 0, "batches": 0, "commit_failures": 0, "generations": [], "partitions": [],
+             "seconds": 0.0, "left": False}
+    consumer = KafkaGroupConsumer(job.bootstrap, job.group_id, job.data_bootstrap, cfg)
+    _track(consumer)
+    finished = False
+    worked: set = set()
+    try:
+        consumer.subscribe(job.topics)
+        if on_start is not None:
+            on_start(TaskInfo(job.group_id, spark_partition, attempt, os.getpid(), cfg["client.id"], instance_id))
+        deadline = started + job.task_timeout_s
+        committed_here: dict = {}
+        group_progress = -1
+        while True:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"group {job.group_id}: no progress for {job.task_timeout_s}s")
+            try:
+                records = consumer.poll(job.poll_timeout_s)
+            except cerr.NoBrokersAvailableError as exc:
+                log.info("%s; still waiting for herd", exc)
+                records = []
+            generation = consumer.generation()
+            if generation >= 0 and generation not in stats["generations"]:
+                stats["generations"].append(generation)
+            assigned = consumer.assignment()
+            positions = consumer.positions()
+            if records:
+                over = {tp for tp, pos in positions.items() if pos > targets.get(tp, 0)}
+                if over:  # the end of the work: records past an end offset are not the job's
+                    records = [r for r in records if r.offset < targets.get(TopicPartition(r.topic, r.partition), 0)]
+                if records:
+                    process(records)
+                    stats["records"] += len(records)
+                    stats["batches"] += 1
+                changed = {tp: min(pos, targets.get(tp, 0)) for tp, pos in positions.items()
+                           if tp in assigned and committed_here.get(tp) != min(pos, targets.get(tp, 0))}
+                if changed:
+                    try:
+                        meta = f"spark p{spark_partition} a{attempt}"
+                        consumer.commit({tp: (off, meta) for tp, off in changed.items()}, timeout_s=30.0)
+                        committed_here.update(changed)
+                        worked.update(changed)
+                        deadline = time.monotonic() + job.task_timeout_s
+                    except _REJOIN_ERRORS:
+                        stats["commit_failures"] += 1  # the partitions moved: their next owner redoes the batch
+                        committed_here.clear()
+            done_here = [tp for tp in assigned if positions.get(tp) is not None and positions[tp] >= targets.get(tp, 0)]
+            to_pause = [tp for tp in done_here if tp not in consumer.paused()]
+            if to_pause:
+                consumer.pause(to_pause)
+            if records or len(done_here) < len(assigned):
+                continue
+            # Nothing left here: done when the whole group's work is committed.
+            try:
+                got = consumer.committed(list(targets), timeout_s=30.0)
+            except cerr.KafkaError:
+                continue
+            done = {tp: (max(got[tp].offset, 0) if got.get(tp) is not None else 0) for tp in targets}
+            if all(done[tp] >= end for tp, end in targets.items()):
+                finished = True
+                break
+            progress = sum(min(done[tp], end) for tp, end in targets.items())
+            if progress > group_progress:
+                if group_progress >= 0:
+                    deadline = time.monotonic() + job.task_timeout_s
+                group_progress = progress
+        stats["partitions"] = sorted(str(tp) for tp in worked)
+        return stats
+    finally:
+        try:
+            consumer.close(10.0)
+        finally:
+            with _LIVE_LOCK:
+                _LIVE.discard(consumer)
+        if finished and instance_id is not None:
+            try:
+                res = remove_static_members(job.bootstrap, job.group_id, [instance_id],
+                                            config={k: v for k, v in job.config.items()
+                                                    if not k.replace("_", ".").startswith("data.")})
+                stats["left"] = res.get(instance_id) == "NONE"
+            except (OSError, cerr.KafkaError):
+                pass
+        elif finished:
+            stats["left"] = True
+        stats["seconds"] = round(time.monotonic() - started, 3)

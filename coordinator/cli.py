@@ -34,6 +34,12 @@ SERVE_HELP = {
     "ssl_client_auth": "none (default), requested or required: ask clients for a certificate",
     "sasl_mechanisms": "enabled SASL mechanisms (default: PLAIN,SCRAM-SHA-256,SCRAM-SHA-512)",
     "sasl_users_file": "user:password per line (SASL_PLAINTEXT, SASL_SSL); keep it mode 600",
+    "ssl_principal_mapping_rules": "how a client certificate's subject becomes a principal: RULE:pattern/"
+                                   "replacement/[L|U],...,DEFAULT (Kafka's ssl.principal.mapping.rules)",
+    "authorizer": "none (default: every client may do everything) or acl (Kafka's ACLs, managed with "
+                  "kafka-acls or herd acls)",
+    "super_users": "principals allowed everything with --authorizer acl, e.g. 'User:admin;User:ops'",
+    "allow_everyone_if_no_acl_found": "with --authorizer acl, allow a resource no ACL names (default: deny)",
     "data_bootstrap_server": "HOST:PORT[,HOST:PORT] of the Kafka cluster holding the partitions' records: "
                              "its topics are herd's (Metadata, ListOffsets), consumer lag on /metrics and the "
                              "console (default: none: herd's own catalog, commit ages only)",
@@ -43,6 +49,11 @@ SERVE_HELP = {
     "data_metadata_refresh_interval_ms": "how often the data cluster's topics (partition counts, topic ids) "
                                          "are read again (default 30000)",
     "lag_metrics": "partition (default): lag per group, topic and partition; group: per group only",
+    "max_buffered_bytes": "all connections' buffered requests and answers together; past it herd stops "
+                          "reading from the connections that would add more (default: min(1 GiB, RAM/4))",
+    "max_connections_per_ip": "connections one client address may hold (Kafka's max.connections.per.ip)",
+    "sasl_handshake_timeout_ms": "close a SASL listener's connection not authenticated within this "
+                                 "(default 10000)",
 }
 
 

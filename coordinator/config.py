@@ -132,6 +132,17 @@ class Config:
     #: Kafka: queued.max.request.bytes
     #: unprocessed requests plus unsent answers of one connection; past it herd stops reading that socket
     max_pending_bytes_per_connection: int = 16 * 1024 * 1024
+    #: Kafka: queued.max.request.bytes
+    #: every connection's buffered requests and unsent answers together (a frame counted at its announced
+    #: size once its prefix arrives); past it the connections that would add more stop being read until it
+    #: fits again. Unset: min(1 GiB, a quarter of RAM)
+    max_buffered_bytes: int | None = None
+    #: Kafka: max.connections.per.ip
+    #: connections one client address may hold; more are closed at once
+    max_connections_per_ip: int = INT32_MAX
+    #: on a SASL listener, a connection not authenticated this long after it opened is closed (idle
+    #: sockets cannot hold the max_connections slots)
+    sasl_handshake_timeout_ms: int = 10000
     #: `always`: a reply that wrote records is sent only after they are fsynced (PostgreSQL store:
     #: after the transaction committed); `never`: leave flushing to the OS (benchmarks only)
     fsync: str = "always"  # always | never
@@ -170,6 +181,21 @@ class Config:
     #: Kafka: the JAAS user_<name>= entries / SCRAM credentials
     #: `user:password` per line, `#` comments; read at start-up (keep it mode 600)
     sasl_users_file: str | None = None  # user:password per line
+    #: Kafka: ssl.principal.mapping.rules
+    #: how a TLS client certificate's subject becomes the principal: `RULE:pattern/replacement/[L|U]`,
+    #: comma-separated, and `DEFAULT` (the whole subject); see docs/operating.md, "Authorization"
+    ssl_principal_mapping_rules: str = "DEFAULT"  # ssl.principal.mapping.rules (TLS client certificates)
+
+    # authorization
+    #: Kafka: authorizer.class.name
+    #: `none`: every client may do everything; `acl`: Kafka's ACLs (docs/operating.md, "Authorization")
+    authorizer: str = "none"  # none (every client may do everything) | acl (Kafka's ACLs)
+    #: Kafka: super.users
+    #: principals allowed everything with `authorizer = acl`: `User:admin;User:ops`
+    super_users: str = ""  # User:admin;User:ops
+    #: Kafka: allow.everyone.if.no.acl.found
+    #: with `authorizer = acl`, allow a resource that no ACL names (default: deny)
+    allow_everyone_if_no_acl_found: bool = False
 
     # operating
     #: `debug`, `info`, `warning` or `error`
@@ -217,6 +243,7 @@ class Config:
         for name in ("offsets_partitions", "group_max_size", "offsets_retention_minutes",
                      "offsets_retention_check_interval_ms", "default_partitions", "max_frame_size",
                      "connections_max_idle_ms", "max_connections", "max_pending_bytes_per_connection",
+                     "max_connections_per_ip", "sasl_handshake_timeout_ms",
                      "rebalance_history_size", "shard_lease_ms",
                      "lag_refresh_interval_ms", "data_metadata_refresh_interval_ms"):
             positive(name)
@@ -226,6 +253,8 @@ class Config:
         if self.stall_threshold_ms != 0 and self.stall_threshold_ms < 100:
             raise ConfigError(f"stall_threshold_ms must be 0 (off) or at least 100 (the loop is looked at every "
                               f"50 ms), got {self.stall_threshold_ms}")
+        if self.max_buffered_bytes is not None and self.max_buffered_bytes <= 0:
+            raise ConfigError(f"max_buffered_bytes must be positive, got {self.max_buffered_bytes}")
         if self.max_session_timeout_ms < self.min_session_timeout_ms:
             raise ConfigError("max_session_timeout_ms must be >= min_session_timeout_ms")
         if not 0 <= self.port <= 65535:
@@ -245,6 +274,7 @@ class Config:
             raise ConfigError(f"fsync must be 'always' or 'never', got {self.fsync!r}")
         self.consumer_group_config()  # the group_consumer_* settings, checked as Kafka does
         self._validate_security()
+        self._validate_authorization()
         self._validate_store()
         self._validate_lag()
         if self.log_format not in ("auto", "json", "console"):
@@ -287,6 +317,21 @@ class Config:
         if self.security_protocol.startswith("SASL_") and not self.sasl_users_file:
             raise ConfigError(f"security_protocol {self.security_protocol} needs sasl_users_file "
                               "(user:password per line)")
+
+    def _validate_authorization(self) -> None:
+        if self.authorizer not in ("none", "acl"):
+            raise ConfigError(f"authorizer must be 'none' or 'acl', got {self.authorizer!r}")
+        from coordinator.core.auth.acl import AclError, parse_super_users
+        from coordinator.core.auth.principal import MappingRuleError, parse_rules
+
+        try:
+            parse_super_users(self.super_users)
+        except AclError as exc:
+            raise ConfigError(f"super_users wants User:NAME;User:NAME: {exc}") from None
+        try:
+            parse_rules(self.ssl_principal_mapping_rules)
+        except MappingRuleError as exc:
+            raise ConfigError(str(exc)) from None
 
     def consumer_group_config(self):
         """The ``group_consumer_*`` settings as the consumer-group core takes them (ConfigError
@@ -373,6 +418,17 @@ class Config:
     @property
     def enabled_mechanisms(self) -> list[str]:
         return [x.strip().upper() for x in self.sasl_mechanisms.split(",") if x.strip()]
+
+    @property
+    def buffered_bytes_limit(self) -> int:
+        """``max_buffered_bytes``, or sized to the machine: min(1 GiB, a quarter of its RAM)."""
+        if self.max_buffered_bytes is not None:
+            return self.max_buffered_bytes
+        try:
+            ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            ram = 4 << 30
+        return min(1 << 30, max(64 << 20, ram // 4))
 
     @property
     def offsets_retention_ms(self) -> int:

@@ -257,9 +257,17 @@ def build_daemon(config: cfg.Config, repair: bool = False) -> Daemon:
         except ValueError as exc:
             raise StartError(str(exc)) from None
     runtime = Runtime(config, groups, catalog, store, clock=clock, ownership=node.ownership,
-                      topic_store=node.topic_store, data=data)
+                      topic_store=node.topic_store, data=data, acl_store=node.topic_store)
     metrics = Metrics()
     server = Server(config, runtime, metrics, security)
+    # authorization (authorizer = acl): the gate at the edge; a cluster node keeps the ACLs in the
+    # database (its topic store, the ClusterNode, is the runtime's acl_store too)
+    from coordinator.core.auth.principal import parse_rules
+    from coordinator.edge.authorization import build as build_gate
+
+    server.gate = build_gate(config, runtime.acls.authorizer, catalog, metrics.authorization_failures)
+    if server.gate is not None and config.security_protocol in ("SSL", "SASL_SSL"):
+        server.principal_rules = parse_rules(config.ssl_principal_mapping_rules)
     install_collectors(metrics, groups, store, server)
     metrics.collectors.extend(node.collectors())
     if data is not None:
@@ -387,7 +395,7 @@ class Daemon:
             raise StartError(f"cannot listen on {config.host}:{config.port}: {exc.strerror}") from None
         http = None
         if config.metrics_port is not None:  # bound first: a busy port fails before the replay
-            http = HttpEndpoint(self.metrics, self.groups.list_groups,
+            http = HttpEndpoint(self.metrics, self.groups.iter_groups,
                                 lambda g: self.groups.group_history(g, runtime.now_ms()),
                                 **node.http_checks(self.groups))
             http.console = self.console

@@ -62,10 +62,12 @@ from typing import Protocol
 
 from coordinator import logging_setup
 from coordinator.clock import SystemClock
+from coordinator.core.auth.acls import AclManager, is_acl_record
 from coordinator.core.catalog import Catalog, is_topic_record
 from coordinator.core.responses import error_response
 from coordinator.core.result import Result
 from coordinator.core.versions import (
+    ACL_APIS,
     CREATE_TOPICS,
     FETCH,
     GROUP_APIS,
@@ -169,7 +171,8 @@ def _catalog_failure(result, code: int):
 
 class Runtime:
     def __init__(self, config, groups, catalog: Catalog, store, clock=None, metrics=None, *,
-                 ownership: Ownership | None = None, topic_store: TopicStore | None = None, data=None):
+                 ownership: Ownership | None = None, topic_store: TopicStore | None = None, data=None,
+                 acl_store=None):
         self.config = config
         # the data cluster as the catalog (coordinator.ops.datacatalog.DataCatalog), None without one: a
         # Metadata naming topics never read waits for their read (bounded); ListOffsets is its answer
@@ -203,6 +206,9 @@ class Runtime:
         self.ownership = ownership if ownership is not None else OwnsEveryShard()
         self._guard = self.ownership.guard
         self.topic_store = topic_store
+        # the ACLs (coordinator.core.auth.acls): replayed from the catalog shard, served by the ACL APIs
+        self.acls = AclManager.from_config(config)
+        self.acl_store = acl_store  # a cluster node's: the ACL records go to the database, not shard 0
         self._data_jobs: set = set()  # Metadata/ListOffsets waiting for the data cluster
         store.set_listener(self._on_durable)
         # herd's own stalls (coordinator.stall): started with the loop; while _held, no timer of
@@ -288,10 +294,13 @@ class Runtime:
         pause_at = every
         groups_replay = self.groups.replay
         catalog_replay = self.catalog.replay
+        acl_replay = self.acls.replay
         for shard_id in owned:
             for key, value in shards.get(shard_id, ()):
                 if is_topic_record(key):
                     catalog_replay(key, value)
+                elif is_acl_record(key):
+                    acl_replay(key, value)
                 else:
                     groups_replay(shard_id, key, value)
                 count += 1
@@ -347,6 +356,15 @@ class Runtime:
             self.apply(self.groups.handle(api_key, version, request, token, clock.monotonic_ms(), clock.wall_ms(),
                                           client_id, client_host))
             self.arm()
+            return
+        if api_key in ACL_APIS:
+            result = self.acls.handle(api_key, version, request, token)
+            if result.writes and self.acl_store is not None:
+                for t, _ in result.replies:
+                    t.hold()
+                self.loop.create_task(self._put_acls(result))
+            else:
+                self.apply(result)
             return
         if api_key == FETCH:  # an empty log: a long poll waits its max_wait_ms out, then answers
             resp = self.catalog.fetch(request, version)
@@ -406,6 +424,19 @@ class Runtime:
         for token, _ in result.replies:
             token.hold()
         self.loop.create_task(self._put_topics(result, request))
+
+    async def _put_acls(self, result) -> None:
+        """A cluster node's ACL changes go to ``acl_store`` (the database) before their answer
+        leaves; a failure answers as a failed write does (the change stays in this node's memory
+        until the next refresh reads the database's ACLs back)."""
+        try:
+            for _shard, key, value in result.writes:
+                await self.acl_store.put_acl(key, value)
+        except Exception as exc:  # noqa: BLE001 - the store's failure becomes the answer
+            log.warning("ACLs not stored", error=str(exc))
+            self.release(result.failure_replies(E.UNKNOWN_SERVER_ERROR))
+            return
+        self.release(result.replies)
 
     async def _put_topics(self, result, request) -> None:
         """The topics a catalog request created go to ``topic_store`` before its answer leaves. A

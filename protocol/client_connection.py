@@ -32,11 +32,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from protocol import acls, messages
 from protocol import errors as codes
-from protocol import messages
 from protocol.framing import FrameDecoder, frame
 from protocol.headers import decode_response_header, encode_request_header
 from protocol.wire import ProtocolError
+
+_RESPONSES = {**messages.RESPONSES, **acls.RESPONSES}  # the ACL APIs' codec is hand-written
 
 __all__ = [
     "AuthenticationFailed",
@@ -242,7 +244,7 @@ class Connection:
                 if ev is not None:
                     events.append(ev)
                 continue
-            cls = messages.RESPONSES[api_key]
+            cls = _RESPONSES[api_key]
             try:
                 _, pos = decode_response_header(payload, api_key, version)
                 msg = cls.decode(payload, version, pos)
@@ -312,9 +314,9 @@ class Connection:
         mech_name, username, password = self._sasl
         try:
             _, pos = decode_response_header(payload, api_key, version)
-            resp = messages.RESPONSES[api_key].decode(payload, version, pos)
+            resp = _RESPONSES[api_key].decode(payload, version, pos)
         except ProtocolError as exc:
-            raise ConnectionBroken(f"undecodable {messages.RESPONSES[api_key].NAME} v{version}: {exc}") from None
+            raise ConnectionBroken(f"undecodable {_RESPONSES[api_key].NAME} v{version}: {exc}") from None
         if api_key == SASL_HANDSHAKE:
             if resp.error_code == codes.UNSUPPORTED_SASL_MECHANISM:
                 enabled = ", ".join(resp.mechanisms) or "none"

@@ -36,6 +36,14 @@ class FrameDecoder:
     def buffered(self) -> int:
         return len(self._buf)
 
+    @property
+    def reserved(self) -> int:
+        """Bytes this stream holds or has announced: the whole size of the frame being assembled
+        (its prefix read), else what is buffered. A server's memory budget counts this (Kafka's
+        memory pool allocates a request's buffer when its size prefix arrives)."""
+        need = self._need
+        return need + 4 if need >= 0 else len(self._buf)
+
     def feed(self, data) -> list[bytes]:
         """Every frame completed by ``data``; raises the framing error if the stream has one
         (then the frames before it in ``data`` are lost: a server uses ``split``)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-from protocol import messages
+from protocol import acls, messages
 from protocol.wire import EncodeError, ProtocolError, read_tagged_fields, write_tagged_fields
 
 API_VERSIONS_KEY = 18
@@ -21,6 +21,7 @@ _I32 = struct.Struct(">i")
 
 # api key -> first flexible version (None: never flexible), for every API the codec knows.
 FIRST_FLEXIBLE = {key: cls.FLEXIBLE_VERSION for key, cls in messages.REQUESTS.items()}
+FIRST_FLEXIBLE.update({key: cls.FLEXIBLE_VERSION for key, cls in acls.REQUESTS.items()})  # hand-written
 
 
 class RequestHeader(NamedTuple):

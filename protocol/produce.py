@@ -83,6 +83,8 @@ def decode_request(buf: bytes, pos: int, version: int) -> ProduceRequest:
                 pos += size
             parts.append(index)
         req.topics.append((name, parts))
+    if pos != len(buf):  # Kafka fails a request with bytes after its body (the connection closes)
+        raise ProtocolError(f"Produce v{version}: {len(buf) - pos} bytes after the request body")
     return req
 
 

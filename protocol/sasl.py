@@ -224,6 +224,10 @@ class _ScramServer(ServerMechanism):
         attrs = _attributes(bare, extensions=True)
         if "m" in attrs or "n" not in attrs or "r" not in attrs:
             raise SaslError("Invalid SCRAM client first message")
+        # Kafka's ClientFirstMessage pattern: a nonce of one or more printable characters, no comma
+        nonce = attrs["r"]
+        if not nonce or any(not 0x21 <= ord(c) <= 0x7E for c in nonce):
+            raise SaslError("Invalid SCRAM client first message: the client nonce must be printable and not empty")
         user = _unescape(attrs["n"])
         extensions = {k: v for k, v in attrs.items() if k not in ("n", "r")}
         if authzid and _unescape(authzid[2:] if authzid.startswith("a=") else authzid) != user:

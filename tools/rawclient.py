@@ -5,9 +5,12 @@ import socket
 import ssl
 import struct
 
+from protocol import acls
 from protocol import messages as m
 from protocol.framing import frame
 from protocol.headers import decode_response_header, encode_request_header
+
+_RESPONSES = {**m.RESPONSES, **acls.RESPONSES}
 
 
 class RawClient:
@@ -38,7 +41,7 @@ class RawClient:
         data = self.recv_frame()
         cid, pos = decode_response_header(data, api_key, version)
         assert cid == correlation_id, (cid, correlation_id)
-        return m.RESPONSES[api_key].decode(data, version, pos)
+        return _RESPONSES[api_key].decode(data, version, pos)
 
     def call(self, request, version: int):
         cid = self.send(request, version)

@@ -33,6 +33,7 @@ import time
 from coordinator import logging_setup
 from coordinator.cluster.leases import LeaseManager
 from coordinator.cluster.pgstore import PgStore
+from coordinator.core.auth.acls import decode_acl_key
 from coordinator.core.catalog import decode_topic_record, topic_key
 from coordinator.runtime import FAILED, LOADING, NOT_OWNED
 
@@ -87,6 +88,7 @@ class ClusterNode:
         self._gen = [0] * config.offsets_partitions  # per shard: bumped by every acquired/lost/releasing
         self._topics: dict[str, bytes] = {}  # name -> record as last read from the database
         self._topic_task: asyncio.Task | None = None
+        self._acl_keys: list[bytes] | None = None  # the ACL records as last read from the database
         self.started = False
         # figures for metrics
         self.loads = 0
@@ -106,9 +108,10 @@ class ClusterNode:
 
     async def open(self, runtime) -> None:
         """Before serving: :meth:`attach` ``runtime`` and read the database's topics into its
-        catalog (``ClusterError``/``StoreError`` when the database cannot be used)."""
+        catalog and its ACLs (``ClusterError``/``StoreError`` when the database cannot be used)."""
         self.attach(runtime)
         await self.load_topics()
+        await self.load_acls()
 
     def serves(self, shard: int) -> bool:
         return self.runtime is not None and self.runtime.shard_states[shard] != NOT_OWNED
@@ -122,6 +125,21 @@ class ClusterNode:
                 self._topics[name] = record
                 changed.append((topic_key(name), record))
         return self.runtime.replay_topics(changed)
+
+    async def load_acls(self) -> bool:
+        """Make the runtime's ACLs the database's (before serving, then every renewal interval, so
+        a change made on any node applies everywhere within one lease tick). -> changed."""
+        keys = await self.store.load_acls()
+        if keys == self._acl_keys:
+            return False
+        self._acl_keys = keys
+        self.runtime.acls.authorizer.replace(decode_acl_key(k) for k in keys)
+        return True
+
+    async def put_acl(self, key: bytes, value: bytes | None) -> None:
+        """``Runtime.acl_store``: an ACL created (value) or deleted (None) goes to the database."""
+        await self.store.put_acl(key, value)
+        self._acl_keys = None  # read them back at the next refresh
 
     async def start(self, host: str, port: int) -> None:
         """Join the cluster: register (a duplicate live node_id: DuplicateNodeError, one line), take
@@ -150,6 +168,7 @@ class ClusterNode:
             await asyncio.sleep(every)
             try:
                 await self.load_topics()
+                await self.load_acls()
             except Exception as exc:  # noqa: BLE001 - the database is down: the next round tries again
                 log.debug("topics not refreshed", error=str(exc))
 

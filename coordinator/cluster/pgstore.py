@@ -451,6 +451,19 @@ class PgStore(Store):
 
         return await self._pooled(f"topic {name}", put)
 
+    async def put_acl(self, key: bytes, value: bytes | None) -> None:
+        """Keep (value) or delete (None) one ACL record in herd_acls."""
+        if value is None:
+            sql = "DELETE FROM herd_acls WHERE key = $1"
+        else:
+            sql = "INSERT INTO herd_acls (key) VALUES ($1) ON CONFLICT (key) DO NOTHING"
+        await self._pooled("acl", lambda conn: conn.execute(sql, key, timeout=self.txn_timeout_s))
+
+    async def load_acls(self) -> list[bytes]:
+        rows = await self._pooled("acls", lambda conn: conn.fetch(
+            "SELECT key FROM herd_acls ORDER BY created_at, key", timeout=self.txn_timeout_s))
+        return [bytes(r["key"]) for r in rows]
+
     async def load_topics(self) -> list[tuple[str, bytes]]:
         rows = await self._pooled("topics", lambda conn: conn.fetch(
             "SELECT name, record FROM herd_topics ORDER BY created_at, name", timeout=self.txn_timeout_s))

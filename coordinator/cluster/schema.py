@@ -19,6 +19,9 @@ Tables (all named ``herd_*`` so that herd can share a database with other softwa
                   seq, which is the file log's replay order after compaction.
     herd_topics   name (PK), record (the catalog's topic value bytes), created_at: the topic
                   catalog, shared by every node (the file store keeps it in shard 0's log).
+    herd_acls     key (PK: the ACL record's key, coordinator.core.auth.acls), created_at: the ACLs,
+                  shared by every node (read again every lease renewal). Added to a schema v1
+                  database that lacks it when a node starts (CREATE TABLE IF NOT EXISTS).
 
 Creation and every check run in one transaction under an advisory lock, so nodes starting at once
 on an empty database create the schema once.
@@ -34,7 +37,7 @@ from coordinator.cluster.errors import SchemaError
 SCHEMA_VERSION = 1
 _LOCK_KEY = 0x68657264  # "herd": pg_advisory_xact_lock key serialising schema creation
 
-TABLES = ("herd_meta", "herd_nodes", "herd_leases", "herd_records", "herd_topics")
+TABLES = ("herd_meta", "herd_nodes", "herd_leases", "herd_records", "herd_topics", "herd_acls")
 
 _CREATE = """
 CREATE TABLE herd_meta (
@@ -76,6 +79,12 @@ CREATE TABLE herd_topics (
     created_at timestamptz NOT NULL DEFAULT now()
 );
 """
+_CREATE_ACLS = """
+CREATE TABLE IF NOT EXISTS herd_acls (
+    key bytea PRIMARY KEY,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+"""
 
 
 @dataclass(frozen=True)
@@ -102,7 +111,7 @@ async def ensure_schema(conn: asyncpg.Connection, offsets_partitions: int, clust
                 raise SchemaError(f"the database has herd tables ({', '.join(r[0] for r in present)}) "
                                   "but no herd_meta row: not a herd schema this node can use; refusing to touch it")
             try:
-                await conn.execute(_CREATE)
+                await conn.execute(_CREATE + _CREATE_ACLS)
             except asyncpg.InsufficientPrivilegeError as exc:
                 raise SchemaError(f"cannot create herd's tables: {str(exc).splitlines()[0]} "
                                   "(grant CREATE on the schema, or create them as an owner)") from None
@@ -114,6 +123,12 @@ async def ensure_schema(conn: asyncpg.Connection, offsets_partitions: int, clust
         row = await conn.fetchrow("SELECT schema_version, offsets_partitions, cluster_id FROM herd_meta")
         if row is None:
             raise SchemaError("the database's herd_meta table is empty: not a herd schema this node can use")
+        if row["schema_version"] == SCHEMA_VERSION \
+                and not await conn.fetchval("SELECT to_regclass('herd_acls') IS NOT NULL"):
+            try:  # a v1 database made before the ACLs: the table is added, nothing else changes
+                await conn.execute(_CREATE_ACLS)
+            except asyncpg.InsufficientPrivilegeError as exc:
+                raise SchemaError(f"cannot create herd_acls: {str(exc).splitlines()[0]}") from None
         return check_meta(row["schema_version"], row["offsets_partitions"], row["cluster_id"], offsets_partitions)
 
 

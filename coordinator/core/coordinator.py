@@ -526,16 +526,21 @@ class GroupCoordinator:
 
     def list_groups(self) -> list[dict]:
         """Every group: id, state, protocol, generation, member count, shard."""
-        res = []
+        return list(self.iter_groups())
+
+    def iter_groups(self):
+        """``list_groups`` one group at a time (a generator), for a view that yields to the loop
+        between groups (the HTTP endpoint's ``/groups``): each shard's groups are listed as they are
+        when the generator reaches that shard, each group's summary as it is when reached."""
         for shard in self.shards:
-            for g in shard.classic.groups.values():
+            sid = shard.shard_id
+            for g in list(shard.classic.groups.values()):
                 d = g.summary()
-                d["shard"] = shard.shard_id
+                d["shard"] = sid
                 d.setdefault("type", "classic")
-                res.append(d)
-            for g in shard.consumer.groups.values():
-                res.append(_consumer_summary(g, shard.shard_id))
-        return res
+                yield d
+            for g in list(shard.consumer.groups.values()):
+                yield _consumer_summary(g, sid)
 
     def describe_group(self, group_id: str, now_ms: int | None = None) -> dict | None:
         """One group in detail: members, the rebalance in progress, the flight-recorder history and

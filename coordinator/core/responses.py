@@ -203,4 +203,7 @@ def as_error(resp, code: int):
     if isinstance(resp, m.ConsumerGroupDescribeResponse):
         return m.ConsumerGroupDescribeResponse(groups=[consumer_described_group_error(g.group_id, code)
                                                        for g in resp.groups])
+    as_error_of = getattr(resp, "as_error", None)  # the ACL APIs' answers (coordinator.core.auth.acls)
+    if as_error_of is not None:
+        return as_error_of(code)
     return resp

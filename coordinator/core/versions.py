@@ -9,6 +9,7 @@ as Kafka does (on one without SASL they answer ILLEGAL_SASL_STATE).
 """
 from __future__ import annotations
 
+from protocol import acls as acl_messages
 from protocol import messages as m
 from protocol import produce
 
@@ -35,6 +36,10 @@ OFFSET_DELETE = m.OffsetDeleteRequest.API_KEY
 DESCRIBE_CLUSTER = m.DescribeClusterRequest.API_KEY
 CONSUMER_GROUP_HEARTBEAT = m.ConsumerGroupHeartbeatRequest.API_KEY
 CONSUMER_GROUP_DESCRIBE = m.ConsumerGroupDescribeRequest.API_KEY
+DESCRIBE_ACLS = acl_messages.DESCRIBE_ACLS
+CREATE_ACLS = acl_messages.CREATE_ACLS
+DELETE_ACLS = acl_messages.DELETE_ACLS
+ACL_APIS = frozenset({DESCRIBE_ACLS, CREATE_ACLS, DELETE_ACLS})
 
 # api key -> (min, max) served. Every version the codec has for these APIs is served.
 SUPPORTED: dict[int, tuple[int, int]] = {
@@ -48,6 +53,10 @@ SUPPORTED: dict[int, tuple[int, int]] = {
         m.ConsumerGroupHeartbeatRequest, m.ConsumerGroupDescribeRequest,
     )
 }
+
+# The ACL APIs (hand-written codec, protocol/acls.py): v1-3.
+for _cls in acl_messages.REQUESTS.values():
+    SUPPORTED[_cls.API_KEY] = (_cls.MIN_VERSION, _cls.MAX_VERSION)
 
 # Produce is advertised but refused (see protocol/produce.py): librdkafka uses message format
 # v2, and a consistent Fetch encoding, only with a broker that advertises Produce v3+.
@@ -68,6 +77,7 @@ FINALIZED_FEATURES_EPOCH = 1  # Kafka's is the metadata offset; herd's features 
 
 API_NAMES = {key: cls.NAME[: -len("Request")] for key, cls in m.REQUESTS.items()}
 API_NAMES[produce.API_KEY] = "Produce"
+API_NAMES.update({key: cls.NAME[: -len("Request")] for key, cls in acl_messages.REQUESTS.items()})
 
 
 def is_supported(api_key: int, version: int) -> bool:

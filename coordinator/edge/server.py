@@ -32,6 +32,8 @@ before the one that closes it, held ones included.
 from __future__ import annotations
 
 import asyncio
+import errno
+import resource
 import socket
 import struct
 import time
@@ -39,7 +41,8 @@ from collections import deque
 
 from coordinator import logging_setup
 from coordinator.core.versions import API_NAMES, API_VERSIONS, SUPPORTED, api_versions_response
-from coordinator.ops.metrics import response_error
+from coordinator.ops.metrics import HTTP_MAX_CONNECTIONS, HTTP_RESERVE, response_error
+from protocol import acls as acl_messages
 from protocol import errors as E
 from protocol import messages as m
 from protocol import produce
@@ -51,7 +54,7 @@ from protocol.wire import EncodeError, ProtocolError
 log = logging_setup.get("herd.server")
 _SIZE = struct.Struct(">i")
 _FRAME_HEAD = struct.Struct(">ii")  # frame size (filled in last), correlation id
-_REQUESTS = m.REQUESTS
+_REQUESTS = {**m.REQUESTS, **acl_messages.REQUESTS}
 _now = time.perf_counter
 
 # api key -> by version, what follows the correlation id in our response header: the empty tagged
@@ -83,6 +86,72 @@ FAILED_AUTH_DELAY = 0.1  # seconds between a failed authentication's answer and 
 SASL_MAX_RECEIVE_SIZE = 512 * 1024
 TLS_HANDSHAKE_TIMEOUT = 10.0
 REFUSED_LOG_INTERVAL = 10.0  # seconds between "too many connections" warnings
+# Log lines about what a client sent: its fields cut to LOG_FIELD_MAX characters, and at most
+# LOG_BURST lines of a kind per peer address every LOG_WINDOW_S seconds (the rest counted in
+# herd_log_suppressed_total and summed up in the next line of that kind and peer): one client must
+# not be able to write megabytes of log a second.
+# descriptors herd needs besides its client connections: the HTTP side (its cap and reserve), the
+# listeners, the log files (two per shard at most while compacting), the database, the data cluster
+FD_OVERHEAD = 64
+LOG_FIELD_MAX = 256
+LOG_BURST = 5
+LOG_WINDOW_S = 10.0
+LOG_LIMITER_KEYS = 10_000  # (kind, address) windows kept; past it the oldest are forgotten
+
+
+def _clip(value):
+    """A client-controlled log field, at most LOG_FIELD_MAX characters."""
+    if isinstance(value, bytes):
+        value = value[:LOG_FIELD_MAX].decode("latin-1")
+    if isinstance(value, str) and len(value) > LOG_FIELD_MAX:
+        return f"{value[:LOG_FIELD_MAX]}...({len(value)} chars)"
+    return value
+
+
+class LogLimiter:
+    """Rate limits of client-caused log lines, per kind and peer address."""
+
+    def __init__(self, metrics=None, burst: int = LOG_BURST, window_s: float = LOG_WINDOW_S):
+        self.metrics = metrics
+        self.burst, self.window_s = burst, window_s
+        self.windows: dict[tuple[str, str], list] = {}  # -> [window start, lines, suppressed]
+        self.suppressed: dict[str, int] = {}  # kind -> lines not written
+
+    def allow(self, kind: str, host: str, now: float) -> int | None:
+        """None: suppress this line (counted); else the number suppressed since the last one."""
+        key = (kind, host)
+        w = self.windows.get(key)
+        if w is None or now - w[0] >= self.window_s:
+            before = w[2] if w is not None else 0
+            if w is not None:
+                del self.windows[key]  # re-inserted last: the dict stays in order of use
+            elif len(self.windows) >= LOG_LIMITER_KEYS:
+                for old in list(self.windows)[:LOG_LIMITER_KEYS // 10]:
+                    del self.windows[old]
+            self.windows[key] = [now, 1, 0]
+            return before
+        if w[1] < self.burst:
+            w[1] += 1
+            return 0
+        w[2] += 1
+        self.suppressed[kind] = self.suppressed.get(kind, 0) + 1
+        return None
+
+    def metric_lines(self) -> list[str]:
+        out = ["# HELP herd_log_suppressed_total Log lines about clients' requests not written (rate limit per "
+               "kind and peer address).", "# TYPE herd_log_suppressed_total counter"]
+        out += [f'herd_log_suppressed_total{{kind="{k}"}} {n}' for k, n in sorted(self.suppressed.items())]
+        return out
+
+
+def _decode_whole(cls, frame: bytes, pos: int, version: int):
+    """The request body at ``pos``, which must end the frame: Kafka fails a request with bytes
+    after its body (``RequestContext.parseRequest``: an InvalidRequestException, and the broker
+    closes the connection), so a frame that decodes with bytes to spare is malformed here too."""
+    request, end = cls.decode_from(frame, pos, version)
+    if end != len(frame):
+        raise ProtocolError(f"{cls.NAME} v{version}: {len(frame) - end} bytes after the request body")
+    return request
 
 
 def _heartbeat_tail(version: int, code: int) -> bytes:
@@ -112,7 +181,7 @@ class Reply:
     """The token a request travels with: ``reply(response)`` answers it on its connection."""
 
     __slots__ = ("conn", "correlation_id", "api_key", "api_version", "request", "timer", "started", "held",
-                 "data")
+                 "data", "amend")
 
     def __init__(self, conn, correlation_id, api_key, api_version, request):
         self.started = _now()
@@ -124,6 +193,7 @@ class Reply:
         self.timer = None
         self.held = False  # done, its answer waits for the log (hold())
         self.data = None  # the encoded answer, while it waits for earlier ones (Connection.held)
+        self.amend = None  # the authorization gate's: puts refused parts back into the answer
 
     def reply(self, response) -> None:
         self.conn.send_response(self, response)
@@ -149,6 +219,7 @@ class Connection(asyncio.Protocol):
         self.decoder = FrameDecoder(server.config.max_frame_size)
         self.transport = None
         self.peer = "?"
+        self.host = "?"
         self.client_host = ""
         self.max_pending = server.config.max_pending_bytes_per_connection
         self.queue: deque[bytes | None] = deque()  # None: a malformed frame, see malformed()
@@ -168,11 +239,21 @@ class Connection(asyncio.Protocol):
         self.dirty = False  # in server.dirty: answers released in a batch, written at its end
         self.closing = False  # close() waits for the answers in ``held``, then aborts
         self.last_active = 0.0
+        self.accounted = 0  # bytes counted in server.buffered for this connection
+        self.memory_paused = False  # not reading: herd's buffered bytes are over max_buffered_bytes
+        self.registered = False
+        self.auth_timer = None  # closes a connection that has not authenticated in time
         # SASL listener: until authenticated every frame goes to authenticate()
         self.unauthenticated = server.security is not None and server.security.sasl
         self.sasl = None  # the ServerMechanism chosen by SaslHandshake
         self.sasl_raw = False  # after a v0 SaslHandshake the tokens come as bare frames
         self.principal = None  # the authenticated user
+        # Kafka's principal (User:name; User:ANONYMOUS until SASL or a client certificate says
+        # otherwise), the client's address as ACL hosts name it, and the gate's GROUP READ
+        # decisions for the fast paths (coordinator.core.auth.gate)
+        self.kafka_principal = "User:ANONYMOUS"
+        self.client_ip = ""
+        self.authz_cache: dict = {}
         if self.unauthenticated:
             self.decoder.max_frame_size = min(self.decoder.max_frame_size, SASL_MAX_RECEIVE_SIZE)
 
@@ -184,6 +265,19 @@ class Connection(asyncio.Protocol):
         if peer:
             self.peer = f"{peer[0]}:{peer[1]}"
             self.client_host = f"/{peer[0]}"
+            self.host = str(peer[0])
+            self.client_ip = peer[0]
+        if self.server.gate is not None and self.server.principal_rules is not None:
+            from coordinator.core.auth.principal import NoMatchingRule, tls_principal
+            try:
+                self.kafka_principal = tls_principal(self.server.principal_rules,
+                                                     transport.get_extra_info("peercert"))
+            except NoMatchingRule as exc:  # Kafka fails the authentication
+                log.warning("no ssl_principal_mapping_rules rule maps the client certificate; closing",
+                            peer=self.peer, reason=str(exc))
+                self.closed = True
+                transport.abort()
+                return
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:
@@ -191,13 +285,35 @@ class Connection(asyncio.Protocol):
             except OSError:
                 pass
         self.last_active = self.server.loop.time()
-        if not self.server.register(self):
-            self.server.refused(self.peer)
+        why = self.server.register(self)
+        if why is not None:
+            self.server.refused(self.peer, why)
             self.closed = True
             transport.abort()
+            return
+        if self.unauthenticated:
+            self.auth_timer = self.server.loop.call_later(self.server.config.sasl_handshake_timeout_ms / 1000,
+                                                          self._auth_deadline)
+
+    def _auth_deadline(self) -> None:
+        """sasl_handshake_timeout_ms passed and the connection has not authenticated: closed."""
+        self.auth_timer = None
+        if self.closed or not self.unauthenticated:
+            return
+        self.server.client_log("info", "sasl_handshake_timeout", self.host,
+                               "not authenticated within sasl_handshake_timeout_ms; closing connection",
+                               peer=self.peer, timeout_ms=self.server.config.sasl_handshake_timeout_ms)
+        if self.server.metrics is not None:
+            self.server.metrics.connections_closed.inc("sasl_handshake_timeout")
+        self.close()
+        if not self.closed:  # answers still held: nothing an unauthenticated client waits for matters
+            self._abort()
 
     def connection_lost(self, exc):
         self.closed = True
+        if self.auth_timer is not None:
+            self.auth_timer.cancel()
+            self.auth_timer = None
         self.server.unregister(self)
         if self.inflight is not None and self.inflight.timer is not None:
             self.inflight.timer.cancel()
@@ -224,6 +340,33 @@ class Connection(asyncio.Protocol):
                 if not self.processing and self._ready():
                     self.process()
         self._maybe_pause()
+        self._account()
+
+    def _account(self) -> None:
+        """Report this connection's buffered bytes (requests, the frame being read at its whole
+        announced size, unsent answers) to the server's budget (max_buffered_bytes)."""
+        if self.closed:
+            return
+        # a connection paused for memory holds what it read, not the frame it announced
+        frame = self.decoder.buffered if self.memory_paused else self.decoder.reserved
+        new = self.queued_bytes + frame + self.transport.get_write_buffer_size()
+        delta = new - self.accounted
+        if delta:
+            self.accounted = new
+            self.server.buffered_change(self, delta)
+
+    def memory_pause(self) -> None:
+        if not self.memory_paused and not self.closed:
+            self.memory_paused = True
+            if not self.paused:
+                self.paused = True
+                self.transport.pause_reading()
+            self._account()
+
+    def memory_resume(self) -> None:
+        self.memory_paused = False
+        self._maybe_resume()
+        self._account()
 
     def _pending(self) -> int:
         return self.queued_bytes + self.decoder.buffered + self.transport.get_write_buffer_size()
@@ -244,6 +387,7 @@ class Connection(asyncio.Protocol):
             self.process()
         else:
             self._maybe_resume()
+        self._account()
 
     def _continue(self) -> None:
         self.resume_scheduled = False
@@ -284,6 +428,7 @@ class Connection(asyncio.Protocol):
             self.processing = False
         self.flush()
         self._maybe_resume()
+        self._account()
 
     def handle_one(self, frame: bytes) -> None:
         """``process`` for a single frame that arrived on an idle connection."""
@@ -297,7 +442,7 @@ class Connection(asyncio.Protocol):
 
     def _maybe_resume(self) -> None:
         if self.paused and not self.closed and not self.closing and not self.write_paused \
-                and self.decoder.error is None \
+                and not self.memory_paused and self.decoder.error is None \
                 and self._pending() <= self.max_pending // 2:
             self.paused = False
             self.transport.resume_reading()
@@ -320,9 +465,10 @@ class Connection(asyncio.Protocol):
         rng = SUPPORTED.get(api_key)
         if rng is None or not rng[0] <= version <= rng[1]:
             # Kafka closes the connection for an API or version it does not serve.
-            log.warning("unsupported api or version; closing connection", peer=self.peer,
-                        client_id=client_id, api_key=api_key, api_version=version,
-                        api=API_NAMES.get(api_key))
+            self.server.client_log("warning", "unsupported_version", self.host,
+                                   "unsupported api or version; closing connection", peer=self.peer,
+                                   client_id=client_id, api_key=api_key, api_version=version,
+                                   api=API_NAMES.get(api_key))
             self.close()
             return
         if api_key == HEARTBEAT:
@@ -339,15 +485,21 @@ class Connection(asyncio.Protocol):
             return
         cls = _REQUESTS[api_key]
         try:
-            request = cls.decode_from(frame, pos, version)[0]
+            request = _decode_whole(cls, frame, pos, version)
         except ProtocolError as exc:
             self.fail(f"malformed {cls.NAME} v{version}", exc, client_id=client_id)
             return
         token = self.inflight = Reply(self, correlation_id, api_key, version, request)
+        gate = self.server.gate
+        if gate is not None:  # the one authorization point (coordinator/core/auth/gate.py)
+            refusal, token.amend = gate.check(self.kafka_principal, self.client_ip, api_key, version, request)
+            if refusal is not None:
+                self.send_response(token, refusal)
+                return
         try:
             self.runtime.dispatch(token, api_key, version, request, client_id or "", self.client_host)
         except Exception:  # our bug: log it with context, drop this connection, keep serving
-            log.exception("error handling request", peer=self.peer, client_id=client_id,
+            log.exception("error handling request", peer=self.peer, client_id=_clip(client_id),
                           api=cls.NAME, api_version=version)
             self.close()
             return
@@ -361,14 +513,19 @@ class Connection(asyncio.Protocol):
         Called while processing, so the answer joins ``out`` in request order."""
         started = _now()
         try:
-            request = _HeartbeatRequest.decode_from(frame, pos, version)[0]
+            request = _decode_whole(_HeartbeatRequest, frame, pos, version)
         except ProtocolError as exc:
             self.fail(f"malformed Heartbeat v{version}", exc, client_id=client_id)
             return
         try:
-            code = self.runtime.heartbeat(version, request)
+            gate = self.server.gate
+            if gate is not None and not gate.group_read(self.authz_cache, self.kafka_principal, self.client_ip,
+                                                        request.group_id):
+                code = E.GROUP_AUTHORIZATION_FAILED
+            else:
+                code = self.runtime.heartbeat(version, request)
         except Exception:  # our bug: log it with context, drop this connection, keep serving
-            log.exception("error handling request", peer=self.peer, client_id=client_id, api="Heartbeat",
+            log.exception("error handling request", peer=self.peer, client_id=_clip(client_id), api="Heartbeat",
                           api_version=version)
             self.close()
             return
@@ -410,12 +567,16 @@ class Connection(asyncio.Protocol):
             member_id = member.decode()
         except (IndexError, struct.error, UnicodeDecodeError):
             return False  # the full path's decoder says what is wrong
+        gate = self.server.gate
+        if gate is not None and not gate.group_read(self.authz_cache, self.kafka_principal, self.client_ip,
+                                                    group_id):
+            return False  # the full path refuses it
         started = _now()
         try:
             interval = self.runtime.consumer_heartbeat_steady(group_id, member_id, epoch, client_id or "",
                                                               self.client_host)
         except Exception:  # our bug: log it with context, drop this connection, keep serving
-            log.exception("error handling request", peer=self.peer, client_id=client_id,
+            log.exception("error handling request", peer=self.peer, client_id=_clip(client_id),
                           api="ConsumerGroupHeartbeat", api_version=version)
             self.close()
             return True
@@ -456,7 +617,7 @@ class Connection(asyncio.Protocol):
             self.send_response(token, resp)
             return
         try:
-            m.ApiVersionsRequest.decode_from(frame, pos, version)
+            _decode_whole(m.ApiVersionsRequest, frame, pos, version)
         except ProtocolError:
             self.send_response(token, api_versions_response(E.INVALID_REQUEST))
             return
@@ -474,19 +635,21 @@ class Connection(asyncio.Protocol):
                      pos: int) -> None:
         """A request (not ApiVersions) of a connection that has not authenticated yet."""
         if api_key not in _SASL_APIS:
-            log.warning("request before SASL authentication; closing connection", peer=self.peer,
-                        client_id=client_id, api=API_NAMES.get(api_key, api_key))
+            self.server.client_log("warning", "unauthenticated_request", self.host,
+                                   "request before SASL authentication; closing connection", peer=self.peer,
+                                   client_id=client_id, api=API_NAMES.get(api_key, api_key))
             self.close()
             return
         lo, hi = SUPPORTED[api_key]
         cls = _REQUESTS[api_key]
         if not lo <= version <= hi:
-            log.warning("unsupported api or version; closing connection", peer=self.peer,
-                        client_id=client_id, api=cls.NAME, api_version=version)
+            self.server.client_log("warning", "unsupported_version", self.host,
+                                   "unsupported api or version; closing connection", peer=self.peer,
+                                   client_id=client_id, api=cls.NAME, api_version=version)
             self.close()
             return
         try:
-            request = cls.decode_from(frame, pos, version)[0]
+            request = _decode_whole(cls, frame, pos, version)
         except ProtocolError as exc:
             self.fail(f"malformed {cls.NAME} v{version}", exc, client_id=client_id)
             return
@@ -511,8 +674,9 @@ class Connection(asyncio.Protocol):
             self._close_after_failed_auth()
             return
         if mechanism not in enabled:
-            log.warning("unsupported SASL mechanism; closing connection", peer=self.peer, client_id=client_id,
-                        mechanism=mechanism, enabled=",".join(enabled))
+            self.server.client_log("warning", "unsupported_mechanism", self.host,
+                                   "unsupported SASL mechanism; closing connection", peer=self.peer,
+                                   client_id=client_id, mechanism=mechanism, enabled=",".join(enabled))
             self.send_response(token, m.SaslHandshakeResponse(error_code=E.UNSUPPORTED_SASL_MECHANISM,
                                                               mechanisms=enabled))
             self._close_after_failed_auth()
@@ -529,8 +693,8 @@ class Connection(asyncio.Protocol):
         try:
             answer = mech.step(client_token)
         except SaslError as exc:
-            log.info("SASL authentication failed", peer=self.peer, mechanism=mech.name,
-                     user=mech.username, reason=str(exc))
+            self.server.client_log("info", "authentication_failed", self.host, "SASL authentication failed",
+                                   peer=self.peer, mechanism=mech.name, user=mech.username, reason=str(exc))
             if metrics is not None:
                 metrics.authentications.inc(mech.name, "failed")
             if token is not None:
@@ -540,12 +704,16 @@ class Connection(asyncio.Protocol):
             return None
         if mech.done:
             self.unauthenticated = False
+            if self.auth_timer is not None:
+                self.auth_timer.cancel()
+                self.auth_timer = None
             self.sasl_raw = False
             self.principal = mech.username
+            self.kafka_principal = "User:" + mech.username
             # from the next read on (frames already split came under the pre-authentication
             # limit; Kafka's clients wait for this answer before they send another request)
             self.decoder.max_frame_size = self.server.config.max_frame_size
-            log.debug("SASL authenticated", peer=self.peer, mechanism=mech.name, user=mech.username)
+            log.debug("SASL authenticated", peer=self.peer, mechanism=mech.name, user=_clip(mech.username))
             if metrics is not None:
                 metrics.authentications.inc(mech.name, "ok")
         return answer
@@ -577,7 +745,7 @@ class Connection(asyncio.Protocol):
         ILLEGAL_SASL_STATE, as Kafka answers (herd does not re-authenticate, KIP-368)."""
         cls = _REQUESTS[api_key]
         try:
-            cls.decode_from(frame, pos, version)
+            _decode_whole(cls, frame, pos, version)
         except ProtocolError as exc:
             self.fail(f"malformed {cls.NAME} v{version}", exc, client_id=client_id)
             return
@@ -607,6 +775,8 @@ class Connection(asyncio.Protocol):
         if self.closed:
             return
         version = token.api_version
+        if token.amend is not None:
+            response = token.amend(response)
         out = token.data = bytearray() if waits else self.out
         start = len(out)
         out += _FRAME_HEAD.pack(0, token.correlation_id)
@@ -649,6 +819,7 @@ class Connection(asyncio.Protocol):
             self.process()
         else:
             self._maybe_resume()
+        self._account()
 
     def _release_held(self) -> None:
         """Move the answers at the head of ``held`` that are ready to ``out``."""
@@ -690,7 +861,8 @@ class Connection(asyncio.Protocol):
             self.process()
 
     def fail(self, what: str, exc: Exception, **kw) -> None:
-        log.warning(f"{what}; closing connection", peer=self.peer, error=str(exc), **kw)
+        self.server.client_log("warning", "malformed", self.host, f"{what}; closing connection", peer=self.peer,
+                               error=str(exc), **kw)
         self.close()
 
     def close(self) -> None:
@@ -723,6 +895,10 @@ class Server:
         self.runtime = runtime
         self.metrics = metrics
         self.security = security  # coordinator.security.Security, None: PLAINTEXT
+        # authorizer = acl: the authorization point (coordinator.core.auth.gate.Gate) and the
+        # ssl_principal_mapping_rules for TLS client certificates (None: not a TLS listener)
+        self.gate = None
+        self.principal_rules = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.connections: set[Connection] = set()
         self.server: asyncio.base_events.Server | None = None
@@ -738,7 +914,31 @@ class Server:
         # connection's answers collect and leave in one write at the end (begin/end_batch).
         self.holding = False
         self.dirty: list[Connection] = []
+        self.log_limiter = LogLimiter(metrics)
+        self.max_connections = config.max_connections  # lowered at start if the open-file limit is lower
+        self.per_ip: dict[str, int] = {}
+        self.refused_per_ip = 0
+        # max_buffered_bytes: what every connection holds, counted as it changes (Connection._account)
+        self.buffered = 0
+        self.buffered_limit = config.buffered_bytes_limit
+        self.memory_waiting: deque[Connection] = deque()  # paused until the total is under the limit
+        self.memory_pauses = 0
+        self._wake_scheduled = False
+        self.accept_failures = 0
+        if metrics is not None:
+            metrics.collectors.append(self.log_limiter.metric_lines)
+            metrics.collectors.append(self.metric_lines)
         runtime.attach_edge(self)
+
+    def client_log(self, level: str, kind: str, host: str, event: str, **fields) -> None:
+        """A log line about what a client sent: fields clipped, rate-limited per kind and address."""
+        now = self.loop.time() if self.loop is not None else time.monotonic()
+        suppressed = self.log_limiter.allow(kind, host, now)
+        if suppressed is None:
+            return
+        if suppressed:
+            fields["suppressed_before"] = suppressed
+        getattr(log, level)(event, **{k: _clip(v) for k, v in fields.items()})
 
     def begin_batch(self) -> None:
         self.holding = True
@@ -754,31 +954,151 @@ class Server:
                 log.exception("error writing released answers", peer=conn.peer)
                 conn._abort()
 
-    def register(self, conn: Connection) -> bool:
-        if len(self.connections) >= self.config.max_connections:
-            return False
+    def register(self, conn: Connection) -> str | None:
+        """None: served; else why not (``max_connections`` or ``max_connections_per_ip``)."""
+        if len(self.connections) >= self.max_connections:
+            return "max_connections"
+        host = conn.host
+        n = self.per_ip.get(host, 0)
+        if n >= self.config.max_connections_per_ip:
+            return "max_connections_per_ip"
+        self.per_ip[host] = n + 1
+        conn.registered = True
         self.connections.add(conn)
         if self.metrics is not None:
             self.metrics.connections_total.inc()
-        return True
+        return None
 
-    def refused(self, peer: str) -> None:
-        """A connection over ``max_connections``: counted, and logged at most once per
-        REFUSED_LOG_INTERVAL seconds (a client retrying in a loop must not flood the log)."""
+    def refused(self, peer: str, why: str = "max_connections") -> None:
+        """A connection over ``max_connections`` (or ``max_connections_per_ip``): counted, and
+        logged at most once per REFUSED_LOG_INTERVAL seconds (a client retrying in a loop must not
+        flood the log)."""
         self.refused_total += 1
+        if why == "max_connections_per_ip":
+            self.refused_per_ip += 1
         if self.metrics is not None:
             self.metrics.connections_refused.inc()
         now = self.loop.time()
         if now >= self._refused_logged_at + REFUSED_LOG_INTERVAL:
-            log.warning("too many connections; refusing", peer=peer, limit=self.config.max_connections,
+            limit = self.max_connections if why == "max_connections" else self.config.max_connections_per_ip
+            log.warning("too many connections; refusing", peer=peer, limit=limit, setting=why,
                         refused_since_last=self.refused_total - self._refused_logged_total)
             self._refused_logged_at, self._refused_logged_total = now, self.refused_total
 
     def unregister(self, conn: Connection) -> None:
         self.connections.discard(conn)
+        if conn.registered:
+            conn.registered = False
+            n = self.per_ip.get(conn.host, 1) - 1
+            if n > 0:
+                self.per_ip[conn.host] = n
+            else:
+                self.per_ip.pop(conn.host, None)
+        if conn.accounted:
+            self.buffered_change(conn, -conn.accounted)
+            conn.accounted = 0
+
+    def buffered_change(self, conn: Connection, delta: int) -> None:
+        """A connection's buffered bytes moved by ``delta``. Over ``max_buffered_bytes``, a
+        connection that adds (reads a new frame's size, a request, or has answers pile up) stops
+        reading until the total is under the limit again; those holding less go on (a heartbeat's
+        frame arrives whole and leaves at once)."""
+        self.buffered += delta
+        if delta > 0:
+            if self.buffered > self.buffered_limit and not conn.memory_paused and not conn.closed:
+                conn.memory_pause()
+                self.memory_waiting.append(conn)
+                self.memory_pauses += 1
+        elif self.memory_waiting and self.buffered < self.buffered_limit and not self._wake_scheduled:
+            self._wake_scheduled = True
+            self.loop.call_soon(self._memory_wake_soon)
+
+    def _memory_wake_soon(self) -> None:
+        self._wake_scheduled = False
+        self._memory_wake()
+
+    def _memory_wake(self) -> None:
+        """Resume waiting connections, in the order they stopped, while what each will hold (the
+        whole frame it announced) fits under the limit."""
+        waiting = self.memory_waiting
+        while waiting:
+            conn = waiting[0]
+            if conn.closed or not conn.memory_paused:
+                waiting.popleft()
+                continue
+            need = conn.decoder.reserved - conn.decoder.buffered
+            if self.buffered + need > self.buffered_limit:
+                return
+            waiting.popleft()
+            conn.memory_resume()
+
+    def metric_lines(self) -> list[str]:
+        paused = sum(1 for c in self.memory_waiting if c.memory_paused and not c.closed)
+        return [
+            "# HELP herd_buffered_bytes Bytes buffered for all connections (requests, frames being read at "
+            "their announced size, unsent answers).", "# TYPE herd_buffered_bytes gauge",
+            f"herd_buffered_bytes {self.buffered}",
+            "# HELP herd_buffered_bytes_limit max_buffered_bytes.", "# TYPE herd_buffered_bytes_limit gauge",
+            f"herd_buffered_bytes_limit {self.buffered_limit}",
+            "# HELP herd_connections_paused_for_memory Connections not read from: the buffered bytes are over "
+            "max_buffered_bytes.", "# TYPE herd_connections_paused_for_memory gauge",
+            f"herd_connections_paused_for_memory {paused}",
+            "# HELP herd_memory_pauses_total Times a connection stopped being read from for max_buffered_bytes.",
+            "# TYPE herd_memory_pauses_total counter", f"herd_memory_pauses_total {self.memory_pauses}",
+            "# HELP herd_connections_refused_per_ip_total Connections closed at once: max_connections_per_ip.",
+            "# TYPE herd_connections_refused_per_ip_total counter",
+            f"herd_connections_refused_per_ip_total {self.refused_per_ip}",
+            "# HELP herd_accept_failures_total Connections that could not be accepted (no file descriptor "
+            "left, ...).", "# TYPE herd_accept_failures_total counter",
+            f"herd_accept_failures_total {self.accept_failures}",
+            "# HELP herd_connections_limit The connection cap in force (max_connections, or lower to fit the "
+            "open-file limit).", "# TYPE herd_connections_limit gauge",
+            f"herd_connections_limit {self.max_connections}",
+        ]
+
+    def check_fd_limit(self) -> None:
+        """Compare RLIMIT_NOFILE with what max_connections needs; raise the soft limit when the hard
+        one allows, else serve fewer connections (one warning) so that accepting never runs out of
+        descriptors and /healthz keeps its own."""
+        need = self.config.max_connections + HTTP_MAX_CONNECTIONS + HTTP_RESERVE + FD_OVERHEAD \
+            + 2 * self.config.offsets_partitions
+        try:
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        except (ValueError, OSError):
+            return
+        if soft == resource.RLIM_INFINITY or soft >= need:
+            return
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        if target > soft:
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+                soft = target
+            except (ValueError, OSError):
+                pass
+        if soft >= need:
+            log.info("raised the open-file limit for max_connections", soft_limit=soft)
+            return
+        self.max_connections = max(1, self.config.max_connections - (need - soft))
+        log.warning("the open-file limit is below what max_connections needs: serving fewer connections "
+                    "(raise `ulimit -n` or lower max_connections)", open_file_limit=soft, needed=need,
+                    max_connections=self.config.max_connections, serving_at_most=self.max_connections)
+
+    def _exception_handler(self, loop, context) -> None:
+        """Count (and log, rate-limited) an accept that failed for lack of descriptors; the rest
+        goes to the default handler."""
+        exc = context.get("exception")
+        if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+            self.accept_failures += 1
+            self.client_log("warning", "accept_failed", "-", "cannot accept a connection", error=str(exc),
+                            message=context.get("message", ""))
+            return
+        loop.default_exception_handler(context)
 
     async def bind(self) -> tuple[str, int]:
         self.loop = asyncio.get_running_loop()
+        self.check_fd_limit()
+        if self.loop.get_exception_handler() is None:
+            self.loop.set_exception_handler(self._exception_handler)
         ctx = self.security.ssl_context if self.security is not None else None
         self.server = await self.loop.create_server(
             lambda: Connection(self), self.config.host, self.config.port,
@@ -801,7 +1121,8 @@ class Server:
         now = self.loop.time()
         for conn in list(self.connections):
             if conn.inflight is None and not conn.held and now - conn.last_active > limit:
-                log.info("closing idle connection", peer=conn.peer, idle_s=round(now - conn.last_active, 1))
+                self.client_log("info", "idle", conn.host, "closing idle connection", peer=conn.peer,
+                                idle_s=round(now - conn.last_active, 1))
                 conn.close()
         self._schedule_idle_check()
 

@@ -16,7 +16,8 @@ Read-only views over the group coordinator (``list_groups``, ``describe_group``,
 * the page itself: ``GET /`` and ``/console/*``, static files shipped in the package
   (``coordinator/ops/console_static``), hand-written, no build step, no outside host.
 
-Everything is computed on the event loop thread from plain reads; the per-group table behind the
+Everything is computed on the event loop thread from plain reads (but a page of the list: filtered
+and sorted on a thread from the table as it is, ``prepare_for``); the per-group table behind the
 list and the metrics is rebuilt at most every ``TABLE_TTL_S`` (the console polls every few seconds),
 in steps with a loop turn between them (:meth:`Console.prepare`, awaited by the HTTP endpoint).
 """
@@ -30,6 +31,7 @@ from urllib.parse import parse_qs
 
 from coordinator import logging_setup
 from coordinator.ops.lag import LagRefresher, LagTracker, LogEndSource
+from coordinator.ops.metrics import SECURITY_HEADERS
 from protocol.consumer import PROTOCOL_TYPE as CONSUMER
 from protocol.consumer import decode_assignment
 
@@ -48,16 +50,6 @@ SORT_KEYS = ("group_id", "state", "type", "protocol_type", "members", "lag", "la
              "rebalances_1h", "partitions")
 STATIC = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
           "app.css": "text/css; charset=utf-8", "favicon.svg": "image/svg+xml"}
-# the page loads only its own files and talks only to this endpoint
-SECURITY_HEADERS = {
-    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
-                               "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-    "Cache-Control": "no-store",
-}
-
-
 def make_source(config, reader=None) -> LogEndSource | None:
     """The log-end source for ``data_bootstrap_server`` (the data-cluster reader,
     :mod:`coordinator.datacluster`, with the TLS/SASL settings of ``data_command_config``; ``reader``
@@ -133,6 +125,8 @@ class Console:
         self._lines: tuple | None = None  # (the table they were rendered from, lines)
         self._rendering: tuple | None = None  # the table _render_in_steps is reading
         self._prepared = False  # prepare_for just made the table (and lines) the next answer uses
+        self._in_use: list = []  # tables a thread reads (never freed in steps meanwhile)
+        self._page = None  # the /api/groups answer prepare_for computed
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -188,7 +182,8 @@ class Console:
             old, self._table = self._table, (time.monotonic(), now, rows, lags)
         finally:
             self._building = None
-        if old is not None and old is not self._rendering:  # (one being rendered is left to refcounting)
+        if old is not None and old is not self._rendering and not any(t is old for t in self._in_use):
+            # (one being rendered or read by a thread is left to refcounting)
             await _free_in_steps(old[2], old[3])
 
     async def prepare_for(self, target: str) -> None:
@@ -199,8 +194,26 @@ class Console:
         await self.prepare()
         if path == "/metrics":
             await self._render_in_steps()
+        elif path == "/api/groups":
+            # filtering and sorting 20,000 rows takes tens of milliseconds: done on a thread (the
+            # loop gets the interpreter back every switch interval), on the table as it is now
+            table = self._table
+            self._in_use.append(table)
+            try:
+                page = await asyncio.to_thread(self._page_of, table[1], table[2],
+                                               parse_qs(target.partition("?")[2]))
+            finally:
+                self._in_use.remove(table)
+            page["lag"] = self.lag_status(page["now_ms"])
+            page["rebalances"] = self.rebalance_window(page["now_ms"])
+            self._page = page
         # the answer, computed right after this returns (no await between), reads this table and
         # these lines even if preparing them took longer than the TTL: never a rebuild in one piece
+        self._prepared = True
+
+    def mark_prepared(self) -> None:
+        """The next table/metric lines read takes what was prepared, however old (an HTTP answer
+        rendered in slices calls this before each slice)."""
         self._prepared = True
 
     def invalidate(self) -> None:
@@ -366,7 +379,8 @@ class Console:
                 return self._static(name)
             return 404, "text/plain", b"not found\n", SECURITY_HEADERS
         if path == "/api/groups":
-            return self._json(self.group_list(parse_qs(query)))
+            page, self._page = self._page, None  # computed off the loop by prepare_for
+            return self._json(page if page is not None else self.group_list(parse_qs(query)))
         if path == "/api/group":
             gid = parse_qs(query, keep_blank_values=True).get("id", [None])[0]
             if gid is None:
@@ -395,11 +409,19 @@ class Console:
         return st
 
     def group_list(self, q: dict) -> dict:
+        now, rows, _ = self.table()
+        page = self._page_of(now, rows, q)
+        page["lag"] = self.lag_status(now)
+        page["rebalances"] = self.rebalance_window(now)
+        return page
+
+    @staticmethod
+    def _page_of(now: int, rows: dict, q: dict) -> dict:
+        """The list's page for query ``q`` (pure: reads ``rows`` only; run on a thread)."""
         def one(name, default=""):
             v = q.get(name)
             return v[0] if v else default
 
-        now, rows, _ = self.table()
         text = one("q").strip().lower()
         states = {s.lower() for s in one("state").split(",") if s}
         sort = one("sort", "group_id")
@@ -437,8 +459,7 @@ class Console:
             by_state[r.state] = by_state.get(r.state, 0) + 1
         return {"now_ms": now, "total": len(rows), "matched": len(selected), "offset": offset, "limit": limit,
                 "sort": sort, "order": "desc" if desc else "asc", "by_state": by_state,
-                "rebalances": self.rebalance_window(now),
-                "lag": self.lag_status(now), "groups": [r.as_json(now) for r in page]}
+                "lag": None, "groups": [r.as_json(now) for r in page]}
 
     def rebalance_window(self, now: int) -> dict:
         """What ``rebalances_1h`` counts: the last hour, or since this process started when that was

@@ -23,6 +23,8 @@ import asyncio
 import bisect
 import json
 import math
+import socket
+import struct
 import time
 from urllib.parse import unquote
 
@@ -196,9 +198,15 @@ class Metrics:
         self.connections_total = Counter("herd_connections_accepted_total", "Connections accepted.")
         self.connections_refused = Counter("herd_connections_refused_total",
                                            "Connections closed at once: max_connections reached.")
+        self.connections_closed = Counter("herd_connections_closed_total", "Connections closed by herd, by why "
+                                          "(sasl_handshake_timeout: not authenticated in time).", ("reason",))
         self.authentications = Counter("herd_sasl_authentications_total",
                                        "SASL authentications, by mechanism and result (ok, failed).",
                                        ("mechanism", "result"))
+        self.authorization_failures = Counter(
+            "herd_authorization_failures_total",
+            "Requests or parts of requests refused by the ACL authorizer, by resource type and operation.",
+            ("resource_type", "operation"))
         self.stalls = Counter("herd_stalls_total", "Times herd itself stalled (its loop or process did not run for "
                               "stall_threshold_ms or more, or the system was suspended); members got the time back.")
         self.stall_seconds = Histogram("herd_stall_seconds", "Length of herd's own stalls.", buckets=STALL_BUCKETS)
@@ -218,12 +226,20 @@ class Metrics:
 
     def render(self) -> str:
         lines: list[str] = []
+        for part in self.render_parts():
+            lines += part
+        return "\n".join(lines) + "\n"
+
+    def render_parts(self):
+        """The exposition lines, a metric or a collector at a time (a generator of lists): the HTTP
+        endpoint yields to the loop between parts."""
         requests = self.request_stats
         for metric in (requests.counter(), requests.error_counter(), requests.histogram(),
                        self.rebalance_seconds, self.connections_total, self.connections_refused,
-                       self.authentications, self.stalls, self.stall_seconds):
-            lines += metric.render()
-        lines += [
+                       self.connections_closed, self.authentications, self.authorization_failures,
+                       self.stalls, self.stall_seconds):
+            yield metric.render()
+        yield [
             "# HELP herd_shard_replay_seconds Time spent replaying the logs at start-up.",
             "# TYPE herd_shard_replay_seconds gauge",
             f"herd_shard_replay_seconds {_fmt(self.replay_seconds)}",
@@ -235,35 +251,111 @@ class Metrics:
             f"herd_start_time_seconds {_fmt(round(self.started, 3))}",
         ]
         for g in self.gauges:
-            lines += g.render()
+            yield g.render()
         for collect in self.collectors:
             try:
-                lines += collect()
+                lines = collect()
             except Exception:  # a broken collector must not break the scrape
                 log.exception("metrics collector failed")
-        return "\n".join(lines) + "\n"
+                continue
+            yield lines
+
+
+# The HTTP side serves operators, not clients: it must never hold the loop nor grow without bound
+# whatever its peers do (a scrape of 20,000 groups, 150 clients that never read their answer).
+HTTP_MAX_CONNECTIONS = 128  # served at once; past it only /healthz and /readyz, for HTTP_RESERVE more
+HTTP_RESERVE = 16
+HTTP_HEADER_TIMEOUT = 10.0  # seconds to send the request head (slowloris)
+HTTP_RESERVE_HEADER_TIMEOUT = 2.0  # the same for a connection over the cap
+HTTP_WRITE_TIMEOUT = 10.0  # seconds the peer may read nothing while an answer waits for it
+HTTP_WRITE_HIGH = 64 * 1024  # transport write buffer: pause (wait for the peer) above this
+SLICE_S = 0.002  # CPU an answer may take in one loop turn before it lets the loop poll its sockets
+SLICE_BYTES = 64 * 1024  # bytes an answer produces per slice (written, then the peer is waited for)
+# bytes one connection can make herd hold: the transport's buffer up to its high-water mark, plus
+# one slice written past it before waiting
+HTTP_MAX_BUFFERED = HTTP_WRITE_HIGH + SLICE_BYTES
+# the page loads only its own files and talks only to this endpoint; every answer carries these
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+                               "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+_SECURITY_HEAD = "".join(f"{k}: {v}\r\n" for k, v in SECURITY_HEADERS.items())
+
+
+class _Turns:
+    """One answer's slice per loop turn, whoever asks: ten clients fetching ``/groups`` in a loop
+    cost the loop one ``SLICE_S`` between two polls of its sockets, not ten."""
+
+    def __init__(self):
+        self.lock = asyncio.Lock()
+
+    async def run(self, it, out: list) -> bool:
+        """Move pieces from ``it`` to ``out`` for at most a slice: -> True once ``it`` is done."""
+        async with self.lock:
+            clock = time.perf_counter
+            deadline = clock() + SLICE_S
+            size = 0
+            for piece in it:
+                out.append(piece)
+                size += len(piece)
+                if size >= SLICE_BYTES or clock() >= deadline:
+                    return False
+            return True
 
 
 class HttpEndpoint:
-    """A small HTTP/1.1 server (one request per connection) for /metrics and the JSON views."""
+    """A small HTTP/1.1 server (one request per connection) for /metrics and the JSON views.
+
+    Bounded whatever the peers do: at most ``max_connections`` served at once (a few more for the
+    health checks: ``HTTP_RESERVE``), 431 for a request head over ``max_request`` bytes, 10 s to send
+    it; every answer's body is produced in slices (``SLICE_S`` of CPU, ``SLICE_BYTES``) with a loop
+    turn between them, one slice at a time across all connections (``_Turns``), written as it is
+    produced (chunked) and never more than ``HTTP_MAX_BUFFERED`` ahead of the peer: a peer that reads
+    nothing for ``HTTP_WRITE_TIMEOUT`` is dropped."""
 
     def __init__(self, metrics: Metrics, groups_view, history_view, max_request=8192, failed_shards=None,
-                 readiness=None):
+                 readiness=None, max_connections: int = HTTP_MAX_CONNECTIONS):
         self.metrics = metrics
-        self.groups_view = groups_view  # () -> JSON-able
+        self.groups_view = groups_view  # () -> iterable of JSON-able groups (a generator: streamed)
         self.history_view = history_view  # (group_id) -> JSON-able or None
         self.failed_shards = failed_shards  # () -> [shard ids stopped after a log write failure]
         self.readiness = readiness  # a cluster node's: () -> None (ready) or why not
         self.console = None  # coordinator.console.Console: GET /, /console/*, /api/*
         self.max_request = max_request
+        self.max_connections = max_connections
         self.server = None
+        self.open = 0  # connections being served
+        self.turns = _Turns()
+        self.write_timeout = HTTP_WRITE_TIMEOUT
+        self.oversized = 0  # request heads refused with 431
+        self._rendering: asyncio.Future | None = None  # a /metrics render shared by concurrent scrapes
+        self._metrics_lines = None
+        self._listing: asyncio.Future | None = None  # a /groups listing shared by concurrent requests
+        self._groups_chunks = None
+        self.refused = Counter("herd_http_connections_refused_total",
+                               "HTTP connections closed at once: the endpoint's connection cap was reached.")
+        self.dropped = Counter("herd_http_clients_dropped_total", "HTTP answers abandoned, by why: the peer read "
+                               "nothing for the write timeout (write_timeout), or its connection broke (error).",
+                               ("reason",))
         # False while herd starts (the log is replayed): /healthz says "starting", /readyz, /metrics
         # and the views answer 503 (the group state is not whole yet)
         self.ready = True
+        metrics.collectors.append(self._metric_lines)
+
+    def _metric_lines(self) -> list[str]:
+        return (self.refused.render() + self.dropped.render()
+                + ["# HELP herd_http_oversized_headers_total Requests answered 431: a head over the size limit.",
+                   "# TYPE herd_http_oversized_headers_total counter", f"herd_http_oversized_headers_total {self.oversized}"]
+                + [f"# HELP herd_http_connections HTTP connections being served (cap {self.max_connections}).",
+                   "# TYPE herd_http_connections gauge", f"herd_http_connections {self.open}"])
 
     async def bind(self, host: str, port: int) -> int:
         """Listen without serving yet (a busy port is found before the logs are replayed)."""
-        self.server = await asyncio.start_server(self._client, host, port, start_serving=False)
+        self.server = await asyncio.start_server(self._client, host, port, start_serving=False,
+                                                 limit=self.max_request)
         return self.server.sockets[0].getsockname()[1]
 
     async def start(self, host: str | None = None, port: int | None = None) -> int:
@@ -277,32 +369,181 @@ class HttpEndpoint:
             self.server.close()
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.open >= self.max_connections + HTTP_RESERVE:
+            self.refused.inc()
+            writer.transport.abort()
+            return
+        reserve = self.open >= self.max_connections  # over the cap: health checks only
+        self.open += 1
+        transport = writer.transport
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
-            line = head.split(b"\r\n", 1)[0].decode("latin-1")
-            parts = line.split()
-            if len(parts) < 2 or parts[0] not in ("GET", "HEAD"):
-                status, ctype, body, more = 405, "text/plain", b"only GET is supported\n", []
+            transport.set_write_buffer_limits(high=HTTP_WRITE_HIGH)
+            method = "GET"
+            try:
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=HTTP_RESERVE_HEADER_TIMEOUT
+                                              if reserve else HTTP_HEADER_TIMEOUT)
+            except asyncio.LimitOverrunError:
+                self.oversized += 1
+                await self._answer(writer, "GET", True, 431, "text/plain", b"request header fields too large\n",
+                                   lingering=reader)
+                return
             else:
-                if self.console is not None and self.ready:
-                    await self.console.prepare_for(parts[1])
-                status, ctype, body, *more = self.route(parts[1])
-            extra = "".join(f"{k}: {v}\r\n" for k, v in more[0].items()) if more else ""
-            writer.write(f"HTTP/1.1 {status} {_REASONS.get(status, 'OK')}\r\nContent-Type: {ctype}\r\n"
-                         f"Content-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n".encode())
-            if parts and parts[0] != "HEAD":
-                writer.write(body)
-            await writer.drain()
-        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError,
-                UnicodeDecodeError):
+                line = head.split(b"\r\n", 1)[0].decode("latin-1")
+                parts = line.split()
+                http11 = len(parts) < 3 or parts[2] != "HTTP/1.0"
+                if len(parts) < 2 or parts[0] not in ("GET", "HEAD"):
+                    answer = (405, "text/plain", b"only GET is supported\n")
+                else:
+                    method, target = parts[0], parts[1]
+                    if reserve and target.split("?", 1)[0] not in ("/healthz", "/readyz"):
+                        self.refused.inc()
+                        answer = (503, "text/plain", b"too many HTTP connections\n")
+                    else:
+                        if target.split("?", 1)[0] == "/metrics" and self.ready:
+                            await self._prepare_metrics()
+                        elif target.split("?", 1)[0] == "/groups" and self.ready:
+                            await self._prepare_groups()
+                        elif self.console is not None and self.ready:
+                            await self.console.prepare_for(target)
+                        answer = self.route(target)
+            await self._answer(writer, method, http11, *answer)
+        except TimeoutError:
+            self.dropped.inc("write_timeout")
+            _reset_on_close(transport)
+        except (asyncio.IncompleteReadError, ConnectionError, UnicodeDecodeError):
             pass
         except Exception:
             log.exception("metrics endpoint error")
         finally:
-            writer.close()
+            self.open -= 1
+            transport.abort()  # the answer is written (or abandoned): nothing is left to flush
+
+    async def _answer(self, writer, method: str, http11: bool, status: int, ctype: str, body, more=None,
+                      lingering=None) -> None:
+        extra = "".join(f"{k}: {v}\r\n" for k, v in more.items() if k not in SECURITY_HEADERS) if more else ""
+        streamed = not isinstance(body, (bytes, bytearray))
+        if streamed:
+            length = "Transfer-Encoding: chunked\r\n" if http11 else ""
+        else:
+            length = f"Content-Length: {len(body)}\r\n"
+        writer.write(f"HTTP/1.1 {status} {_REASONS.get(status, 'OK')}\r\nContent-Type: {ctype}\r\n"
+                     f"{length}{_SECURITY_HEAD}{extra}Connection: close\r\n\r\n".encode())
+        if method == "HEAD":
+            pass
+        elif not streamed:
+            writer.write(body)
+        else:
+            chunked = http11
+            it = iter(body)
+            done = False
+            while not done:
+                pieces: list = []
+                done = await self.turns.run(it, pieces)
+                if pieces:
+                    data = b"".join(pieces)
+                    writer.write(b"%x\r\n%b\r\n" % (len(data), data) if chunked else data)
+                await asyncio.sleep(0)  # the loop polls its sockets between two slices of this answer
+                await self._drain(writer)
+            if chunked:
+                writer.write(b"0\r\n\r\n")
+        await self._drain(writer)
+        if lingering is not None:
+            # the peer may still be sending what we did not read: closing now would reset the
+            # connection and lose the answer; end our side, then read and drop a bounded amount
+            writer.write_eof()
+            end = asyncio.get_running_loop().time() + HTTP_RESERVE_HEADER_TIMEOUT
+            left = 1 << 20
+            while left > 0:
+                remaining = end - asyncio.get_running_loop().time()
+                if remaining <= 0:
+                    break
+                try:
+                    chunk = await asyncio.wait_for(lingering.read(65536), remaining)
+                except (TimeoutError, ConnectionError):
+                    break
+                if not chunk:
+                    break
+                left -= len(chunk)
+        # the transport closes once its buffer is written (a graceful end, so no reset loses it)
+        writer.transport.close()
+        if writer.transport.get_write_buffer_size():
+            await self._drain_closing(writer)
+
+    async def _drain(self, writer) -> None:
+        """Wait until the peer has taken what is buffered past the high-water mark: TimeoutError if
+        it takes nothing for ``write_timeout`` seconds."""
+        transport = writer.transport
+        if transport.is_closing():
+            raise ConnectionResetError
+        if transport.get_write_buffer_size():
+            # drain() waits while the transport is paused (over HTTP_WRITE_HIGH, until under a
+            # quarter of it); in between it returns at once
+            await asyncio.wait_for(writer.drain(), self.write_timeout)
+
+    async def _drain_closing(self, writer) -> None:
+        """After close(): give the last bytes ``write_timeout`` to leave, then abort."""
+        transport = writer.transport
+        deadline = asyncio.get_running_loop().time() + self.write_timeout
+        size = transport.get_write_buffer_size()
+        while size and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+            new = transport.get_write_buffer_size()
+            if new < size:
+                deadline = asyncio.get_running_loop().time() + self.write_timeout
+            size = new
+        if size:
+            raise TimeoutError
+
+    async def _prepare_metrics(self) -> None:
+        """Render /metrics a part at a time (a loop turn between collectors), once for all the
+        scrapes that arrive while it is rendered."""
+        if self._rendering is None:
+            self._rendering = asyncio.ensure_future(self._render_in_parts())
+        self._metrics_lines = await asyncio.shield(self._rendering)
+
+    async def _prepare_groups(self) -> None:
+        """List the groups as JSON a slice at a time, once for all the requests that arrive while it
+        is listed (ten clients fetching /groups in a loop cost one listing at a time, and 150 that
+        never read share one copy of it)."""
+        if self._listing is None:
+            self._listing = asyncio.ensure_future(self._list_in_slices())
+        self._groups_chunks = await asyncio.shield(self._listing)
+
+    async def _list_in_slices(self) -> list[bytes]:
+        try:
+            chunks: list[bytes] = []
+            it = _json_array(self.groups_view())
+            done = False
+            while not done:
+                done = await self.turns.run(it, chunks)
+                await asyncio.sleep(0)
+            return chunks
+        finally:
+            self._listing = None
+
+    async def _render_in_parts(self) -> list[str]:
+        try:
+            console = self.console
+            if console is not None:
+                await console.prepare_for("/metrics")
+            lines: list[str] = []
+            it = self.metrics.render_parts()
+            done = False
+            while not done:
+                parts: list = []
+                if console is not None:  # its collector takes the table and lines just prepared
+                    console.mark_prepared()
+                done = await self.turns.run(it, parts)
+                for p in parts:
+                    lines += p
+                await asyncio.sleep(0)
+            return lines
+        finally:
+            self._rendering = None
 
     def route(self, target: str) -> tuple:
-        """``(status, content type, body)``, or with a 4th item: extra headers."""
+        """``(status, content type, body)``, or with a 4th item: extra headers. A body that is not
+        bytes is an iterable of bytes: streamed, a slice at a time."""
         raw_path, _, query = target.partition("?")
         path = unquote(raw_path)
         if path in ("/healthz", "/readyz") and self.readiness is not None and self.ready:
@@ -322,9 +563,13 @@ class HttpEndpoint:
         if not self.ready:
             return 503, "text/plain", b"not ready: starting (replaying the log)\n"
         if path == "/metrics":
-            return 200, "text/plain; version=0.0.4; charset=utf-8", self.metrics.render().encode()
+            lines, self._metrics_lines = self._metrics_lines, None
+            if lines is None:  # called directly (tests): rendered here
+                lines = [x for part in self.metrics.render_parts() for x in part]
+            return 200, "text/plain; version=0.0.4; charset=utf-8", _lines_body(lines)
         if path == "/groups":
-            return 200, "application/json", _json(self.groups_view())
+            chunks, self._groups_chunks = self._groups_chunks, None
+            return 200, "application/json", iter(chunks) if chunks is not None else _json_array(self.groups_view())
         if path.startswith("/groups/") and path.endswith("/history"):
             group = path[len("/groups/"):-len("/history")]
             hist = self.history_view(group)
@@ -338,11 +583,45 @@ class HttpEndpoint:
         return 404, "text/plain", b"not found\n"
 
 
+def _reset_on_close(transport) -> None:
+    """Close with a reset: the kernel drops what the peer did not read instead of keeping it (up to
+    the socket's send buffer, megabytes) for a peer that reads nothing."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        except (OSError, AttributeError):
+            pass
+
+
 def _json(obj) -> bytes:
     return (json.dumps(obj, indent=2, default=str) + "\n").encode()
 
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
+def _json_array(items, step: int = 64):
+    """A JSON array, ``step`` items at a time (a generator of bytes)."""
+    dumps = json.dumps
+    sep = b"[\n"
+    batch: list = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == step:
+            yield sep + dumps(batch, default=str)[1:-1].encode()
+            sep, batch = b",\n", []
+    if batch:
+        yield sep + dumps(batch, default=str)[1:-1].encode()
+        sep = b",\n"
+    yield b"[]\n" if sep == b"[\n" else b"\n]\n"
+
+
+def _lines_body(lines: list[str], step: int = 500):
+    """Exposition lines, ``step`` at a time (a generator of bytes)."""
+    for i in range(0, len(lines), step):
+        yield ("\n".join(lines[i:i + step]) + "\n").encode()
+
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+            431: "Request Header Fields Too Large", 503: "Service Unavailable"}
 
 
 def _family(name: str, kind: str, help: str, samples) -> list[str]:

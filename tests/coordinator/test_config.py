@@ -134,3 +134,24 @@ def test_lag_settings_by_their_issue_names():
 def test_bad_lag_settings_give_one_clear_message(env, message):
     with pytest.raises(ConfigError, match=message):
         load(env=env)
+
+
+def test_authorization_settings_by_their_issue_names(tmp_path):
+    c = Config()
+    assert (c.authorizer, c.super_users, c.allow_everyone_if_no_acl_found) == ("none", "", False)
+    toml = tmp_path / "herd.toml"
+    toml.write_text('authorizer = "acl"\nsuper_users = "User:admin;User:ops"\n')
+    c = load(str(toml), env={"HERD_ALLOW_EVERYONE_IF_NO_ACL_FOUND": "true"}, overrides={})
+    assert (c.authorizer, c.super_users, c.allow_everyone_if_no_acl_found) == ("acl", "User:admin;User:ops", True)
+    c = load(env={"HERD_AUTHORIZER": "acl"}, overrides={"super_users": "User:root"})
+    assert (c.authorizer, c.super_users) == ("acl", "User:root")
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"HERD_AUTHORIZER": "ranger"}, "authorizer must be 'none' or 'acl'"),
+    ({"HERD_SUPER_USERS": "admin"}, "super_users wants User:NAME"),
+    ({"HERD_SSL_PRINCIPAL_MAPPING_RULES": "RULE:abc"}, "ssl_principal_mapping_rules"),
+])
+def test_bad_authorization_settings_give_one_clear_message(env, message):
+    with pytest.raises(ConfigError, match=message):
+        load(env=env)

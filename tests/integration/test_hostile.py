@@ -297,3 +297,415 @@ def test_the_daemon_log_says_why_connections_were_closed(watched):
     events = [json.loads(x) for x in herd.logs().splitlines() if x.startswith("{")]
     assert any("closing connection" in e.get("event", "") and "negative frame size" in e.get("error", "")
                for e in events)
+
+
+# ---- the HTTP side (issue 32) --------------------------------------------------------------------
+
+HTTP_GROUPS = 20000  # /groups is ~4.4 MB: more than the kernel's send buffer of a socket (4 MiB)
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory):
+    """A herd with HTTP_GROUPS groups (one committed offset each) and its metrics port."""
+    from bench.console import load_offsets, metrics_port
+
+    tmp = tmp_path_factory.mktemp("hostile-http")
+    with U.Herd(topics=["bench:1"], tmp_root=str(tmp), fsync="never", extra_args=["--metrics-port", "0"]) as h:
+        load_offsets(h.bootstrap, HTTP_GROUPS, 1)
+        h.http = metrics_port(h)
+        yield h
+
+
+def _raw_http(port: int, request: bytes, timeout: float = 10.0) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(request)
+        buf = bytearray()
+        while True:
+            chunk = s.recv(1 << 16)
+            if not chunk:
+                return bytes(buf)
+            buf += chunk
+
+
+def _head_of(answer: bytes) -> tuple[int, dict]:
+    head = answer.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+    return int(head[0].split()[1]), {k.lower(): v.strip() for k, _, v in (x.partition(":") for x in head[1:])}
+
+
+def test_every_http_answer_carries_the_security_headers(loaded):
+    for path in ("/groups", "/metrics", "/healthz", "/nope", "/groups/x/history", "/api/groups"):
+        status, headers = _head_of(_raw_http(loaded.http, f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode()))
+        assert headers.get("x-content-type-options") == "nosniff", (path, headers)
+        assert "default-src 'none'" in headers.get("content-security-policy", ""), (path, headers)
+    status, headers = _head_of(_raw_http(loaded.http, b"POST /groups HTTP/1.1\r\n\r\n"))
+    assert status == 405 and headers.get("x-content-type-options") == "nosniff"
+
+
+def test_an_oversized_header_block_gets_431(loaded):
+    big = b"GET /healthz HTTP/1.1\r\n" + b"".join(b"X-Pad-%d: %s\r\n" % (i, b"a" * 1000) for i in range(20)) + b"\r\n"
+    status, headers = _head_of(_raw_http(loaded.http, big))
+    assert status == 431 and headers.get("x-content-type-options") == "nosniff"
+    assert _head_of(_raw_http(loaded.http, b"GET /healthz HTTP/1.1\r\n\r\n"))[0] == 200
+
+
+def test_groups_is_streamed_whole(loaded):
+    with urllib.request.urlopen(f"http://127.0.0.1:{loaded.http}/groups", timeout=30) as r:
+        assert r.headers.get("Transfer-Encoding") == "chunked" and r.headers.get("Content-Length") is None
+        groups = json.loads(r.read())
+    assert len(groups) == HTTP_GROUPS and len({g["group_id"] for g in groups}) == HTTP_GROUPS
+
+
+def _http_metric(port: int, line_start: str) -> float:
+    """A sample of /metrics; while every HTTP slot is taken /metrics gets 503 (the reserve is for the
+    health checks): asked again until a slot frees."""
+    import urllib.error
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as r:
+                text = r.read().decode()
+            break
+        except urllib.error.HTTPError as exc:
+            if exc.code != 503 or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    for line in text.splitlines():
+        if line.startswith(line_start + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"no {line_start}")
+
+
+def test_never_reading_http_clients_hold_bounded_memory(loaded):
+    """150 clients ask for /groups and never read: herd's memory grows by a bounded amount (the
+    answers are produced as the peer takes them), /healthz still answers, and they are dropped after
+    the write timeout."""
+    from coordinator.ops.metrics import HTTP_MAX_CONNECTIONS, HTTP_RESERVE, HTTP_WRITE_TIMEOUT
+
+    port = loaded.http
+    rss0 = U.proc_rss_bytes(loaded.pid)
+    socks = []
+    try:
+        for _ in range(150):
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.sendall(b"GET /groups HTTP/1.1\r\nHost: x\r\n\r\n")
+            socks.append(s)
+        # answered (on a machine shared by many jobs, after the accepts queued before it)
+        status, _ = _head_of(_raw_http(port, b"GET /healthz HTTP/1.1\r\n\r\n", timeout=60))
+        assert status == 200
+        grown = U.proc_rss_bytes(loaded.pid) - rss0
+        assert grown < 48 << 20, grown
+        assert _http_metric(port, "herd_http_connections") <= HTTP_MAX_CONNECTIONS + HTTP_RESERVE
+        assert _http_metric(port, "herd_http_connections_refused_total") >= 1  # 150 > the cap
+        # none reads: each is dropped once it has read nothing for the write timeout
+        deadline = time.monotonic() + HTTP_WRITE_TIMEOUT + 30
+        while time.monotonic() < deadline and _http_metric(port, "herd_http_connections") > 1:
+            time.sleep(0.5)
+        assert _http_metric(port, "herd_http_connections") <= 1  # the scrape itself
+        assert _http_metric(port, 'herd_http_clients_dropped_total{reason="write_timeout"}') >= 100
+    finally:
+        for s in socks:
+            s.close()
+    assert loaded.proc.poll() is None
+
+
+def test_http_connections_are_capped_and_healthz_keeps_a_reserve(loaded):
+    """150 HTTP connections that send nothing: herd serves at most its cap plus a few for the
+    health checks (those wait 2 s for a request head, not 10), closes the rest at once and counts
+    them; /healthz is answered meanwhile."""
+    from coordinator.ops.metrics import HTTP_MAX_CONNECTIONS, HTTP_RESERVE, HTTP_RESERVE_HEADER_TIMEOUT
+
+    port = loaded.http
+    refused0 = _http_metric(port, "herd_http_connections_refused_total")
+    socks = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(150)]
+    try:
+        deadline = time.monotonic() + 20
+        closed = 0
+        for s in socks:  # the ones over cap + reserve are closed at once
+            s.settimeout(max(0.01, min(0.2, deadline - time.monotonic())))
+            try:
+                if s.recv(1) == b"":
+                    closed += 1
+            except (TimeoutError, ConnectionResetError) as exc:
+                closed += isinstance(exc, ConnectionResetError)
+        assert closed >= 150 - HTTP_MAX_CONNECTIONS - HTTP_RESERVE - 1
+        status = None
+        end = time.monotonic() + HTTP_RESERVE_HEADER_TIMEOUT * 5
+        while status != 200 and time.monotonic() < end:
+            try:
+                status, _ = _head_of(_raw_http(port, b"GET /healthz HTTP/1.1\r\n\r\n", timeout=10))
+            except (ConnectionError, IndexError, ValueError):
+                time.sleep(0.2)
+        assert status == 200
+        assert _http_metric(port, "herd_http_connections_refused_total") - refused0 >= \
+            150 - HTTP_MAX_CONNECTIONS - HTTP_RESERVE - 1
+        assert _http_metric(port, "herd_http_connections") <= HTTP_MAX_CONNECTIONS + HTTP_RESERVE
+    finally:
+        for s in socks:
+            s.close()
+
+
+# ---- SASL and request framing (issue 32) -----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def sasl_herd(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hostile-sasl")
+    users = tmp / "users"
+    users.write_text("alice:secret\n")
+    users.chmod(0o600)
+    with U.Herd(topics=["t:1"], tmp_root=str(tmp), extra_args=[
+            "--security-protocol", "SASL_PLAINTEXT", "--sasl-users-file", str(users),
+            "--sasl-handshake-timeout-ms", "1500", "--max-connections", "20", "--metrics-port", "0"]) as h:
+        h.metrics = soak.metrics_url(h)
+        yield h
+
+
+def _sasl_authenticate(c: RawClient, mechanism: str, token: bytes):
+    assert c.call(m.SaslHandshakeRequest(mechanism=mechanism), 1).error_code == 0
+    return c.call(m.SaslAuthenticateRequest(auth_bytes=token), 1)
+
+
+def test_scram_refuses_an_empty_client_nonce(sasl_herd):
+    from protocol import errors as E
+
+    with RawClient(sasl_herd.address) as c:
+        r = _sasl_authenticate(c, "SCRAM-SHA-256", b"n,,n=alice,r=")
+        assert r.error_code == E.SASL_AUTHENTICATION_FAILED and "nonce" in r.error_message
+        assert c.closed_by_peer()
+    with RawClient(sasl_herd.address) as c:  # a real nonce still gets the server's first message
+        r = _sasl_authenticate(c, "SCRAM-SHA-256", b"n,,n=alice,r=abcdef")
+        assert r.error_code == 0 and r.auth_bytes.startswith(b"r=abcdef")
+
+
+def test_a_request_with_bytes_after_its_body_fails_as_kafka_fails_it(watched):
+    """Kafka's RequestContext.parseRequest fails such a request (InvalidRequestException) and the
+    broker closes the connection: the request is not applied, not answered."""
+    from protocol.headers import encode_request_header
+
+    herd = watched
+    out = bytearray()
+    encode_request_header(out, 10, 3, 77, "trailing")
+    body = m.FindCoordinatorRequest(key="trailing-bytes", key_type=0).encode(3)
+    with socket.create_connection(herd.address, timeout=10) as s:
+        s.sendall(F.frame(bytes(out) + body + b"\x00\x00\x00"))
+        s.settimeout(10)
+        assert s.recv(1 << 16) == b""
+    # a heartbeat too (answered at the edge), and a commit (which would write)
+    out = bytearray()
+    encode_request_header(out, 8, 2, 78, "trailing")
+    commit = m.OffsetCommitRequest(group_id="trailing-commit", generation_id_or_member_epoch=-1, member_id="",
+                                   retention_time_ms=-1, topics=[m.OffsetCommitRequestTopic(
+                                       name="good", partitions=[m.OffsetCommitRequestPartition(
+                                           partition_index=0, committed_offset=5)])]).encode(2)
+    with socket.create_connection(herd.address, timeout=10) as s:
+        s.sendall(F.frame(bytes(out) + commit + b"\x01"))
+        s.settimeout(10)
+        assert s.recv(1 << 16) == b""
+    with RawClient(herd.address) as c:  # nothing was committed
+        r = c.call(m.OffsetFetchRequest(group_id="trailing-commit", topics=[
+            m.OffsetFetchRequestTopic(name="good", partition_indexes=[0])]), 1)
+        assert r.topics[0].partitions[0].committed_offset == -1
+
+
+def test_log_lines_about_clients_are_clipped_and_rate_limited(watched):
+    """200 connections, each one JoinGroup v99 with a 32,767-byte client id: the log grows by a few
+    lines (each field cut to 256 characters), the rest counted in herd_log_suppressed_total."""
+    import os
+
+    from protocol.headers import encode_request_header
+    from coordinator.edge.server import LOG_BURST, LOG_FIELD_MAX
+
+    herd = watched
+    out = bytearray()
+    encode_request_header(out, 11, 99, 1, "c" * 32767)
+    frame = F.frame(bytes(out) + b"\x00" * 8)
+    size0 = os.path.getsize(herd.log_path)
+    suppressed0 = _suppressed(herd)
+    for _ in range(200):
+        with socket.create_connection(herd.address, timeout=10) as s:
+            s.sendall(frame)
+            s.settimeout(10)
+            assert s.recv(1) == b""
+    time.sleep(0.3)
+    with open(herd.log_path, "rb") as fh:
+        fh.seek(size0)
+        new = fh.read().decode()
+    lines = [x for x in new.splitlines() if "unsupported api or version" in x]
+    assert 1 <= len(lines) <= 2 * LOG_BURST, len(lines)
+    assert all(len(x) < LOG_FIELD_MAX + 1024 for x in lines), max(map(len, lines))
+    assert len(new) < 64 * 1024, len(new)
+    assert _suppressed(herd) - suppressed0 >= 200 - 2 * LOG_BURST
+
+
+def _suppressed(herd) -> int:
+    with urllib.request.urlopen(f"{herd.metrics}/metrics", timeout=30) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith('herd_log_suppressed_total{kind="unsupported_version"}'):
+                return int(float(line.split()[1]))
+    return 0
+
+
+
+# ---- connection slots and the global buffer budget (issue 32) ---------------------------------------
+
+def _plain_login(c: RawClient) -> bool:
+    r = _sasl_authenticate(c, "PLAIN", b"\0alice\0secret")
+    return r.error_code == 0
+
+
+def test_unauthenticated_connections_are_closed_after_the_handshake_timeout(sasl_herd):
+    """20 sockets fill --max-connections 20 and never authenticate (one trickles a byte now and
+    then, which resets the idle timer but not this one): all closed after
+    sasl_handshake_timeout_ms, and a real login gets in; an authenticated connection stays."""
+    herd = sasl_herd
+    idle = [socket.create_connection(herd.address, timeout=10) for _ in range(20)]
+    try:
+        trickler = idle[0]
+        trickler.sendall(b"\x00")  # the first byte of a size prefix
+        start = time.monotonic()
+        for s in idle:
+            s.settimeout(max(0.1, start + 10 - time.monotonic()))
+            try:
+                if s is trickler:
+                    time.sleep(0.5)
+                    s.sendall(b"\x00")
+                assert s.recv(1) == b""
+            except ConnectionResetError:
+                pass
+        assert time.monotonic() - start < 8
+        with RawClient(herd.address) as c:
+            assert _plain_login(c)
+            time.sleep(2.0)  # past the timeout: authenticated, so kept
+            assert c.call(m.ApiVersionsRequest(), 0).error_code == 0
+        with urllib.request.urlopen(f"{herd.metrics}/metrics", timeout=30) as r:
+            text = r.read().decode()
+        assert 'herd_connections_closed_total{reason="sasl_handshake_timeout"}' in text
+    finally:
+        for s in idle:
+            s.close()
+
+
+def test_max_connections_per_ip(tmp_path):
+    with U.Herd(topics=["t:1"], tmp_root=str(tmp_path), extra_args=[
+            "--max-connections-per-ip", "3", "--metrics-port", "0"]) as h:
+        h.metrics = soak.metrics_url(h)
+        kept = [RawClient(h.address) for _ in range(3)]
+        try:
+            for c in kept:
+                assert c.call(m.ApiVersionsRequest(), 0).error_code == 0
+            with socket.create_connection(h.address, timeout=5) as extra:
+                extra.settimeout(5)
+                assert extra.recv(1) == b""
+            assert _metric(h, "herd_connections_refused_per_ip_total") == 1
+        finally:
+            for c in kept:
+                c.close()
+        time.sleep(0.3)
+        with RawClient(h.address) as c:  # a slot freed: served again
+            assert c.call(m.ApiVersionsRequest(), 0).error_code == 0
+
+
+def test_an_open_file_limit_below_max_connections_is_warned_and_fitted(tmp_path):
+    """At `ulimit -n 300` with the default max_connections (10,000): one warning at start, the
+    connection cap lowered to fit, connections past it refused and counted (not reset unseen), and
+    /healthz still answers while they are refused."""
+    class Limited(U.Herd):
+        def command(self):
+            return ["sh", "-c", 'ulimit -n 300 && exec "$@"', "sh"] + super().command()
+
+    with Limited(topics=["t:1"], tmp_root=str(tmp_path), extra_args=["--metrics-port", "0"]) as h:
+        h.metrics = soak.metrics_url(h)
+        warnings = h.log_events("the open-file limit is below what max_connections needs: serving fewer "
+                                "connections (raise `ulimit -n` or lower max_connections)")
+        assert len(warnings) == 1 and warnings[0]["open_file_limit"] == 300
+        limit = _metric(h, "herd_connections_limit")
+        assert 0 < limit < 300
+        socks = []
+        try:
+            for _ in range(limit + 20):
+                socks.append(socket.create_connection(h.address, timeout=5))
+            deadline = time.monotonic() + 10
+            while _metric(h, "herd_connections") < limit and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert _metric(h, "herd_connections") == limit
+            assert _metric(h, "herd_connections_refused_total") >= 20
+            with urllib.request.urlopen(f"{h.metrics}/healthz", timeout=10) as r:
+                assert r.status == 200
+        finally:
+            for s in socks:
+                s.close()
+        assert h.proc.poll() is None
+
+
+def test_buffered_bytes_are_capped_across_connections(tmp_path):
+    """40 connections each send an 8 MiB frame minus one byte (never completed) with
+    --max-buffered-bytes 32 MiB: herd reads them until the budget is spent, then stops reading
+    from those that would add more (herd_connections_paused_for_memory), its RSS stays near the
+    budget, and a small request on another connection is still answered."""
+    budget = 32 << 20
+    with U.Herd(topics=["t:1"], tmp_root=str(tmp_path), extra_args=[
+            "--max-buffered-bytes", str(budget), "--max-frame-size", str(8 << 20), "--metrics-port", "0"]) as h:
+        h.metrics = soak.metrics_url(h)
+        rss0 = U.proc_rss_bytes(h.pid)
+        socks = [socket.create_connection(h.address, timeout=10) for _ in range(40)]
+        try:
+            chunk = b"\x00" * (1 << 20)
+            pending = {s: [struct.pack(">i", 8 << 20)] + [chunk] * 7 + [b"\x00" * ((1 << 20) - 1)] for s in socks}
+            for s in socks:
+                s.setblocking(False)
+            end = time.monotonic() + 15
+            while pending and time.monotonic() < end:
+                for s in list(pending):
+                    parts = pending[s]
+                    try:
+                        n = s.send(parts[0])
+                    except BlockingIOError:
+                        continue
+                    parts[0] = parts[0][n:]
+                    if not parts[0]:
+                        parts.pop(0)
+                    if not parts:
+                        del pending[s]
+                time.sleep(0.002)
+            assert len(pending) >= 30  # their senders are blocked: herd stopped reading them
+            grown = U.proc_rss_bytes(h.pid) - rss0
+            assert grown < budget + (48 << 20), grown
+            assert _metric(h, "herd_connections_paused_for_memory") >= 30
+            assert _metric(h, "herd_memory_pauses_total") >= 30
+            assert _metric(h, "herd_buffered_bytes") <= budget + 40 * (1 << 20)
+            with RawClient(h.address) as c:
+                assert c.call(m.ApiVersionsRequest(), 0).error_code == 0
+        finally:
+            for s in socks:
+                s.close()
+        assert h.proc.poll() is None
+
+
+def test_large_requests_over_the_budget_wait_their_turn_and_are_answered(tmp_path):
+    """--max-buffered-bytes 1.5 MiB and 8 clients each sending a 1 MiB JoinGroup at once: some wait
+    (paused) while others are read, and every one is answered."""
+    with U.Herd(topics=["t:1"], tmp_root=str(tmp_path), extra_args=[
+            "--max-buffered-bytes", str(3 << 19), "--metrics-port", "0"]) as h:
+        h.metrics = soak.metrics_url(h)
+        meta = b"\x01" * (1 << 20)
+        codes = []
+
+        ready = threading.Barrier(8)
+
+        def join(i):
+            with RawClient(h.address, timeout=60) as c:
+                ready.wait(30)
+                r = c.call(m.JoinGroupRequest(group_id=f"big-{i}", session_timeout_ms=30000,
+                                              rebalance_timeout_ms=1000, member_id="", protocol_type="consumer",
+                                              protocols=[m.JoinGroupRequestProtocol(name="range", metadata=meta)]), 3)
+                codes.append(r.error_code)
+
+        threads = [threading.Thread(target=join, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(90)
+        assert codes == [0] * 8
+        assert _metric(h, "herd_memory_pauses_total") >= 1
+        assert h.proc.poll() is None

@@ -39,6 +39,9 @@ NOT_RUN_FILES = {"architecture.md": "diagrams of the code's layers and paths"}
 
 # The first line of every block that is not run, and why.
 NOT_RUN = {
+    "from client import KafkaGroupConsumer":
+        "the README's short form of docs/client.md's thin-client-kafka block, which is run against a real "
+        "Kafka broker (tests/integration/test_kafka_group_consumer.py); its addresses are placeholders",
     "make run     # start herd on 127.0.0.1:9092 with data in ./herd-data (Ctrl-C stops it)":
         "the two commands: `make run` is run by the try-it test (and tests/test_make.py), `make test` is this suite",
     "herd serve --host 127.0.0.1 --port 9092 --data-dir ./herd-data [--port-file FILE] [--config FILE.toml]":
@@ -69,6 +72,10 @@ NOT_RUN = {
     "[Service]": "a systemd unit; the notify protocol is tested in tests/coordinator/ops/test_notify.py",
     "livenessProbe:   {httpGet: {path: /healthz, port: 9404}, periodSeconds: 10, timeoutSeconds: 2}":
         "Kubernetes probes; /healthz and /readyz are tested in tests/integration/test_metrics.py",
+    "printf 'admin:admin-pw\\nalice:alice-pw\\nbob:bob-pw\\n' > users && chmod 600 users":
+        "herd serve in the foreground, then the admin's commands (and kafka-acls.sh, not on PATH); the same "
+        "herd acls commands run in tests/integration/test_authorization.py, kafka-acls in "
+        "tests/conformance/test_kafka_acls.py",
     "export HERD_STORE='postgresql://herd:SECRET@db.example:5432/herd'   # the environment: not seen in ps":
         "needs a PostgreSQL on other machines; herd serve --store is tested in tests/cluster/test_serve.py "
         "(and docs/cluster.md's local recipe by tests/cluster/test_local_recipe.py)",

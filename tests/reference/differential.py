@@ -22,6 +22,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from protocol import acls
 from protocol import consumer as cp
 from protocol import messages as m
 from tools.rawclient import RawClient
@@ -106,7 +107,7 @@ class Run:
                 resp = p.conn.raw.receive(p.api_key, p.version, p.cid)
             except (ConnectionError, OSError):
                 p.conn.closed = True
-        name = m.RESPONSES[p.api_key].NAME
+        name = (m.RESPONSES.get(p.api_key) or acls.RESPONSES[p.api_key]).NAME
         self.note(label or f"{name} v{p.version}", CLOSED if resp is None else resp)
         return resp
 

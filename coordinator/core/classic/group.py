@@ -168,7 +168,8 @@ class RebalanceRecord:
 
     __slots__ = ("reason", "detail", "trigger", "client_reason", "initial", "from_generation",
                  "started_ms", "started_wall_ms", "awaited", "joined", "removed", "join_done_ms",
-                 "synced", "protocol", "generation", "members", "outcome", "ended_ms", "ended_wall_ms", "stall")
+                 "synced", "protocol", "generation", "members", "outcome", "ended_ms", "ended_wall_ms", "stall",
+                 "pending")
 
     def __init__(self, group: Group, reason: str, detail: str, trigger: dict | None,
                  client_reason: str | None, now_ms: int, wall_ms: int):
@@ -191,6 +192,10 @@ class RebalanceRecord:
             self.awaited[m.member_id] = {
                 **_who(m), "rejoined_after_ms": 0 if m.join is not None else None, "outcome": None}
         self.removed: list[dict] = []
+        # KIP-394 pending member ids (MEMBER_ID_REQUIRED handed out, not joined yet): the join phase
+        # waits for them too, so the record says which ones there were and what became of them
+        self.pending: dict[str, dict] = {pid: {"member_id": pid, "minted_after_ms": None, "outcome": None,
+                                               "after_ms": None} for pid in sorted(group.pending_members)}
         self.join_done_ms: int | None = None
         self.synced: dict[str, int | None] = {}
         self.protocol: str | None = None
@@ -209,7 +214,26 @@ class RebalanceRecord:
                       "when": "during" if during else "after",
                       "started_after_stall_ms": None if during else now_ms - stall["ended_ms"]}
 
+    def on_pending(self, member_id: str, client_id: str, client_host: str, now_ms: int) -> None:
+        """A pending member id was handed out while this rebalance waits for its joins."""
+        self.pending[member_id] = {"member_id": member_id, "client_id": client_id, "client_host": client_host,
+                                   "minted_after_ms": now_ms - self.started_ms, "outcome": None, "after_ms": None}
+
+    def on_pending_gone(self, member_id: str, outcome: str, now_ms: int) -> None:
+        """A pending id stopped holding the join phase: ``joined``, ``expired``, ``left``, ..."""
+        entry = self.pending.get(member_id)
+        if entry is not None and entry["outcome"] is None:
+            entry["outcome"] = outcome
+            entry["after_ms"] = now_ms - self.started_ms
+
+    def waiting_for(self) -> dict:
+        """While the join phase runs: the members not rejoined yet and the pending ids not joined."""
+        return {"members": [mid for mid, e in self.awaited.items()
+                            if e["rejoined_after_ms"] is None and e["outcome"] is None],
+                "pending_member_ids": [pid for pid, e in self.pending.items() if e["outcome"] is None]}
+
     def on_join(self, member: Member, now_ms: int) -> None:
+        self.on_pending_gone(member.member_id, "joined", now_ms)
         entry = self.awaited.get(member.member_id)
         if entry is not None:
             if entry["rejoined_after_ms"] is None:
@@ -290,6 +314,8 @@ class RebalanceRecord:
             "removed": [dict(r) for r in self.removed],
             "sync": [{"member_id": mid, "synced_after_ms": after} for mid, after in self.synced.items()],
             "stall": None if self.stall is None else dict(self.stall),
+            "pending": [dict(e) for e in self.pending.values()],
+            "waiting_for": self.waiting_for() if self.join_done_ms is None and self.ended_ms is None else None,
         }
 
 

@@ -189,6 +189,8 @@ class ClassicGroups:
             # KIP-394: hand out the id and wait for the member to come back with it
             group.pending_members.add(new_id)
             self.timers.schedule(("pending", group.group_id, new_id), now + req.session_timeout_ms)
+            if group.rebalance is not None and group.state == PREPARING_REBALANCE:
+                group.rebalance.on_pending(new_id, ctx.client_id, ctx.client_host, now)
             out.reply(ctx.token, join_response(version, errors.MEMBER_ID_REQUIRED, new_id))
         else:
             self._add_member_and_rebalance(group, ctx, new_id, now, wall, out)
@@ -502,7 +504,7 @@ class ClassicGroups:
                      outcome=outcome, protocol=entry["protocol"], detail=rec.detail,
                      preparing_ms=entry["phases"]["preparing_ms"],
                      completing_ms=entry["phases"]["completing_ms"],
-                     shard=self.shard_id, **stall)
+                     shard=self.shard_id, **stall, **_pending_summary(entry["pending"]))
 
     # ==== SyncGroup ==============================================================================
 
@@ -626,6 +628,8 @@ class ClassicGroups:
                 elif mid in group.pending_members:
                     group.pending_members.discard(mid)
                     self.timers.cancel(("pending", gid, mid))
+                    if group.rebalance is not None:
+                        group.rebalance.on_pending_gone(mid, "left", now)
                     results.append((ident, _NONE))
                     pending_left = True
                     continue
@@ -678,6 +682,8 @@ class ClassicGroups:
             return
         group.pending_members.discard(mid)
         self._count("pending_members_expired")
+        if group.rebalance is not None:
+            group.rebalance.on_pending_gone(mid, "expired", now)
         if group.state == PREPARING_REBALANCE and group.has_all_members_joined():
             self._complete_join(group, now, wall, out)
 
@@ -953,3 +959,12 @@ def _validate_offset_commit(group: Group, member_id: str, instance_id: str | Non
     if state == COMPLETING_REBALANCE:
         return errors.REBALANCE_IN_PROGRESS
     return _NONE
+
+
+def _pending_summary(pending: list[dict]) -> dict:
+    """For the rebalance_completed log line: the pending member ids the join phase had to wait
+    for (KIP-394) and what became of each, only when there were any."""
+    if not pending:
+        return {}
+    return {"pending_members": [{"member_id": e["member_id"], "outcome": e["outcome"] or "still_pending",
+                                 "after_ms": e["after_ms"]} for e in pending]}

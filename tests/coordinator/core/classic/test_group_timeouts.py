@@ -294,3 +294,34 @@ def test_timer_work_is_done_in_bounded_chunks_and_finishes_over_later_calls():
     assert all(h.state(g) == "Stable" for g in members)  # re-armed, nobody expired
     h.advance(10_000)
     assert all(h.state(g) == "Empty" for g in members)  # then the sessions do expire
+
+
+def test_the_flight_recorder_shows_the_pending_ids_a_join_phase_waits_for():
+    """issue 33 item 7: a rebalance held by a pending member id (a JoinGroup answered
+    MEMBER_ID_REQUIRED whose client never came back with the id) says so: in progress, the history
+    names what it waits for; completed, each pending id and what became of it."""
+    h = Harness()
+    mids, gen = h.form_group("g", 2, session=2_000, rebalance=30_000)
+    a, b = mids
+    before = h.reply(h.join("g", session=2_000, client_id="abandoned"))
+    assert before.error_code == E.MEMBER_ID_REQUIRED
+    ta = h.join("g", a, session=2_000, protocols=CHANGED)
+    h.advance(500)
+    during = h.reply(h.join("g", session=2_000, client_id="late"))  # minted during the join phase
+    assert during.error_code == E.MEMBER_ID_REQUIRED
+    [current] = [r for r in h.gc.group_history("g", h.now) if r["outcome"] == "in_progress"]
+    assert current["waiting_for"] == {"members": [b],
+                                      "pending_member_ids": [before.member_id, during.member_id]}
+    tb = h.join("g", b, session=2_000)
+    [current] = [r for r in h.gc.group_history("g", h.now) if r["outcome"] == "in_progress"]
+    assert current["waiting_for"] == {"members": [], "pending_member_ids": [before.member_id, during.member_id]}
+    tl = h.join("g", during.member_id, session=2_000, client_id="late")  # the late one comes back
+    h.advance(2_000)  # the abandoned id's session timeout: the phase completes without it
+    assert h.state("g") == "CompletingRebalance"
+    assert h.reply(ta).generation_id == h.reply(tb).generation_id == h.reply(tl).generation_id == gen + 1
+    done = h.gc.group_history("g", h.now)[-1]
+    pending = {e["member_id"]: e for e in done["pending"]}
+    assert pending[before.member_id]["outcome"] == "expired" and pending[before.member_id]["minted_after_ms"] is None
+    assert pending[during.member_id]["outcome"] == "joined"
+    assert pending[during.member_id]["client_id"] == "late" and pending[during.member_id]["minted_after_ms"] == 500
+    assert done["waiting_for"] is None

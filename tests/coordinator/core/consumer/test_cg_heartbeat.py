@@ -13,8 +13,13 @@ from coordinator.core.consumer.group import (
     ConsumerGroup,
     IllegalStateTransition,
 )
-from coordinator.core.consumer.groups import (OLDER_MEMBER_EPOCH, ConsumerGroupConfig, commit_partition_ok,
-                                              validate_offset_commit, validate_offset_fetch)
+from coordinator.core.consumer.groups import (
+    OLDER_MEMBER_EPOCH,
+    ConsumerGroupConfig,
+    commit_partition_ok,
+    validate_offset_commit,
+    validate_offset_fetch,
+)
 from protocol import errors as E
 from protocol.messages import ConsumerGroupHeartbeatRequest, ConsumerGroupHeartbeatRequestTopicPartitions
 from tests.coordinator.core.consumer.cg_harness import Client, Harness, assert_never_owned_twice, run_rounds, tid
