@@ -10,8 +10,11 @@ of ``(log end, wall time)`` samples, and answers two questions about a committed
 * **time lag**: how long ago the log end was where ``c`` is. The samples are a piecewise-linear
   picture of the log end over time; the newest sample at or below ``c`` and the one after it bracket
   the moment the log end passed ``c``, found by linear interpolation. ``c`` older than the whole
-  history is extrapolated along the history's overall rate; ``c`` at or past the newest log end is
-  0 s. It keeps growing while nothing is committed (the moment is fixed, now moves on). The same
+  history (a backlog produced before herd started: an idle partition's history is flat and brackets
+  nothing) takes the timestamp of the record at ``c`` when the source can read it (``record_times``,
+  one Fetch per leader; at most ``record_lookups`` a round, after the log ends, cached per
+  (partition, offset) in a bounded LRU), else is extrapolated along the history's overall rate;
+  ``c`` at or past the newest log end is 0 s. :meth:`LagTracker.lag_with_method` says which. It keeps growing while nothing is committed (the moment is fixed, now moves on). The same
   idea as kafka-lag-exporter's lookup table; written here from that description.
 
 Samples are bounded per partition (``lag_history_size``): the oldest goes first, and a flat run
