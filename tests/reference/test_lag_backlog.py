@@ -36,7 +36,7 @@ def test_lag_seconds_for_a_backlog_older_than_herds_history(kafka_broker, tmp_pa
     for part in range(4):
         for i in range(100):
             p.produce(topic, value=b"r%d" % i, partition=part, timestamp=base + 1000 * i)
-    assert p.flush(30) == 0
+    assert p.flush(120) == 0  # a fresh topic's leader can take a while on a loaded machine
 
     with Daemon(tmp_path / "herd", "--metrics-port", "0", "--data-bootstrap-server", kafka_broker.bootstrap,
                 "--lag-refresh-interval-ms", REFRESH_MS, initial_rebalance_delay_ms=0) as d:
@@ -51,7 +51,7 @@ def test_lag_seconds_for_a_backlog_older_than_herds_history(kafka_broker, tmp_pa
                              if s[1]["group"] == group}
             return out
 
-        deadline = time.monotonic() + 30  # a few refreshes (every 0.5 s), a loaded machine's margin
+        deadline = time.monotonic() + 60  # a few refreshes (every 0.5 s), a loaded machine's margin
         got = read()
         while time.monotonic() < deadline and len(got["herd_group_lag_seconds"]) < 4:
             time.sleep(0.2)
@@ -59,7 +59,8 @@ def test_lag_seconds_for_a_backlog_older_than_herds_history(kafka_broker, tmp_pa
         now = time.time() * 1000
         assert got["herd_group_lag"] == {q: 100 - off for q, off in COMMITTED.items()}
         seconds = got["herd_group_lag_seconds"]
-        assert set(seconds) == set(COMMITTED), got
+        status = json.loads(sc.get(port, "/api/groups")[2])["lag"]
+        assert set(seconds) == set(COMMITTED), (got, status)
         for q, off in COMMITTED.items():
             expected = (now - (base + 1000 * off)) / 1000  # the committed record's own age
             assert expected - 35 <= seconds[q] <= expected + 1, (q, seconds[q], expected)
