@@ -29,7 +29,6 @@ import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -171,7 +170,7 @@ def still_open(socks: list[socket.socket]) -> int:
                 continue
         except BlockingIOError:
             n += 1
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             n += 1
         except OSError:
             continue

@@ -93,10 +93,10 @@ def bench_tracker(groups: int, partitions: int, history: int) -> dict:
 
     clock = ManualClock(wall_ms=int(time.time() * 1000))
     config = Config(lag_history_size=history).validate()
-    gc_ = GroupCoordinator(config.group_config(), clock=clock)
-    gc_.loaded(clock.monotonic_ms())
+    gc_ = GroupCoordinator(config.group_config())
+    gc_.loaded(clock.monotonic_ms(), clock.wall_ms())
     for i, (_, req) in enumerate(commit_requests(groups, partitions)):
-        gc_.handle(8, 8, req, clock.monotonic_ms(), i)
+        gc_.handle(8, 8, req, object(), clock.monotonic_ms(), clock.wall_ms() + i)
     gc.collect()
     rss0 = _rss()
     source = FakeSource()

@@ -259,15 +259,16 @@ def build_daemon(config: cfg.Config, repair: bool = False) -> Daemon:
     runtime = Runtime(config, groups, catalog, store, clock=clock, ownership=node.ownership,
                       topic_store=node.topic_store, data=data, acl_store=node.topic_store)
     metrics = Metrics()
-    server = Server(config, runtime, metrics, security)
     # authorization (authorizer = acl): the gate at the edge; a cluster node keeps the ACLs in the
     # database (its topic store, the ClusterNode, is the runtime's acl_store too)
     from coordinator.core.auth.principal import parse_rules
     from coordinator.edge.authorization import build as build_gate
 
-    server.gate = build_gate(config, runtime.acls.authorizer, catalog, metrics.authorization_failures)
-    if server.gate is not None and config.security_protocol in ("SSL", "SASL_SSL"):
-        server.principal_rules = parse_rules(config.ssl_principal_mapping_rules)
+    gate = build_gate(config, runtime.acls.authorizer, catalog, metrics.authorization_failures)
+    rules = None
+    if gate is not None and config.security_protocol in ("SSL", "SASL_SSL"):
+        rules = parse_rules(config.ssl_principal_mapping_rules)
+    server = Server(config, runtime, metrics, security, gate=gate, principal_rules=rules)
     install_collectors(metrics, groups, store, server)
     metrics.collectors.extend(node.collectors())
     if data is not None:

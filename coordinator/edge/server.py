@@ -44,10 +44,10 @@ from coordinator.core.versions import API_NAMES, API_VERSIONS, SUPPORTED, api_ve
 from coordinator.ops.metrics import HTTP_MAX_CONNECTIONS, HTTP_RESERVE, response_error
 from protocol import acls as acl_messages
 from protocol import errors as E
+from protocol import fastpath, produce
 from protocol import messages as m
-from protocol import produce
 from protocol.framing import FrameDecoder
-from protocol.headers import read_request_header, response_header_version
+from protocol.headers import read_request_header
 from protocol.sasl import SaslError, server_mechanism
 from protocol.wire import EncodeError, ProtocolError
 
@@ -57,25 +57,17 @@ _FRAME_HEAD = struct.Struct(">ii")  # frame size (filled in last), correlation i
 _REQUESTS = {**m.REQUESTS, **acl_messages.REQUESTS}
 _now = time.perf_counter
 
-# api key -> by version, what follows the correlation id in our response header: the empty tagged
-# fields of header v1 (flexible versions), or nothing (v0; always for ApiVersions).
-_HEADER_TAIL = {key: tuple(b"\x00" if response_header_version(key, v) else b"" for v in range(hi + 1))
-                for key, (_, hi) in SUPPORTED.items()}
+# api key -> by version, what follows the correlation id in our response header
+_HEADER_TAIL = fastpath.header_tails(SUPPORTED)
 
 _HeartbeatResponse = m.HeartbeatResponse
 _HeartbeatRequest = m.HeartbeatRequest
-_heartbeat_bodies: dict[tuple[int, int], bytes] = {}  # (version, error code) -> encoded body
-_heartbeat_tails: dict[tuple[int, int], bytes] = {}  # (version, code) -> header tail + body
+_heartbeat_tail = fastpath.heartbeat_tail
+_encode_heartbeat_body = fastpath.encode_heartbeat_body
+_parse_steady = fastpath.parse_steady_consumer_heartbeat
+_steady_answer = fastpath.steady_consumer_heartbeat_answer
 HEARTBEAT = 12
 CONSUMER_GROUP_HEARTBEAT = m.ConsumerGroupHeartbeatRequest.API_KEY
-# A steady-state ConsumerGroupHeartbeat's bytes after its member epoch: instance id, rack id null,
-# rebalance timeout -1, subscribed topic names, (v1+) regex, server assignor, topic partitions
-# null, no tagged fields. By version.
-_CG_STEADY_TAIL = (b"\x00\x00\xff\xff\xff\xff\x00\x00\x00\x00", b"\x00\x00\xff\xff\xff\xff\x00\x00\x00\x00\x00")
-_CG_OK_HEAD = b"\x00" + b"\x00" * 6 + b"\x00"  # header tags; throttle 0, error 0, error message null
-_CG_OK_END = b"\xff\x00"  # assignment null, no tagged fields
-_II = struct.Struct(">ii")
-_I32 = struct.Struct(">i")
 SASL_HANDSHAKE = m.SaslHandshakeRequest.API_KEY
 SASL_AUTHENTICATE = m.SaslAuthenticateRequest.API_KEY
 _SASL_APIS = frozenset({SASL_HANDSHAKE, SASL_AUTHENTICATE})
@@ -154,25 +146,12 @@ def _decode_whole(cls, frame: bytes, pos: int, version: int):
     return request
 
 
-def _heartbeat_tail(version: int, code: int) -> bytes:
-    """What follows the correlation id in a plain HeartbeatResponse of this version and code."""
-    tail = _heartbeat_tails.get((version, code))
-    if tail is None:
-        tail = _heartbeat_tails[(version, code)] = (
-            _HEADER_TAIL[HEARTBEAT][version] + _HeartbeatResponse(error_code=code).encode(version))
-    return tail
-
-
 def _encode_body(out: bytearray, response, version: int) -> None:
     """Append the encoded response. A plain HeartbeatResponse (no throttle, no unknown tagged
     fields: what herd sends) is the same few bytes for a given version and error code: cached."""
     if type(response) is _HeartbeatResponse and not response.throttle_time_ms \
             and not response.unknown_tagged_fields:
-        key = (version, response.error_code)
-        body = _heartbeat_bodies.get(key)
-        if body is None:
-            body = _heartbeat_bodies[key] = response.encode(version)
-        out += body
+        out += _encode_heartbeat_body(version, response.error_code)
     else:
         response.encode_into(out, version)
 
@@ -529,7 +508,7 @@ class Connection(asyncio.Protocol):
                           api_version=version)
             self.close()
             return
-        tail = _heartbeat_tails.get((version, code)) or _heartbeat_tail(version, code)
+        tail = _heartbeat_tail(version, code)
         if self.held:  # behind an answer that waits for the log
             self.held.append(_FRAME_HEAD.pack(len(tail) + 4, correlation_id) + tail)
         else:
@@ -545,28 +524,15 @@ class Connection(asyncio.Protocol):
         """A ConsumerGroupHeartbeat that changes nothing, answered in place, as a Heartbeat is: ->
         False (nothing done) unless it is one. The frame must be exactly a group id and a member
         id (compact strings of 1-126 bytes), an epoch > 0 and every other field null
-        (``_CG_STEADY_TAIL``), and the member Stable at its group's assignment epoch with nothing
-        to write or to wait for (see Runtime.consumer_heartbeat_steady); then the session deadline
-        moves and the answer is the full path's: member id, epoch, interval, no assignment.
-        Anything else (a join, an acknowledgement, a leave, an error to answer, a malformed
-        frame) takes the full path."""
-        try:
-            n = frame[pos] - 1
-            if not 0 < n < 127:
-                return False
-            g_end = pos + 1 + n
-            n = frame[g_end] - 1
-            if not 0 < n < 127:
-                return False
-            m_end = g_end + 1 + n
-            epoch = _I32.unpack_from(frame, m_end)[0]
-            if epoch <= 0 or frame[m_end + 4:] != _CG_STEADY_TAIL[version]:
-                return False
-            group_id = frame[pos + 1:g_end].decode()
-            member = frame[g_end + 1:m_end]
-            member_id = member.decode()
-        except (IndexError, struct.error, UnicodeDecodeError):
-            return False  # the full path's decoder says what is wrong
+        (``protocol.fastpath.parse_steady_consumer_heartbeat``), and the member Stable at its
+        group's assignment epoch with nothing to write or to wait for (see
+        Runtime.consumer_heartbeat_steady); then the session deadline moves and the answer is the
+        full path's: member id, epoch, interval, no assignment. Anything else (a join, an
+        acknowledgement, a leave, an error to answer, a malformed frame) takes the full path."""
+        steady = _parse_steady(frame, pos, version)
+        if steady is None:
+            return False  # the full path's decoder says what it is
+        group_id, member_id, epoch, member_span = steady
         gate = self.server.gate
         if gate is not None and not gate.group_read(self.authz_cache, self.kafka_principal, self.client_ip,
                                                     group_id):
@@ -582,7 +548,7 @@ class Connection(asyncio.Protocol):
             return True
         if interval is None:
             return False
-        body = b"".join((_CG_OK_HEAD, frame[g_end:m_end], _II.pack(epoch, interval), _CG_OK_END))
+        body = _steady_answer(frame, member_span, epoch, interval)
         answer = _FRAME_HEAD.pack(len(body) + 4, correlation_id) + body
         if self.held:  # behind an answer that waits for the log
             self.held.append(answer)
@@ -890,15 +856,15 @@ class Connection(asyncio.Protocol):
 
 
 class Server:
-    def __init__(self, config, runtime, metrics=None, security=None):
+    def __init__(self, config, runtime, metrics=None, security=None, *, gate=None, principal_rules=None):
         self.config = config
         self.runtime = runtime
         self.metrics = metrics
         self.security = security  # coordinator.security.Security, None: PLAINTEXT
         # authorizer = acl: the authorization point (coordinator.core.auth.gate.Gate) and the
         # ssl_principal_mapping_rules for TLS client certificates (None: not a TLS listener)
-        self.gate = None
-        self.principal_rules = None
+        self.gate = gate
+        self.principal_rules = principal_rules
         self.loop: asyncio.AbstractEventLoop | None = None
         self.connections: set[Connection] = set()
         self.server: asyncio.base_events.Server | None = None

@@ -348,7 +348,8 @@ class HttpEndpoint:
     def _metric_lines(self) -> list[str]:
         return (self.refused.render() + self.dropped.render()
                 + ["# HELP herd_http_oversized_headers_total Requests answered 431: a head over the size limit.",
-                   "# TYPE herd_http_oversized_headers_total counter", f"herd_http_oversized_headers_total {self.oversized}"]
+                   "# TYPE herd_http_oversized_headers_total counter",
+                   f"herd_http_oversized_headers_total {self.oversized}"]
                 + [f"# HELP herd_http_connections HTTP connections being served (cap {self.max_connections}).",
                    "# TYPE herd_http_connections gauge", f"herd_http_connections {self.open}"])
 

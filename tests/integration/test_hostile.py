@@ -513,8 +513,8 @@ def test_log_lines_about_clients_are_clipped_and_rate_limited(watched):
     lines (each field cut to 256 characters), the rest counted in herd_log_suppressed_total."""
     import os
 
-    from protocol.headers import encode_request_header
     from coordinator.edge.server import LOG_BURST, LOG_FIELD_MAX
+    from protocol.headers import encode_request_header
 
     herd = watched
     out = bytearray()

@@ -352,7 +352,8 @@ async def test_runtime_holds_a_metadata_for_unread_topics_and_answers_list_offse
     reader = Reader({"orders": (A, 2)})
     reader.offsets = {("orders", 1): (E.NONE, -1, 77)}
     data = DataCatalog(reader, cat, clock)
-    rt = Runtime(config, GroupCoordinator(config.group_config(), node_id=0), cat, FakeStore(owned=[]), clock=clock, data=data)
+    rt = Runtime(config, GroupCoordinator(config.group_config(), node_id=0), cat, FakeStore(owned=[]),
+                 clock=clock, data=data)
     assert data.on_change == rt.topics_changed  # the runtime hears the data cluster's changes
     rt.start(asyncio.get_running_loop())
     reader.gate = asyncio.Event()

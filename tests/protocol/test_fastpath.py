@@ -1,0 +1,91 @@
+"""protocol.fastpath against the generated codec: the edge's hand-written bytes are exactly what the
+generated classes read and write (issue 28: byte-level matching next to the codec)."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from protocol import errors as E
+from protocol import fastpath
+from protocol import messages as m
+from protocol.headers import encode_request_header, encode_response_header, read_request_header
+
+CGHB = m.ConsumerGroupHeartbeatRequest
+ids = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=40).filter(
+    lambda s: 0 < len(s.encode()) < 127)
+
+
+def request_frame(request, version: int) -> tuple[bytes, int]:
+    """A request frame's bytes after the size, and where its body starts."""
+    out = bytearray()
+    encode_request_header(out, request.API_KEY, version, 7, "client")
+    request.encode_into(out, version)
+    frame = bytes(out)
+    return frame, read_request_header(frame)[-1]
+
+
+@pytest.mark.parametrize("version", [0, 1, 2, 3, 4])
+@pytest.mark.parametrize("code", [E.NONE, E.REBALANCE_IN_PROGRESS, E.UNKNOWN_MEMBER_ID, E.ILLEGAL_GENERATION])
+def test_heartbeat_tail_is_the_generated_header_tail_and_body(version, code):
+    header = encode_response_header(7, m.HeartbeatRequest.API_KEY, version)[4:]  # after the correlation id
+    assert fastpath.heartbeat_tail(version, code) == header + m.HeartbeatResponse(error_code=code).encode(version)
+    assert fastpath.encode_heartbeat_body(version, code) == m.HeartbeatResponse(error_code=code).encode(version)
+
+
+def test_header_tails_follow_the_response_header_versions():
+    tails = fastpath.header_tails({m.HeartbeatRequest.API_KEY: (0, 4), CGHB.API_KEY: (0, 1), 18: (0, 4)})
+    for key, versions in tails.items():
+        for v, tail in enumerate(versions):
+            assert tail == encode_response_header(1, key, v)[4:]
+    assert tails[18] == (b"",) * 5  # ApiVersions: header v0 always
+
+
+@given(group=ids, member=ids, epoch=st.integers(1, 2**31 - 1), version=st.sampled_from([0, 1]),
+       interval=st.integers(0, 2**31 - 1))
+def test_a_steady_consumer_heartbeat_is_recognised_and_answered_as_the_codec_would(group, member, epoch, version,
+                                                                                   interval):
+    frame, pos = request_frame(CGHB(group_id=group, member_id=member, member_epoch=epoch), version)
+    parsed = fastpath.parse_steady_consumer_heartbeat(frame, pos, version)
+    assert parsed is not None
+    assert parsed[:3] == (group, member, epoch)
+    answer = fastpath.steady_consumer_heartbeat_answer(frame, parsed[3], epoch, interval)
+    expected = encode_response_header(7, CGHB.API_KEY, version)[4:] + m.ConsumerGroupHeartbeatResponse(
+        member_id=member, member_epoch=epoch, heartbeat_interval_ms=interval).encode(version)
+    assert answer == expected
+
+
+@pytest.mark.parametrize("version", [0, 1])
+@pytest.mark.parametrize("change", [
+    {"member_epoch": 0},  # a join
+    {"member_epoch": -1},  # a leave
+    {"member_epoch": -2},  # a static leave
+    {"instance_id": "i"},
+    {"rack_id": "r"},
+    {"rebalance_timeout_ms": 30000},
+    {"subscribed_topic_names": ["t"]},
+    {"server_assignor": "uniform"},
+    {"topic_partitions": []},  # an acknowledgement of an empty assignment
+    {"topic_partitions": [m.ConsumerGroupHeartbeatRequestTopicPartitions(topic_id=b"\x01" * 16, partitions=[0])]},
+    {"group_id": ""},
+    {"member_id": "x" * 200},
+])
+def test_anything_but_a_steady_heartbeat_takes_the_full_path(version, change):
+    fields = dict(group_id="g", member_id="m", member_epoch=5)
+    fields.update(change)
+    frame, pos = request_frame(CGHB(**fields), version)
+    assert fastpath.parse_steady_consumer_heartbeat(frame, pos, version) is None
+
+
+def test_a_regex_subscription_at_v1_takes_the_full_path():
+    frame, pos = request_frame(CGHB(group_id="g", member_id="m", member_epoch=5, subscribed_topic_regex="t.*"), 1)
+    assert fastpath.parse_steady_consumer_heartbeat(frame, pos, 1) is None
+
+
+@given(st.binary(max_size=80), st.sampled_from([0, 1]))
+def test_arbitrary_bytes_never_raise(junk, version):
+    result = fastpath.parse_steady_consumer_heartbeat(junk, 0, version)
+    if result is not None:  # whatever it accepts, the generated decoder reads the same way
+        decoded, end = CGHB.decode_from(junk, 0, version)
+        assert end == len(junk)
+        assert (decoded.group_id, decoded.member_id, decoded.member_epoch) == result[:3]
