@@ -14,8 +14,9 @@ of ``(log end, wall time)`` samples, and answers two questions about a committed
   nothing) takes the timestamp of the record at ``c`` when the source can read it (``record_times``,
   one Fetch per leader; at most ``record_lookups`` a round, after the log ends, cached per
   (partition, offset) in a bounded LRU), else is extrapolated along the history's overall rate;
-  ``c`` at or past the newest log end is 0 s. :meth:`LagTracker.lag_with_method` says which. It keeps growing while nothing is committed (the moment is fixed, now moves on). The same
-  idea as kafka-lag-exporter's lookup table; written here from that description.
+  ``c`` at or past the newest log end is 0 s. :meth:`LagTracker.lag_with_method` says which. It
+  keeps growing while nothing is committed (the moment is fixed, now moves on). The same idea as
+  kafka-lag-exporter's lookup table; written here from that description.
 
 Samples are bounded per partition (``lag_history_size``): the oldest goes first, and a flat run
 (nothing produced) keeps only its first and its latest point, so an idle partition costs two
