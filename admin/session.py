@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import socket
 import ssl
-import struct
 import time
 
 from admin.errors import CliError
@@ -18,6 +17,7 @@ from protocol import errors as E
 from protocol import messages as m
 from protocol.client_connection import AuthenticationFailed, Connection, ConnectionBroken, Ready, Response
 from protocol.client_security import SecurityConfig, tls_failure
+from protocol.record_batch import FETCH_MAX_BYTES, FETCH_MAX_VERSION, FETCH_PARTITION_BYTES, record_time
 from protocol.wire import EncodeError
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
@@ -606,17 +606,16 @@ class Cluster:
             if leader is not None and leader >= 0:
                 by_leader.setdefault(leader, {}).setdefault(t, []).append(m.FetchRequestFetchPartition(
                     partition=p, current_leader_epoch=-1, fetch_offset=off, last_fetched_epoch=-1,
-                    log_start_offset=-1, partition_max_bytes=_FETCH_PARTITION_BYTES))
+                    log_start_offset=-1, partition_max_bytes=FETCH_PARTITION_BYTES))
         for leader, topics in sorted(by_leader.items()):
             def build(v, topics=topics):
-                return m.FetchRequest(replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=_FETCH_MAX_BYTES,
+                return m.FetchRequest(replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=FETCH_MAX_BYTES,
                                       isolation_level=0, session_id=0, session_epoch=-1, rack_id="",
                                       forgotten_topics_data=[],
                                       topics=[m.FetchRequestFetchTopic(topic=t, partitions=ps)
                                               for t, ps in topics.items()])
             try:
-                # v4+ (record batches) by topic name: topic ids replace the names from v13
-                resp, _ = self.node(leader).call(build, max_version=12)
+                resp, _ = self.node(leader).call(build, max_version=FETCH_MAX_VERSION)
             except AuthError:
                 raise
             except CliError:
@@ -628,55 +627,3 @@ class Cluster:
                     if tp in out and rp.error_code == E.NONE and rp.records:
                         out[tp] = record_time(bytes(rp.records), offsets[tp])
         return out
-
-
-_FETCH_PARTITION_BYTES = 64 * 1024  # a batch header is 61 bytes; a larger batch may come back cut
-_FETCH_MAX_BYTES = 4 * 1024 * 1024
-_BATCH = struct.Struct(">qiiBIhiqq")  # base offset .. max timestamp: the first 43 bytes of a v2 batch
-_RECORDS_AT = 61  # the records of a v2 batch start here
-
-
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    """A zigzag varint (Kafka's records) at ``pos``: ``(value, next position)``."""
-    shift = raw = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        raw |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return (raw >> 1) ^ -(raw & 1), pos
-        shift += 7
-        if shift > 63:
-            raise ValueError("varint too long")
-
-
-def record_time(records: bytes, offset: int) -> int | None:
-    """The timestamp of the record at ``offset`` in Fetch's ``records`` (v2 batches): LogAppendTime
-    batches give their append time; an uncompressed batch the record's own timestamp; a compressed
-    one its first record's (herd does not decompress: at most the batch's time span early). None
-    when no data batch holds ``offset``."""
-    pos, n = 0, len(records)
-    try:
-        while pos + _BATCH.size <= n:
-            base, length, _, magic, _, attrs, last_delta, base_ts, max_ts = _BATCH.unpack_from(records, pos)
-            end = pos + 12 + length
-            if magic != 2:
-                return None
-            if base + last_delta < offset or attrs & 0x20:  # before it, or a transaction marker
-                pos = end
-                continue
-            if attrs & 0x08:  # LogAppendTime: every record of the batch has the append time
-                return max_ts
-            if attrs & 0x07 == 0 and offset > base and end <= n:
-                p = pos + _RECORDS_AT
-                while p < end:
-                    size, q = _varint(records, p)
-                    ts_delta, r = _varint(records, q + 1)  # after the record's attributes byte
-                    off_delta, _ = _varint(records, r)
-                    if base + off_delta >= offset:
-                        return base_ts + ts_delta
-                    p = q + size
-            return base_ts
-    except (IndexError, ValueError, struct.error):
-        return None
-    return None

@@ -52,6 +52,7 @@ def test_make_run_passes_only_what_is_given_on_its_command_line():
         "--port", "'19092'", "--topic", "orders:6", "--metrics-port", "9404"]
 
 
+@pytest.mark.integration  # make run starts a real daemon
 def test_make_run_binds_the_port_of_herd_port_and_creates_the_args_topic(tmp_path):
     port = free_port()
     log = tmp_path / "make-run.log"

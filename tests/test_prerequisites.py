@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -36,6 +38,7 @@ def test_without_kcat_the_kcat_tests_fail_once_saying_what_to_install(tmp_path):
     assert "Traceback" not in text
 
 
+@pytest.mark.slow  # a whole pytest run in a subprocess
 def test_without_java_the_end_of_the_run_says_so_once(tmp_path):
     out = run_pytest(tmp_path, "tests/spark", "-m", "spark")
     text = out.stdout

@@ -629,10 +629,13 @@ class GroupCoordinator:
 
     def rebalance_starts(self, group_id: str) -> list[int]:
         """Wall times (ms) at which the recorded rebalances of a group started (the one in progress
-        included), oldest first; [] for an unknown group."""
+        included; for a consumer group, its recorded epoch moves), oldest first; [] for an unknown
+        group. In memory only: the flight recorder starts empty when the process (or the node that
+        owns the shard) starts."""
         g = self._group(group_id)
-        if g is None:
-            return []
+        if g is None:  # a consumer group (KIP-848): each recorded move of its epochs
+            hist = self._shard(group_id).consumer.history.get(group_id, ())
+            return [h["wall_ms"] for h in hist]
         starts = [r.started_wall_ms for r in g.history]
         if g.rebalance is not None:
             starts.append(g.rebalance.started_wall_ms)

@@ -46,7 +46,7 @@ FOLD_STEP = 1000  # committed partitions per step
 FREE_STEP = 10_000
 HOUR_MS = 3_600_000
 MAX_PAGE = 500
-SORT_KEYS = ("group_id", "state", "protocol_type", "members", "lag", "lag_seconds", "last_commit_age",
+SORT_KEYS = ("group_id", "state", "type", "protocol_type", "members", "lag", "lag_seconds", "last_commit_age",
              "rebalances_1h", "partitions")
 STATIC = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
           "app.css": "text/css; charset=utf-8", "favicon.svg": "image/svg+xml"}
@@ -69,17 +69,20 @@ def make_source(config, reader=None) -> LogEndSource | None:
 
 
 class _Row:
-    __slots__ = ("group_id", "state", "protocol_type", "members", "lag", "max_lag", "lag_seconds",
-                 "last_commit_ms", "rebalances_1h", "rebalances_capped", "partitions", "known", "stale")
+    __slots__ = ("group_id", "state", "type", "protocol_type", "members", "lag", "max_lag", "lag_seconds",
+                 "lag_seconds_method", "last_commit_ms", "rebalances_1h", "rebalances_capped", "partitions",
+                 "known", "stale")
 
     def __init__(self, group_id: str):
         self.group_id = group_id
         self.state = "Empty"
-        self.protocol_type = ""
+        self.type = ""  # classic or consumer (KIP-848), as ListGroups v5 and `herd groups list --type`
+        self.protocol_type = ""  # a classic group's protocol type ("consumer", "connect", ...)
         self.members = 0
         self.lag: int | None = None  # sum over partitions with a fresh sample
         self.max_lag: int | None = None
         self.lag_seconds: float | None = None  # max over them
+        self.lag_seconds_method: str | None = None  # how that max was found (lag.INTERPOLATED, ...)
         self.last_commit_ms: int | None = None
         self.rebalances_1h = 0
         self.rebalances_capped = False
@@ -88,9 +91,11 @@ class _Row:
         self.stale = 0  # of which stale (sampled once, not lately)
 
     def as_json(self, now_ms: int) -> dict:
-        return {"group_id": self.group_id, "state": self.state, "protocol_type": self.protocol_type,
+        return {"group_id": self.group_id, "state": self.state, "type": self.type,
+                "protocol_type": self.protocol_type,
                 "members": self.members, "lag": self.lag,
                 "lag_seconds": None if self.lag_seconds is None else round(self.lag_seconds, 3),
+                "lag_seconds_method": self.lag_seconds_method,
                 "last_commit_ms": self.last_commit_ms,
                 "last_commit_age": (None if self.last_commit_ms is None
                                     else round((now_ms - self.last_commit_ms) / 1000, 3)),
@@ -107,6 +112,7 @@ class Console:
         self.groups = groups
         self.clock = clock if clock is not None else SystemClock()
         self.now_ms = now_ms  # monotonic ms for views of rebalances in progress (the runtime's clock)
+        self.started_ms = self.clock.wall_ms()  # the flight recorder (in memory) starts empty here
         self.tracker: LagTracker | None = None
         self.refresher: LagRefresher | None = None
         if source is not None:
@@ -199,6 +205,7 @@ class Console:
             finally:
                 self._in_use.remove(table)
             page["lag"] = self.lag_status(page["now_ms"])
+            page["rebalances"] = self.rebalance_window(page["now_ms"])
             self._page = page
         # the answer, computed right after this returns (no await between), reads this table and
         # these lines even if preparing them took longer than the TTL: never a rebuild in one piece
@@ -221,6 +228,7 @@ class Console:
             gid = g["group_id"]
             r = rows[gid] = _Row(gid)
             r.state, r.protocol_type, r.members = g["state"], g["protocol_type"], g["members"]
+            r.type = g.get("type", "classic")
             starts = groups.rebalance_starts(gid)
             r.rebalances_1h = sum(1 for t in starts if t >= since)
             # the flight recorder keeps rebalance_history_size: all of them this hour means "or more"
@@ -228,7 +236,7 @@ class Console:
             if i % GROUP_STEP == GROUP_STEP - 1:
                 yield
         tracker = self.tracker
-        lag_of = tracker.lag if tracker is not None else None
+        lag_of = tracker.lag_with_method if tracker is not None else None
         for shard_rows in groups.committed_by_shard():
             row = None
             for i, (gid, topic, p, off, ts) in enumerate(shard_rows):
@@ -243,7 +251,7 @@ class Console:
                     row.last_commit_ms = ts
                 if lag_of is None:
                     continue
-                end, lag, lag_ms, stale = lag_of((topic, p), off, now)
+                end, lag, lag_ms, stale, method = lag_of((topic, p), off, now)
                 if end is None:
                     continue
                 if stale:
@@ -260,6 +268,7 @@ class Console:
                     secs = lag_ms / 1000
                     if row.lag_seconds is None or secs > row.lag_seconds:
                         row.lag_seconds = secs
+                        row.lag_seconds_method = method
                 lags.append((gid, topic, p, lag, lag_ms))
             yield
 
@@ -325,7 +334,8 @@ class Console:
                            for g, t, p, lag, _ in lags[i:i + LINE_STEP])
                 yield
             family("herd_group_lag_seconds", "gauge", "How long ago the log end was at the committed offset "
-                   "(interpolated from log-end samples), per group and partition; only where it is known.")
+                   "(interpolated from log-end samples; older than them, the age of the record at the committed "
+                   "offset), per group and partition; only where it is known.")
             for i in range(0, len(lags), LINE_STEP):
                 out.extend(f'herd_group_lag_seconds{{group="{_escape(g)}",topic="{_escape(t)}",partition="{p}"}} '
                            f'{_fmt(ms / 1000)}' for g, t, p, _, ms in lags[i:i + LINE_STEP] if ms is not None)
@@ -402,6 +412,7 @@ class Console:
         now, rows, _ = self.table()
         page = self._page_of(now, rows, q)
         page["lag"] = self.lag_status(now)
+        page["rebalances"] = self.rebalance_window(now)
         return page
 
     @staticmethod
@@ -426,7 +437,7 @@ class Console:
                     if (not text or text in r.group_id.lower()) and (not states or r.state.lower() in states)]
         # ties always in group id order (a stable sort by id first; reverse keeps it stable)
         selected.sort(key=lambda r: r.group_id)
-        if sort in ("state", "protocol_type"):
+        if sort in ("state", "type", "protocol_type"):
             selected.sort(key=lambda r: getattr(r, sort), reverse=desc)
         elif sort == "group_id":
             if desc:
@@ -450,6 +461,13 @@ class Console:
                 "sort": sort, "order": "desc" if desc else "asc", "by_state": by_state,
                 "lag": None, "groups": [r.as_json(now) for r in page]}
 
+    def rebalance_window(self, now: int) -> dict:
+        """What ``rebalances_1h`` counts: the last hour, or since this process started when that was
+        less than an hour ago (the flight recorder is in memory: it starts empty with the process)."""
+        since_start = now - self.started_ms < HOUR_MS
+        return {"since_ms": max(now - HOUR_MS, self.started_ms), "since_start": since_start,
+                "label": "since start" if since_start else "1h"}
+
     def group_detail(self, gid: str) -> dict | None:
         groups = self.groups
         mono = self.now_ms() if self.now_ms is not None else None
@@ -460,16 +478,21 @@ class Console:
         assignments = groups.member_assignments(gid)
         owner: dict[tuple[str, int], str] = {}
         members = []
+        consumer_group = described.get("type") == "consumer"  # KIP-848: the coordinator assigns
         for m in described["members"]:
             mid = m["member_id"]
-            assigned = _decode_assignment(assignments.get(mid, b""), described["protocol_type"])
+            if consumer_group:
+                assigned = sorted((t, list(ps)) for t, ps in (m.get("assignment") or {}).items())
+            else:
+                assigned = _decode_assignment(assignments.get(mid, b""), described["protocol_type"])
             for topic, parts in assigned or []:
                 for p in parts:
                     owner[(topic, p)] = mid
-            members.append({"member_id": mid, "group_instance_id": m["group_instance_id"],
+            members.append({"member_id": mid, "group_instance_id": m.get("group_instance_id", m.get("instance_id")),
                             "client_id": m["client_id"], "client_host": m["client_host"],
-                            "session_timeout_ms": m["session_timeout_ms"], "assignment": assigned,
-                            "awaiting_join": m["awaiting_join"], "awaiting_sync": m["awaiting_sync"]})
+                            "session_timeout_ms": m.get("session_timeout_ms"), "assignment": assigned,
+                            "awaiting_join": m.get("awaiting_join", False),
+                            "awaiting_sync": m.get("awaiting_sync", False)})
         tracker = self.tracker
         partitions = []
         offsets = groups.group_offsets(gid)
@@ -478,10 +501,11 @@ class Console:
                 o = offsets[topic][p]
                 row = {"topic": topic, "partition": p, "committed": o["offset"], "commit_ms": o["commit_timestamp"],
                        "metadata": o["metadata"], "log_end": None, "lag": None, "lag_seconds": None,
-                       "sampled_ms": None, "stale": None, "owner": owner.get((topic, p))}
+                       "lag_seconds_method": None, "sampled_ms": None, "stale": None, "owner": owner.get((topic, p))}
                 if tracker is not None:
-                    end, lag, lag_ms, stale = tracker.lag((topic, p), o["offset"], now)
+                    end, lag, lag_ms, stale, method = tracker.lag_with_method((topic, p), o["offset"], now)
                     row.update(log_end=end, lag=lag, lag_seconds=None if lag_ms is None else lag_ms / 1000,
+                               lag_seconds_method=None if lag_ms is None else method,
                                sampled_ms=tracker.sampled_ms((topic, p)), stale=stale if end is not None else None)
                 partitions.append(row)
         # assigned partitions with no commit yet: shown, so an owner without progress is visible
@@ -490,13 +514,14 @@ class Console:
                 end = None if tracker is None else tracker.log_end((topic, p))
                 partitions.append({"topic": topic, "partition": p, "committed": None, "commit_ms": None,
                                    "metadata": None, "log_end": end,
-                                   "lag": None, "lag_seconds": None, "sampled_ms": None, "stale": None, "owner": mid})
+                                   "lag": None, "lag_seconds": None, "lag_seconds_method": None, "sampled_ms": None,
+                                   "stale": None, "owner": mid})
         history = groups.group_history(gid, mono) or []
-        return {"now_ms": now, "group_id": gid, "state": described["state"],
+        return {"now_ms": now, "group_id": gid, "state": described["state"], "type": described.get("type", "classic"),
                 "protocol_type": described["protocol_type"], "protocol": described["protocol"],
-                "generation": described["generation"], "leader": described["leader"],
-                "state_since_ms": described["state_since_wall_ms"], "members": members,
-                "pending_members": described["pending_member_ids"], "partitions": partitions,
+                "generation": described["generation"], "leader": described.get("leader"),
+                "state_since_ms": described.get("state_since_wall_ms"), "members": members,
+                "pending_members": described.get("pending_member_ids", []), "partitions": partitions,
                 "history": history, "history_size": self.config.rebalance_history_size,
                 "lag": self.lag_status(now)}
 

@@ -48,6 +48,7 @@ from protocol import errors as E
 from protocol import messages as m
 from protocol.client_connection import AuthenticationFailed, Connection, ConnectionBroken, Ready, Response
 from protocol.client_security import SecurityConfig, tls_failure
+from protocol.record_batch import FETCH_MAX_BYTES, FETCH_MAX_VERSION, FETCH_PARTITION_BYTES, record_time
 
 __all__ = ["DataClusterError", "DataClusterReader", "TopicsRead", "parse_servers", "reader_from_config"]
 
@@ -241,7 +242,8 @@ class DataClusterReader:
         self.leaders_at: dict[str, int] = {}  # topic -> monotonic ms its leaders were read
         self.topic_errors: dict[str, int] = {}  # topic -> the error Metadata gave (other than unknown)
         self.cluster_id = ""  # the data cluster's, from Metadata
-        self.stats = {"connects": 0, "connect_failures": 0, "metadata_requests": 0, "list_offsets_requests": 0}
+        self.stats = {"connects": 0, "connect_failures": 0, "metadata_requests": 0, "list_offsets_requests": 0,
+                      "fetch_requests": 0}
 
     def __repr__(self) -> str:
         return f"<DataClusterReader {','.join(_addr(h, p) for h, p in self.servers)} {self.security.protocol}>"
@@ -324,11 +326,17 @@ class DataClusterReader:
         delay = min(self.backoff_max_ms, self.backoff_ms * (1 << min(peer.failures - 1, 20)))
         peer.retry_at = self.clock.monotonic_ms() + delay
 
-    async def _call(self, address: tuple[str, int], build, budget: _Budget):
+    async def _call(self, address: tuple[str, int], build, budget: _Budget, max_version: int | None = None,
+                    min_version: int | None = None):
         """``build(version) -> request`` sent to ``address``; ``(response, version)``."""
         conn = await self._connection(address, budget)
         probe = build(None)
         version = conn.version(type(probe))
+        if max_version is not None:
+            version = min(version, max_version)
+        if min_version is not None and version < min_version:
+            raise DataClusterError(f"{conn.address} supports {type(probe).NAME} up to v{version}, "
+                                   f"herd needs v{min_version}")
         req = build(version)
         try:
             return await conn.call(req, version, budget.left(conn.address, type(req).NAME)), version
@@ -581,6 +589,72 @@ class DataClusterReader:
         for tp in specs:
             if tp not in out:
                 out[tp] = (E.LEADER_NOT_AVAILABLE, -1, -1)
+        return out
+
+
+    # -- record timestamps ------------------------------------------------------------------------
+    async def record_times(self, offsets: dict[TopicPartition, int],
+                           timeout_ms: int | None = None) -> dict[TopicPartition, int | None]:
+        """The timestamp (epoch ms) of the record at each committed offset: one Fetch per leader
+        broker (the brokers asked concurrently), within ``timeout_ms`` (the reader's timeout by
+        default) in all. None where it cannot be read: no such record (compacted or deleted, past
+        the log end), no leader, a broker that fails or is late, a log without v2 batches. Never
+        raises for the data cluster's failures: the caller (lag in seconds when the log-end history
+        cannot answer) simply has no time for those partitions this round."""
+        out: dict[TopicPartition, int | None] = dict.fromkeys(offsets)
+        if not offsets:
+            return out
+        budget = _Budget(self.timeout_ms if timeout_ms is None else timeout_ms)
+        now = self.clock.monotonic_ms()
+        stale = sorted({t for t, _ in offsets
+                        if now - self.leaders_at.get(t, -10**15) > self.metadata_max_age_ms})
+        if stale:
+            try:
+                await self._metadata(stale, budget)
+            except DataClusterError as exc:
+                log.debug("record times: no metadata", error=str(exc))
+                return out
+        by_leader: dict[int, dict[TopicPartition, int]] = {}
+        for tp, off in offsets.items():
+            leader = self.leaders.get(tp[0], {}).get(tp[1])
+            if leader is not None and leader >= 0 and leader in self.brokers and off >= 0:
+                by_leader.setdefault(leader, {})[tp] = off
+        results = await asyncio.gather(*(self._record_times(node, tps, budget) for node, tps in by_leader.items()),
+                                       return_exceptions=True)
+        for tps, res in zip(by_leader.values(), results, strict=True):
+            if isinstance(res, BaseException):
+                if not isinstance(res, DataClusterError):
+                    raise res
+                log.debug("record times: a leader could not be asked", error=str(res))
+                for t in {t for t, _ in tps}:
+                    self.leaders_at.pop(t, None)
+                continue
+            out.update(res)
+        return out
+
+    async def _record_times(self, node: int, offsets: dict[TopicPartition, int], budget: _Budget) -> dict:
+        """One Fetch (no wait) from one leader at each offset -> {tp: record time or None}."""
+        topics: dict[str, list] = {}
+        for (t, p), off in offsets.items():
+            topics.setdefault(t, []).append(m.FetchRequestFetchPartition(
+                partition=p, current_leader_epoch=-1, fetch_offset=off, last_fetched_epoch=-1,
+                log_start_offset=-1, partition_max_bytes=FETCH_PARTITION_BYTES))
+
+        def build(v):
+            return m.FetchRequest(replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=FETCH_MAX_BYTES,
+                                  isolation_level=0, session_id=0, session_epoch=-1, rack_id="",
+                                  forgotten_topics_data=[],
+                                  topics=[m.FetchRequestFetchTopic(topic=t, partitions=ps) for t, ps in topics.items()])
+
+        self.stats["fetch_requests"] += 1
+        # v4+ (record batches) by topic name: topic ids replace the names from v13
+        resp, _ = await self._call(self.brokers[node], build, budget, max_version=FETCH_MAX_VERSION, min_version=4)
+        out: dict = {}
+        for rt in resp.responses:
+            for rp in rt.partitions:
+                tp = (rt.topic, rp.partition_index)
+                if tp in offsets and rp.error_code == E.NONE and rp.records:
+                    out[tp] = record_time(bytes(rp.records), offsets[tp])
         return out
 
 

@@ -10,9 +10,13 @@ of ``(log end, wall time)`` samples, and answers two questions about a committed
 * **time lag**: how long ago the log end was where ``c`` is. The samples are a piecewise-linear
   picture of the log end over time; the newest sample at or below ``c`` and the one after it bracket
   the moment the log end passed ``c``, found by linear interpolation. ``c`` older than the whole
-  history is extrapolated along the history's overall rate; ``c`` at or past the newest log end is
-  0 s. It keeps growing while nothing is committed (the moment is fixed, now moves on). The same
-  idea as kafka-lag-exporter's lookup table; written here from that description.
+  history (a backlog produced before herd started: an idle partition's history is flat and brackets
+  nothing) takes the timestamp of the record at ``c`` when the source can read it (``record_times``,
+  one Fetch per leader; at most ``record_lookups`` a round, after the log ends, cached per
+  (partition, offset) in a bounded LRU), else is extrapolated along the history's overall rate;
+  ``c`` at or past the newest log end is 0 s. :meth:`LagTracker.lag_with_method` says which. It
+  keeps growing while nothing is committed (the moment is fixed, now moves on). The same idea as
+  kafka-lag-exporter's lookup table; written here from that description.
 
 Samples are bounded per partition (``lag_history_size``): the oldest goes first, and a flat run
 (nothing produced) keeps only its first and its latest point, so an idle partition costs two
@@ -39,16 +43,21 @@ import asyncio
 import struct
 import time
 from bisect import bisect_right
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Protocol, runtime_checkable
 
 from coordinator import logging_setup
 
-__all__ = ["LogEndSource", "LagTracker", "LagRefresher", "PartialFetch", "time_at", "DEFAULT_HISTORY"]
+__all__ = ["LogEndSource", "LagTracker", "LagRefresher", "PartialFetch", "time_at", "DEFAULT_HISTORY",
+           "INTERPOLATED", "EXTRAPOLATED", "RECORD"]
 
 log = logging_setup.get("herd.lag")
 
 DEFAULT_HISTORY = 30
+DEFAULT_RECORD_CACHE = 10_000  # record times kept, (partition, offset) pairs
+RECORD_LOOKUPS = 100  # record times asked of the data cluster per refresh round, at most
+INTERPOLATED, EXTRAPOLATED, RECORD = "interpolated", "extrapolated", "record"
 RETAIN_STEP = 10_000
 TopicPartition = tuple[str, int]
 
@@ -105,12 +114,18 @@ class LagTracker:
     the cyclic GC must walk (bytearrays are not tracked, and a tuple of untracked objects is
     untracked at the next collection), so 100,000 tracked partitions never lengthen a GC pause."""
 
-    def __init__(self, history: int = DEFAULT_HISTORY, stale_after_ms: int = 60_000):
+    def __init__(self, history: int = DEFAULT_HISTORY, stale_after_ms: int = 60_000,
+                 record_cache_size: int = DEFAULT_RECORD_CACHE):
         if history < 2:
             raise ValueError("lag history needs at least 2 samples")
         self.history = history
         self.stale_after_ms = stale_after_ms
         self.series: dict[TopicPartition, tuple[bytearray, bytearray]] = {}
+        # record times (epoch ms) of committed offsets older than their partition's history, by
+        # (partition, offset), least recently used first; and the offsets waiting for one
+        self.record_cache_size = record_cache_size
+        self.record_ms: OrderedDict[tuple[TopicPartition, int], int] = OrderedDict()
+        self.wanted: dict[tuple[TopicPartition, int], None] = {}
 
     def __len__(self) -> int:
         return len(self.series)
@@ -132,6 +147,7 @@ class LagTracker:
             last = _unpack_from(ends, n - 8)[0]
             if end < last:  # the log end went back (topic recreated, truncated): start over
                 series[tp] = (bytearray(_pack(end)), bytearray(at))
+                self._forget_record_times({tp})
                 continue
             if end == last and n > 8 and _unpack_from(ends, n - 16)[0] == last:
                 _pack_into(times, n - 8, wall_ms)  # a flat run keeps its first and its latest point
@@ -141,6 +157,11 @@ class LagTracker:
                 del times[:8]
             ends += _pack(end)
             times += at
+
+    def _forget_record_times(self, tps) -> None:
+        """Record times of these partitions no longer hold (their log was recreated)."""
+        for key in [k for k in self.record_ms if k[0] in tps]:
+            del self.record_ms[key]
 
     def retain_among(self, candidates, partitions) -> int:
         """Of ``candidates``, forget those not in ``partitions``; returns how many."""
@@ -174,17 +195,74 @@ class LagTracker:
     def lag(self, tp: TopicPartition, committed: int, now_wall_ms: int):
         """``(log_end, offset_lag, time_lag_ms, stale)`` for a committed offset; log_end and
         offset_lag are None without a sample, time_lag_ms None when it cannot be estimated."""
+        return self.lag_with_method(tp, committed, now_wall_ms)[:4]
+
+    def lag_with_method(self, tp: TopicPartition, committed: int, now_wall_ms: int):
+        """:meth:`lag` and the method that gave the time lag: ``"interpolated"`` (the log-end
+        history brackets the committed offset; 0 s when caught up), ``"record"`` (the committed
+        offset is older than the history: the timestamp of the record there, read from the data
+        cluster), ``"extrapolated"`` (older than the history, no record time yet: along the
+        history's overall rate), or None (no time lag). An offset older than the history with no
+        record time is noted for the refresher to look up (:meth:`wanted_record_times`)."""
         s = self.series.get(tp)
         if s is None:
-            return None, None, None, True
+            return None, None, None, True, None
         ends, times = s
         end = _last(ends)
         stale = now_wall_ms - _last(times) > self.stale_after_ms
         if committed >= end:
-            return end, 0, 0, stale
-        at = time_at(memoryview(ends).cast("q"), memoryview(times).cast("q"), committed)
+            return end, 0, 0, stale, INTERPOLATED
+        ev = memoryview(ends).cast("q")
+        tv = memoryview(times).cast("q")
+        if committed >= ev[0]:
+            method = INTERPOLATED
+            at = time_at(ev, tv, committed)
+        else:
+            key = (tp, committed)
+            at = self.record_ms.get(key)
+            if at is not None:
+                method = RECORD
+                self.record_ms.move_to_end(key)
+            else:
+                if len(self.wanted) < self.record_cache_size:
+                    self.wanted[key] = None
+                at = time_at(ev, tv, committed)
+                method = None if at is None else EXTRAPOLATED
         lag_ms = None if at is None else max(0, int(now_wall_ms - at))
-        return end, end - committed, lag_ms, stale
+        return end, end - committed, lag_ms, stale, method
+
+    # -- record times: the time lag of an offset older than the history ---------------------------
+    def wanted_record_times(self, limit: int) -> dict[TopicPartition, int]:
+        """Up to ``limit`` committed offsets (oldest wish first) whose record time would answer
+        their time lag, as ``{tp: offset}`` (one offset per partition a round), taken off the list."""
+        out: dict[TopicPartition, int] = {}
+        for key in list(self.wanted):
+            if len(out) >= limit:
+                break
+            tp, off = key
+            if tp in out:
+                continue
+            del self.wanted[key]
+            if key not in self.record_ms:
+                out[tp] = off
+        return out
+
+    def record_times(self, found: dict[TopicPartition, int | None], offsets: dict[TopicPartition, int]) -> int:
+        """Keep the record times read for ``offsets`` (None or negative: not read, asked again when
+        wanted again); the cache keeps the ``record_cache_size`` most recently used. Returns how
+        many were kept."""
+        kept = 0
+        cache = self.record_ms
+        for tp, off in offsets.items():
+            ts = found.get(tp)
+            if ts is None or ts < 0:
+                continue
+            cache[(tp, off)] = ts
+            cache.move_to_end((tp, off))
+            kept += 1
+        while len(cache) > self.record_cache_size:
+            cache.popitem(last=False)
+        return kept
 
     def samples(self, tp: TopicPartition) -> list[tuple[int, int]]:
         s = self.series.get(tp)
@@ -207,7 +285,8 @@ class LagRefresher:
     Wall times come from ``clock`` (a ManualClock in tests)."""
 
     def __init__(self, tracker: LagTracker, source: LogEndSource, partitions: Callable[[], Iterable[list]],
-                 clock, interval_ms: int = 30_000, timeout_ms: int | None = None, batch_size: int = 2000):
+                 clock, interval_ms: int = 30_000, timeout_ms: int | None = None, batch_size: int = 2000,
+                 record_lookups: int = RECORD_LOOKUPS):
         self.tracker = tracker
         self.source = source
         self.partitions = partitions
@@ -215,6 +294,7 @@ class LagRefresher:
         self.interval_ms = interval_ms
         self.timeout_ms = timeout_ms if timeout_ms is not None else default_timeout_ms(interval_ms)
         self.batch_size = batch_size
+        self.record_lookups = record_lookups
         self.task: asyncio.Task | None = None
         # status, for /metrics and the console
         self.refreshes = 0
@@ -226,6 +306,34 @@ class LagRefresher:
         self.last_duration_s = 0.0
         self.last_cpu_s = 0.0  # process CPU during the last refresh (the loop's share of it, mostly)
         self.last_partitions = 0
+        self.record_lookups_total = 0  # record times asked of the source
+        self.record_times_found = 0  # of which answered
+        self.record_lookup_failures = 0  # rounds whose record-time lookup failed or timed out
+
+    async def _lookup_record_times(self, deadline: float) -> None:
+        """Ask the source (when it can: ``record_times``) for the record time of at most
+        ``record_lookups`` committed offsets older than their history, within the reader's timeout
+        and what is left of the round. Best effort: a failure leaves those offsets without a time
+        lag this round (they are asked again when read again), never fails the round."""
+        lookup = getattr(self.source, "record_times", None)
+        if lookup is None or self.record_lookups <= 0 or not self.tracker.wanted:
+            return
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        offsets = self.tracker.wanted_record_times(self.record_lookups)
+        if not offsets:
+            return
+        self.record_lookups_total += len(offsets)
+        try:
+            found = await asyncio.wait_for(lookup(offsets), min(self.timeout_ms / 1000, left))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # TimeoutError included: lag's problem, never the daemon's
+            self.record_lookup_failures += 1
+            log.debug("record-time lookup failed", error=repr(exc)[:300], partitions=len(offsets))
+            return
+        self.record_times_found += self.tracker.record_times(found, offsets)
 
     async def refresh(self) -> bool:
         """One round; True when every batch answered in time."""
@@ -267,6 +375,7 @@ class LagRefresher:
                 continue
             self.tracker.observe({tp: end for tp, end in ends.items() if tp in wanted}, self.clock.wall_ms())
             await asyncio.sleep(0)  # a turn of the loop between batches
+        await self._lookup_record_times(deadline)
         self.refreshes += 1
         self.last_duration_s = time.monotonic() - started
         self.last_cpu_s = time.process_time() - cpu0
@@ -314,4 +423,7 @@ class LagRefresher:
                 "consecutive_failures": self.consecutive_failures, "last_attempt_ms": self.last_attempt_ms,
                 "last_success_ms": self.last_success_ms, "last_error": self.last_error,
                 "interval_ms": self.interval_ms, "partitions": self.last_partitions,
-                "last_duration_s": round(self.last_duration_s, 6), "last_cpu_s": round(self.last_cpu_s, 6)}
+                "last_duration_s": round(self.last_duration_s, 6), "last_cpu_s": round(self.last_cpu_s, 6),
+                "record_lookups": self.record_lookups_total, "record_times_found": self.record_times_found,
+                "record_lookup_failures": self.record_lookup_failures,
+                "record_times_cached": len(self.tracker.record_ms)}

@@ -71,7 +71,10 @@ def test_the_list_shows_the_groups_and_group_ids_stay_text(world):
                   f"{json.dumps(sc.HOSTILE)}).querySelector('td.group').textContent")
     assert cell == sc.HOSTILE
     billing = b.eval("[...document.querySelector('tr[data-group=\"billing\"]').cells].map(c => c.textContent)")
-    assert billing[1] == "Stable" and billing[2] == "consumer" and billing[3] == "2" and billing[4] == "4"
+    # TYPE is the group type (classic/consumer, as `herd groups list --type`), not the protocol type
+    assert billing[1] == "Stable" and billing[2] == "classic" and billing[3] == "2" and billing[4] == "4"
+    # the flight recorder is in memory and the daemon is minutes old: the column says so
+    assert b.eval("document.querySelector('th[data-sort=rebalances_1h]').textContent") == "Rebalances since start"
     audit = b.eval("[...document.querySelector('tr[data-group=\"audit\"]').cells].map(c => c.textContent)")
     assert audit[1] == "Empty" and audit[3] == "0" and audit[4] == "3" and audit[7].endswith("ago")
     assert b.call("errors") == []

@@ -68,9 +68,11 @@ def test_group_list_is_paged_sorted_and_filtered_by_the_server(world):
     assert [g["group_id"] for g in page["groups"]] == [sc.HOSTILE]
     assert page["lag"] == {"configured": False, "up": False, "reader": False, "data_bootstrap_server": None}
     billing = next(g for g in api(port, "/api/groups")[1]["groups"] if g["group_id"] == "billing")
-    assert (billing["state"], billing["protocol_type"], billing["members"], billing["partitions"]) == \
-        ("Stable", "consumer", 2, 4)
+    assert (billing["state"], billing["type"], billing["protocol_type"], billing["members"], billing["partitions"]) == \
+        ("Stable", "classic", "consumer", 2, 4)  # a classic group: TYPE is the group type (issue 33 item 5)
     assert billing["lag"] is None and billing["lag_seconds"] is None and billing["rebalances_1h"] >= 1
+    # the daemon started moments ago: its in-memory flight recorder counts since the start, and says so
+    assert page["rebalances"]["since_start"] is True and page["rebalances"]["label"] == "since start"
 
 
 def test_group_detail_and_ids_as_data(world):

@@ -17,10 +17,11 @@ from protocol.framing import FrameDecoder, frame
 from protocol.headers import encode_response_header, read_request_header
 from protocol.sasl import SaslError, Users, server_mechanism
 from tests.support.pki import make_pki
+from tests.support.records import batch
 
 # librdkafka's mock answers ApiVersions v3+ with this body (measured): it does not decode as v3
 MOCK_APIVERSIONS_V3 = b"\x00\x23\x01\x00\x12\x00\x00\x00\x02\x00\x00\x00\x00"
-VERSIONS = {18: (0, 3), 3: (0, 12), 2: (0, 7), 17: (0, 1), 36: (0, 2)}
+VERSIONS = {18: (0, 3), 3: (0, 12), 2: (0, 7), 17: (0, 1), 36: (0, 2), 1: (0, 16)}
 
 
 class Broker:
@@ -120,6 +121,21 @@ class Broker:
                         offset=c.ends.get((t.name, p.partition_index), 0) if mine else -1, leader_epoch=-1))
                 out.append(m.ListOffsetsResponseListOffsetsTopicResponse(name=t.name, partitions=parts))
             return encode_response_header(corr, key, version) + m.ListOffsetsResponse(topics=out).encode(version)
+        if key == 1:  # Fetch: the partition's records (one batch) when this broker leads it
+            out = []
+            for t in req.topics:
+                parts = []
+                for p in t.partitions:
+                    mine = c.leaders.get(t.topic, {}).get(p.partition) == self.node_id
+                    base, stamps = c.records.get((t.topic, p.partition), (0, []))
+                    pd = m.FetchResponsePartitionData(
+                        partition_index=p.partition, high_watermark=base + len(stamps), aborted_transactions=[],
+                        error_code=E.NONE if mine else E.NOT_LEADER_OR_FOLLOWER)
+                    if mine and base <= p.fetch_offset < base + len(stamps):
+                        pd.records = batch(base, stamps)
+                    parts.append(pd)
+                out.append(m.FetchResponseFetchableTopicResponse(topic=t.topic, partitions=parts))
+            return encode_response_header(corr, key, version) + m.FetchResponse(responses=out).encode(version)
         raise AssertionError(f"unexpected api {key}")
 
 
@@ -129,6 +145,7 @@ class Cluster:
         self.brokers = [Broker(self, i + 1) for i in range(n)]
         self.leaders: dict[str, dict[int, int]] = {}
         self.ends: dict[tuple[str, int], int] = {}
+        self.records: dict[tuple[str, int], tuple[int, list[int]]] = {}  # (base offset, timestamps)
 
     async def __aenter__(self):
         for b in self.brokers:
@@ -378,5 +395,29 @@ async def test_list_offsets_follows_a_moved_leader_once():
             c.leaders = {"t": {0: 2}}
             assert await reader.list_offsets({("t", 0): -1}) == {("t", 0): (E.NONE, -1, 3)}
             assert c.count(2) == [2, 1]  # the old leader refused, the new one answered
+        finally:
+            reader.close()
+
+
+async def test_record_times_one_fetch_per_leader_within_the_timeout():
+    t0 = 1_700_000_000_000
+    async with Cluster(3) as c:
+        c.leaders = {"orders": {0: 1, 1: 2, 2: 1, 3: 3}}
+        c.records = {("orders", p): (0, [t0 + 1000 * i + p for i in range(100)]) for p in range(4)}
+        reader = DataClusterReader(c.bootstrap, timeout_ms=500)
+        try:
+            got = await reader.record_times({("orders", 0): 90, ("orders", 1): 80, ("orders", 2): 70,
+                                             ("orders", 9): 5, ("gone", 0): 1})
+            assert got == {("orders", 0): t0 + 90_000, ("orders", 1): t0 + 80_001, ("orders", 2): t0 + 70_002,
+                           ("orders", 9): None, ("gone", 0): None}  # no such partition or topic: None
+            assert c.count(1) == [1, 1, 0]  # one Fetch per leader, none to the broker leading nothing asked
+            assert {v for b in c.brokers for k, v in b.requests if k == 1} == {12}  # by topic name
+            # past the log end: no record there; a silent leader: None for its partitions, in time
+            c.brokers[2].silent = True
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            got = await reader.record_times({("orders", 0): 100, ("orders", 3): 60, ("orders", 1): 5})
+            assert got == {("orders", 0): None, ("orders", 3): None, ("orders", 1): t0 + 5001}
+            assert loop.time() - started < 2.0
         finally:
             reader.close()

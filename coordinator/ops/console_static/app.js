@@ -92,10 +92,21 @@ function renderHeader(data) {
   document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
 }
 
+// how a time lag was found: a small tag after the number, its explanation on hover
+const LAG_METHODS = {
+  interpolated: ["history", "interpolated from herd's log-end history"],
+  record: ["record", "the timestamp of the record at the committed offset (older than herd's log-end history)"],
+  extrapolated: ["extrap.", "extrapolated along herd's log-end history (older than it; the record's time not read yet)"],
+};
+function lagMethod(method) {
+  const m = method && LAG_METHODS[method];
+  return m ? h("span", { class: "lag-method muted", "data-method": method, title: m[1] }, m[0]) : null;
+}
+
 // ---- the group list -------------------------------------------------------------------------------------
 
 const COLUMNS = [
-  ["group_id", "Group", "group"], ["state", "State", ""], ["protocol_type", "Type", ""],
+  ["group_id", "Group", "group"], ["state", "State", ""], ["type", "Type", ""],
   ["members", "Members", "num"], ["partitions", "Partitions", "num"], ["lag", "Lag (offsets)", "num"],
   ["lag_seconds", "Lag (time)", "num"], ["last_commit_age", "Last commit", "num"],
   ["rebalances_1h", "Rebalances 1h", "num"],
@@ -144,17 +155,24 @@ function renderList(data) {
     th.classList.toggle("sorted", on);
     th.classList.toggle("desc", on && data.order === "desc");
   }
+  // the flight recorder is in memory: less than an hour after a start it counts since the start
+  const rb = app.querySelector('th[data-sort="rebalances_1h"]');
+  if (rb && data.rebalances) {
+    rb.textContent = `Rebalances ${data.rebalances.label}`;
+    rb.title = data.rebalances.since_start ? `herd started ${fmtTime(data.rebalances.since_ms)}: rebalances before are not known (the flight recorder is in memory)` : "rebalances in the last hour";
+  }
   const tbody = app.querySelector("#groups tbody");
   const rows = data.groups.map((g) => {
     const lagCls = g.lag_seconds !== null && g.lag_seconds >= 60 ? "num lag-hot" : "num";
     return h("tr", { class: "group-row", "data-group": g.group_id },
       h("td", { class: "group" }, h("a", { href: `#/group/${encodeURIComponent(g.group_id)}` }, g.group_id)),
       h("td", {}, stateBadge(g.state)),
-      h("td", { class: "muted" }, g.protocol_type || "–"),
+      h("td", { class: "muted group-type", title: g.protocol_type ? `protocol type: ${g.protocol_type}` : null }, g.type || "–",
+        g.type === "classic" && g.protocol_type && g.protocol_type !== "consumer" ? h("span", { class: "lag-method" }, g.protocol_type) : null),
       h("td", { class: "num" }, fmtInt(g.members)),
       h("td", { class: "num" }, fmtInt(g.partitions)),
       h("td", { class: "num" }, fmtInt(g.lag), g.stale_partitions ? h("span", { class: "stale-mark", title: `${g.stale_partitions} partition(s) stale` }, "stale") : null),
-      h("td", { class: lagCls }, fmtDuration(g.lag_seconds)),
+      h("td", { class: lagCls }, fmtDuration(g.lag_seconds), lagMethod(g.lag_seconds_method)),
       h("td", { class: "num", title: fmtTime(g.last_commit_ms) }, g.last_commit_age === null ? "never" : `${fmtDuration(g.last_commit_age)} ago`),
       h("td", { class: "num", title: g.rebalances_1h_or_more ? "every rebalance the flight recorder keeps is from the last hour" : null },
         g.rebalances_1h_or_more ? `${fmtInt(g.rebalances_1h)}+` : fmtInt(g.rebalances_1h)));
@@ -199,7 +217,7 @@ function partitionsCard(g) {
       h("td", { title: fmtTime(p.commit_ms) }, p.commit_ms === null ? "–" : `${fmtMs(g.now_ms - p.commit_ms)} ago`),
       h("td", { class: "num" }, fmtInt(p.log_end)),
       h("td", { class: "num" }, fmtInt(p.lag), p.stale ? h("span", { class: "stale-mark", title: `last log end read ${fmtTime(p.sampled_ms)}` }, "stale") : null),
-      h("td", { class: p.lag_seconds >= 60 ? "num lag-hot" : "num" }, fmtDuration(p.lag_seconds)),
+      h("td", { class: p.lag_seconds >= 60 ? "num lag-hot" : "num" }, fmtDuration(p.lag_seconds), lagMethod(p.lag_seconds_method)),
       h("td", {}, p.owner ? who(owners[p.owner]) : h("span", { class: "muted" }, "unowned")))))));
   return card;
 }
@@ -261,7 +279,8 @@ function renderGroup(g) {
   app.replaceChildren(
     h("div", { class: "group-head" }, h("a", { href: "#/" }, "← all groups"), h("h1", { id: "group-title" }, g.group_id), stateBadge(g.state)),
     h("div", { class: "facts", style: null },
-      h("span", {}, "type ", h("b", {}, g.protocol_type || "–")), h("span", {}, "protocol ", h("b", {}, g.protocol || "–")),
+      h("span", {}, "type ", h("b", {}, g.type || "–")), h("span", {}, "protocol type ", h("b", {}, g.protocol_type || "–")),
+      h("span", {}, "protocol ", h("b", {}, g.protocol || "–")),
       h("span", {}, "generation ", h("b", {}, g.generation)), h("span", {}, "state since ", h("b", {}, fmtTime(g.state_since_ms))),
       h("span", {}, "lag ", h("b", {}, fmtInt(totalLag)), " offsets, ", h("b", {}, fmtDuration(maxLagS))),
       h("span", {}, "last commit ", h("b", {}, lastCommit < 0 ? "never" : `${fmtMs(g.now_ms - lastCommit)} ago`))),

@@ -266,3 +266,45 @@ def test_an_answer_uses_what_was_prepared_for_it_even_past_the_ttl():
     assert c.group_list({"limit": ["1"]})["total"] == 2 and folds == 2
     c.group_list({})  # not prepared: rebuilt (ttl 0)
     assert folds == 3
+
+
+def test_type_is_the_group_type_classic_or_consumer_and_the_protocol_type_is_kept_apart():
+    """Issue 33 item 5: TYPE showed the protocol type ("consumer" for every group, classic ones
+    included); it is the group type as `herd groups list --type` says it (ListGroups v5)."""
+    from coordinator.core.consumer.groups import StaticTopics
+    from protocol import messages as m
+
+    h = Harness()
+    h.gc.set_topics(StaticTopics({"orders": (b"o" * 16, 2)}))
+    mids, gen = h.form_group("old-style", 1)  # a classic group whose protocol type is "consumer"
+    r = h.call(68, 0, m.ConsumerGroupHeartbeatRequest(
+        group_id="kip848", member_id="m1", member_epoch=0, rebalance_timeout_ms=30_000,
+        subscribed_topic_names=["orders"], topic_partitions=[]))
+    assert r.error_code == 0, r
+    c = Console(h.config, h.gc, clock=h.clock, now_ms=lambda: h.now)
+    c.table_ttl_s = 0
+    rows = {g["group_id"]: g for g in c.group_list({})["groups"]}
+    assert {g: (r["type"], r["protocol_type"]) for g, r in rows.items()} == {
+        "old-style": ("classic", "consumer"), "kip848": ("consumer", "consumer")}
+    assert [g["group_id"] for g in c.group_list({"sort": ["type"]})["groups"]] == ["old-style", "kip848"]
+    assert c.group_detail("kip848")["type"] == "consumer" and c.group_detail("old-style")["type"] == "classic"
+    # a consumer group's rebalances (its recorded epoch moves) are counted too, not always 0
+    assert rows["kip848"]["rebalances_1h"] >= 1 and rows["old-style"]["rebalances_1h"] == 1
+
+
+def test_rebalances_are_counted_since_the_start_and_say_so_until_an_hour_has_passed():
+    """Issue 33 item 5: the flight recorder is in memory, so after a restart the column restarts at
+    0; rather than calling that "1h", the list says "since start" until the process is an hour old."""
+    h = Harness()
+    c = Console(h.config, h.gc, clock=h.clock, now_ms=lambda: h.now)
+    c.table_ttl_s = 0
+    started = h.clock.wall_ms()
+    h.commit("busy", {("orders", 0): 1})
+    h.form_group("busy", 1)
+    page = c.group_list({})
+    assert page["rebalances"] == {"since_ms": started, "since_start": True, "label": "since start"}
+    h.clock.advance(3_599_000)
+    assert c.group_list({})["rebalances"]["since_start"] is True
+    h.clock.advance(2_000)
+    page = c.group_list({})
+    assert page["rebalances"] == {"since_ms": h.clock.wall_ms() - 3_600_000, "since_start": False, "label": "1h"}
