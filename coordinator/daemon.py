@@ -104,7 +104,8 @@ class SingleNode:
             log.warning("fsync=never: acknowledged commits can be lost on a crash; use only for benchmarks")
         elif self.config.fsync == "interval":
             log.info("fsync=interval: commits are acknowledged once written to the OS; a power loss or OS crash "
-                     "can lose about the last fsync_interval_ms of them", fsync_interval_ms=self.config.fsync_interval_ms)
+                     "can lose about the last fsync_interval_ms of them",
+                     fsync_interval_ms=self.config.fsync_interval_ms)
 
     async def start(self, d: Daemon, stop: asyncio.Event) -> bool:
         from coordinator.store import StoreError
