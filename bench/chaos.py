@@ -209,7 +209,7 @@ class ChaosHerd(U.Herd):
 
 def run(cycles: int = 20, *, groups: int = 64, writers: int = 4, partitions: int = 4,
         kill_after=(0.3, 1.2), seed: int | None = None, data_dir=None, offsets_partitions: int = 50,
-        progress=None) -> dict:
+        progress=None, fsync: str = "always") -> dict:
     """Run ``cycles`` kill/restart cycles; return the result (see the module docstring)."""
     if seed is None:
         seed = random.randrange(1 << 30)
@@ -225,11 +225,11 @@ def run(cycles: int = 20, *, groups: int = 64, writers: int = 4, partitions: int
     control = Control()
     threads = [Writer(i, group_names[i::writers], partitions, ledger, random.Random(rng.random()), control)
                for i in range(writers)]
-    herd = ChaosHerd(data_dir=data_dir, topics=(),
+    herd = ChaosHerd(data_dir=data_dir, topics=(), fsync=fsync,
                      extra_args=["--offsets-partitions", str(offsets_partitions)])
     result = {"bench": "chaos", "seed": seed, "cycles": 0, "cycles_asked": cycles, "groups": groups,
               "writers": writers, "partitions_per_topic": partitions, "topics": len(TOPICS),
-              "fsync": "always", "data_fs": U.filesystem_of(data_dir.parent if data_dir.parent.exists()
+              "fsync": fsync, "data_fs": U.filesystem_of(data_dir.parent if data_dir.parent.exists()
                                                              else U.default_tmp_root())}
     restart_s = []
     lost_total = []
@@ -306,6 +306,8 @@ def build_parser():
     ap.add_argument("--partitions", type=int, default=4, help="partitions per topic")
     ap.add_argument("--kill-after", default="0.3,1.2", help="min,max seconds of load before each SIGKILL")
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--fsync", choices=("always", "interval"), default="always",
+                    help="herd's fsync mode (interval: acknowledged once written to the OS; a SIGKILL loses nothing)")
     return ap
 
 
@@ -314,7 +316,8 @@ def main(argv=None):
     cycles = args.cycles
     lo, hi = (float(x) for x in args.kill_after.split(","))
     res = run(cycles, groups=args.groups, writers=args.writers, partitions=args.partitions,
-              kill_after=(lo, hi), seed=args.seed, progress=lambda s: print(s, file=sys.stderr, flush=True))
+              kill_after=(lo, hi), seed=args.seed, progress=lambda s: print(s, file=sys.stderr, flush=True),
+              fsync=args.fsync)
     res["environment"] = U.environment()
     U.emit(res)
     if res["commits_lost"] or res["values_invented"]:

@@ -7,12 +7,19 @@
 Servers (all on loopback, started and stopped here):
 
 * ``herd``: fsync=always, a commit is acknowledged once it is fdatasynced.
+* ``herd-interval``: fsync=interval (``fsync_interval_ms`` 1000): a commit is acknowledged once
+  written to the OS, the log fdatasynced every second: Kafka's default guarantee. Only the commit
+  load runs on it.
 * ``kafka``: Apache Kafka 4.4.0 (``make reference-deps`` resolves its jars from Maven), KRaft, one
   node, defaults (``offsets.topic.num.partitions`` 50): a commit is acknowledged once written to the
   page cache of its one replica, not fsynced.
 * ``kafka-flush``: the same with ``log.flush.interval.messages=1`` (``flush.messages=1`` for every
   topic, ``__consumer_offsets`` included): every append is flushed to disk before the answer, so it
   acknowledges only what is on disk, as herd does. Only the commit load runs on it.
+
+Like against like (``like_for_like`` in the output): ``herd-interval`` against ``kafka`` (both
+acknowledge from the page cache) and ``herd`` (always) against ``kafka-flush`` (both from disk).
+Each of Kafka's commit cells is preceded by a discarded warm-up cell (its JIT).
 
 Both get ``group.initial.rebalance.delay.ms`` 0 and topic ``bench`` with 100 partitions.
 
@@ -86,10 +93,9 @@ class KafkaTarget:
 
 
 class HerdTarget:
-    name = "herd"
-
-    def __init__(self):
-        self.herd = U.Herd(fsync="always", topics=("bench:100",), initial_rebalance_delay_ms=0,
+    def __init__(self, name: str = "herd", fsync: str = "always"):
+        self.name = name
+        self.herd = U.Herd(fsync=fsync, topics=("bench:100",), initial_rebalance_delay_ms=0,
                            log_level="warning")
 
     def __enter__(self):
@@ -320,16 +326,19 @@ def main(argv=None):
     loads = [x for x in args.loads.split(",") if x]
     env = U.environment()
     runs: dict[str, dict] = {}
-    targets = [("herd", HerdTarget, ()), ("kafka", KafkaTarget, ("kafka", args.kafka_heap, {})),
+    targets = [("herd", HerdTarget, ()), ("herd-interval", HerdTarget, ("herd-interval", "interval")),
+               ("kafka", KafkaTarget, ("kafka", args.kafka_heap, {})),
                ("kafka-flush", KafkaTarget, ("kafka-flush", args.kafka_heap, {"log.flush.interval.messages": 1}))]
     for name, cls, cargs in targets:
-        these = ["commits"] if name == "kafka-flush" else loads
+        these = ["commits"] if name in ("kafka-flush", "herd-interval") else loads
         these = [x for x in these if x in loads]
         if not these:
             continue
         with cls(*cargs) as t:
             r = runs[name] = {"idle_rss_mb": U.proc_rss_bytes(t.pid) / 2**20}
             for load in these:
+                if load == "commits" and name.startswith("kafka"):
+                    load_commits(t, args)  # warm-up (Kafka's JIT), discarded
                 r[load] = globals()[f"load_{load}"](t, args)
     # ratios: herd against each Kafka
     ratios = {}
@@ -357,10 +366,21 @@ def main(argv=None):
                                       h["startup"]["server_rss_mb_after_start"])
         if rr:
             ratios[f"herd_vs_{kname}"] = rr
+    like = {}
+    for hname, kname in (("herd-interval", "kafka"), ("herd", "kafka-flush")):
+        hc_all, kc_all = runs.get(hname, {}).get("commits", []), runs.get(kname, {}).get("commits", [])
+        for hc, kc in zip(hc_all, kc_all, strict=False):
+            like[f"{hname}_vs_{kname}_commits_{hc['procs']}p"] = {
+                "herd_per_s": hc["commits_per_s"], "kafka_per_s": kc["commits_per_s"],
+                "throughput": ratio(hc["commits_per_s"], kc["commits_per_s"]),
+                "herd_p99_ms": hc["latency_ms"].get("p99"), "kafka_p99_ms": kc["latency_ms"].get("p99"),
+                "p99": ratio(kc["latency_ms"].get("p99"), hc["latency_ms"].get("p99")),
+                "herd_cpu_us": hc["server_cpu_us_per_commit"], "kafka_cpu_us": kc["server_cpu_us_per_commit"],
+                "cpu": ratio(kc["server_cpu_us_per_commit"], hc["server_cpu_us_per_commit"])}
     result = {"benchmark": "vs_kafka", **env, "data_filesystem": U.filesystem_of(U.default_tmp_root()),
               "clients": U.client_versions(), "kafka_version": "4.4.0",
               "params": {k: v for k, v in vars(args).items()}, "runs": runs,
-              "ratios (>1: herd better)": ratios}
+              "ratios (>1: herd better)": ratios, "like_for_like (>1: herd better)": like}
     return U.emit(result)
 
 

@@ -21,7 +21,9 @@ SERVE_HELP = {
     "port": "port to listen on (0 picks a free port)",
     "data_dir": "where the per-shard logs live",
     "port_file": "write the bound port to this file once listening",
-    "fsync": "always: acknowledge commits after fsync (default); never: for benchmarks only",
+    "fsync": "always: acknowledge commits after fsync (default); interval: once written to the OS, fsynced "
+             "every --fsync-interval-ms (Kafka's default guarantee); never: for benchmarks only",
+    "fsync_interval_ms": "with --fsync interval: how often the log is fdatasynced (default 1000)",
     "advertised_host": "the host Metadata and FindCoordinator give clients (default: --host, or the "
                        "machine's FQDN when listening on 0.0.0.0 or ::)",
     "advertised_port": "the port given to clients (default: the bound port)",

@@ -144,8 +144,14 @@ class Config:
     #: sockets cannot hold the max_connections slots)
     sasl_handshake_timeout_ms: int = 10000
     #: `always`: a reply that wrote records is sent only after they are fsynced (PostgreSQL store:
-    #: after the transaction committed); `never`: leave flushing to the OS (benchmarks only)
-    fsync: str = "always"  # always | never
+    #: after the transaction committed); `interval`: sent once written to the OS (survives herd being
+    #: killed), the log fdatasynced every `fsync_interval_ms` (a power loss loses at most that window:
+    #: Kafka's default guarantee); `never`: leave flushing to the OS (benchmarks only). The file store's
+    #: setting: the cluster (PostgreSQL) store always commits before it answers
+    fsync: str = "always"  # always | interval | never
+    #: Kafka: log.flush.interval.ms
+    #: with `fsync = "interval"`: how often the file log is fdatasynced (what a power loss can lose)
+    fsync_interval_ms: int = 1000
 
     # where shards are stored: "file" (the log in data_dir) or postgresql://USER[:PASSWORD]@HOST:PORT/DB
     # (a cluster). repr=False: the URL may carry a password; show ``store_display`` instead.
@@ -270,8 +276,10 @@ class Config:
         for name in ("advertised_host", "port_file"):
             if getattr(self, name) is not None and not getattr(self, name).strip():
                 raise ConfigError(f"{name} must not be empty (leave it unset for the default)")
-        if self.fsync not in ("always", "never"):
-            raise ConfigError(f"fsync must be 'always' or 'never', got {self.fsync!r}")
+        if self.fsync not in ("always", "interval", "never"):
+            raise ConfigError(f"fsync must be 'always', 'interval' or 'never', got {self.fsync!r}")
+        if not 1 <= self.fsync_interval_ms <= INT32_MAX:
+            raise ConfigError(f"fsync_interval_ms must be 1-{INT32_MAX}, got {self.fsync_interval_ms}")
         self.consumer_group_config()  # the group_consumer_* settings, checked as Kafka does
         self._validate_security()
         self._validate_authorization()

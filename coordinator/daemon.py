@@ -102,6 +102,10 @@ class SingleNode:
     def warn(self, log) -> None:
         if self.config.fsync == "never":
             log.warning("fsync=never: acknowledged commits can be lost on a crash; use only for benchmarks")
+        elif self.config.fsync == "interval":
+            log.info("fsync=interval: commits are acknowledged once written to the OS; a power loss or OS crash "
+                     "can lose about the last fsync_interval_ms of them",
+                     fsync_interval_ms=self.config.fsync_interval_ms)
 
     async def start(self, d: Daemon, stop: asyncio.Event) -> bool:
         from coordinator.store import StoreError
@@ -238,7 +242,8 @@ def build_daemon(config: cfg.Config, repair: bool = False) -> Daemon:
     if config.store == "file":
         from coordinator.store.filelog import FileStore
 
-        store = FileStore(Path(config.data_dir), config.offsets_partitions, fsync=config.fsync, repair=repair)
+        store = FileStore(Path(config.data_dir), config.offsets_partitions, fsync=config.fsync, repair=repair,
+                          fsync_interval_ms=config.fsync_interval_ms)
         node = SingleNode(config, store)
     else:
         from coordinator.cluster.node import ClusterNode

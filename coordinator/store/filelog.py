@@ -66,16 +66,18 @@ class LogStore:
 
     def __init__(self, data_dir, num_shards: int = 50, fsync: str = "always", *, repair: bool = False,
                  compact_threshold_bytes: int = 64 * MiB, compact_dead_ratio: float = 0.5,
-                 auto_compact: bool = True, sync_jobs: int = SYNC_JOBS):
-        if fsync not in ("always", "never"):
-            raise ValueError(f"fsync must be 'always' or 'never', got {fsync!r}")
+                 auto_compact: bool = True, sync_jobs: int = SYNC_JOBS, fsync_interval_ms: int = 1000):
+        if fsync not in ("always", "interval", "never"):
+            raise ValueError(f"fsync must be 'always', 'interval' or 'never', got {fsync!r}")
+        if fsync_interval_ms <= 0:
+            raise ValueError(f"fsync_interval_ms must be positive, got {fsync_interval_ms}")
         if not 1 <= num_shards <= 0xFFFF:
             raise ValueError(f"num_shards must be 1..65535, got {num_shards}")
         self.data_dir = Path(data_dir)
         self.num_shards = num_shards
         self.fsync = fsync
         self.repair = repair
-        self.writer = Writer(num_shards, fsync, sync_jobs)
+        self.writer = Writer(num_shards, fsync, sync_jobs, fsync_interval_ms)
         self.compaction = Compaction(self.writer, compact_threshold_bytes, compact_dead_ratio, auto_compact)
         # the writer's bound methods on the instance: the event loop's per-request calls cost no
         # extra call through the store
@@ -263,7 +265,7 @@ class LogStore:
         st.entries = len(sc.entries)
         st.written = (st.size, st.entries)
         st.live_bytes = sum(st.sizes.values())
-        if self.fsync == "always" or changed:
+        if self.fsync != "never" or changed:
             os.fsync(st.fd)  # a cut is durable before anything is appended after it
             st.synced = True
         return sc.entries

@@ -169,7 +169,7 @@ class RebalanceRecord:
     __slots__ = ("reason", "detail", "trigger", "client_reason", "initial", "from_generation",
                  "started_ms", "started_wall_ms", "awaited", "joined", "removed", "join_done_ms",
                  "synced", "protocol", "generation", "members", "outcome", "ended_ms", "ended_wall_ms", "stall",
-                 "pending")
+                 "pending", "joined_ids")
 
     def __init__(self, group: Group, reason: str, detail: str, trigger: dict | None,
                  client_reason: str | None, now_ms: int, wall_ms: int):
@@ -185,9 +185,11 @@ class RebalanceRecord:
         newcomer = trigger.get("member_id") if trigger and reason in ("initial", "member_joined") else None
         self.awaited: dict[str, dict] = {}
         self.joined: list[dict] = []  # members that were not in the group when it started
+        self.joined_ids: set[str] = set()  # their ids: a 5,000-member join phase checks each join in O(1)
         for m in group.members.values():
             if m.member_id == newcomer:
                 self.joined.append({**_who(m), "joined_after_ms": 0})
+                self.joined_ids.add(m.member_id)
                 continue
             self.awaited[m.member_id] = {
                 **_who(m), "rejoined_after_ms": 0 if m.join is not None else None, "outcome": None}
@@ -239,9 +241,9 @@ class RebalanceRecord:
             if entry["rejoined_after_ms"] is None:
                 entry["rejoined_after_ms"] = now_ms - self.started_ms
             return
-        for j in self.joined:
-            if j["member_id"] == member.member_id:
-                return
+        if member.member_id in self.joined_ids:
+            return
+        self.joined_ids.add(member.member_id)
         self.joined.append({**_who(member), "joined_after_ms": now_ms - self.started_ms})
 
     def on_replaced(self, old_id: str, member: Member, now_ms: int) -> None:

@@ -980,10 +980,22 @@ def _validate_offset_commit(group: Group, member_id: str, instance_id: str | Non
     return _NONE
 
 
+PENDING_LOGGED = 20  # pending member ids listed in one rebalance_completed line (the rest counted)
+
+
 def _pending_summary(pending: list[dict]) -> dict:
     """For the rebalance_completed log line: the pending member ids the join phase had to wait
     for (KIP-394) and what became of each, only when there were any."""
     if not pending:
         return {}
-    return {"pending_members": [{"member_id": e["member_id"], "outcome": e["outcome"] or "still_pending",
-                                 "after_ms": e["after_ms"]} for e in pending]}
+    shown = [{"member_id": e["member_id"], "outcome": e["outcome"] or "still_pending", "after_ms": e["after_ms"]}
+             for e in pending[:PENDING_LOGGED]]
+    if len(pending) <= PENDING_LOGGED:
+        return {"pending_members": shown}
+    # a 5,000-member group forming: one log line of every id would be ~300 KB rendered on the loop;
+    # the flight recorder (herd groups history) keeps them all
+    outcomes: dict[str, int] = {}
+    for e in pending:
+        key = e["outcome"] or "still_pending"
+        outcomes[key] = outcomes.get(key, 0) + 1
+    return {"pending_members": shown, "pending_members_total": len(pending), "pending_outcomes": outcomes}
