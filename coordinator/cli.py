@@ -28,6 +28,8 @@ SERVE_HELP = {
                        "machine's FQDN when listening on 0.0.0.0 or ::)",
     "advertised_port": "the port given to clients (default: the bound port)",
     "metrics_port": "serve /metrics, /healthz, /readyz and the JSON views on this port (default: off)",
+    "http_auth_file": "credentials the metrics port asks for: 'bearer <sha256-hex>' or 'basic <user> "
+                      "<sha256-hex>' per line; /healthz and /readyz stay open (default: none)",
     "security_protocol": "PLAINTEXT (default), SSL, SASL_PLAINTEXT or SASL_SSL",
     "ssl_certfile": "the server's certificate chain, PEM (SSL, SASL_SSL)",
     "ssl_keyfile": "its private key, PEM (default: in the certificate file)",

@@ -213,6 +213,10 @@ class Config:
     metrics_port: int | None = None
     #: the address of the metrics port (plain HTTP: keep it on 127.0.0.1 or a private network)
     metrics_host: str = "127.0.0.1"
+    #: a file of credentials the HTTP port asks for: lines `bearer <sha256-hex of a token>` and
+    #: `basic <user> <sha256-hex of the password>` (make one with `printf %s SECRET | sha256sum`);
+    #: every path but `/healthz` and `/readyz` then needs one (docs/operating.md); unset: open
+    http_auth_file: str | None = None
     #: rebalances kept per group by the flight recorder (`herd groups history`)
     rebalance_history_size: int = 20  # generations kept per group by the flight recorder
     # herd's own stall (loop or process paused) of this long or longer gives members the time back
@@ -273,7 +277,7 @@ class Config:
             if not getattr(self, name).strip():
                 hint = " (use 0.0.0.0 to listen on every interface)" if name.endswith("host") else ""
                 raise ConfigError(f"{name} must not be empty{hint}")
-        for name in ("advertised_host", "port_file"):
+        for name in ("advertised_host", "port_file", "http_auth_file"):
             if getattr(self, name) is not None and not getattr(self, name).strip():
                 raise ConfigError(f"{name} must not be empty (leave it unset for the default)")
         if self.fsync not in ("always", "interval", "never"):

@@ -390,6 +390,7 @@ class Daemon:
                 lock.close()
 
     async def serve(self) -> int:
+        from coordinator.ops.httpauth import HttpAuthError, load_http_auth
         from coordinator.ops.metrics import HttpEndpoint
         from coordinator.ops.notify import Notifier
 
@@ -405,6 +406,11 @@ class Daemon:
                                 lambda g: self.groups.group_history(g, runtime.now_ms()),
                                 **node.http_checks(self.groups))
             http.console = self.console
+            if config.http_auth_file is not None:
+                try:
+                    http.auth = load_http_auth(config.http_auth_file)
+                except HttpAuthError as exc:
+                    raise StartError(str(exc)) from None
             try:
                 mport = await http.bind(config.metrics_host, config.metrics_port)
             except OSError as exc:

@@ -285,6 +285,15 @@ SECURITY_HEADERS = {
 _SECURITY_HEAD = "".join(f"{k}: {v}\r\n" for k, v in SECURITY_HEADERS.items())
 
 
+def _header(head: bytes, name: bytes) -> str | None:
+    """The value of header ``name`` (lower case) in a request head, or None."""
+    for line in head.split(b"\r\n")[1:]:
+        key, sep, value = line.partition(b":")
+        if sep and key.strip().lower() == name:
+            return value.strip().decode("latin-1")
+    return None
+
+
 class _Turns:
     """One answer's slice per loop turn, whoever asks: ten clients fetching ``/groups`` in a loop
     cost the loop one ``SLICE_S`` between two polls of its sockets, not ten."""
@@ -331,6 +340,8 @@ class HttpEndpoint:
         self.turns = _Turns()
         self.write_timeout = HTTP_WRITE_TIMEOUT
         self.oversized = 0  # request heads refused with 431
+        self.auth = None  # coordinator.ops.httpauth.HttpAuth (http_auth_file): all but the health checks need it
+        self.auth_failures = 0  # requests answered 401
         self._rendering: asyncio.Future | None = None  # a /metrics render shared by concurrent scrapes
         self._metrics_lines = None
         self._listing: asyncio.Future | None = None  # a /groups listing shared by concurrent requests
@@ -350,6 +361,9 @@ class HttpEndpoint:
                 + ["# HELP herd_http_oversized_headers_total Requests answered 431: a head over the size limit.",
                    "# TYPE herd_http_oversized_headers_total counter",
                    f"herd_http_oversized_headers_total {self.oversized}"]
+                + (["# HELP herd_http_auth_failures_total HTTP requests answered 401: no or a wrong credential "
+                    "(http_auth_file).", "# TYPE herd_http_auth_failures_total counter",
+                    f"herd_http_auth_failures_total {self.auth_failures}"] if self.auth is not None else [])
                 + [f"# HELP herd_http_connections HTTP connections being served (cap {self.max_connections}).",
                    "# TYPE herd_http_connections gauge", f"herd_http_connections {self.open}"])
 
@@ -399,6 +413,11 @@ class HttpEndpoint:
                     if reserve and target.split("?", 1)[0] not in ("/healthz", "/readyz"):
                         self.refused.inc()
                         answer = (503, "text/plain", b"too many HTTP connections\n")
+                    elif (self.auth is not None and target.split("?", 1)[0] not in ("/healthz", "/readyz")
+                          and not self.auth.allows(_header(head, b"authorization"))):
+                        self.auth_failures += 1
+                        answer = (401, "text/plain", b"authentication required\n",
+                                  {"WWW-Authenticate": 'Basic realm="herd"'})
                     else:
                         if target.split("?", 1)[0] == "/metrics" and self.ready:
                             await self._prepare_metrics()
@@ -621,7 +640,7 @@ def _lines_body(lines: list[str], step: int = 500):
         yield ("\n".join(lines[i:i + step]) + "\n").encode()
 
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
             431: "Request Header Fields Too Large", 503: "Service Unavailable"}
 
 

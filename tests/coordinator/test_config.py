@@ -155,3 +155,14 @@ def test_authorization_settings_by_their_issue_names(tmp_path):
 def test_bad_authorization_settings_give_one_clear_message(env, message):
     with pytest.raises(ConfigError, match=message):
         load(env=env)
+
+
+def test_http_auth_file_from_toml_env_and_flag(tmp_path):
+    toml = tmp_path / "herd.toml"
+    toml.write_text('http_auth_file = "/etc/herd/http-auth"\n')
+    assert load(env={}).http_auth_file is None
+    assert load(str(toml), env={}).http_auth_file == "/etc/herd/http-auth"
+    assert load(str(toml), env={"HERD_HTTP_AUTH_FILE": "/e"}).http_auth_file == "/e"
+    assert load(str(toml), env={"HERD_HTTP_AUTH_FILE": "/e"}, overrides={"http_auth_file": "/f"}).http_auth_file == "/f"
+    with pytest.raises(ConfigError, match="http_auth_file must not be empty"):
+        load(env={"HERD_HTTP_AUTH_FILE": " "})
