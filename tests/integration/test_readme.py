@@ -39,6 +39,8 @@ NOT_RUN_FILES = {"architecture.md": "diagrams of the code's layers and paths"}
 
 # The first line of every block that is not run, and why.
 NOT_RUN = {
+    "# /etc/herd/http-auth: printf %s 'SECRET' | sha256sum gives a hash (these two hash admin and password)":
+        "an example credentials file: tests/coordinator/ops/test_httpauth.py parses this block and checks its hashes",
     "from client import KafkaGroupConsumer":
         "the README's short form of docs/client.md's thin-client-kafka block, which is run against a real "
         "Kafka broker (tests/integration/test_kafka_group_consumer.py); its addresses are placeholders",

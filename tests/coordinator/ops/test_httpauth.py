@@ -79,3 +79,16 @@ def test_load(tmp_path):
     (tmp_path / "bad").write_text("bearer nope\n")
     with pytest.raises(HttpAuthError, match=r"^http_auth_file .*/bad line 1: not a SHA-256"):
         load_http_auth(str(tmp_path / "bad"))
+
+
+def test_the_example_file_in_the_operating_docs_is_valid_and_says_what_it_hashes():
+    """docs/operating.md's example file (a block the README test lists as not run: it is checked
+    here) parses, and its two hashes are of the words its comment names."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[3] / "docs" / "operating.md").read_text()
+    start = text.index("# /etc/herd/http-auth:")
+    block = text[start:text.index("```", start)]
+    auth = HttpAuth.parse(block)
+    assert auth.allows("Bearer admin") and auth.allows(basic("ops", "password"))
+    assert not auth.allows("Bearer password") and not auth.allows(basic("ops", "admin"))
