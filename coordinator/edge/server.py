@@ -40,6 +40,7 @@ import time
 from collections import deque
 
 from coordinator import logging_setup
+from coordinator.edge.budget import MemoryBudget
 from coordinator.core.versions import API_NAMES, API_VERSIONS, SUPPORTED, api_versions_response
 from coordinator.ops.metrics import HTTP_MAX_CONNECTIONS, HTTP_RESERVE, response_error
 from protocol import acls as acl_messages
@@ -221,8 +222,9 @@ class Connection(asyncio.Protocol):
         self.dirty = False  # in server.dirty: answers released in a batch, written at its end
         self.closing = False  # close() waits for the answers in ``held``, then aborts
         self.last_active = 0.0
-        self.accounted = 0  # bytes counted in server.buffered for this connection
+        self.accounted = 0  # bytes counted in server.budget for this connection
         self.memory_paused = False  # not reading: herd's buffered bytes are over max_buffered_bytes
+        self.memory_granted = False  # resumed by the budget: the frame being read is admitted
         self.registered = False
         self.auth_timer = None  # closes a connection that has not authenticated in time
         # SASL listener: until authenticated every frame goes to authenticate()
@@ -331,6 +333,7 @@ class Connection(asyncio.Protocol):
             self.malformed(frames, error)
             return
         if frames:
+            self.memory_granted = False  # the admitted frame is read: the next one asks again
             if len(frames) == 1 and not self.queue and not self.processing and self._ready():
                 self.handle_one(frames[0])  # the common case: no queue round trip
             else:
@@ -908,11 +911,7 @@ class Server:
         self.per_ip: dict[str, int] = {}
         self.refused_per_ip = 0
         # max_buffered_bytes: what every connection holds, counted as it changes (Connection._account)
-        self.buffered = 0
-        self.buffered_limit = config.buffered_bytes_limit
-        self.memory_waiting: deque[Connection] = deque()  # paused until the total is under the limit
-        self.memory_pauses = 0
-        self._wake_scheduled = False
+        self.budget = MemoryBudget(config.buffered_bytes_limit, self._call_soon)
         self.accept_failures = 0
         if metrics is not None:
             metrics.collectors.append(self.log_limiter.metric_lines)
@@ -988,52 +987,28 @@ class Server:
             conn.accounted = 0
 
     def buffered_change(self, conn: Connection, delta: int) -> None:
-        """A connection's buffered bytes moved by ``delta``. Over ``max_buffered_bytes``, a
-        connection that adds (reads a new frame's size, a request, or has answers pile up) stops
-        reading until the total is under the limit again; those holding less go on (a heartbeat's
-        frame arrives whole and leaves at once)."""
-        self.buffered += delta
-        if delta > 0:
-            if self.buffered > self.buffered_limit and not conn.memory_paused and not conn.closed:
-                conn.memory_pause()
-                self.memory_waiting.append(conn)
-                self.memory_pauses += 1
-        elif self.memory_waiting and self.buffered < self.buffered_limit and not self._wake_scheduled:
-            self._wake_scheduled = True
-            self.loop.call_soon(self._memory_wake_soon)
+        self.budget.change(conn, delta)
 
-    def _memory_wake_soon(self) -> None:
-        self._wake_scheduled = False
-        self._memory_wake()
-
-    def _memory_wake(self) -> None:
-        """Resume waiting connections, in the order they stopped, while what each will hold (the
-        whole frame it announced) fits under the limit."""
-        waiting = self.memory_waiting
-        while waiting:
-            conn = waiting[0]
-            if conn.closed or not conn.memory_paused:
-                waiting.popleft()
-                continue
-            need = conn.decoder.reserved - conn.decoder.buffered
-            if self.buffered + need > self.buffered_limit:
-                return
-            waiting.popleft()
-            conn.memory_resume()
+    def _call_soon(self, callback) -> None:
+        self.loop.call_soon(callback)
 
     def metric_lines(self) -> list[str]:
-        paused = sum(1 for c in self.memory_waiting if c.memory_paused and not c.closed)
+        budget = self.budget
+        paused = budget.paused_count()
         return [
             "# HELP herd_buffered_bytes Bytes buffered for all connections (requests, frames being read at "
             "their announced size, unsent answers).", "# TYPE herd_buffered_bytes gauge",
-            f"herd_buffered_bytes {self.buffered}",
+            f"herd_buffered_bytes {budget.total}",
             "# HELP herd_buffered_bytes_limit max_buffered_bytes.", "# TYPE herd_buffered_bytes_limit gauge",
-            f"herd_buffered_bytes_limit {self.buffered_limit}",
+            f"herd_buffered_bytes_limit {budget.limit}",
             "# HELP herd_connections_paused_for_memory Connections not read from: the buffered bytes are over "
             "max_buffered_bytes.", "# TYPE herd_connections_paused_for_memory gauge",
             f"herd_connections_paused_for_memory {paused}",
             "# HELP herd_memory_pauses_total Times a connection stopped being read from for max_buffered_bytes.",
-            "# TYPE herd_memory_pauses_total counter", f"herd_memory_pauses_total {self.memory_pauses}",
+            "# TYPE herd_memory_pauses_total counter", f"herd_memory_pauses_total {budget.pauses}",
+            "# HELP herd_memory_forced_grants_total Times the first paused connection was let read its frame "
+            "over max_buffered_bytes because only paused connections held bytes (no deadlock).",
+            "# TYPE herd_memory_forced_grants_total counter", f"herd_memory_forced_grants_total {budget.forced}",
             "# HELP herd_connections_refused_per_ip_total Connections closed at once: max_connections_per_ip.",
             "# TYPE herd_connections_refused_per_ip_total counter",
             f"herd_connections_refused_per_ip_total {self.refused_per_ip}",
