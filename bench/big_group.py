@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import threading
 import time
 import urllib.request
@@ -128,6 +129,7 @@ class Big:
     async def join_sync(self, members: list[int]) -> dict:
         """Every member in ``members`` (ids known) sends JoinGroup at once, then SyncGroup on its answer."""
         t_last_join = 0.0
+        t_first_join = _now()
         futs = []
         for i in members:
             futs.append(asyncio.ensure_future(self.call(i, self.join_frame(i, self.conns[i]), m.JoinGroupResponse,
@@ -135,9 +137,11 @@ class Big:
             t_last_join = _now()
         synced = []
         leader_seen = {}
+        joined = []
 
         async def member(i, fut):
-            r, _arrived = await fut
+            r, arrived = await fut
+            joined.append(arrived)
             if r.error_code:
                 self._err(r.error_code)
                 return None
@@ -156,7 +160,10 @@ class Big:
             return arrived
 
         await asyncio.gather(*(member(i, f) for i, f in zip(members, futs, strict=True)))
-        return {"t_last_join": t_last_join, "t_formed": max(synced) if synced else None, "synced": len(synced),
+        return {"t_first_join": t_first_join, "t_last_join": t_last_join,
+                "t_first_join_answer": min(joined, default=None), "t_last_join_answer": max(joined, default=None),
+                "t_first_sync_answer": min(synced, default=None), "t_formed": max(synced) if synced else None,
+                "synced": len(synced),
                 "leader_saw": leader_seen.get("members"), "generation": self.generation}
 
     async def form(self) -> dict:
@@ -185,7 +192,7 @@ class Big:
         await asyncio.gather(*(minted(i) for i in range(1, self.n)))
         t_ids_done = _now()
         out = await self.join_sync(list(range(self.n)))
-        out.update(t_start=t0, ids_s=t_ids_done - t_ids)
+        out.update(t_start=t0, t_ids=t_ids, t_ids_done=t_ids_done, ids_s=t_ids_done - t_ids)
         return out
 
     async def rebalance(self) -> dict:
@@ -246,7 +253,6 @@ def run(args) -> dict:
             conns = loop.run_until_complete(open_conns(host, int(port), n, "big", parallel=200))
             out["big_connect_s"] = _now() - t
             big = Big(conns, args.session_timeout_ms, args.rebalance_timeout_ms)
-            cpu0 = U.proc_cpu_seconds(herd.pid)
             w0 = _now()
             res = {}
             th = threading.Thread(target=lambda: res.update(hb=lg.window(args.window, start=w0, samples=True)))
@@ -255,6 +261,11 @@ def run(args) -> dict:
             time.sleep(args.baseline)
             lag1 = loop_lag(mport)
             cpu1 = U.proc_cpu_seconds(herd.pid)
+            spy = None
+            if args.profile:  # py-spy on the daemon for the big group's two phases
+                os.makedirs(args.profile, exist_ok=True)
+                spy = U.PySpy(herd.pid, os.path.join(args.profile, f"big_group-{n}.txt"), rate=args.profile_rate)
+                spy.__enter__()
             formed = loop.run_until_complete(big.form())
             lag2 = loop_lag(mport)
             cpu2 = U.proc_cpu_seconds(herd.pid)
@@ -263,6 +274,8 @@ def run(args) -> dict:
             rebal = loop.run_until_complete(big.rebalance())
             lag4 = loop_lag(mport)
             cpu3 = U.proc_cpu_seconds(herd.pid)
+            if spy is not None:
+                spy.__exit__(None, None, None)
             t_end = _now()
             if t_end > w0 + args.window:
                 out["warning"] = "the window ended before the rebalance did: raise --window"
@@ -284,6 +297,8 @@ def run(args) -> dict:
                           "hb_ms": phase_stats(samples, rebal["t_start"], rebal["t_formed"]),
                           "loop_lag": lag_delta(lag3, lag4), "daemon_cpu_s": cpu3 - cpu2},
         }
+        out["timeline_s"] = {f"{ph}_{k[2:]}": round(v - w0, 3) for ph, d in (("form", formed), ("rebal", rebal))
+                             for k, v in d.items() if k.startswith("t_") and v is not None}
         out["formation_s_from_last_join"] = formed["t_formed"] - formed["t_last_join"]
         out["formation_s_from_first_join"] = formed["t_formed"] - formed["t_start"]
         out["minting_ids_s"] = formed["ids_s"]
@@ -295,6 +310,13 @@ def run(args) -> dict:
         out["loop_lag_max_s_end"] = lag4["max_s"]
         out["heartbeat_window"] = {k: hb[k] for k in ("heartbeats", "latency_ms", "errors", "members_failed",
                                                        "unanswered", "slow", "load_stalls", "load_cpu_util")}
+    if args.profile:
+        from bench import _profile
+
+        summary = _profile.summarize(spy.out_path, top=30)
+        summary["file"] = spy.out_path
+        out["profile"] = summary
+        print(_profile.render(summary, f"herd while a {n}-member group forms and rebalances"), file=sys.stderr)
     ph = out["phases"]
     p99 = max((ph[k]["hb_ms"]["p99"] or 0.0) for k in ("formation", "rebalance"))
     over = ph["formation"]["loop_lag"]["over_100ms"] + ph["rebalance"]["loop_lag"]["over_100ms"]
@@ -327,6 +349,8 @@ def main(argv=None):
     ap.add_argument("--session-timeout-ms", type=int, default=300_000, help="big group members' session")
     ap.add_argument("--rebalance-timeout-ms", type=int, default=120_000)
     ap.add_argument("--fsync", default="always")
+    ap.add_argument("--profile", default=None, help="directory: py-spy the daemon during the big group's phases")
+    ap.add_argument("--profile-rate", type=int, default=200)
     ap.add_argument("--rev", default=None, help="run the daemon from this git revision (git archive), "
                     "e.g. main for a before/after comparison; default: this tree")
     args = U.parse(ap, argv, {"big": (1000, 5000), "groups": (100, 1000), "window": (25.0, 60.0)})
@@ -344,6 +368,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    import sys
-
     main(sys.argv[1:])
