@@ -210,6 +210,22 @@ class Big:
         return out
 
 
+def daemon_events(herd, w0_wall: float) -> list:
+    """The daemon's own reports of long pauses (loop lag, stalls, collections), seconds into the window."""
+    from datetime import datetime
+
+    out = []
+    for ev in ("loop.lag", "loop.stall", "gc.pause", "gc.walked_all"):
+        for e in herd.log_events(ev):
+            try:
+                t = datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00")).timestamp() - w0_wall
+            except (KeyError, ValueError):
+                t = None
+            ms = e.get("lag_ms", e.get("stall_ms", e.get("pause_ms")))
+            out.append([round(t, 2) if t is not None else None, ev, ms])
+    return sorted(out, key=lambda x: (x[0] is None, x[0] or 0))[:100]
+
+
 def phase_stats(samples, start: float, end: float) -> dict:
     sent, lat = samples
     vals = [lat[k] / 1000 for k in range(len(sent)) if start <= sent[k] < end]
@@ -254,6 +270,7 @@ def run(args) -> dict:
             out["big_connect_s"] = _now() - t
             big = Big(conns, args.session_timeout_ms, args.rebalance_timeout_ms)
             w0 = _now()
+            w0_wall = time.time()
             res = {}
             th = threading.Thread(target=lambda: res.update(hb=lg.window(args.window, start=w0, samples=True)))
             th.start()
@@ -287,6 +304,7 @@ def run(args) -> dict:
             hb = res["hb"]
             samples = hb.pop("samples")
             out["verify_small"] = lg.verify()
+            out["daemon_events"] = daemon_events(herd, w0_wall)
         out["phases"] = {
             "baseline": {"seconds": formed["t_start"] - w0, "hb_ms": phase_stats(samples, w0, formed["t_start"]),
                          "loop_lag": lag_delta(lag0, lag1)},

@@ -7,9 +7,9 @@ part changes only when the member does (its protocols on a rejoin with new metad
 chosen protocol), so each member keeps its encoded part and the answer or record is the encoded
 head plus the concatenated parts (plus, in the record, each member's current assignment).
 
-A cached part is keyed by everything it is encoded from (the protocols list by identity: a rejoin
-replaces the list, never mutates it), so it can never be stale; the tests compare the bytes with a
-fresh encode.
+A cached part is keyed by everything it is encoded from (a copy of the protocols and their
+metadata, compared by value: a rejoin with the same subscription reuses it), so it can never be
+stale; the tests compare the bytes with a fresh encode.
 """
 from __future__ import annotations
 
@@ -66,27 +66,46 @@ class LeaderJoinResponse(JoinGroupResponse):
             out += b"".join(self.parts)
 
 
+def _join_part(m, version: int, proto):
+    key = (version, proto, m.member_id, m.group_instance_id if version >= 5 else None, tuple(m.protocols))
+    c = m.join_enc
+    if c is None or c[0] != key:
+        entry = JoinGroupResponseMember(m.member_id, key[3], m.metadata(proto))
+        buf = bytearray()
+        _JOIN_MEMBER_ENC[version](entry, buf)
+        c = m.join_enc = (key, entry, bytes(buf))
+    return c
+
+
+def warm(m, version: int) -> None:
+    """Encode a member's parts when it joins (a slice of its own JoinGroup), for its first protocol
+    (the group's, unless the members vote otherwise) and its request's version (the leader's
+    usually: one client library), so the join phase's end and the leader's SyncGroup reuse them."""
+    if not m.protocols:
+        return
+    proto = m.protocols[0][0]
+    try:
+        _join_part(m, version, proto)
+        record_member_head(m, proto)
+    except _ENCODE_FAILURES:
+        pass  # encoded (and refused) where it is used
+
+
 def join_members(group, version: int) -> tuple[list[JoinGroupResponseMember], list[bytes] | None]:
     """The leader's member list and each entry's encoding for ``version``, from the members' caches
     (None for the encodings when one cannot be encoded: the answer is then encoded, and fails, as
     any other)."""
     proto = group.protocol_name
     v5 = version >= 5
-    enc = _JOIN_MEMBER_ENC[version]
     members, parts = [], []
     for m in group.members.values():
-        key = (version, proto, m.member_id, m.group_instance_id if v5 else None, m.protocols)
-        c = m.join_enc
-        if c is None or c[0] != key or c[0][4] is not m.protocols:
-            entry = JoinGroupResponseMember(m.member_id, key[3], m.metadata(proto))
-            buf = bytearray()
-            try:
-                enc(entry, buf)
-            except _ENCODE_FAILURES:
-                parts = None
-                members.append(entry)
-                continue
-            c = m.join_enc = (key, entry, bytes(buf))
+        try:
+            c = _join_part(m, version, proto)
+        except _ENCODE_FAILURES:
+            parts = None
+            members.append(JoinGroupResponseMember(m.member_id, m.group_instance_id if v5 else None,
+                                                   m.metadata(proto)))
+            continue
         members.append(c[1])
         if parts is not None:
             parts.append(c[2])
@@ -114,9 +133,9 @@ _RECORD_VERSION = 3
 def record_member_head(m, proto: str | None) -> bytes:
     """A member's GroupMetadataValue v3 entry up to (not including) its assignment, cached."""
     key = (proto, m.member_id, m.group_instance_id, m.client_id, m.client_host, m.rebalance_timeout_ms,
-           m.session_timeout_ms, m.protocols)
+           m.session_timeout_ms, tuple(m.protocols))
     c = m.record_enc
-    if c is not None and c[0] == key and c[0][7] is m.protocols:
+    if c is not None and c[0] == key:
         return c[1]
     entry = M.GroupMetadataValueMemberMetadata(
         member_id=m.member_id, group_instance_id=m.group_instance_id, client_id=m.client_id,

@@ -565,9 +565,14 @@ class Group:
         if self.protocol_name is None:
             return None
         topics: set[str] = set()
+        seen: set[bytes] = set()  # members mostly share one subscription: each distinct one decoded once
         try:
             for m in self.members.values():
-                _, sub = decode_subscription(m.metadata(self.protocol_name))
+                meta = m.metadata(self.protocol_name)
+                if meta in seen:
+                    continue
+                seen.add(meta)
+                _, sub = decode_subscription(meta)
                 topics.update(sub.topics)
         except (ProtocolError, KeyError):
             return None

@@ -281,6 +281,7 @@ class ClassicGroups:
                         ctx.req.session_timeout_ms, ctx.req.protocol_type, ctx.protocols,
                         hb_key=("hb", gid, member_id), joined_wall_ms=wall)
         member.is_new = True
+        encoded.warm(member, ctx.version)
         if group.state == PREPARING_REBALANCE and group.generation == 0:
             # extends the initial rebalance delay of a brand-new group only (Kafka's
             # addMemberAndRebalance): a group coming back from Empty waits one delay
@@ -301,6 +302,7 @@ class ClassicGroups:
     def _update_member_and_rebalance(self, group: Group, member: Member, ctx: _JoinCtx, reason: str,
                                      detail: str, now: int, wall: int, out: Result) -> None:
         group.update_member(member, ctx.protocols, ctx.rebalance_timeout, ctx.req.session_timeout_ms)
+        encoded.warm(member, ctx.version)
         self._park_join(group, member, Parked(ctx.token, ctx.version, now), out)
         if group.rebalance is not None and group.state == PREPARING_REBALANCE:
             group.rebalance.on_join(member, now)

@@ -121,3 +121,35 @@ def test_a_changed_member_field_is_never_served_from_a_stale_part():
     members2, parts2 = encoded.join_members(g, 9)
     assert members2[0].metadata == members[0].metadata + b"x" and parts2[0] != parts[0]
     assert parts2[1] == parts[1]
+
+
+def test_a_member_s_parts_are_encoded_when_it_joins_and_reused_by_the_answer_and_the_record():
+    h = Harness()
+    mids, gen = h.form_group("g", 3, version=9)
+    g = h.group("g")
+    m = g.members[mids[2]]
+    join_part, record_part = m.join_enc, m.record_enc
+    assert join_part is not None and join_part[0][0] == 9 and record_part is not None
+    # the next rebalance (same subscriptions) reuses them: the same objects, the same bytes
+    for mid in mids:
+        h.join("g", mid, version=9)
+    _token, resp = leader_answer(h, "g")
+    assert m.join_enc is join_part and m.record_enc is record_part
+    assert resp.encode(9) == fresh_join_bytes(resp, 9)
+    g = h.group("g")
+    h.sync("g", g.generation, g.leader_id, {mid: mid.encode() for mid in mids}, version=5)
+    assert m.record_enc is record_part and h.writes[-1][2] == fresh_record(g)
+
+
+def test_a_protocols_list_changed_in_place_is_encoded_again():
+    h = Harness()
+    mids, _gen = h.form_group("g", 2)
+    g = h.group("g")
+    m = g.members[mids[1]]
+    _members, parts = encoded.join_members(g, 5)
+    head = encoded.record_member_head(m, g.protocol_name)
+    name, meta = m.protocols[0]
+    m.protocols[0] = (name, meta + b"y")
+    members2, parts2 = encoded.join_members(g, 5)
+    assert members2[1].metadata == meta + b"y" and parts2[1] != parts[1]
+    assert encoded.record_member_head(m, g.protocol_name) != head
