@@ -254,6 +254,10 @@ def run(args) -> dict:
                      group_prefix="small", hb_mode="one", hb_interval=args.hb_interval,
                      session_timeout_ms=30_000) as lg:
             out["load_params"] = lg.params()
+            if args.pin:
+                from bench.scale import _pin
+
+                out["pinning"] = _pin(herd.pid, [c.pid for c in lg.children])
             out["small_join"] = {k: v for k, v in lg.join().items() if k in ("seconds", "groups_joined",
                                                                              "groups_failed", "errors")}
             loop = asyncio.new_event_loop()
@@ -367,6 +371,8 @@ def main(argv=None):
     ap.add_argument("--session-timeout-ms", type=int, default=300_000, help="big group members' session")
     ap.add_argument("--rebalance-timeout-ms", type=int, default=120_000)
     ap.add_argument("--fsync", default="always")
+    ap.add_argument("--pin", action="store_true", help="the daemon on the first CPU, the load (this process "
+                    "and the small groups' processes) on the others, as bench.scale --pin")
     ap.add_argument("--profile", default=None, help="directory: py-spy the daemon during the big group's phases")
     ap.add_argument("--profile-rate", type=int, default=200)
     ap.add_argument("--rev", default=None, help="run the daemon from this git revision (git archive), "
