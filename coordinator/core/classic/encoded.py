@@ -66,15 +66,18 @@ class LeaderJoinResponse(JoinGroupResponse):
             out += b"".join(self.parts)
 
 
-def _join_part(m, version: int, proto):
-    key = (version, proto, m.member_id, m.group_instance_id if version >= 5 else None, tuple(m.protocols))
+def _join_part(m, version: int, proto) -> bytes:
+    """A member's JoinGroupResponse entry for ``version`` and the group's protocol ``proto``, cached
+    as one flat tuple (what it encodes, then the bytes): few objects for the collector per member."""
+    iid = m.group_instance_id if version >= 5 else None
+    protocols = tuple(m.protocols)
     c = m.join_enc
-    if c is None or c[0] != key:
-        entry = JoinGroupResponseMember(m.member_id, key[3], m.metadata(proto))
+    if (c is None or c[0] != version or c[1] != proto or c[2] != m.member_id or c[3] != iid
+            or c[4] != protocols):
         buf = bytearray()
-        _JOIN_MEMBER_ENC[version](entry, buf)
-        c = m.join_enc = (key, entry, bytes(buf))
-    return c
+        _JOIN_MEMBER_ENC[version](JoinGroupResponseMember(m.member_id, iid, m.metadata(proto)), buf)
+        c = m.join_enc = (version, proto, m.member_id, iid, protocols, bytes(buf))
+    return c[5]
 
 
 def warm(m, version: int) -> None:
@@ -106,9 +109,10 @@ def join_members(group, version: int) -> tuple[list[JoinGroupResponseMember], li
             members.append(JoinGroupResponseMember(m.member_id, m.group_instance_id if v5 else None,
                                                    m.metadata(proto)))
             continue
-        members.append(c[1])
+        members.append(JoinGroupResponseMember(m.member_id, m.group_instance_id if v5 else None,
+                                               m.metadata(proto)))
         if parts is not None:
-            parts.append(c[2])
+            parts.append(c)
     return members, parts
 
 
@@ -135,8 +139,8 @@ def record_member_head(m, proto: str | None) -> bytes:
     key = (proto, m.member_id, m.group_instance_id, m.client_id, m.client_host, m.rebalance_timeout_ms,
            m.session_timeout_ms, tuple(m.protocols))
     c = m.record_enc
-    if c is not None and c[0] == key:
-        return c[1]
+    if c is not None and c[:8] == key:
+        return c[8]
     entry = M.GroupMetadataValueMemberMetadata(
         member_id=m.member_id, group_instance_id=m.group_instance_id, client_id=m.client_id,
         client_host=m.client_host, rebalance_timeout=m.rebalance_timeout_ms, session_timeout=m.session_timeout_ms,
@@ -144,7 +148,7 @@ def record_member_head(m, proto: str | None) -> bytes:
     buf = bytearray()
     M._e_GroupMetadataValueMemberMetadata_3(entry, buf)
     head = bytes(buf[:-4])  # without the empty assignment's int32 length
-    m.record_enc = (key, head)
+    m.record_enc = key + (head,)  # one flat tuple: what it encodes, then the bytes
     return head
 
 
