@@ -62,15 +62,6 @@ def extract(rev: str, into: str) -> str:
     return into
 
 
-def metrics_port(h: Herd, timeout: float = 30) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for ev in h.log_events("metrics listening"):
-            return ev["port"]
-        time.sleep(0.02)
-    raise RuntimeError("no metrics port in the log")
-
-
 def settle_rss(pid: int, seconds: float = 1.0) -> int:
     time.sleep(seconds)
     return proc_rss_bytes(pid)
@@ -184,7 +175,7 @@ def groups_scenario(root, args) -> dict:
 
     out: dict = {}
     with TreeHerd(root, topics=["bench:1"], fsync="never", extra_args=["--metrics-port", "0"]) as h:
-        port = metrics_port(h)
+        port = h.wait_metrics_port(30)
         out["load_s"] = round(load_offsets(h.bootstrap, args.groups, 1), 2)
         body = http_get(port, "/groups")
         out["groups_bytes"] = len(body)

@@ -307,12 +307,12 @@ HTTP_GROUPS = 20000  # /groups is ~4.4 MB: more than the kernel's send buffer of
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory):
     """A herd with HTTP_GROUPS groups (one committed offset each) and its metrics port."""
-    from bench.console import load_offsets, metrics_port
+    from bench.console import load_offsets
 
     tmp = tmp_path_factory.mktemp("hostile-http")
     with U.Herd(topics=["bench:1"], tmp_root=str(tmp), fsync="never", extra_args=["--metrics-port", "0"]) as h:
         load_offsets(h.bootstrap, HTTP_GROUPS, 1)
-        h.http = metrics_port(h)
+        h.http = h.wait_metrics_port(30)
         yield h
 
 
