@@ -33,7 +33,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bench._util import Herd, arg_parser, emit, environment, parse, percentiles, proc_rss_bytes
+from bench._util import Herd, arg_parser, emit, environment, parse, percentiles, proc_rss_bytes, send_while_read
 
 REPO = Path(__file__).resolve().parents[1]
 BEFORE_REV = "9cfe155"  # main before issue 32
@@ -243,23 +243,7 @@ def frames_scenario(root, args) -> dict:
                 s.setblocking(False)
                 socks.append(s)
             pending = {s: [head] + [chunk] * 7 + [b"\x00" * ((1 << 20) - 2)] for s in socks}
-            end = time.monotonic() + args.frames_s
-            while pending and time.monotonic() < end:
-                for s in list(pending):
-                    parts = pending[s]
-                    try:
-                        n = s.send(parts[0])
-                    except BlockingIOError:
-                        continue
-                    except OSError:
-                        del pending[s]
-                        continue
-                    parts[0] = parts[0][n:]
-                    if not parts[0]:
-                        parts.pop(0)
-                    if not parts:
-                        del pending[s]
-                time.sleep(0.001)
+            send_while_read(pending, args.frames_s)
             grown = proc_rss_bytes(h.pid) - rss0
             blocked = len(pending)
         finally:
