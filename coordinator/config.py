@@ -527,7 +527,8 @@ def _int(name: str, value) -> int:
 
 
 # HERD_* variables that are not serve settings (other commands and tools read them).
-OTHER_ENV = frozenset({"HERD_BOOTSTRAP", "HERD_DATA_BOOTSTRAP", "HERD_HTTP"})
+OTHER_ENV = frozenset({"HERD_BOOTSTRAP", "HERD_DATA_BOOTSTRAP", "HERD_HTTP", "HERD_HTTP_TOKEN", "HERD_HTTP_USER",
+                       "HERD_HTTP_PASSWORD"})
 
 
 # Kubernetes gives every pod <SERVICE>_PORT=tcp://10.96.0.7:9092 (and <SERVICE>_SERVICE_HOST, ...)
