@@ -5,6 +5,8 @@ loop is doing when it arrives. A probe timer every ``interval`` seconds measures
 (the loop was busy: a burst of reads, a collection, a long callback) into a histogram that
 ``/metrics`` exports (``herd_event_loop_lag_seconds``), and a lag over ``warn_s`` is logged
 (``loop.lag``). The probe costs one timer callback per interval.
+
+:class:`Probe` is that repeating timer; the stall detector (:mod:`coordinator.ops.stall`) uses one too.
 """
 from __future__ import annotations
 
@@ -18,6 +20,33 @@ log = logging_setup.get("herd.loop")
 BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
+class Probe:
+    """``tick()`` every ``interval`` seconds on an event loop: a ``call_later`` timer armed again
+    after each call, until :meth:`stop`."""
+
+    def __init__(self, interval: float, tick):
+        self.interval = interval
+        self.tick = tick
+        self._loop = None
+        self._handle = None
+
+    def start(self, loop) -> None:
+        self._loop = loop
+        self._arm()
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _arm(self) -> None:
+        self._handle = self._loop.call_later(self.interval, self._fire)
+
+    def _fire(self) -> None:
+        self.tick()
+        self._arm()
+
+
 class LoopLag:
     def __init__(self, interval: float = 0.05, warn_s: float = 0.25, clock=time.monotonic,
                  stall_s: float | None = None):
@@ -29,27 +58,20 @@ class LoopLag:
         self.counts = [0] * (len(BUCKETS) + 1)  # the last one: over the largest bucket
         self.total = 0.0
         self.max = 0.0
-        self._loop = None
-        self._handle = None
+        self._probe = Probe(interval, self._tick)
         self._expected = 0.0
 
     def start(self, loop) -> LoopLag:
-        self._loop = loop
-        self._arm()
+        self._expected = self.clock() + self.interval
+        self._probe.start(loop)
         return self
 
     def stop(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-
-    def _arm(self) -> None:
-        self._expected = self.clock() + self.interval
-        self._handle = self._loop.call_later(self.interval, self._tick)
+        self._probe.stop()
 
     def _tick(self) -> None:
         self.observe(max(0.0, self.clock() - self._expected))
-        self._arm()
+        self._expected = self.clock() + self.interval  # the probe fires again after this
 
     def observe(self, lag: float) -> None:
         self.counts[bisect.bisect_left(BUCKETS, lag)] += 1

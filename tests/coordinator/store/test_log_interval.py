@@ -15,13 +15,10 @@ from coordinator.store import ShardFailedError
 from coordinator.store import writer as LW
 from coordinator.store.filelog import LogStore
 from coordinator.store.logformat import HEADER_SIZE, PREFIX_DURABLE, _scan, read_log_file
+from tests.coordinator.store.test_log import kv, listen_for
 
 WAIT = 30  # seconds: only a bound for a hung test, never a pacing sleep
 HOUR_MS = 3_600_000
-
-
-def kv(i: int) -> tuple[bytes, bytes]:
-    return b"key-%d" % i, b"value-%d" % i
 
 
 def reopen(d, n=2, **kw) -> dict:
@@ -29,18 +26,6 @@ def reopen(d, n=2, **kw) -> dict:
     data = s.open()
     s.close()
     return data
-
-
-def listen_for(store, n: int) -> tuple[list, threading.Event]:
-    results, done = [], threading.Event()
-
-    def listener(batch):
-        results.extend(batch)
-        if len(results) >= n:
-            done.set()
-
-    store.set_listener(listener)
-    return results, done
 
 
 class Ticks:
