@@ -54,6 +54,8 @@ from protocol import errors as E
 from protocol import messages as m
 
 NO_OPERATIONS = -2147483648  # Kafka's "authorized operations not asked for"
+# Kafka's message for a described consumer group naming a topic the client may not describe
+UNDESCRIBABLE_TOPICS = "The group has described topic(s) that the client is not authorized to describe."
 _GROUP_READ_APIS = frozenset({JOIN_GROUP, SYNC_GROUP, HEARTBEAT, LEAVE_GROUP})
 _READ, _GROUP, _TOPIC = A.READ, A.GROUP, A.TOPIC
 CLUSTER = A.CLUSTER_NAME
@@ -261,16 +263,25 @@ class Gate:
                   for g in refused]
         if not req.group_ids:
             return m.ConsumerGroupDescribeResponse(groups=errors), None
-        if not refused and not ops:
-            return None, None
 
         def amend(resp):
-            if ops:
-                for g in resp.groups:
-                    if g.error_code == E.NONE:
+            groups = []
+            for g in resp.groups:
+                if g.error_code == E.NONE:
+                    # Kafka 4 (KAFKA-18813): a group whose members' assignment or target assignment
+                    # names a topic the client may not DESCRIBE is answered TOPIC_AUTHORIZATION_FAILED,
+                    # without its members
+                    topics = {tp.topic_name for mb in g.members for a in (mb.assignment, mb.target_assignment)
+                              if a is not None for tp in a.topic_partitions}
+                    if any(not self.allowed(principal, host, A.DESCRIBE, A.TOPIC, t) for t in sorted(topics)):
+                        g = m.ConsumerGroupDescribeResponseDescribedGroup(
+                            error_code=E.TOPIC_AUTHORIZATION_FAILED, error_message=UNDESCRIBABLE_TOPICS,
+                            group_id=g.group_id)
+                    elif ops:
                         g.authorized_operations = self.authorizer.authorized_operations(
                             principal, host, A.GROUP, g.group_id)
-            resp.groups = list(resp.groups) + errors
+                groups.append(g)
+            resp.groups = groups + errors
             return resp
         return None, amend
 
