@@ -359,6 +359,7 @@ class Config:
                 min_heartbeat_interval_ms=self.group_consumer_min_heartbeat_interval_ms,
                 max_heartbeat_interval_ms=self.group_consumer_max_heartbeat_interval_ms,
                 max_size=self.group_consumer_max_size,
+                authorize_regex=self.authorizer == "acl",
                 assignors=tuple(a.strip() for a in self.group_consumer_assignors.split(",") if a.strip()))
         except ValueError as exc:
             # the core names Kafka's settings (group.consumer.x.y); herd's are group_consumer_x_y

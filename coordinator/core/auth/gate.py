@@ -88,6 +88,17 @@ class Gate:
             self.on_denied(principal, host, rtype, op, name)
         return ok
 
+    def topic_filter(self, principal: str, host: str):
+        """``topic -> bool``: may ``principal`` DESCRIBE the topic (Kafka resolves a consumer group's
+        regex subscriptions with the ACLs of the member whose heartbeat refreshes them, and leaves
+        out the topics it may not describe). Denials are not logged: topics are only left out."""
+        authorize = self.authorizer.authorize
+
+        def may_describe(topic: str) -> bool:
+            return authorize(principal, host, A.DESCRIBE, A.TOPIC, topic)
+        may_describe.generation = self.authorizer.generation  # the ACLs it answers for
+        return may_describe
+
     def group_read(self, cache: dict, principal: str, host: str, group_id: str) -> bool:
         """GROUP READ for the edge's fast paths, cached per connection (``cache``: group id ->
         (authorizer generation, decision)): a steady heartbeat costs one dict lookup."""
@@ -103,11 +114,16 @@ class Gate:
         cache[group_id] = (gen, ok)
         return ok
 
-    def check(self, principal: str, host: str, api_key: int, version: int, request):
-        """-> (refusal response or None, amend function or None); see the module docstring."""
+    def check(self, principal: str, host: str, api_key: int, version: int, request, token=None):
+        """-> (refusal response or None, amend function or None); see the module docstring.
+        ``token`` (the request's, when given): a ConsumerGroupHeartbeat's gets ``topic_filter``, the
+        client's TOPIC DESCRIBE, with which the consumer core resolves regex subscriptions."""
         check = self._checks.get(api_key)
         if check is not None:
-            return check(principal, host, version, request)
+            answer = check(principal, host, version, request)
+            if api_key == CONSUMER_GROUP_HEARTBEAT and token is not None and answer[0] is None:
+                token.topic_filter = self.topic_filter(principal, host)
+            return answer
         if api_key in _GROUP_READ_APIS:
             if self.allowed(principal, host, A.READ, A.GROUP, request.group_id):
                 return None, None

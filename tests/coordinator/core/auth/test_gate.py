@@ -235,3 +235,19 @@ def test_consumer_group_describe_hides_a_group_naming_a_topic_it_may_not_describ
     assert got["h"].error_message == "The group has described topic(s) that the client is not authorized to describe."
     assert got["x"].error_code == E.GROUP_AUTHORIZATION_FAILED
     assert (ALICE, H, A.TOPIC, A.DESCRIBE, "secret") in g.denied
+
+
+def test_a_consumer_group_heartbeat_s_token_carries_the_client_s_topic_describe():
+    from types import SimpleNamespace
+
+    g = gate(allow(A.GROUP, "g", A.READ), allow(A.TOPIC, "orders.", A.DESCRIBE, A.PREFIXED))
+    token = SimpleNamespace(topic_filter=None)
+    req = m.ConsumerGroupHeartbeatRequest(group_id="g", subscribed_topic_regex=r"orders\..*")
+    assert g.check(ALICE, H, 68, 1, req, token) == (None, None)
+    may = token.topic_filter
+    assert may("orders.eu") and not may("payments")
+    assert may.generation == g.authorizer.generation
+    assert not g.denied  # topics left out of a regex are not denials
+    refused = SimpleNamespace(topic_filter=None)
+    g.check("User:bob", H, 68, 1, m.ConsumerGroupHeartbeatRequest(group_id="g"), refused)
+    assert refused.topic_filter is None  # refused: it never reaches the core
