@@ -213,9 +213,11 @@ class Config:
     metrics_port: int | None = None
     #: the address of the metrics port (plain HTTP: keep it on 127.0.0.1 or a private network)
     metrics_host: str = "127.0.0.1"
-    #: a file of credentials the HTTP port asks for: lines `bearer <sha256-hex of a token>` and
-    #: `basic <user> <sha256-hex of the password>` (make one with `printf %s SECRET | sha256sum`);
-    #: every path but `/healthz` and `/readyz` then needs one (docs/operating.md); unset: open
+    #: a file of credentials the HTTP port asks for: lines `bearer <sha256-hex of a token> [User:name]`
+    #: and `basic <user> <sha256-hex of the password>` (make one with `printf %s SECRET | sha256sum`);
+    #: every path but `/healthz` and `/readyz` then needs one; with `authorizer = acl` the views show
+    #: the principal (`User:<user>`, the token's, else `User:ANONYMOUS`) what it may DESCRIBE
+    #: (docs/operating.md); unset: open
     http_auth_file: str | None = None
     #: rebalances kept per group by the flight recorder (`herd groups history`)
     rebalance_history_size: int = 20  # generations kept per group by the flight recorder
