@@ -437,8 +437,9 @@ class HttpEndpoint:
                                   {"WWW-Authenticate": 'Basic realm="herd"'})
                     else:
                         view = EVERYTHING if health else self.view(principal, writer)
-                        if path == "/metrics" and self.ready and view.metrics:
-                            await self._prepare_metrics()
+                        if path == "/metrics":
+                            if self.ready and view.metrics:  # (refused: nothing rendered for it)
+                                await self._prepare_metrics()
                         elif path == "/groups" and self.ready and view.all_groups:
                             await self._prepare_groups()
                         elif self.console is not None and self.ready:
