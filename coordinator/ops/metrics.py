@@ -686,8 +686,8 @@ def _lines_body(lines: list[str], step: int = 500):
         yield ("\n".join(lines[i:i + step]) + "\n").encode()
 
 
-_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
-            431: "Request Header Fields Too Large", 503: "Service Unavailable"}
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
+            405: "Method Not Allowed", 431: "Request Header Fields Too Large", 503: "Service Unavailable"}
 
 
 def _family(name: str, kind: str, help: str, samples) -> list[str]:
