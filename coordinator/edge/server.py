@@ -40,8 +40,8 @@ import time
 from collections import deque
 
 from coordinator import logging_setup
-from coordinator.edge.budget import MemoryBudget
 from coordinator.core.versions import API_NAMES, API_VERSIONS, SUPPORTED, api_versions_response
+from coordinator.edge.budget import MemoryBudget
 from coordinator.ops.metrics import HTTP_MAX_CONNECTIONS, HTTP_RESERVE, response_error
 from protocol import acls as acl_messages
 from protocol import errors as E
