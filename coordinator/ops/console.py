@@ -1,9 +1,9 @@
 """The operator's console and the lag metrics: every group's lag, in offsets and in seconds.
 
 Read-only views over the group coordinator (``list_groups``, ``describe_group``, ``group_history``,
-``committed_by_shard``, ...) and the :mod:`coordinator.lag` tracker, shaped three ways:
+``committed_by_shard``, ...) and the :mod:`coordinator.ops.lag` tracker, shaped three ways:
 
-* Prometheus lines (``metric_lines``, a collector of :class:`coordinator.metrics.Metrics`):
+* Prometheus lines (``metric_lines``, a collector of :class:`coordinator.ops.metrics.Metrics`):
   ``herd_group_lag{group,topic,partition}`` and ``herd_group_lag_seconds{group,topic,partition}``
   (``lag_metrics = "partition"``), the per-group ``herd_group_max_lag``, ``herd_group_max_lag_seconds``
   and ``herd_group_sum_lag``, and ``herd_group_last_commit_age_seconds{group}`` for every group with
@@ -53,7 +53,7 @@ STATIC = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; 
           "app.css": "text/css; charset=utf-8", "favicon.svg": "image/svg+xml"}
 def make_source(config, reader=None) -> LogEndSource | None:
     """The log-end source for ``data_bootstrap_server`` (the data-cluster reader,
-    :mod:`coordinator.datacluster`, with the TLS/SASL settings of ``data_command_config``; ``reader``
+    :mod:`coordinator.ops.datacluster`, with the TLS/SASL settings of ``data_command_config``; ``reader``
     when the daemon made it already, for its catalog), or None without one (commit ages only).
     ``ValueError`` (one line) for settings that cannot be used."""
     if not config.data_bootstrap_server:
@@ -346,7 +346,7 @@ class Console:
     # ---- Prometheus ------------------------------------------------------------------------------
 
     def metric_lines(self) -> list[str]:
-        """The lines for /metrics (a :class:`coordinator.metrics.Metrics` collector): those
+        """The lines for /metrics (a :class:`coordinator.ops.metrics.Metrics` collector): those
         :meth:`prepare_for` rendered in steps for this table, else rendered here at once."""
         if self._prepared and self._lines is not None and self._lines[0] is self._table:
             self._prepared = False

@@ -18,7 +18,7 @@ partitions whose leader moved (NOT_LEADER_OR_FOLLOWER, ...) get their topic's me
 more try. Every wait is bounded by the call's budget (``timeout_ms``), so a hung broker costs one
 timeout, never the refresher's whole round; a connection that timed out is closed.
 
-What it returns and raises (the refresher's contract, see :mod:`coordinator.lag`):
+What it returns and raises (the refresher's contract, see :mod:`coordinator.ops.lag`):
 
 * the log end of every partition it could read; a partition the data cluster does not have (no
   such topic, no leader) is left out and not an error: it simply has no lag;

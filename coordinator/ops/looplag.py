@@ -52,7 +52,7 @@ class LoopLag:
                  stall_s: float | None = None):
         self.interval = interval
         self.warn_s = warn_s
-        # a lag this long is a stall: the stall detector (coordinator.stall) logs it, once
+        # a lag this long is a stall: the stall detector (coordinator.ops.stall) logs it, once
         self.stall_s = stall_s
         self.clock = clock
         self.counts = [0] * (len(BUCKETS) + 1)  # the last one: over the largest bucket

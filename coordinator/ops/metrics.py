@@ -340,7 +340,7 @@ class HttpEndpoint:
         self.history_view = history_view  # (group_id) -> JSON-able or None
         self.failed_shards = failed_shards  # () -> [shard ids stopped after a log write failure]
         self.readiness = readiness  # a cluster node's: () -> None (ready) or why not
-        self.console = None  # coordinator.console.Console: GET /, /console/*, /api/*
+        self.console = None  # coordinator.ops.console.Console: GET /, /console/*, /api/*
         self.max_request = max_request
         self.max_connections = max_connections
         self.server = None

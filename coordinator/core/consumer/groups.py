@@ -1,7 +1,7 @@
 """The consumer groups of one shard (KIP-848): ConsumerGroupHeartbeat, timers, replay, describe.
 
 Pure: no I/O, no clock reads, no randomness outside ``heartbeat`` (member ids are minted there and
-written into records). See :mod:`coordinator.consumer` for the calling convention.
+written into records). See :mod:`coordinator.core.consumer` for the calling convention.
 
 Durable state changes only through records. Every record an operation produces is applied at once
 by the same code :meth:`ConsumerGroups.replay` runs at start-up (the bytes are decoded again), so
@@ -66,7 +66,7 @@ INT32_MAX = 2**31 - 1
 SESSION = "cg-session"  # timer key (SESSION, group id, member id)
 REBALANCE = "cg-rebalance"  # timer key (REBALANCE, group id, member id)
 _HAS_MEMBER_TYPE = "member_type" in ConsumerGroupDescribeResponseMember.FIELDS
-# Operations a describing client may perform on a group with no authorizer (see coordinator.shard).
+# Operations a describing client may perform on a group with no authorizer (see coordinator.core.shard).
 GROUP_AUTHORIZED_OPERATIONS = (1 << 3) | (1 << 6) | (1 << 8) | (1 << 10) | (1 << 11)
 
 
@@ -102,7 +102,7 @@ class ConsumerGroupConfig:
 
 
 class Topics(Protocol):
-    """The topic catalog as the consumer groups see it (phase 2 adapts ``coordinator.catalog``)."""
+    """The topic catalog as the consumer groups see it (phase 2 adapts ``coordinator.core.catalog``)."""
 
     def get(self, name: str) -> tuple[bytes, int] | None:
         """(topic id, partition count) of a topic, or None when it does not exist."""
