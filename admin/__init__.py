@@ -15,6 +15,10 @@ protocol, so it works against herd and against a real Kafka cluster alike::
     herd groups delete-offsets  --group G --topic T[:P,P..] [--topic ...]
     herd groups history         GROUP --http HOST:PORT
 
+``describe --http`` and ``history`` send a credential when herd's HTTP port asks for one
+(``http_auth_file``): ``--http-token``/``$HERD_HTTP_TOKEN`` (bearer) or ``--http-user``/``$HERD_HTTP_USER``
+with ``$HERD_HTTP_PASSWORD`` (basic; asked for on a terminal, never a flag).
+
 Common options: ``--bootstrap-server HOST:PORT[,HOST:PORT]`` (default ``$HERD_BOOTSTRAP`` or
 127.0.0.1:9092), ``--data-bootstrap-server`` (where the partitions live, for log-end offsets and
 timestamp lookups; default: the bootstrap server), ``--timeout SECONDS`` (the whole command,

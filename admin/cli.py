@@ -96,6 +96,7 @@ def add_parser(sub) -> None:
                    help="herd's HTTP endpoint (herd serve --metrics-port; default $HERD_HTTP): adds each "
                         "partition's commit age and, when herd reads the data cluster, its lag in seconds "
                         "(LAG-SECONDS, COMMIT-AGE, in seconds)")
+    _http_credential_args(p)
     _common(p)
     p.set_defaults(func=cmd_describe)
 
@@ -158,6 +159,7 @@ def add_parser(sub) -> None:
     p.add_argument("group", metavar="GROUP")
     p.add_argument("--http", metavar="HOST:PORT", default=os.environ.get("HERD_HTTP") or None,
                    help="the daemon's HTTP endpoint (herd serve --metrics-port; default $HERD_HTTP)")
+    _http_credential_args(p)
     p.add_argument("--timeout", type=_seconds, default=10.0, metavar="SECONDS")
     p.add_argument("--output", choices=("table", "json"), default="table")
     p.set_defaults(func=cmd_history)
@@ -179,6 +181,16 @@ def add_acls_parser(sub) -> None:
         _common(p)
         acls.add_arguments(p, name)
         p.set_defaults(func=func)
+
+
+def _http_credential_args(p) -> None:
+    """The credential for herd's HTTP port when it has an http_auth_file (admin.history.http_credential)."""
+    p.add_argument("--http-token", metavar="TOKEN", default=None,
+                   help="send this bearer token to the --http port (default $HERD_HTTP_TOKEN; prefer the "
+                        "variable: a flag shows in ps)")
+    p.add_argument("--http-user", metavar="USER", default=None,
+                   help="send HTTP basic auth as USER to the --http port (default $HERD_HTTP_USER), the "
+                        "password from $HERD_HTTP_PASSWORD (asked for on a terminal)")
 
 
 def _group_args(p) -> None:

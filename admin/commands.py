@@ -317,7 +317,7 @@ def cmd_describe(args) -> int:
     if getattr(args, "http", None):
         from admin.history import _http_base
 
-        http = _http_base(args.http, "describe")
+        http = _http_base(args.http, "describe", args)
     cluster, data = _clusters(args)
     try:
         names = _selected_groups(args, cluster)

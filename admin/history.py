@@ -1,9 +1,12 @@
 """``herd groups history``: herd's rebalance flight recorder, read from its HTTP endpoint."""
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import http.client
 import json
+import os
+import sys
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -13,7 +16,13 @@ from admin.output import _cell, print_json
 from admin.session import _strerror
 
 
-def _http_base(text: str | None, command: str = "history") -> str:
+class HttpBase(str):
+    """herd's HTTP endpoint, ``scheme://host:port``, with the ``Authorization`` header to send
+    (None: none; see :func:`http_credential`)."""
+    authorization: str | None = None
+
+
+def _http_base(text: str | None, command: str = "history", args=None) -> HttpBase:
     if not text:
         raise CliError(f"{command} reads herd's HTTP endpoint: give --http HOST:PORT (the --metrics-port of "
                        "herd serve) or set HERD_HTTP")
@@ -26,7 +35,45 @@ def _http_base(text: str | None, command: str = "history") -> str:
         _ = u.port
     except ValueError:
         raise CliError(f"invalid --http {text!r}: bad port") from None
-    return f"{u.scheme}://{u.netloc}"
+    base = HttpBase(f"{u.scheme}://{u.netloc}")
+    base.authorization = http_credential(args) if args is not None else None
+    return base
+
+
+def http_credential(args, environ=None, prompt=None) -> str | None:
+    """The ``Authorization`` header for herd's HTTP port (``http_auth_file``), or None:
+    ``--http-token`` / ``$HERD_HTTP_TOKEN`` (bearer), or ``--http-user`` / ``$HERD_HTTP_USER`` with the
+    password from ``$HERD_HTTP_PASSWORD`` (never a flag: it would show in ``ps``), else asked on the
+    terminal. CliError for both at once or a user without a password."""
+    env = os.environ if environ is None else environ
+    token = getattr(args, "http_token", None) or env.get("HERD_HTTP_TOKEN") or None
+    user = getattr(args, "http_user", None) or env.get("HERD_HTTP_USER") or None
+    if token and user:
+        raise CliError("give either a bearer token (--http-token or HERD_HTTP_TOKEN) or a user "
+                       "(--http-user or HERD_HTTP_USER), not both")
+    if token:
+        if any(c in token for c in "\r\n"):
+            raise CliError("the HTTP token holds a line break")
+        return f"Bearer {token}"
+    if not user:
+        return None
+    if ":" in user:
+        raise CliError(f"invalid --http-user {user!r}: a basic-auth user name cannot hold ':'")
+    password = env.get("HERD_HTTP_PASSWORD")
+    if password is None:
+        if prompt is None and sys.stdin is not None and sys.stdin.isatty():
+            import getpass
+
+            prompt = getpass.getpass
+        if prompt is None:
+            raise CliError(f"--http-user {user}: set HERD_HTTP_PASSWORD to the password (it is never a flag; "
+                           "on a terminal herd asks for it)")
+        try:
+            password = prompt(f"Password of {user} for herd's HTTP port: ")
+        except (EOFError, KeyboardInterrupt):
+            raise CliError("no password given") from None
+    cred = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+    return f"Basic {cred}"
 
 
 def fetch_history(base: str, group: str, timeout: float):
@@ -52,12 +99,23 @@ class _Missing(CliError):
 def get_json(base: str, path: str, group: str, timeout: float):
     url = f"{base}{path}"
     where = urllib.parse.urlsplit(base).netloc
+    authorization = getattr(base, "authorization", None)
+    request = urllib.request.Request(url, headers={"Authorization": authorization} if authorization else {})
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
             body = resp.read()
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
             raise _Missing(f"Consumer group '{group}' does not exist.") from None
+        if exc.code == 401:
+            if authorization:
+                raise CliError(f"{where} refused the credential (HTTP 401): check the token or the user and "
+                               "password against the daemon's http_auth_file") from None
+            raise CliError(f"{where} asks for a credential (HTTP 401, http_auth_file): give --http-token or "
+                           "HERD_HTTP_TOKEN, or --http-user with HERD_HTTP_PASSWORD") from None
+        if exc.code == 403:
+            raise CliError(f"{where} refused: not authorized to describe group '{group}' (HTTP 403, "
+                           "authorizer = acl)") from None
         raise CliError(f"{where} answered HTTP {exc.code} for {url}") from None
     except urllib.error.URLError as exc:
         reason = exc.reason
@@ -81,7 +139,7 @@ def get_json(base: str, path: str, group: str, timeout: float):
 
 
 def cmd_history(args) -> int:
-    base = _http_base(args.http)
+    base = _http_base(args.http, "history", args)
     hist = fetch_history(base, args.group, args.timeout)
     if args.output == "json":
         print_json(hist)

@@ -16,8 +16,8 @@ from protocol import acls as acl_messages
 from protocol import errors as E
 from protocol import messages as m
 from protocol.client_connection import AuthenticationFailed, Connection, ConnectionBroken, Ready, Response
-from protocol.client_security import SecurityConfig, tls_failure
-from protocol.record_batch import FETCH_MAX_BYTES, FETCH_MAX_VERSION, FETCH_PARTITION_BYTES, record_time
+from protocol.client_security import BadServerList, SecurityConfig, split_servers, tls_failure
+from protocol.record_batch import FETCH_MAX_VERSION, fetched_times, time_fetch
 from protocol.wire import EncodeError
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
@@ -53,30 +53,15 @@ def _addr(host: str, port: int) -> str:
 
 
 def parse_servers(text: str, flag: str = "--bootstrap-server", protocol: str = "PLAINTEXT") -> list[tuple[str, int]]:
-    out = []
-    for item in text.split(","):
-        item = item.strip()
-        if not item:
-            continue
-        scheme, sep, rest = item.partition("://")
-        if sep:  # a listener URL, e.g. SASL_SSL://host:9093
-            if scheme.upper() != protocol:
-                raise CliError(f"{flag} {item!r} names {scheme.upper()} but security.protocol is {protocol} "
-                               f"(set it in --command-config)")
-            item = rest
-        if item.startswith("["):
-            host, _, rest = item[1:].partition("]")
-            port = rest.removeprefix(":")
-        else:
-            host, sep, port = item.rpartition(":")
-            if not sep:
-                host, port = item, "9092"
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise CliError(f"invalid {flag} {item!r}: expected HOST:PORT")
-        out.append((host, int(port)))
-    if not out:
-        raise CliError(f"{flag} is empty")
-    return out
+    try:
+        return split_servers(text, protocol, default_port=9092)
+    except BadServerList as exc:
+        if exc.named:
+            raise CliError(f"{flag} {exc.item!r} names {exc.named} but security.protocol is {protocol} "
+                           f"(set it in --command-config)") from None
+        if exc.item is None:
+            raise CliError(f"{flag} is empty") from None
+        raise CliError(f"invalid {flag} {exc.item!r}: expected HOST:PORT") from None
 
 
 class AuthError(CliError):
@@ -600,30 +585,18 @@ class Cluster:
         if not offsets:
             return out
         md = self.metadata(sorted({t for t, _ in offsets}))
-        by_leader: dict[int, dict[str, list]] = {}
+        by_leader: dict[int, dict[tuple[str, int], int]] = {}
         for (t, p), off in sorted(offsets.items()):
             leader = md.get(t, {}).get("partitions", {}).get(p)
             if leader is not None and leader >= 0:
-                by_leader.setdefault(leader, {}).setdefault(t, []).append(m.FetchRequestFetchPartition(
-                    partition=p, current_leader_epoch=-1, fetch_offset=off, last_fetched_epoch=-1,
-                    log_start_offset=-1, partition_max_bytes=FETCH_PARTITION_BYTES))
-        for leader, topics in sorted(by_leader.items()):
-            def build(v, topics=topics):
-                return m.FetchRequest(replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=FETCH_MAX_BYTES,
-                                      isolation_level=0, session_id=0, session_epoch=-1, rack_id="",
-                                      forgotten_topics_data=[],
-                                      topics=[m.FetchRequestFetchTopic(topic=t, partitions=ps)
-                                              for t, ps in topics.items()])
+                by_leader.setdefault(leader, {})[(t, p)] = off
+        for leader, tps in sorted(by_leader.items()):
             try:
-                resp, _ = self.node(leader).call(build, max_version=FETCH_MAX_VERSION)
+                resp, _ = self.node(leader).call(time_fetch(tps), max_version=FETCH_MAX_VERSION)
             except AuthError:
                 raise
             except CliError:
                 self._forget(leader)
                 continue
-            for rt in resp.responses:
-                for rp in rt.partitions:
-                    tp = (rt.topic, rp.partition_index)
-                    if tp in out and rp.error_code == E.NONE and rp.records:
-                        out[tp] = record_time(bytes(rp.records), offsets[tp])
+            out.update(fetched_times(resp, tps))
         return out

@@ -257,6 +257,32 @@ class StallProbe:
         }
 
 
+def send_while_read(pending: dict, seconds: float, pause: float = 0.001, drop_failed: bool = True) -> dict:
+    """Send ``pending`` (non-blocking socket -> the list of byte strings still to send) for up to
+    ``seconds``, each socket as far as its peer reads; -> ``pending``, what is left: the sockets the
+    peer stopped reading. A socket whose send fails is dropped (``drop_failed``) or the error raised."""
+    end = time.monotonic() + seconds
+    while pending and time.monotonic() < end:
+        for s in list(pending):
+            parts = pending[s]
+            try:
+                n = s.send(parts[0])
+            except BlockingIOError:
+                continue
+            except OSError:
+                if not drop_failed:
+                    raise
+                del pending[s]
+                continue
+            parts[0] = parts[0][n:]
+            if not parts[0]:
+                parts.pop(0)
+            if not parts:
+                del pending[s]
+        time.sleep(pause)
+    return pending
+
+
 def self_cpu_seconds() -> float:
     t = os.times()
     return t.user + t.system

@@ -33,7 +33,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bench._util import Herd, arg_parser, emit, environment, parse, percentiles, proc_rss_bytes
+from bench._util import Herd, arg_parser, emit, environment, parse, percentiles, proc_rss_bytes, send_while_read
 
 REPO = Path(__file__).resolve().parents[1]
 BEFORE_REV = "9cfe155"  # main before issue 32
@@ -60,15 +60,6 @@ def extract(rev: str, into: str) -> str:
     archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", into], input=archive, check=True)
     return into
-
-
-def metrics_port(h: Herd, timeout: float = 30) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for ev in h.log_events("metrics listening"):
-            return ev["port"]
-        time.sleep(0.02)
-    raise RuntimeError("no metrics port in the log")
 
 
 def settle_rss(pid: int, seconds: float = 1.0) -> int:
@@ -184,7 +175,7 @@ def groups_scenario(root, args) -> dict:
 
     out: dict = {}
     with TreeHerd(root, topics=["bench:1"], fsync="never", extra_args=["--metrics-port", "0"]) as h:
-        port = metrics_port(h)
+        port = h.wait_metrics_port(30)
         out["load_s"] = round(load_offsets(h.bootstrap, args.groups, 1), 2)
         body = http_get(port, "/groups")
         out["groups_bytes"] = len(body)
@@ -252,23 +243,7 @@ def frames_scenario(root, args) -> dict:
                 s.setblocking(False)
                 socks.append(s)
             pending = {s: [head] + [chunk] * 7 + [b"\x00" * ((1 << 20) - 2)] for s in socks}
-            end = time.monotonic() + args.frames_s
-            while pending and time.monotonic() < end:
-                for s in list(pending):
-                    parts = pending[s]
-                    try:
-                        n = s.send(parts[0])
-                    except BlockingIOError:
-                        continue
-                    except OSError:
-                        del pending[s]
-                        continue
-                    parts[0] = parts[0][n:]
-                    if not parts[0]:
-                        parts.pop(0)
-                    if not parts:
-                        del pending[s]
-                time.sleep(0.001)
+            send_while_read(pending, args.frames_s)
             grown = proc_rss_bytes(h.pid) - rss0
             blocked = len(pending)
         finally:

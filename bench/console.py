@@ -130,15 +130,6 @@ def bench_tracker(groups: int, partitions: int, history: int) -> dict:
 
 # ---- a real daemon loaded with offsets --------------------------------------------------------------------
 
-def metrics_port(h: Herd, timeout: float = 30) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for ev in h.log_events("metrics listening"):
-            return ev["port"]
-        time.sleep(0.02)
-    raise RuntimeError("no metrics port in the log")
-
-
 def load_offsets(bootstrap: str, groups: int, partitions: int, window: int = 500) -> float:
     """Commit every group's offsets over one connection, ``window`` requests in flight."""
     from bench.loadgen import encode_frame
@@ -231,7 +222,7 @@ def bench_heartbeat(args) -> dict:
             herd.command = _fake_command(herd)
         with herd:
             load_offsets(herd.bootstrap, args.groups, args.partitions)
-            mport = metrics_port(herd)
+            mport = herd.wait_metrics_port(30)
             cpu0, t0 = proc_cpu_seconds(herd.pid), time.monotonic()
             with LoadGen(herd.bootstrap, groups=args.hb_groups, members=3, procs=1,
                          group_prefix=f"hb-{label}", session_timeout_ms=60_000, rebalance_timeout_ms=60_000) as lg:
@@ -315,7 +306,7 @@ def bench_reader(args) -> dict:
             "--lag-refresh-interval-ms", str(args.hb_refresh_ms), "--lag-metrics", args.hb_lag_metrics])
         with herd:
             load_offsets(herd.bootstrap, groups, partitions)  # committed 500 + p (see commit_requests)
-            mport = metrics_port(herd)
+            mport = herd.wait_metrics_port(30)
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:  # every partition sampled once
                 lag = json.loads(http_get(mport, "/api/groups?limit=1")[1])["lag"]
@@ -409,7 +400,7 @@ def main(argv=None):
     if "http" in parts or "browser" in parts:
         with Herd(fsync="never", topics=("bench:10",), extra_args=["--metrics-port", "0"]) as herd:
             result["load_seconds"] = load_offsets(herd.bootstrap, args.groups, args.partitions)
-            mport = metrics_port(herd)
+            mport = herd.wait_metrics_port(30)
             result["daemon_rss_mb_loaded"] = proc_rss_bytes(herd.pid) / 2**20
             if "http" in parts:
                 result["http"] = bench_http(mport, args.requests)

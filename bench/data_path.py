@@ -282,6 +282,25 @@ def failover(args, mode, herd, broker, tmp, cell):
         g.stop()
 
 
+def summarize(rows: list) -> list:
+    """Per mode and N: the runs' median, lowest and highest records/s, and herd's median over plain's."""
+    import statistics
+
+    by: dict = {}
+    for r in rows:
+        if r["records_per_s"]:
+            by.setdefault((r["mode"], r["n"]), []).append(r["records_per_s"])
+    out = []
+    for (mode, n), rates in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        out.append({"mode": mode, "n": n, "runs": len(rates), "median_records_per_s": statistics.median(rates),
+                    "min_records_per_s": min(rates), "max_records_per_s": max(rates)})
+    plain = {x["n"]: x["median_records_per_s"] for x in out if x["mode"] == "plain"}
+    for x in out:
+        if x["mode"] != "plain" and plain.get(x["n"]):
+            x["vs_plain_median"] = round(x["median_records_per_s"] / plain[x["n"]], 3)
+    return out
+
+
 def main(argv=None):
     ap = U.arg_parser("bench.data_path", __doc__.splitlines()[0],
                       "200,000 records, 5 s of latency load")
@@ -294,6 +313,9 @@ def main(argv=None):
     ap.add_argument("--session-ms", type=int, default=6000)
     ap.add_argument("--kafka-heap", default="1g")
     ap.add_argument("--no-failover", action="store_true")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run every cell this many times, the order alternating; the summary gives each "
+                         "mode's median records/s and its spread, and the ratio of the medians")
     ap.add_argument("--messages", action="store_true",
                     help="also N members reading with KafkaGroupConsumer.poll_messages (librdkafka's Message objects)")
     args = U.parse(ap, argv, {"records": (200_000, 1_000_000), "latency_seconds": (5.0, 10.0)})
@@ -310,10 +332,13 @@ def main(argv=None):
             # the topics exist in the data cluster before herd starts; --topic gives herd their
             # partition counts when it does not read them from the data cluster itself
             # the order alternates (plain first for the first N) so that neither side always runs first
-            cells = [(n, mode) for i, n in enumerate(ns) for mode in (("plain", "herd") if i % 2 == 0 else
-                                                                      ("herd", "plain"))]
+            one = [(n, mode) for i, n in enumerate(ns) for mode in (("plain", "herd") if i % 2 == 0 else
+                                                                     ("herd", "plain"))]
             if args.messages:
-                cells += [(n, "herd-messages") for n in ns]
+                one += [(n, "herd-messages") for n in ns]
+            cells = []
+            for r in range(max(1, args.repeat)):
+                cells += one if r % 2 == 0 else one[::-1]
             topics = [f"dp-{i + 1}" for i in range(len(cells))]
             topics += [f"dp-fo-{len(cells) + i + 1}" for i in range(2)]
             for t in topics:
@@ -332,15 +357,23 @@ def main(argv=None):
                         cell += 1
                         print(f"data_path: failover {mode}", file=sys.stderr, flush=True)
                         fails.append(failover(args, mode, herd, broker, tmp, cell))
-    for n in ns:
-        p = next(r for r in rows if r["mode"] == "plain" and r["n"] == n)
-        for h in (r for r in rows if r["mode"].startswith("herd") and r["n"] == n):
-            h["vs_plain_records_per_s"] = h["records_per_s"] / p["records_per_s"] if p["records_per_s"] else None
+    summary = summarize(rows)
+    if max(1, args.repeat) == 1:
+        for n in ns:
+            p = next(r for r in rows if r["mode"] == "plain" and r["n"] == n)
+            for h in (r for r in rows if r["mode"].startswith("herd") and r["n"] == n):
+                h["vs_plain_records_per_s"] = h["records_per_s"] / p["records_per_s"] if p["records_per_s"] else None
     result["throughput_latency"] = rows
+    result["summary"] = summary
     result["failover"] = fails
     text = U.table([[r["mode"], r["n"], round(r["records_per_s"] or 0), r["latency_ms"]["p50"], r["latency_ms"]["p99"],
                      r.get("herd_cpu_s"), r["broker_cpu_s"], r["members_cpu_s"]] for r in rows],
                    ["mode", "N", "records/s", "p50 ms", "p99 ms", "herd cpu s", "broker cpu s", "members cpu s"])
+    if args.repeat > 1:
+        text += "\n" + U.table([[x["mode"], x["n"], x["runs"], round(x["median_records_per_s"]),
+                                 round(x["min_records_per_s"]), round(x["max_records_per_s"]),
+                                 x.get("vs_plain_median")] for x in summary],
+                                ["mode", "N", "runs", "median rec/s", "min", "max", "vs plain (medians)"])
     if fails:
         text += "\n" + U.table([[f["mode"], f["session_ms"], f["failover_s"]] for f in fails],
                                ["failover", "session ms", "s to flowing"])

@@ -3,10 +3,10 @@
 ``python -m bench.startup [--quick] [--records 1000000] [--shards 50] [--runs 3]``
 
 Builds a data directory with ``coordinator.store.filelog.LogStore(..., fsync="never")`` holding ``--records``
-offset-commit records (real ``coordinator.records`` encodings: OffsetCommitKey type 1 and
+offset-commit records (real ``coordinator.core.records`` encodings: OffsetCommitKey type 1 and
 OffsetCommitValue v3, commit timestamp = now so nothing expires) spread over ``--groups`` groups ×
 ``--topics`` topics × partitions, each record in the shard its group hashes to
-(``coordinator.partitioning.shard_for``), plus one GroupMetadata record (Empty group, generation
+(``coordinator.core.partitioning.shard_for``), plus one GroupMetadata record (Empty group, generation
 5) per group. By default every key is distinct (the worst case: every record is live after
 replay); ``--distinct-keys`` makes later records overwrite earlier keys.
 

@@ -559,36 +559,116 @@ class GroupJob:
     def task_fn(self, process, on_start=None):
         """A function for ``rdd.mapPartitionsWithIndex``: each Spark partition runs one member and
         yields its stats dict."""
-        job = self
-
-        def run_task(index, _iterator):
-            spark_partition, attempt = index, 0
-            try:
-                from pyspark import TaskContext
-
-                ctx = TaskContext.get()
-                if ctx is not None:
-                    spark_partition, attempt = ctx.partitionId(), ctx.attemptNumber()
-            except ImportError:
-                pass
-            yield run_member(job, process, spark_partition, attempt, on_start)
-
-        return run_task
+        return _task_fn(run_member, self, process, on_start)
 
     def run(self, spark, process, num_tasks: int, on_start=None) -> list[dict]:
         """Run ``num_tasks`` Spark tasks as members until the work is done; their stats dicts.
         Checks the topics first (``check_topics``)."""
         self.check_topics()
-        sc = getattr(spark, "sparkContext", spark)
-        sc.setJobDescription(f"herd group {self.group_id}: {num_tasks} members, "
-                             f"{self.total_records} records")
-        rdd = sc.parallelize(range(num_tasks), num_tasks)
-        return rdd.mapPartitionsWithIndex(self.task_fn(process, on_start)).collect()
+        return _run_tasks(spark, self.task_fn(process, on_start), num_tasks,
+                          f"herd group {self.group_id}: {num_tasks} members, {self.total_records} records")
 
     def wait(self, timeout_s: float = 300.0, **kwargs) -> dict:
         """Block until the group has committed every end offset (see ``wait_for_offsets``)."""
         kwargs.setdefault("config", self.config)
         return wait_for_offsets(self.bootstrap, self.group_id, self.end_offsets, timeout_s, **kwargs)
+
+
+def _task_fn(member, job, process, on_start):
+    """``run_task(index, iterator)`` for ``rdd.mapPartitionsWithIndex``: yields ``member(job,
+    process, spark_partition, attempt, on_start)``, the Spark partition and attempt of the task
+    (``index`` and 0 outside a Spark task)."""
+
+    def run_task(index, _iterator):
+        spark_partition, attempt = index, 0
+        try:
+            from pyspark import TaskContext
+
+            ctx = TaskContext.get()
+            if ctx is not None:
+                spark_partition, attempt = ctx.partitionId(), ctx.attemptNumber()
+        except ImportError:
+            pass
+        yield member(job, process, spark_partition, attempt, on_start)
+
+    return run_task
+
+
+def _run_tasks(spark, task_fn, num_tasks: int, description: str) -> list[dict]:
+    """``num_tasks`` Spark tasks running ``task_fn``; what they yield."""
+    sc = getattr(spark, "sparkContext", spark)
+    sc.setJobDescription(description)
+    rdd = sc.parallelize(range(num_tasks), num_tasks)
+    return rdd.mapPartitionsWithIndex(task_fn).collect()
+
+
+def _member_identity(job, cfg: dict, spark_partition: int, attempt: int) -> str | None:
+    """Set a task's ``client.id`` (and ``group.instance.id`` for static membership) in ``cfg``;
+    -> the instance id or None."""
+    cfg["client.id"] = f"herd-spark-p{spark_partition}-a{attempt}"
+    instance_id = instance_id_for(job.group_id, spark_partition) if job.static_membership else None
+    if instance_id is not None:
+        cfg["group.instance.id"] = instance_id
+    return instance_id
+
+
+class _Watchdog:
+    """``task_timeout_s`` bounds a task that sees no progress: neither its own commits
+    (``progressed``) nor the group's committed offsets moving (``group_done``). A job that just
+    takes long is not stopped by it."""
+
+    def __init__(self, started: float, timeout_s: float):
+        self.timeout_s = timeout_s
+        self.deadline = started + timeout_s
+        self._group = -1  # records of the work the group has committed, as last fetched
+
+    def expired(self) -> bool:
+        return time.monotonic() > self.deadline
+
+    def progressed(self) -> None:
+        self.deadline = time.monotonic() + self.timeout_s
+
+    def group_done(self, done: dict, targets: dict) -> bool:
+        """Whether the group's committed offsets ``done`` reach every end offset of ``targets``;
+        if not, whether they moved since the last look counts as progress."""
+        if all(done[tp] >= end for tp, end in targets.items()):
+            return True
+        progress = sum(min(done[tp], end) for tp, end in targets.items())
+        if progress > self._group:
+            if self._group >= 0:
+                self.progressed()
+            self._group = progress
+        return False
+
+
+def _group_committed(consumer, targets: dict, errors) -> dict | None:
+    """The group's committed offset of each partition of ``targets`` (0 where none); None when it
+    could not be read (one of ``errors``)."""
+    try:
+        got = consumer.committed(list(targets), timeout_s=30.0)
+    except errors:
+        return None
+    return {tp: (max(got[tp].offset, 0) if got.get(tp) is not None else 0) for tp in targets}
+
+
+def _end_member(job, consumer, stats: dict, started: float, finished: bool, instance_id: str | None,
+                leave: bool, config: dict) -> None:
+    """A task's member is done: close it; once the group's work is finished a static member
+    (when ``leave``) removes itself from the group (``stats["left"]``); the task's seconds."""
+    try:
+        consumer.close(10.0)
+    finally:
+        with _LIVE_LOCK:
+            _LIVE.discard(consumer)
+    if finished and instance_id is not None and leave:
+        try:
+            res = remove_static_members(job.bootstrap, job.group_id, [instance_id], config=config)
+            stats["left"] = res.get(instance_id) == "NONE"
+        except (OSError, cerr.KafkaError):
+            pass
+    elif finished:
+        stats["left"] = True
+    stats["seconds"] = round(time.monotonic() - started, 3)
 
 
 def _check_topics_retrying(job: GroupJob) -> None:
@@ -629,10 +709,7 @@ def run_member(job: GroupJob, process, spark_partition: int = 0, attempt: int = 
     cfg = {"enable.auto.commit": False, "allow.auto.create.topics": False,
            # the job's own assignor first; range lets a member of an older herd still join
            "partition.assignment.strategy": [JobAssignor(job.end_offsets, known), "range"], **job.config}
-    cfg["client.id"] = f"herd-spark-p{spark_partition}-a{attempt}"
-    instance_id = instance_id_for(job.group_id, spark_partition) if job.static_membership else None
-    if instance_id is not None:
-        cfg["group.instance.id"] = instance_id
+    instance_id = _member_identity(job, cfg, spark_partition, attempt)
     targets = job.end_offsets
     stats = {"spark_partition": spark_partition, "attempt": attempt, "pid": os.getpid(),
              "instance_id": instance_id, "member_ids": [], "generations": [], "records": 0,
@@ -649,15 +726,12 @@ def run_member(job: GroupJob, process, spark_partition: int = 0, attempt: int = 
         if on_start is not None:
             on_start(TaskInfo(job.group_id, spark_partition, attempt, os.getpid(), cfg["client.id"],
                               instance_id))
-        # task_timeout_s bounds a task that sees no progress (neither its own commits nor the
-        # group's committed offsets moving): a job that just takes long is not stopped by it.
-        deadline = started + job.task_timeout_s
-        group_progress = -1  # records of the work the group has committed, as last fetched
+        watchdog = _Watchdog(started, job.task_timeout_s)
         positions: dict = {}
         seen_key = None
         worked: set = set()
         while True:
-            if time.monotonic() > deadline:
+            if watchdog.expired():
                 raise TimeoutError(f"group {job.group_id}: no progress for {job.task_timeout_s}s (no chunk "
                                    f"committed by this task or by the rest of the group)")
             assigned = _poll(consumer, 0.0)
@@ -691,7 +765,7 @@ def run_member(job: GroupJob, process, spark_partition: int = 0, attempt: int = 
                 try:
                     consumer.commit({tp: (end, f"spark p{spark_partition} a{attempt}")}, timeout_s=30.0)
                     positions[tp] = known[tp] = end
-                    deadline = time.monotonic() + job.task_timeout_s
+                    watchdog.progressed()
                 except _REJOIN_ERRORS:
                     # the partition may have moved: the next owner redoes this chunk (at least once)
                     stats["commit_failures"] += 1
@@ -699,20 +773,13 @@ def run_member(job: GroupJob, process, spark_partition: int = 0, attempt: int = 
                     _poll(consumer, job.poll_timeout_s)
                 continue
             # Nothing left here: done when the whole group's work is committed.
-            try:
-                got = consumer.committed(list(targets), timeout_s=30.0)
-            except cerr.KafkaTimeoutError:
+            done = _group_committed(consumer, targets, cerr.KafkaTimeoutError)
+            if done is None:
                 continue
-            done = {tp: (max(got[tp].offset, 0) if got.get(tp) is not None else 0) for tp in targets}
             known.update(done)
-            if all(done[tp] >= end for tp, end in targets.items()):
+            if watchdog.group_done(done, targets):
                 finished = True
                 break
-            progress = sum(min(done[tp], end) for tp, end in targets.items())
-            if progress > group_progress:
-                if group_progress >= 0:
-                    deadline = time.monotonic() + job.task_timeout_s
-                group_progress = progress
             _poll(consumer, job.poll_timeout_s)
         stats["partitions"] = sorted(str(tp) for tp in worked)
         return stats
@@ -722,20 +789,7 @@ def run_member(job: GroupJob, process, spark_partition: int = 0, attempt: int = 
             f"application running this job with the same group id, or a speculative copy of this task "
             f"(give each application its own group id; keep spark.speculation off) [{exc}]") from exc
     finally:
-        try:
-            consumer.close(10.0)
-        finally:
-            with _LIVE_LOCK:
-                _LIVE.discard(consumer)
-        if finished and instance_id is not None and job.leave_on_finish:
-            try:
-                res = remove_static_members(job.bootstrap, job.group_id, [instance_id], config=job.config)
-                stats["left"] = res.get(instance_id) == "NONE"
-            except (OSError, cerr.KafkaError):
-                pass
-        elif finished:
-            stats["left"] = True
-        stats["seconds"] = round(time.monotonic() - started, 3)
+        _end_member(job, consumer, stats, started, finished, instance_id, job.leave_on_finish, job.config)
 
 
 # ---- DataFrames of herd's view of a group ----------------------------------------------------------
@@ -1125,37 +1179,23 @@ class KafkaGroupJob:
     def total_records(self) -> int:
         return sum(self.resolve().values())
 
+    def _herd_config(self) -> dict:
+        """The settings for herd itself (not the data cluster's ``data.*``)."""
+        return {k: v for k, v in self.config.items() if not k.replace("_", ".").startswith("data.")}
+
     def task_fn(self, process, on_start=None):
-        job = self
-        job.resolve()
-
-        def run_task(index, _iterator):
-            spark_partition, attempt = index, 0
-            try:
-                from pyspark import TaskContext
-
-                ctx = TaskContext.get()
-                if ctx is not None:
-                    spark_partition, attempt = ctx.partitionId(), ctx.attemptNumber()
-            except ImportError:
-                pass
-            yield run_kafka_member(job, process, spark_partition, attempt, on_start)
-
-        return run_task
+        self.resolve()
+        return _task_fn(run_kafka_member, self, process, on_start)
 
     def run(self, spark, process, num_tasks: int, on_start=None) -> list[dict]:
         """Run ``num_tasks`` Spark tasks as members until the work is done; their stats dicts."""
         self.resolve()
-        sc = getattr(spark, "sparkContext", spark)
-        sc.setJobDescription(f"herd group {self.group_id}: {num_tasks} members reading "
-                             f"{','.join(self.topics)} from Kafka")
-        rdd = sc.parallelize(range(num_tasks), num_tasks)
-        return rdd.mapPartitionsWithIndex(self.task_fn(process, on_start)).collect()
+        return _run_tasks(spark, self.task_fn(process, on_start), num_tasks,
+                          f"herd group {self.group_id}: {num_tasks} members reading {','.join(self.topics)} from Kafka")
 
     def wait(self, timeout_s: float = 300.0, **kwargs) -> dict:
         """Block until the group has committed every end offset (see ``wait_for_offsets``)."""
-        cfg = {k: v for k, v in self.config.items() if not k.replace("_", ".").startswith("data.")}
-        kwargs.setdefault("config", cfg)
+        kwargs.setdefault("config", self._herd_config())
         return wait_for_offsets(self.bootstrap, self.group_id, self.resolve(), timeout_s, **kwargs)
 
 
@@ -1169,10 +1209,7 @@ def run_kafka_member(job: KafkaGroupJob, process, spark_partition: int = 0, atte
     targets = job.resolve()
     cfg = {"enable.auto.commit": False, "auto.offset.reset": "earliest", "allow.auto.create.topics": False,
            "max.poll.records": job.max_poll_records, "partition.assignment.strategy": ["range"], **job.config}
-    cfg["client.id"] = f"herd-spark-p{spark_partition}-a{attempt}"
-    instance_id = instance_id_for(job.group_id, spark_partition) if job.static_membership else None
-    if instance_id is not None:
-        cfg["group.instance.id"] = instance_id
+    instance_id = _member_identity(job, cfg, spark_partition, attempt)
     stats = {"spark_partition": spark_partition, "attempt": attempt, "pid": os.getpid(), "instance_id": instance_id,
              "records": 0, "batches": 0, "commit_failures": 0, "generations": [], "partitions": [],
              "seconds": 0.0, "left": False}
@@ -1184,11 +1221,10 @@ def run_kafka_member(job: KafkaGroupJob, process, spark_partition: int = 0, atte
         consumer.subscribe(job.topics)
         if on_start is not None:
             on_start(TaskInfo(job.group_id, spark_partition, attempt, os.getpid(), cfg["client.id"], instance_id))
-        deadline = started + job.task_timeout_s
+        watchdog = _Watchdog(started, job.task_timeout_s)
         committed_here: dict = {}
-        group_progress = -1
         while True:
-            if time.monotonic() > deadline:
+            if watchdog.expired():
                 raise TimeoutError(f"group {job.group_id}: no progress for {job.task_timeout_s}s")
             try:
                 records = consumer.poll(job.poll_timeout_s)
@@ -1216,7 +1252,7 @@ def run_kafka_member(job: KafkaGroupJob, process, spark_partition: int = 0, atte
                         consumer.commit({tp: (off, meta) for tp, off in changed.items()}, timeout_s=30.0)
                         committed_here.update(changed)
                         worked.update(changed)
-                        deadline = time.monotonic() + job.task_timeout_s
+                        watchdog.progressed()
                     except _REJOIN_ERRORS:
                         stats["commit_failures"] += 1  # the partitions moved: their next owner redoes the batch
                         committed_here.clear()
@@ -1227,35 +1263,13 @@ def run_kafka_member(job: KafkaGroupJob, process, spark_partition: int = 0, atte
             if records or len(done_here) < len(assigned):
                 continue
             # Nothing left here: done when the whole group's work is committed.
-            try:
-                got = consumer.committed(list(targets), timeout_s=30.0)
-            except cerr.KafkaError:
+            done = _group_committed(consumer, targets, cerr.KafkaError)
+            if done is None:
                 continue
-            done = {tp: (max(got[tp].offset, 0) if got.get(tp) is not None else 0) for tp in targets}
-            if all(done[tp] >= end for tp, end in targets.items()):
+            if watchdog.group_done(done, targets):
                 finished = True
                 break
-            progress = sum(min(done[tp], end) for tp, end in targets.items())
-            if progress > group_progress:
-                if group_progress >= 0:
-                    deadline = time.monotonic() + job.task_timeout_s
-                group_progress = progress
         stats["partitions"] = sorted(str(tp) for tp in worked)
         return stats
     finally:
-        try:
-            consumer.close(10.0)
-        finally:
-            with _LIVE_LOCK:
-                _LIVE.discard(consumer)
-        if finished and instance_id is not None:
-            try:
-                res = remove_static_members(job.bootstrap, job.group_id, [instance_id],
-                                            config={k: v for k, v in job.config.items()
-                                                    if not k.replace("_", ".").startswith("data.")})
-                stats["left"] = res.get(instance_id) == "NONE"
-            except (OSError, cerr.KafkaError):
-                pass
-        elif finished:
-            stats["left"] = True
-        stats["seconds"] = round(time.monotonic() - started, 3)
+        _end_member(job, consumer, stats, started, finished, instance_id, True, job._herd_config())

@@ -213,9 +213,11 @@ class Config:
     metrics_port: int | None = None
     #: the address of the metrics port (plain HTTP: keep it on 127.0.0.1 or a private network)
     metrics_host: str = "127.0.0.1"
-    #: a file of credentials the HTTP port asks for: lines `bearer <sha256-hex of a token>` and
-    #: `basic <user> <sha256-hex of the password>` (make one with `printf %s SECRET | sha256sum`);
-    #: every path but `/healthz` and `/readyz` then needs one (docs/operating.md); unset: open
+    #: a file of credentials the HTTP port asks for: lines `bearer <sha256-hex of a token> [User:name]`
+    #: and `basic <user> <sha256-hex of the password>` (make one with `printf %s SECRET | sha256sum`);
+    #: every path but `/healthz` and `/readyz` then needs one; with `authorizer = acl` the views show
+    #: the principal (`User:<user>`, the token's, else `User:ANONYMOUS`) what it may DESCRIBE
+    #: (docs/operating.md); unset: open
     http_auth_file: str | None = None
     #: rebalances kept per group by the flight recorder (`herd groups history`)
     rebalance_history_size: int = 20  # generations kept per group by the flight recorder
@@ -359,6 +361,7 @@ class Config:
                 min_heartbeat_interval_ms=self.group_consumer_min_heartbeat_interval_ms,
                 max_heartbeat_interval_ms=self.group_consumer_max_heartbeat_interval_ms,
                 max_size=self.group_consumer_max_size,
+                authorize_regex=self.authorizer == "acl",
                 assignors=tuple(a.strip() for a in self.group_consumer_assignors.split(",") if a.strip()))
         except ValueError as exc:
             # the core names Kafka's settings (group.consumer.x.y); herd's are group_consumer_x_y
@@ -527,7 +530,8 @@ def _int(name: str, value) -> int:
 
 
 # HERD_* variables that are not serve settings (other commands and tools read them).
-OTHER_ENV = frozenset({"HERD_BOOTSTRAP", "HERD_DATA_BOOTSTRAP", "HERD_HTTP"})
+OTHER_ENV = frozenset({"HERD_BOOTSTRAP", "HERD_DATA_BOOTSTRAP", "HERD_HTTP", "HERD_HTTP_TOKEN", "HERD_HTTP_USER",
+                       "HERD_HTTP_PASSWORD"})
 
 
 # Kubernetes gives every pod <SERVICE>_PORT=tcp://10.96.0.7:9092 (and <SERVICE>_SERVICE_HOST, ...)

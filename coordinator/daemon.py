@@ -406,6 +406,8 @@ class Daemon:
                                 lambda g: self.groups.group_history(g, runtime.now_ms()),
                                 **node.http_checks(self.groups))
             http.console = self.console
+            if config.authorizer == "acl":  # the views show each principal what it may describe
+                http.authorizer = runtime.acls.authorizer
             if config.http_auth_file is not None:
                 try:
                     http.auth = load_http_auth(config.http_auth_file)

@@ -16,6 +16,10 @@ the socket and gets the decrypted bytes back, writes plaintext into it and sends
 ``data_to_send`` returns. Every byte it decrypts is handed back at once, so a socket that is not
 readable means there is nothing to decrypt either: a selector loop needs no other signal.
 
+``split_servers`` reads a bootstrap list (``HOST:PORT,...``, listener URLs such as
+``SASL_SSL://host:9093`` too) for the admin tool and the data-cluster reader, each of which words
+its own error line from the :class:`BadServerList` it raises.
+
 Passwords (``sasl.password``, ``ssl.key.password``) are kept out of every repr.
 """
 
@@ -25,11 +29,13 @@ import ssl
 from dataclasses import dataclass, field
 
 __all__ = [
+    "BadServerList",
     "PROTOCOLS",
     "SECURITY_DEFAULTS",
     "SecurityConfig",
     "TlsLayer",
     "parse_security",
+    "split_servers",
     "tls_failure",
 ]
 
@@ -287,3 +293,43 @@ def tls_failure(exc: ssl.SSLError, host: str, port: int) -> tuple[bool, str]:
     if "WRONG_VERSION_NUMBER" in reason or "RECORD_LAYER" in reason:
         return True, f"the broker at {where} does not speak TLS ({reason.lower()}): check security.protocol"
     return False, f"TLS failed with {where}: {exc}"
+
+
+class BadServerList(ValueError):
+    """A bootstrap list that does not parse: ``named`` is the protocol a listener URL ``item``
+    names when it is not the expected one; else ``item`` is an invalid address (None: the list is
+    empty)."""
+
+    def __init__(self, item: str | None, named: str | None = None):
+        self.item, self.named = item, named
+        super().__init__(f"{item!r} names {named}" if named else
+                         f"invalid address {item!r}: expected HOST:PORT" if item is not None else "no servers")
+
+
+def split_servers(text: str, protocol: str = "PLAINTEXT", default_port: int | None = None) -> list[tuple[str, int]]:
+    """``HOST:PORT[,HOST:PORT]`` (``[v6]:PORT``; a listener URL ``PROTO://HOST:PORT`` whose
+    protocol must be ``protocol``) -> ``[(host, port), ...]``. A HOST alone takes ``default_port``
+    if given. Raises :class:`BadServerList`."""
+    out = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        scheme, sep, rest = item.partition("://")
+        if sep:  # a listener URL, e.g. SASL_SSL://host:9093
+            if scheme.upper() != protocol:
+                raise BadServerList(item, scheme.upper())
+            item = rest
+        if item.startswith("["):
+            host, _, port = item[1:].partition("]")
+            port = port.removeprefix(":")
+        else:
+            host, sep, port = item.rpartition(":")
+            if not sep and default_port is not None:
+                host, port = item, str(default_port)
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise BadServerList(item)
+        out.append((host, int(port)))
+    if not out:
+        raise BadServerList(None)
+    return out

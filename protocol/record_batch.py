@@ -2,14 +2,18 @@
 
 herd stores no records; two places read one record's time from the data cluster: ``herd groups
 describe --data-bootstrap-server`` (admin) and the daemon's lag in seconds when its log-end history
-cannot answer (coordinator/ops). Both send one Fetch at the committed offset and hand the bytes
-here. Pure: no I/O.
+cannot answer (coordinator/ops). Both send one Fetch at the committed offset (``time_fetch``) and
+read the times from its response (``fetched_times``). Pure: no I/O.
 """
 from __future__ import annotations
 
 import struct
 
-__all__ = ["record_time", "FETCH_PARTITION_BYTES", "FETCH_MAX_BYTES", "FETCH_MAX_VERSION"]
+from protocol import errors as E
+from protocol import messages as m
+
+__all__ = ["record_time", "time_fetch", "fetched_times", "FETCH_PARTITION_BYTES", "FETCH_MAX_BYTES",
+           "FETCH_MAX_VERSION"]
 
 FETCH_PARTITION_BYTES = 64 * 1024  # a batch header is 61 bytes; a larger batch may come back cut
 FETCH_MAX_BYTES = 4 * 1024 * 1024
@@ -62,3 +66,34 @@ def record_time(records: bytes, offset: int) -> int | None:
     except (IndexError, ValueError, struct.error):
         return None
     return None
+
+
+def time_fetch(offsets: dict[tuple[str, int], int]):
+    """``build(version)`` of one Fetch (no wait, read-uncommitted) of the batch holding the record
+    at each ``(topic, partition): offset``, in ``offsets``' order; send it at v4+ (record batches),
+    up to ``FETCH_MAX_VERSION`` (topic names)."""
+    topics: dict[str, list] = {}
+    for (t, p), off in offsets.items():
+        topics.setdefault(t, []).append(m.FetchRequestFetchPartition(
+            partition=p, current_leader_epoch=-1, fetch_offset=off, last_fetched_epoch=-1,
+            log_start_offset=-1, partition_max_bytes=FETCH_PARTITION_BYTES))
+
+    def build(v):
+        return m.FetchRequest(replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=FETCH_MAX_BYTES,
+                              isolation_level=0, session_id=0, session_epoch=-1, rack_id="",
+                              forgotten_topics_data=[],
+                              topics=[m.FetchRequestFetchTopic(topic=t, partitions=ps) for t, ps in topics.items()])
+
+    return build
+
+
+def fetched_times(resp, offsets: dict[tuple[str, int], int]) -> dict[tuple[str, int], int | None]:
+    """The record times a Fetch response of ``time_fetch(offsets)`` holds: ``{tp: ms or None}`` for
+    each partition of ``offsets`` answered without error and with records."""
+    out: dict = {}
+    for rt in resp.responses:
+        for rp in rt.partitions:
+            tp = (rt.topic, rp.partition_index)
+            if tp in offsets and rp.error_code == E.NONE and rp.records:
+                out[tp] = record_time(bytes(rp.records), offsets[tp])
+    return out

@@ -4,22 +4,17 @@ is HTML."""
 from __future__ import annotations
 
 import http.client
-import json
 import time
 
 from client import GroupConsumer, TopicPartition
+from tools.daemon import logged_metrics_port
 
 HOSTILE = '<img src=x onerror="window.__pwned=1">&amp;"\'/x'
 
 
 def metrics_port(d, timeout: float = 10.0) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for line in d.logs().splitlines():
-            if '"metrics listening"' in line:
-                return json.loads(line)["port"]
-        time.sleep(0.02)
-    raise AssertionError("the daemon did not log its metrics port")
+    """The daemon's HTTP port from its log (anything with ``logs()``)."""
+    return logged_metrics_port(d.logs, timeout)
 
 
 def get(port: int, path: str) -> tuple[int, dict, bytes]:

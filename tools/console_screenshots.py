@@ -5,7 +5,7 @@ leave, a member-less writer, a group that empties), opens the console in headles
 writes ``DIR/console-groups.png`` and ``DIR/console-group.png``.
 
 The lag in the pictures comes from a *simulated* data cluster: the daemon runs with a log-end source
-whose partitions grow at fixed rates (``--serve-demo``: ``coordinator.console.make_source`` is
+whose partitions grow at fixed rates (``--serve-demo``: ``coordinator.ops.console.make_source`` is
 replaced in that process only). Everything else -- groups, members, commits, rebalances, the page --
 is the real thing.
 """

@@ -79,6 +79,21 @@ def _children(pid: int) -> list[int]:
     return [int(x) for x in text.split()]
 
 
+def logged_metrics_port(logs, timeout: float = 10.0) -> int:
+    """The HTTP port in a daemon's "metrics listening" JSON log line, ``logs()`` returning its log
+    so far; waits up to ``timeout`` seconds for the line."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in logs().splitlines():
+            if '"metrics listening"' in line:
+                try:
+                    return json.loads(line)["port"]
+                except (ValueError, KeyError):
+                    continue
+        time.sleep(0.02)
+    raise RuntimeError("the daemon did not log its metrics port")
+
+
 class Daemon:
     """One herd daemon process; see the module docstring. ``with`` starts it (unless already
     spawned) and always stops it (SIGTERM, then SIGKILL)."""
@@ -216,6 +231,10 @@ class Daemon:
             if obj.get("event") == event:
                 out.append(obj)
         return out
+
+    def wait_metrics_port(self, timeout: float = 10.0) -> int:
+        """The HTTP port the daemon logged (``--metrics-port 0``), see :func:`logged_metrics_port`."""
+        return logged_metrics_port(self.logs, timeout)
 
     def stop(self, timeout: float = 15.0) -> int | None:
         """SIGTERM and wait (then SIGKILL); returns the exit code (None if it had to be killed,

@@ -27,7 +27,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -44,6 +43,7 @@ from client.spark import (
     members_dataframe,
     offsets_dataframe,
 )
+from tools import spark_demo_common as common
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -165,14 +165,8 @@ class ShardProcessor:
         self._chunks += 1
         if self.delay_s:
             time.sleep(self.delay_s)
-        info = self._info
-        if (self.kill_task is not None and info is not None and info.spark_partition == self.kill_task
-                and info.attempt == 0 and self._chunks == self.kill_after):
-            tmp = self.pid_file + ".tmp"
-            with open(tmp, "w") as pf:
-                pf.write(f"{os.getpid()} {tp.topic} {tp.partition} {end}\n")
-            os.replace(tmp, self.pid_file)
-            time.sleep(120)  # the driver SIGKILLs this process here
+        common.park_if_victim(self._info, self.kill_task, self._chunks, self.kill_after, self.pid_file,
+                              f"{os.getpid()} {tp.topic} {tp.partition} {end}\n")
 
 
 def verify(data_dir: Path, out_dir: Path, ends: dict) -> dict:
@@ -183,18 +177,13 @@ def verify(data_dir: Path, out_dir: Path, ends: dict) -> dict:
             for o, line in enumerate(f.read().splitlines()):
                 want[(tp.partition, o)] = f"{zlib.crc32(line.encode()):08x}"
     seen: dict = {}
-    torn = wrong = 0
-    for path in sorted(out_dir.glob("p*.out")):
-        for line in path.read_text().splitlines():
-            parts = line.split()
-            if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit():
-                torn += 1  # a torn last line of a killed writer
-                continue
-            key = (int(parts[0]), int(parts[1]))
-            if want.get(key) != parts[2]:
-                wrong += 1
-                continue
-            seen[key] = seen.get(key, 0) + 1
+    wrong = 0
+    rows, torn = common.read_output(out_dir)
+    for key, crc in rows:
+        if want.get(key) != crc:
+            wrong += 1
+            continue
+        seen[key] = seen.get(key, 0) + 1
     missing = sorted(k for k in want if k not in seen)
     return {"expected": len(want), "unique": len(seen), "processed": sum(seen.values()),
             "duplicates": sum(c - 1 for c in seen.values()), "missing": len(missing),
@@ -249,60 +238,32 @@ def run_demo(spark, bootstrap: str, workdir: Path, *, group: str = "spark-demo",
         f"{'static' if static else 'dynamic'} members of group '{group}' (session timeout "
         f"{session_timeout_ms} ms), chunks of {chunk_size}")
     result = DemoResult(ends=ends, check={}, stats=[])
-    box: dict = {}
-
-    def run_job():
-        try:
-            box["stats"] = job.run(spark, proc, tasks, on_start=proc.on_start)
-        except BaseException as exc:  # reported by the main thread
-            box["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-
-    t0 = time.monotonic()
-    runner = threading.Thread(target=run_job, name="spark-job", daemon=True)
-    runner.start()
-    deadline = t0 + timeout_s
+    run = common.KilledJob(job, spark, proc, tasks, timeout_s, "spark-job")
+    t0 = run.start
     if proc.kill_task is not None:
-        while not pid_file.exists() and runner.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if pid_file.exists():
-            pid = int(pid_file.read_text().split()[0])
-            victim = f"herd-spark-p{proc.kill_task}-a0"
-            try:
-                members = describe_group(bootstrap, group)["members"]
-            except Exception:
-                members = []
-            vparts = next((mm["assignment"] for mm in members if mm["client_id"] == victim), [])
-            before = group_offsets(bootstrap, group, vparts) if vparts else {}
-            os.kill(pid, signal.SIGKILL)
-            result.killed_pid, result.kill_at = pid, time.monotonic()
+        victim_line = run.victim_line(pid_file)
+        if victim_line is not None:
+            pid = int(victim_line[0])
+            victim, vparts, before, result.kill_at = run.kill(bootstrap, group, proc.kill_task, pid)
+            result.killed_pid = pid
             result.victim_partitions = [str(tp) for tp in vparts]
             log(f"t={result.kill_at - t0:5.1f}s  SIGKILL python worker {pid} (Spark task {proc.kill_task}, "
                 f"member {victim}) holding {', '.join(map(str, vparts)) or '?'} "
                 f"at offsets {', '.join(str(before.get(tp, 0)) for tp in vparts)}")
             # recovered: the first commit that moves one of the victim's partitions again
-            while vparts and runner.is_alive() and time.monotonic() < deadline:
-                now = group_offsets(bootstrap, group, vparts)
-                if any(now.get(tp, 0) > before.get(tp, 0) or now.get(tp, 0) >= ends[tp] for tp in vparts):
-                    result.recovered_after_s = time.monotonic() - result.kill_at
-                    owners = {}
-                    try:
-                        for mm in describe_group(bootstrap, group)["members"]:
-                            for tp in mm["assignment"]:
-                                owners[tp] = mm["group_instance_id"] or mm["client_id"]
-                    except Exception:
-                        pass
-                    log(f"t={time.monotonic() - t0:5.1f}s  the killed member's partitions move again "
-                        f"({result.recovered_after_s:.1f}s after the kill), now owned by "
-                        f"{', '.join(sorted({owners.get(tp, '?') for tp in vparts}))}")
-                    break
-                time.sleep(0.1)
-    runner.join(max(1.0, deadline - time.monotonic()))
-    result.job_seconds = time.monotonic() - t0
-    if runner.is_alive():
-        result.error = f"the Spark job did not finish within {timeout_s:.0f}s"
-    else:
-        result.error = box.get("error")
-        result.stats = box.get("stats", [])
+            if run.wait_moved(bootstrap, group, vparts, before, ends):
+                result.recovered_after_s = time.monotonic() - result.kill_at
+                owners = {}
+                try:
+                    for mm in describe_group(bootstrap, group)["members"]:
+                        for tp in mm["assignment"]:
+                            owners[tp] = mm["group_instance_id"] or mm["client_id"]
+                except Exception:
+                    pass
+                log(f"t={time.monotonic() - t0:5.1f}s  the killed member's partitions move again "
+                    f"({result.recovered_after_s:.1f}s after the kill), now owned by "
+                    f"{', '.join(sorted({owners.get(tp, '?') for tp in vparts}))}")
+    run.finish(result)
     outcome = "finished" if result.error is None else f"FAILED: {result.error}"
     log(f"t={result.job_seconds:5.1f}s  Spark job {outcome}")
     result.check = verify(data_dir, out_dir, ends)
@@ -348,9 +309,8 @@ def summary(r: DemoResult, history: list) -> list[str]:
                  f"{c['unique']} distinct, {c['duplicates']} duplicates, {c['missing']} missing"
                  + (f", {c['wrong']} WRONG" if c["wrong"] else ""))
     if r.killed_pid:
-        rec = f"{r.recovered_after_s:.1f} s" if r.recovered_after_s is not None else "not measured"
         lines.append(f"  kill        worker pid {r.killed_pid} (partitions "
-                     f"{', '.join(r.victim_partitions)}); seconds to recover: {rec}")
+                     f"{', '.join(r.victim_partitions)}); seconds to recover: {common.recovery(r)}")
     if history:
         reasons: dict = {}
         for e in rebalances:
@@ -360,17 +320,11 @@ def summary(r: DemoResult, history: list) -> list[str]:
     else:
         gens = sorted({g for s in r.stats for g in s["generations"]})
         lines.append(f"  rebalances  generations seen by the surviving tasks: {gens}")
-    done = sum(1 for tp, n in r.ends.items() if r.committed.get(tp) == n)
+    done = common.partitions_done(r)
     lines.append(f"  group       {r.final_state}; {done}/{len(r.ends)} partitions committed at their "
                  f"shard size")
-    for s in sorted(r.stats, key=lambda s: s["spark_partition"]):
-        lines.append(f"  task {s['spark_partition']}      attempt {s['attempt']}: {s['records']} records in "
-                     f"{s['chunks']} chunks, generations {s['generations']}, {s['commit_failures']} failed "
-                     f"commits, {s['seconds']:.1f} s")
-    lines.append(f"  job         {r.job_seconds:.1f} s; "
-                 + ("OK: every record processed at least once" if r.ok else
-                    f"FAILED: {r.error or ''} {c['missing']} records missing {c['missing_sample']}"))
-    return lines
+    failed = f"FAILED: {r.error or ''} {c['missing']} records missing {c['missing_sample']}"
+    return lines + common.closing_lines(r, "chunks", "OK: every record processed at least once", failed)
 
 
 # ---- herd as a subprocess ---------------------------------------------------------------------------
@@ -445,10 +399,8 @@ def main(argv=None) -> int:
     ap.add_argument("--spark-logs", action="store_true", help="show Spark's own log output")
     args = ap.parse_args(argv)
 
-    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="herd-spark-demo-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    t0 = time.monotonic()
-    try:
+    with common.demo_workdir(args.workdir, "herd-spark-demo-") as workdir:
+        t0 = time.monotonic()
         herd_args = ["--initial-rebalance-delay-ms", "1000", "--min-session-timeout-ms", "1000"]
         with Herd(workdir, *herd_args) as herd:
             print(f"herd listening on {herd.bootstrap} (flight recorder at {herd.metrics_url}); "
@@ -464,16 +416,9 @@ def main(argv=None) -> int:
                              metrics_url=herd.metrics_url, timeout_s=args.timeout,
                              log=lambda s: print(s, flush=True))
                 show_group(spark, herd.bootstrap, "spark-demo", r.ends, herd.metrics_url)
-                for line in summary(r, r.history):
-                    print(line)
-                print(f"  total       {time.monotonic() - t0:.1f} s")
-                return 0 if r.ok else 1
+                return common.print_summary(summary(r, r.history), t0, r.ok)
             finally:
                 spark.stop()
-    finally:
-        if not args.workdir:
-            shutil.rmtree(workdir, ignore_errors=True)
-
 
 if __name__ == "__main__":
     sys.exit(main())

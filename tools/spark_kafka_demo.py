@@ -26,14 +26,13 @@ import argparse
 import os
 import re
 import shutil
-import signal
 import sys
-import tempfile
-import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tools import spark_demo_common as common
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -74,14 +73,8 @@ class RecordWriter:
             f.flush()
             os.fsync(f.fileno())
         self._batches += 1
-        info = self._info
-        if (self.kill_task is not None and info is not None and info.spark_partition == self.kill_task
-                and info.attempt == 0 and self._batches == self.kill_after):
-            tmp = self.pid_file + ".tmp"
-            with open(tmp, "w") as pf:
-                pf.write(f"{os.getpid()} {len(records)} {sorted(by_p)}\n")
-            os.replace(tmp, self.pid_file)
-            time.sleep(120)  # the driver SIGKILLs this process here
+        common.park_if_victim(self._info, self.kill_task, self._batches, self.kill_after, self.pid_file,
+                              f"{os.getpid()} {len(records)} {sorted(by_p)}\n")
 
 
 def produce(bootstrap: str, topic: str, partitions: int, records: int, create_topic: bool = True) -> None:
@@ -108,20 +101,15 @@ def verify(out_dir: Path, ends: dict, records: int) -> dict:
     """Every (partition, offset) below its end and every value-<i> in the output?"""
     seen: dict = {}
     values: set = set()
-    torn = wrong = 0
-    for path in sorted(out_dir.glob("p*.out")):
-        for line in path.read_text().splitlines():
-            parts = line.split()
-            if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit():
-                torn += 1
-                continue
-            key = (int(parts[0]), int(parts[1]))
-            seen[key] = seen.get(key, 0) + 1
-            m = re.fullmatch(r"value-(\d+)", parts[2])
-            if m is None:
-                wrong += 1
-            else:
-                values.add(int(m.group(1)))
+    wrong = 0
+    rows, torn = common.read_output(out_dir)
+    for key, value in rows:
+        seen[key] = seen.get(key, 0) + 1
+        m = re.fullmatch(r"value-(\d+)", value)
+        if m is None:
+            wrong += 1
+        else:
+            values.add(int(m.group(1)))
     want = {(tp.partition, o) for tp, end in ends.items() for o in range(end)}
     missing = sorted(want - set(seen))
     return {"expected": len(want), "unique": len(seen), "processed": sum(seen.values()),
@@ -163,7 +151,7 @@ def run_kafka_demo(spark, herd_bootstrap: str, kafka_bootstrap: str, workdir: Pa
                    records: int = 200_000, tasks: int = 4, max_poll_records: int = 500, kill: bool = True,
                    kill_after: int = 20, session_timeout_ms: int = 6000, timeout_s: float = 300.0,
                    log=print, create_topic: bool = True) -> KafkaDemoResult:
-    from client.spark import KafkaGroupJob, describe_group, group_offsets
+    from client.spark import KafkaGroupJob, group_offsets
 
     workdir = Path(workdir)
     out_dir = workdir / "out"
@@ -185,52 +173,22 @@ def run_kafka_demo(spark, herd_bootstrap: str, kafka_bootstrap: str, workdir: Pa
     log(f"job: {tasks} Spark tasks as KafkaGroupConsumer members of herd group '{group}' (session timeout "
         f"{session_timeout_ms} ms), up to {max_poll_records} records per batch, to the end offsets "
         f"{sum(ends.values())} records")
-    box: dict = {}
-
-    def run_job():
-        try:
-            box["stats"] = job.run(spark, proc, tasks, on_start=proc.on_start)
-        except BaseException as exc:
-            box["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-
-    start = time.monotonic()
-    runner = threading.Thread(target=run_job, name="spark-kafka-job", daemon=True)
-    runner.start()
-    deadline = start + timeout_s
+    run = common.KilledJob(job, spark, proc, tasks, timeout_s, "spark-kafka-job")
     if proc.kill_task is not None:
-        while not pid_file.exists() and runner.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if pid_file.exists():
-            pid, batch = (int(x) for x in pid_file.read_text().split()[:2])
-            victim = f"herd-spark-p{proc.kill_task}-a0"
-            try:
-                members = describe_group(herd_bootstrap, group)["members"]
-            except Exception:
-                members = []
-            vparts = next((mm["assignment"] for mm in members if mm["client_id"] == victim), [])
-            before = group_offsets(herd_bootstrap, group, vparts) if vparts else {}
-            os.kill(pid, signal.SIGKILL)
-            kill_at = time.monotonic()
+        victim_line = run.victim_line(pid_file)
+        if victim_line is not None:
+            pid, batch = (int(x) for x in victim_line[:2])
+            victim, vparts, before, kill_at = run.kill(herd_bootstrap, group, proc.kill_task, pid)
             result.killed_pid, result.killed_batch = pid, batch
             result.victim_partitions = [str(tp) for tp in vparts]
             log(f"t={kill_at - t0:5.1f}s  SIGKILL python worker {pid} (Spark task {proc.kill_task}, member {victim}) "
                 f"holding {', '.join(map(str, vparts)) or '?'}, its last batch of {batch} records written, "
                 f"not committed")
-            while vparts and runner.is_alive() and time.monotonic() < deadline:
-                now = group_offsets(herd_bootstrap, group, vparts)
-                if any(now.get(tp, 0) > before.get(tp, 0) or now.get(tp, 0) >= ends[tp] for tp in vparts):
-                    result.recovered_after_s = time.monotonic() - kill_at
-                    log(f"t={time.monotonic() - t0:5.1f}s  its partitions move again "
-                        f"({result.recovered_after_s:.1f}s after the kill)")
-                    break
-                time.sleep(0.1)
-    runner.join(max(1.0, deadline - time.monotonic()))
-    result.job_seconds = time.monotonic() - start
-    if runner.is_alive():
-        result.error = f"the Spark job did not finish within {timeout_s:.0f}s"
-    else:
-        result.error = box.get("error")
-        result.stats = box.get("stats", [])
+            if run.wait_moved(herd_bootstrap, group, vparts, before, ends):
+                result.recovered_after_s = time.monotonic() - kill_at
+                log(f"t={time.monotonic() - t0:5.1f}s  its partitions move again "
+                    f"({result.recovered_after_s:.1f}s after the kill)")
+    run.finish(result)
     log(f"t={time.monotonic() - t0:5.1f}s  Spark job " + ("finished" if result.error is None else
                                                          f"FAILED: {result.error}"))
     result.check = verify(out_dir, ends, records)
@@ -259,9 +217,8 @@ def summary(r: KafkaDemoResult, records: int) -> list[str]:
                  f"missing, {c['duplicates']} duplicates" + (f", {c['wrong']} WRONG" if c["wrong"] else ""))
     failures = sum(s["commit_failures"] for s in r.stats)
     if r.killed_pid:
-        rec = f"{r.recovered_after_s:.1f} s" if r.recovered_after_s is not None else "not measured"
         lines.append(f"  kill        worker pid {r.killed_pid} (partitions {', '.join(r.victim_partitions)}); "
-                     f"its partitions moved after {rec}")
+                     f"its partitions moved after {common.recovery(r)}")
     explained = r.killed_batch if r.killed_pid else 0
     why = (f"exactly the killed task's last batch ({r.killed_batch} records: written, not committed, read again "
            f"by the next owner)" if c["duplicates"] == explained and r.killed_pid else
@@ -269,17 +226,11 @@ def summary(r: KafkaDemoResult, records: int) -> list[str]:
            f"the killed task's last batch ({explained} records) and {c['duplicates'] - explained} more from the "
            f"{failures} commit(s) that failed in rebalances (those batches are read again by the next owner)")
     lines.append(f"  duplicates  {c['duplicates']}: {why}")
-    done = sum(1 for tp, n in r.ends.items() if r.committed.get(tp) == n)
+    done = common.partitions_done(r)
     lines.append(f"  group       {done}/{len(r.ends)} partitions committed at their end offsets; herd's lag for the "
                  f"group (herd_group_sum_lag): {r.lag}")
-    for s in sorted(r.stats, key=lambda s: s["spark_partition"]):
-        lines.append(f"  task {s['spark_partition']}      attempt {s['attempt']}: {s['records']} records in "
-                     f"{s['batches']} batches, generations {s['generations']}, {s['commit_failures']} failed "
-                     f"commits, {s['seconds']:.1f} s")
-    lines.append(f"  job         {r.job_seconds:.1f} s; "
-                 + ("OK: every record processed at least once, lag 0" if r.ok else
-                    f"FAILED: {r.error or ''} missing {c['missing']} {c['missing_sample']}, lag {r.lag}"))
-    return lines
+    failed = f"FAILED: {r.error or ''} missing {c['missing']} {c['missing_sample']}, lag {r.lag}"
+    return lines + common.closing_lines(r, "batches", "OK: every record processed at least once, lag 0", failed)
 
 
 def main(argv=None) -> int:
@@ -298,10 +249,8 @@ def main(argv=None) -> int:
     from tools.kafka_broker import KafkaBroker
     from tools.spark_demo import Herd, spark_session
 
-    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="herd-spark-kafka-demo-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    t0 = time.monotonic()
-    try:
+    with common.demo_workdir(args.workdir, "herd-spark-kafka-demo-") as workdir:
+        t0 = time.monotonic()
         with KafkaBroker(workdir / "kafka") as broker:
             print(f"Kafka broker on {broker.bootstrap} after {time.monotonic() - t0:.1f}s", flush=True)
             herd_args = ["--initial-rebalance-delay-ms", "1000", "--min-session-timeout-ms", "1000",
@@ -326,15 +275,9 @@ def main(argv=None) -> int:
                                        kill_after=args.kill_after, session_timeout_ms=args.session_timeout_ms,
                                        timeout_s=args.timeout, log=lambda s: print(s, flush=True),
                                        create_topic=False)
-                    for line in summary(r, args.records):
-                        print(line)
-                    print(f"  total       {time.monotonic() - t0:.1f} s")
-                    return 0 if r.ok else 1
+                    return common.print_summary(summary(r, args.records), t0, r.ok)
                 finally:
                     spark.stop()
-    finally:
-        if not args.workdir:
-            shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":

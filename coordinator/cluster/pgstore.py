@@ -51,7 +51,7 @@ from coordinator.cluster.db import connect
 from coordinator.cluster.errors import DB_ERRORS, ClusterError, OwnershipLostError, StoreUnavailableError
 from coordinator.cluster.schema import SchemaInfo, ensure_schema
 from coordinator.cluster.url import PgURL
-from coordinator.store import FSYNC_BUCKETS, ShardStats, Store
+from coordinator.store import FSYNC_BUCKETS, ShardStats, Store, check_shard, report
 
 log = structlog.get_logger("herd.pgstore")
 
@@ -307,18 +307,10 @@ class PgStore(Store):
         return None
 
     def _check_shard(self, shard_id: int) -> None:
-        if self._state != "open":
-            raise StoreClosedError(f"store is {self._state}")
-        if not 0 <= shard_id < self.num_shards:
-            raise ValueError(f"shard {shard_id} out of range 0..{self.num_shards - 1}")
+        check_shard(self._state, shard_id, self.num_shards, StoreClosedError, "store")
 
     def _report(self, results: list) -> None:
-        listener = self._listener
-        if listener is not None and results:
-            try:
-                listener(results)
-            except Exception:  # the listener's bug must not stop the writer
-                log.exception("pgstore.listener_error")
+        report(self._listener, results, log, "pgstore.listener_error")
 
     async def _writer(self) -> None:
         """Write batches until nothing is staged: each transaction takes everything staged so far."""

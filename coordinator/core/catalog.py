@@ -323,7 +323,7 @@ class Catalog:
         return self.routing.coordinator(shard_for(key, self.config.offsets_partitions),
                                         (self.node_id, self.host, self.port))
 
-    # ---- the catalog as consumer groups see it (coordinator.consumer.Topics) ------------------
+    # ---- the catalog as consumer groups see it (coordinator.core.consumer.Topics) ------------------
 
     def get(self, name: str) -> tuple[bytes, int] | None:
         data = self.data

@@ -14,7 +14,7 @@ timeout, not per heartbeat). Moving a deadline earlier pushes a new entry; the s
 recognised as stale when it surfaces and dropped.
 
 :meth:`shift` moves every deadline later by the same amount: after herd itself stalled (its loop
-did not run), each key gets back the time herd was away (see ``coordinator.stall``).
+did not run), each key gets back the time herd was away (see ``coordinator.ops.stall``).
 """
 from __future__ import annotations
 

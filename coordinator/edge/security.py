@@ -3,7 +3,7 @@
 ``security_protocol`` names Kafka's listener protocols: PLAINTEXT, SSL (TLS), SASL_PLAINTEXT
 (SASL, no TLS: the password crosses the network in the clear with PLAIN) and SASL_SSL. herd has one
 listener. What a SASL connection may send before it has authenticated, and how it authenticates,
-is in :mod:`coordinator.server`; the mechanisms are :mod:`protocol.sasl`.
+is in :mod:`coordinator.edge.server`; the mechanisms are :mod:`protocol.sasl`.
 
 Every problem with the files is one line (:class:`SecurityError`), raised before the port opens.
 """

@@ -40,9 +40,9 @@ import time
 from collections import deque
 
 from coordinator import logging_setup
+from coordinator.core.versions import API_NAMES, API_VERSIONS, SUPPORTED, api_versions_response
 from coordinator.edge.budget import MemoryBudget
 from coordinator.edge.turns import Turns
-from coordinator.core.versions import API_NAMES, API_VERSIONS, SUPPORTED, api_versions_response
 from coordinator.ops.metrics import HTTP_MAX_CONNECTIONS, HTTP_RESERVE, response_error
 from protocol import acls as acl_messages
 from protocol import errors as E
@@ -164,7 +164,7 @@ class Reply:
     """The token a request travels with: ``reply(response)`` answers it on its connection."""
 
     __slots__ = ("conn", "correlation_id", "api_key", "api_version", "request", "timer", "started", "held",
-                 "data", "amend")
+                 "data", "amend", "topic_filter")
 
     def __init__(self, conn, correlation_id, api_key, api_version, request):
         self.started = _now()
@@ -177,6 +177,7 @@ class Reply:
         self.held = False  # done, its answer waits for the log (hold())
         self.data = None  # the encoded answer, while it waits for earlier ones (Connection.held)
         self.amend = None  # the authorization gate's: puts refused parts back into the answer
+        self.topic_filter = None  # the gate's: topic -> may the client DESCRIBE it (regex subscriptions)
 
     def reply(self, response) -> None:
         self.conn.send_response(self, response)
@@ -506,7 +507,7 @@ class Connection(asyncio.Protocol):
         token = self.inflight = Reply(self, correlation_id, api_key, version, request)
         gate = self.server.gate
         if gate is not None:  # the one authorization point (coordinator/core/auth/gate.py)
-            refusal, token.amend = gate.check(self.kafka_principal, self.client_ip, api_key, version, request)
+            refusal, token.amend = gate.check(self.kafka_principal, self.client_ip, api_key, version, request, token)
             if refusal is not None:
                 self.send_response(token, refusal)
                 return

@@ -1,9 +1,9 @@
 """The operator's console and the lag metrics: every group's lag, in offsets and in seconds.
 
 Read-only views over the group coordinator (``list_groups``, ``describe_group``, ``group_history``,
-``committed_by_shard``, ...) and the :mod:`coordinator.lag` tracker, shaped three ways:
+``committed_by_shard``, ...) and the :mod:`coordinator.ops.lag` tracker, shaped three ways:
 
-* Prometheus lines (``metric_lines``, a collector of :class:`coordinator.metrics.Metrics`):
+* Prometheus lines (``metric_lines``, a collector of :class:`coordinator.ops.metrics.Metrics`):
   ``herd_group_lag{group,topic,partition}`` and ``herd_group_lag_seconds{group,topic,partition}``
   (``lag_metrics = "partition"``), the per-group ``herd_group_max_lag``, ``herd_group_max_lag_seconds``
   and ``herd_group_sum_lag``, and ``herd_group_last_commit_age_seconds{group}`` for every group with
@@ -30,8 +30,9 @@ from importlib import resources
 from urllib.parse import parse_qs
 
 from coordinator import logging_setup
+from coordinator.core.auth.view import EVERYTHING, View
 from coordinator.ops.lag import LagRefresher, LagTracker, LogEndSource
-from coordinator.ops.metrics import SECURITY_HEADERS
+from coordinator.ops.metrics import SECURITY_HEADERS, group_forbidden
 from protocol.consumer import PROTOCOL_TYPE as CONSUMER
 from protocol.consumer import decode_assignment
 
@@ -52,7 +53,7 @@ STATIC = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; 
           "app.css": "text/css; charset=utf-8", "favicon.svg": "image/svg+xml"}
 def make_source(config, reader=None) -> LogEndSource | None:
     """The log-end source for ``data_bootstrap_server`` (the data-cluster reader,
-    :mod:`coordinator.datacluster`, with the TLS/SASL settings of ``data_command_config``; ``reader``
+    :mod:`coordinator.ops.datacluster`, with the TLS/SASL settings of ``data_command_config``; ``reader``
     when the daemon made it already, for its catalog), or None without one (commit ages only).
     ``ValueError`` (one line) for settings that cannot be used."""
     if not config.data_bootstrap_server:
@@ -71,7 +72,7 @@ def make_source(config, reader=None) -> LogEndSource | None:
 class _Row:
     __slots__ = ("group_id", "state", "type", "protocol_type", "members", "lag", "max_lag", "lag_seconds",
                  "lag_seconds_method", "last_commit_ms", "rebalances_1h", "rebalances_capped", "partitions",
-                 "known", "stale")
+                 "known", "stale", "by_topic")
 
     def __init__(self, group_id: str):
         self.group_id = group_id
@@ -89,6 +90,63 @@ class _Row:
         self.partitions = 0  # committed partitions
         self.known = 0  # of which with a fresh lag
         self.stale = 0  # of which stale (sampled once, not lately)
+        # authorizer = acl: the same sums per topic, {topic: _Row} (a principal sees only the topics
+        # it may describe: its row is summed from those, :meth:`only`); None otherwise
+        self.by_topic: dict[str, _Row] | None = None
+
+    def add(self, off_ts: int, lag_of, key, off: int, now: int) -> tuple | None:
+        """Count one committed partition (``lag_of``: the tracker's, or None): its fresh
+        ``(lag, lag_ms)``, or None."""
+        self.partitions += 1
+        if self.last_commit_ms is None or off_ts > self.last_commit_ms:
+            self.last_commit_ms = off_ts
+        if lag_of is None:
+            return None
+        end, lag, lag_ms, stale, method = lag_of(key, off, now)
+        if end is None:
+            return None
+        if stale:
+            self.stale += 1
+            return None
+        self.known += 1
+        if self.lag is None:
+            self.lag = self.max_lag = lag
+        else:
+            self.lag += lag
+            if lag > self.max_lag:
+                self.max_lag = lag
+        if lag_ms is not None:
+            secs = lag_ms / 1000
+            if self.lag_seconds is None or secs > self.lag_seconds:
+                self.lag_seconds = secs
+                self.lag_seconds_method = method
+        return lag, lag_ms
+
+    def only(self, topic_visible) -> _Row:
+        """This row summed over the topics ``topic_visible`` accepts (itself when all are)."""
+        parts = self.by_topic
+        if parts is None or all(topic_visible(t) for t in parts):
+            return self
+        r = _Row(self.group_id)
+        r.state, r.type, r.protocol_type, r.members = self.state, self.type, self.protocol_type, self.members
+        r.rebalances_1h, r.rebalances_capped = self.rebalances_1h, self.rebalances_capped
+        for topic, t in parts.items():
+            if not topic_visible(topic):
+                continue
+            r.partitions += t.partitions
+            r.known += t.known
+            r.stale += t.stale
+            if t.last_commit_ms is not None and (r.last_commit_ms is None or t.last_commit_ms > r.last_commit_ms):
+                r.last_commit_ms = t.last_commit_ms
+            if t.lag is not None:
+                if r.lag is None:
+                    r.lag, r.max_lag = t.lag, t.max_lag
+                else:
+                    r.lag += t.lag
+                    r.max_lag = max(r.max_lag, t.max_lag)
+            if t.lag_seconds is not None and (r.lag_seconds is None or t.lag_seconds > r.lag_seconds):
+                r.lag_seconds, r.lag_seconds_method = t.lag_seconds, t.lag_seconds_method
+        return r
 
     def as_json(self, now_ms: int) -> dict:
         return {"group_id": self.group_id, "state": self.state, "type": self.type,
@@ -186,8 +244,9 @@ class Console:
             # (one being rendered or read by a thread is left to refcounting)
             await _free_in_steps(old[2], old[3])
 
-    async def prepare_for(self, target: str) -> None:
-        """Called by the HTTP endpoint before it answers ``target``: the paths that read the table."""
+    async def prepare_for(self, target: str, view: View = EVERYTHING) -> None:
+        """Called by the HTTP endpoint before it answers ``target``: the paths that read the table.
+        ``view``: what the request's principal may see (authorizer = acl)."""
         path = target.split("?", 1)[0]
         if path not in ("/metrics", "/api/groups"):
             return
@@ -201,7 +260,7 @@ class Console:
             self._in_use.append(table)
             try:
                 page = await asyncio.to_thread(self._page_of, table[1], table[2],
-                                               parse_qs(target.partition("?")[2]))
+                                               parse_qs(target.partition("?")[2]), view)
             finally:
                 self._in_use.remove(table)
             page["lag"] = self.lag_status(page["now_ms"])
@@ -237,6 +296,7 @@ class Console:
                 yield
         tracker = self.tracker
         lag_of = tracker.lag_with_method if tracker is not None else None
+        per_topic = getattr(self.config, "authorizer", "none") == "acl"
         for shard_rows in groups.committed_by_shard():
             row = None
             for i, (gid, topic, p, off, ts) in enumerate(shard_rows):
@@ -246,6 +306,17 @@ class Console:
                     row = rows.get(gid)
                     if row is None:  # committed since the group list was read
                         row = rows[gid] = _Row(gid)
+                if per_topic:  # the slower path, summed per topic too
+                    if row.by_topic is None:
+                        row.by_topic = {}
+                    t = row.by_topic.get(topic)
+                    if t is None:
+                        t = row.by_topic[topic] = _Row(topic)
+                    t.add(ts, lag_of, (topic, p), off, now)
+                    got = row.add(ts, lag_of, (topic, p), off, now)
+                    if got is not None:
+                        lags.append((gid, topic, p, got[0], got[1]))
+                    continue
                 row.partitions += 1
                 if row.last_commit_ms is None or ts > row.last_commit_ms:
                     row.last_commit_ms = ts
@@ -275,7 +346,7 @@ class Console:
     # ---- Prometheus ------------------------------------------------------------------------------
 
     def metric_lines(self) -> list[str]:
-        """The lines for /metrics (a :class:`coordinator.metrics.Metrics` collector): those
+        """The lines for /metrics (a :class:`coordinator.ops.metrics.Metrics` collector): those
         :meth:`prepare_for` rendered in steps for this table, else rendered here at once."""
         if self._prepared and self._lines is not None and self._lines[0] is self._table:
             self._prepared = False
@@ -369,8 +440,9 @@ class Console:
 
     # ---- HTTP ------------------------------------------------------------------------------------
 
-    def route(self, path: str, query: str):
-        """``(status, content type, body, headers)`` for the console's paths, None for others."""
+    def route(self, path: str, query: str, view: View = EVERYTHING):
+        """``(status, content type, body, headers)`` for the console's paths, None for others;
+        ``view``: what the request's principal may see (a group it may not describe: 403)."""
         if path in ("/", "/index.html"):
             return self._static("index.html")
         if path.startswith("/console/"):
@@ -380,12 +452,14 @@ class Console:
             return 404, "text/plain", b"not found\n", SECURITY_HEADERS
         if path == "/api/groups":
             page, self._page = self._page, None  # computed off the loop by prepare_for
-            return self._json(page if page is not None else self.group_list(parse_qs(query)))
+            return self._json(page if page is not None else self.group_list(parse_qs(query), view))
         if path == "/api/group":
             gid = parse_qs(query, keep_blank_values=True).get("id", [None])[0]
             if gid is None:
                 return self._json({"error": "id is required"}, 400)
-            detail = self.group_detail(gid)
+            if not view.group(gid):
+                return self._json(group_forbidden(view, gid), 403)
+            detail = self.group_detail(gid, view)
             if detail is None:
                 return self._json({"error": "unknown group", "group_id": gid}, 404)
             return self._json(detail)
@@ -408,16 +482,17 @@ class Console:
         st["data_bootstrap_server"] = self.config.data_bootstrap_server
         return st
 
-    def group_list(self, q: dict) -> dict:
+    def group_list(self, q: dict, view: View = EVERYTHING) -> dict:
         now, rows, _ = self.table()
-        page = self._page_of(now, rows, q)
+        page = self._page_of(now, rows, q, view)
         page["lag"] = self.lag_status(now)
         page["rebalances"] = self.rebalance_window(now)
         return page
 
     @staticmethod
-    def _page_of(now: int, rows: dict, q: dict) -> dict:
-        """The list's page for query ``q`` (pure: reads ``rows`` only; run on a thread)."""
+    def _page_of(now: int, rows: dict, q: dict, view: View = EVERYTHING) -> dict:
+        """The list's page for query ``q`` (pure: reads ``rows`` only; run on a thread): only the
+        groups ``view`` shows, each summed over the topics it shows."""
         def one(name, default=""):
             v = q.get(name)
             return v[0] if v else default
@@ -433,6 +508,8 @@ class Console:
             limit = min(MAX_PAGE, max(1, int(one("limit", "50"))))
         except ValueError:
             offset, limit = 0, 50
+        if not (view.all_groups and view.all_topics):
+            rows = {gid: r.only(view.topic) for gid, r in rows.items() if view.group(gid)}
         selected = [r for r in rows.values()
                     if (not text or text in r.group_id.lower()) and (not states or r.state.lower() in states)]
         # ties always in group id order (a stable sort by id first; reverse keeps it stable)
@@ -468,7 +545,8 @@ class Console:
         return {"since_ms": max(now - HOUR_MS, self.started_ms), "since_start": since_start,
                 "label": "since start" if since_start else "1h"}
 
-    def group_detail(self, gid: str) -> dict | None:
+    def group_detail(self, gid: str, view: View = EVERYTHING) -> dict | None:
+        """One group's page (``view``: only the topics it shows; the caller checked the group)."""
         groups = self.groups
         mono = self.now_ms() if self.now_ms is not None else None
         described = groups.describe_group(gid, mono)
@@ -485,6 +563,8 @@ class Console:
                 assigned = sorted((t, list(ps)) for t, ps in (m.get("assignment") or {}).items())
             else:
                 assigned = _decode_assignment(assignments.get(mid, b""), described["protocol_type"])
+            if assigned and not view.all_topics:
+                assigned = [(topic, parts) for topic, parts in assigned if view.topic(topic)]
             for topic, parts in assigned or []:
                 for p in parts:
                     owner[(topic, p)] = mid
@@ -497,6 +577,8 @@ class Console:
         partitions = []
         offsets = groups.group_offsets(gid)
         for topic in sorted(offsets):
+            if not view.topic(topic):
+                continue
             for p in sorted(offsets[topic]):
                 o = offsets[topic][p]
                 row = {"topic": topic, "partition": p, "committed": o["offset"], "commit_ms": o["commit_timestamp"],

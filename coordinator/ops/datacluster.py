@@ -18,7 +18,7 @@ partitions whose leader moved (NOT_LEADER_OR_FOLLOWER, ...) get their topic's me
 more try. Every wait is bounded by the call's budget (``timeout_ms``), so a hung broker costs one
 timeout, never the refresher's whole round; a connection that timed out is closed.
 
-What it returns and raises (the refresher's contract, see :mod:`coordinator.lag`):
+What it returns and raises (the refresher's contract, see :mod:`coordinator.ops.lag`):
 
 * the log end of every partition it could read; a partition the data cluster does not have (no
   such topic, no leader) is left out and not an error: it simply has no lag;
@@ -47,8 +47,8 @@ from coordinator.ops.lag import PartialFetch
 from protocol import errors as E
 from protocol import messages as m
 from protocol.client_connection import AuthenticationFailed, Connection, ConnectionBroken, Ready, Response
-from protocol.client_security import SecurityConfig, tls_failure
-from protocol.record_batch import FETCH_MAX_BYTES, FETCH_MAX_VERSION, FETCH_PARTITION_BYTES, record_time
+from protocol.client_security import BadServerList, SecurityConfig, split_servers, tls_failure
+from protocol.record_batch import FETCH_MAX_VERSION, fetched_times, time_fetch
 
 __all__ = ["DataClusterError", "DataClusterReader", "TopicsRead", "parse_servers", "reader_from_config"]
 
@@ -73,28 +73,15 @@ class DataClusterError(Exception):
 def parse_servers(text: str, protocol: str = "PLAINTEXT") -> list[tuple[str, int]]:
     """``HOST:PORT[,HOST:PORT]`` (a listener URL such as ``SASL_SSL://host:9093`` too, whose protocol
     must be ``protocol``) -> addresses. ``ValueError`` with one line."""
-    out = []
-    for item in text.split(","):
-        item = item.strip()
-        if not item:
-            continue
-        scheme, sep, rest = item.partition("://")
-        if sep:
-            if scheme.upper() != protocol:
-                raise ValueError(f"data_bootstrap_server {item!r} names {scheme.upper()} but the data cluster's "
-                                 f"security.protocol is {protocol} (set it in data_command_config)")
-            item = rest
-        if item.startswith("["):
-            host, _, port = item[1:].partition("]")
-            port = port.removeprefix(":")
-        else:
-            host, _, port = item.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"data_bootstrap_server: invalid address {item!r}: expected HOST:PORT")
-        out.append((host, int(port)))
-    if not out:
-        raise ValueError("data_bootstrap_server is empty")
-    return out
+    try:
+        return split_servers(text, protocol)
+    except BadServerList as exc:
+        if exc.named:
+            raise ValueError(f"data_bootstrap_server {exc.item!r} names {exc.named} but the data cluster's "
+                             f"security.protocol is {protocol} (set it in data_command_config)") from None
+        if exc.item is None:
+            raise ValueError("data_bootstrap_server is empty") from None
+        raise ValueError(f"data_bootstrap_server: invalid address {exc.item!r}: expected HOST:PORT") from None
 
 
 def _addr(host: str, port: int) -> str:
@@ -634,28 +621,11 @@ class DataClusterReader:
 
     async def _record_times(self, node: int, offsets: dict[TopicPartition, int], budget: _Budget) -> dict:
         """One Fetch (no wait) from one leader at each offset -> {tp: record time or None}."""
-        topics: dict[str, list] = {}
-        for (t, p), off in offsets.items():
-            topics.setdefault(t, []).append(m.FetchRequestFetchPartition(
-                partition=p, current_leader_epoch=-1, fetch_offset=off, last_fetched_epoch=-1,
-                log_start_offset=-1, partition_max_bytes=FETCH_PARTITION_BYTES))
-
-        def build(v):
-            return m.FetchRequest(replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=FETCH_MAX_BYTES,
-                                  isolation_level=0, session_id=0, session_epoch=-1, rack_id="",
-                                  forgotten_topics_data=[],
-                                  topics=[m.FetchRequestFetchTopic(topic=t, partitions=ps) for t, ps in topics.items()])
-
         self.stats["fetch_requests"] += 1
         # v4+ (record batches) by topic name: topic ids replace the names from v13
-        resp, _ = await self._call(self.brokers[node], build, budget, max_version=FETCH_MAX_VERSION, min_version=4)
-        out: dict = {}
-        for rt in resp.responses:
-            for rp in rt.partitions:
-                tp = (rt.topic, rp.partition_index)
-                if tp in offsets and rp.error_code == E.NONE and rp.records:
-                    out[tp] = record_time(bytes(rp.records), offsets[tp])
-        return out
+        resp, _ = await self._call(self.brokers[node], time_fetch(offsets), budget, max_version=FETCH_MAX_VERSION,
+                                   min_version=4)
+        return fetched_times(resp, offsets)
 
 
 class TopicsRead:

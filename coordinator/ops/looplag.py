@@ -5,6 +5,8 @@ loop is doing when it arrives. A probe timer every ``interval`` seconds measures
 (the loop was busy: a burst of reads, a collection, a long callback) into a histogram that
 ``/metrics`` exports (``herd_event_loop_lag_seconds``), and a lag over ``warn_s`` is logged
 (``loop.lag``). The probe costs one timer callback per interval.
+
+:class:`Probe` is that repeating timer; the stall detector (:mod:`coordinator.ops.stall`) uses one too.
 """
 from __future__ import annotations
 
@@ -18,25 +20,19 @@ log = logging_setup.get("herd.loop")
 BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
-class LoopLag:
-    def __init__(self, interval: float = 0.05, warn_s: float = 0.25, clock=time.monotonic,
-                 stall_s: float | None = None):
+class Probe:
+    """``tick()`` every ``interval`` seconds on an event loop: a ``call_later`` timer armed again
+    after each call, until :meth:`stop`."""
+
+    def __init__(self, interval: float, tick):
         self.interval = interval
-        self.warn_s = warn_s
-        # a lag this long is a stall: the stall detector (coordinator.stall) logs it, once
-        self.stall_s = stall_s
-        self.clock = clock
-        self.counts = [0] * (len(BUCKETS) + 1)  # the last one: over the largest bucket
-        self.total = 0.0
-        self.max = 0.0
+        self.tick = tick
         self._loop = None
         self._handle = None
-        self._expected = 0.0
 
-    def start(self, loop) -> LoopLag:
+    def start(self, loop) -> None:
         self._loop = loop
         self._arm()
-        return self
 
     def stop(self) -> None:
         if self._handle is not None:
@@ -44,12 +40,38 @@ class LoopLag:
             self._handle = None
 
     def _arm(self) -> None:
+        self._handle = self._loop.call_later(self.interval, self._fire)
+
+    def _fire(self) -> None:
+        self.tick()
+        self._arm()
+
+
+class LoopLag:
+    def __init__(self, interval: float = 0.05, warn_s: float = 0.25, clock=time.monotonic,
+                 stall_s: float | None = None):
+        self.interval = interval
+        self.warn_s = warn_s
+        # a lag this long is a stall: the stall detector (coordinator.ops.stall) logs it, once
+        self.stall_s = stall_s
+        self.clock = clock
+        self.counts = [0] * (len(BUCKETS) + 1)  # the last one: over the largest bucket
+        self.total = 0.0
+        self.max = 0.0
+        self._probe = Probe(interval, self._tick)
+        self._expected = 0.0
+
+    def start(self, loop) -> LoopLag:
         self._expected = self.clock() + self.interval
-        self._handle = self._loop.call_later(self.interval, self._tick)
+        self._probe.start(loop)
+        return self
+
+    def stop(self) -> None:
+        self._probe.stop()
 
     def _tick(self) -> None:
         self.observe(max(0.0, self.clock() - self._expected))
-        self._arm()
+        self._expected = self.clock() + self.interval  # the probe fires again after this
 
     def observe(self, lag: float) -> None:
         self.counts[bisect.bisect_left(BUCKETS, lag)] += 1

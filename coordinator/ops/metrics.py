@@ -16,6 +16,12 @@ HTTP (``--metrics-port``; off by default):
   GET /groups                       JSON: every group with state, protocol, members
   GET /groups/<group>/history       JSON: the rebalance flight recorder for that group
   GET /, /console/*, /api/*         the operator's console and its JSON (coordinator/console.py)
+
+With ``authorizer = acl`` (``HttpEndpoint.authorizer``) every view shows only what the request's
+principal may DESCRIBE (coordinator.core.auth.view): a basic-auth user ``alice`` is ``User:alice``, a
+bearer token its line's principal (coordinator.ops.httpauth), without ``http_auth_file``
+``User:ANONYMOUS``; the host is the peer's address. A group it may not describe answers 403,
+``/metrics`` without CLUSTER DESCRIBE too.
 """
 from __future__ import annotations
 
@@ -29,12 +35,14 @@ import time
 from urllib.parse import unquote
 
 from coordinator import logging_setup
+from coordinator.core.auth.view import EVERYTHING, View, view_for
 from coordinator.core.versions import API_NAMES
 from coordinator.ops.stall import STALL_BUCKETS
 from coordinator.store import FSYNC_BUCKETS
 from protocol.errors import error_name
 
 _OFFSET_COMMIT = 8
+ANONYMOUS = "User:ANONYMOUS"  # an HTTP request's principal without http_auth_file
 
 
 def response_error(api_key: int, response) -> int:
@@ -332,7 +340,7 @@ class HttpEndpoint:
         self.history_view = history_view  # (group_id) -> JSON-able or None
         self.failed_shards = failed_shards  # () -> [shard ids stopped after a log write failure]
         self.readiness = readiness  # a cluster node's: () -> None (ready) or why not
-        self.console = None  # coordinator.console.Console: GET /, /console/*, /api/*
+        self.console = None  # coordinator.ops.console.Console: GET /, /console/*, /api/*
         self.max_request = max_request
         self.max_connections = max_connections
         self.server = None
@@ -342,6 +350,8 @@ class HttpEndpoint:
         self.oversized = 0  # request heads refused with 431
         self.auth = None  # coordinator.ops.httpauth.HttpAuth (http_auth_file): all but the health checks need it
         self.auth_failures = 0  # requests answered 401
+        self.authorizer = None  # coordinator.core.auth.acl.Authorizer (authorizer = acl): views filtered by it
+        self.forbidden = 0  # requests answered 403 (authorizer = acl)
         self._rendering: asyncio.Future | None = None  # a /metrics render shared by concurrent scrapes
         self._metrics_lines = None
         self._listing: asyncio.Future | None = None  # a /groups listing shared by concurrent requests
@@ -364,6 +374,9 @@ class HttpEndpoint:
                 + (["# HELP herd_http_auth_failures_total HTTP requests answered 401: no or a wrong credential "
                     "(http_auth_file).", "# TYPE herd_http_auth_failures_total counter",
                     f"herd_http_auth_failures_total {self.auth_failures}"] if self.auth is not None else [])
+                + (["# HELP herd_http_forbidden_total HTTP requests answered 403: the principal may not "
+                    "describe what it asked for (authorizer = acl).", "# TYPE herd_http_forbidden_total counter",
+                    f"herd_http_forbidden_total {self.forbidden}"] if self.authorizer is not None else [])
                 + [f"# HELP herd_http_connections HTTP connections being served (cap {self.max_connections}).",
                    "# TYPE herd_http_connections gauge", f"herd_http_connections {self.open}"])
 
@@ -410,22 +423,28 @@ class HttpEndpoint:
                     answer = (405, "text/plain", b"only GET is supported\n")
                 else:
                     method, target = parts[0], parts[1]
-                    if reserve and target.split("?", 1)[0] not in ("/healthz", "/readyz"):
+                    path = target.split("?", 1)[0]
+                    health = path in ("/healthz", "/readyz")
+                    principal = ANONYMOUS
+                    if not health and self.auth is not None:
+                        principal = self.auth.principal(_header(head, b"authorization"))
+                    if reserve and not health:
                         self.refused.inc()
                         answer = (503, "text/plain", b"too many HTTP connections\n")
-                    elif (self.auth is not None and target.split("?", 1)[0] not in ("/healthz", "/readyz")
-                          and not self.auth.allows(_header(head, b"authorization"))):
+                    elif principal is None:
                         self.auth_failures += 1
                         answer = (401, "text/plain", b"authentication required\n",
                                   {"WWW-Authenticate": 'Basic realm="herd"'})
                     else:
-                        if target.split("?", 1)[0] == "/metrics" and self.ready:
-                            await self._prepare_metrics()
-                        elif target.split("?", 1)[0] == "/groups" and self.ready:
+                        view = EVERYTHING if health else self.view(principal, writer)
+                        if path == "/metrics":
+                            if self.ready and view.metrics:  # (refused: nothing rendered for it)
+                                await self._prepare_metrics()
+                        elif path == "/groups" and self.ready and view.all_groups:
                             await self._prepare_groups()
                         elif self.console is not None and self.ready:
-                            await self.console.prepare_for(target)
-                        answer = self.route(target)
+                            await self.console.prepare_for(target, view)
+                        answer = self.route(target, view)
             await self._answer(writer, method, http11, *answer)
         except TimeoutError:
             self.dropped.inc("write_timeout")
@@ -561,9 +580,18 @@ class HttpEndpoint:
         finally:
             self._rendering = None
 
-    def route(self, target: str) -> tuple:
+    def view(self, principal: str, writer) -> View:
+        """What ``principal`` may see (everything without an authorizer): the one question the HTTP
+        views ask the authorizer (coordinator.core.auth.view)."""
+        if self.authorizer is None:
+            return EVERYTHING
+        peer = writer.get_extra_info("peername")
+        return view_for(self.authorizer, principal, str(peer[0]) if peer else "")
+
+    def route(self, target: str, view: View = EVERYTHING) -> tuple:
         """``(status, content type, body)``, or with a 4th item: extra headers. A body that is not
-        bytes is an iterable of bytes: streamed, a slice at a time."""
+        bytes is an iterable of bytes: streamed, a slice at a time. ``view``: what the request's
+        principal may see (authorizer = acl)."""
         raw_path, _, query = target.partition("?")
         path = unquote(raw_path)
         if path in ("/healthz", "/readyz") and self.readiness is not None and self.ready:
@@ -583,24 +611,42 @@ class HttpEndpoint:
         if not self.ready:
             return 503, "text/plain", b"not ready: starting (replaying the log)\n"
         if path == "/metrics":
+            if not view.metrics:
+                self.forbidden += 1
+                return 403, "text/plain", (f"{view.principal} may not read /metrics: it needs DESCRIBE on the "
+                                           "cluster (authorizer = acl)\n").encode()
             lines, self._metrics_lines = self._metrics_lines, None
             if lines is None:  # called directly (tests): rendered here
                 lines = [x for part in self.metrics.render_parts() for x in part]
             return 200, "text/plain; version=0.0.4; charset=utf-8", _lines_body(lines)
         if path == "/groups":
+            if not view.all_groups:  # listed for this principal alone, as ListGroups filters
+                return 200, "application/json", _json_array(g for g in self.groups_view() if view.group(g["group_id"]))
             chunks, self._groups_chunks = self._groups_chunks, None
             return 200, "application/json", iter(chunks) if chunks is not None else _json_array(self.groups_view())
         if path.startswith("/groups/") and path.endswith("/history"):
             group = path[len("/groups/"):-len("/history")]
+            if not view.group(group):
+                self.forbidden += 1
+                return 403, "application/json", _json(group_forbidden(view, group))
             hist = self.history_view(group)
             if hist is None:
                 return 404, "application/json", _json({"error": f"unknown group {group}"})
             return 200, "application/json", _json(hist)
         if self.console is not None:
-            answer = self.console.route(path, query)
+            answer = self.console.route(path, query, view)
             if answer is not None:
+                if answer[0] == 403:
+                    self.forbidden += 1
                 return answer
         return 404, "text/plain", b"not found\n"
+
+
+def group_forbidden(view: View, group: str) -> dict:
+    """The 403 answer for a group the principal may not describe (whether or not it exists: as
+    Kafka's DescribeGroups answers GROUP_AUTHORIZATION_FAILED before looking the group up)."""
+    return {"error": "not authorized to describe group", "error_code": "GROUP_AUTHORIZATION_FAILED",
+            "group_id": group, "principal": view.principal}
 
 
 def _reset_on_close(transport) -> None:
@@ -640,8 +686,8 @@ def _lines_body(lines: list[str], step: int = 500):
         yield ("\n".join(lines[i:i + step]) + "\n").encode()
 
 
-_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
-            431: "Request Header Fields Too Large", 503: "Service Unavailable"}
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
+            405: "Method Not Allowed", 431: "Request Header Fields Too Large", 503: "Service Unavailable"}
 
 
 def _family(name: str, kind: str, help: str, samples) -> list[str]:

@@ -44,6 +44,7 @@ from __future__ import annotations
 import time
 
 from coordinator import logging_setup
+from coordinator.ops.looplag import Probe
 
 __all__ = ["StallDetector", "boottime_ms", "PROBE_INTERVAL_MS", "STALL_BUCKETS"]
 
@@ -109,8 +110,7 @@ class StallDetector:
         self._boot_offset = self._offset_boot(self.last_seen)
         self._wall_offset = clock.wall_ms() - self.last_seen
         self._last_stall_end: int | None = None  # when the last stall was noticed
-        self._loop = None
-        self._handle = None
+        self._probe = Probe(interval_ms / 1000, self.check)
 
     def _offset_boot(self, mono: int) -> int | None:
         return None if self.boottime is None else self.boottime() - mono
@@ -118,23 +118,13 @@ class StallDetector:
     # ---- the probe ---------------------------------------------------------------------------
 
     def start(self, loop) -> StallDetector:
-        self._loop = loop
         self.reset()
         if self.threshold_ms > 0:
-            self._arm()
+            self._probe.start(loop)
         return self
 
     def stop(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-
-    def _arm(self) -> None:
-        self._handle = self._loop.call_later(self.interval_ms / 1000, self._tick)
-
-    def _tick(self) -> None:
-        self.check()
-        self._arm()
+        self._probe.stop()
 
     # ---- looking -----------------------------------------------------------------------------
 

@@ -53,6 +53,9 @@ Writing (the hot path; both calls are made on the event loop thread and must not
 
 Also: ``compact(shard_id)`` (a hint: rewrite the shard keeping live keys; stores that need none
 may return at once) and ``stats()`` (per-shard :class:`ShardStats` for metrics).
+
+Two helpers the implementations share: :func:`check_shard` (the store is open and the shard in
+range) and :func:`report` (hand results to the listener, never letting its bug stop the writer).
 """
 from __future__ import annotations
 
@@ -61,7 +64,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 __all__ = ["Entry", "Store", "StoreError", "ShardFailedError", "ShardFencedError", "ShardStats",
-           "Listener", "FSYNC_BUCKETS"]
+           "Listener", "FSYNC_BUCKETS", "check_shard", "report"]
 
 Entry = tuple[bytes, bytes | None]
 Listener = Callable[[list[tuple[int, int, BaseException | None]]], None]
@@ -152,3 +155,22 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None:
         """Write everything submitted (reporting it), stop, release resources. Idempotent."""
+
+
+def check_shard(state: str, shard_id: int, num_shards: int, closed: type[BaseException], what: str) -> None:
+    """Raise ``closed("<what> is <state>")`` unless the store is open, ValueError unless
+    ``shard_id`` is one of its ``num_shards`` shards."""
+    if state != "open":
+        raise closed(f"{what} is {state}")
+    if not 0 <= shard_id < num_shards:
+        raise ValueError(f"shard {shard_id} out of range 0..{num_shards - 1}")
+
+
+def report(listener: Listener | None, results: list, log, event: str) -> None:
+    """Give ``results`` (if any) to ``listener`` (if set); its exception is logged as ``event`` on
+    ``log``, not raised: the listener's bug must not stop the writer."""
+    if listener is not None and results:
+        try:
+            listener(results)
+        except Exception:
+            log.exception(event)

@@ -63,7 +63,7 @@ from pathlib import Path
 
 import structlog
 
-from coordinator.store import FSYNC_BUCKETS, ShardFailedError, ShardStats
+from coordinator.store import FSYNC_BUCKETS, ShardFailedError, ShardStats, check_shard, report
 from coordinator.store.fileio import _close_quietly, _fail, _pwrite_all, _unlink_quietly
 from coordinator.store.logformat import (
     _MIN_FRAME,
@@ -284,28 +284,17 @@ class Writer:
         self._listener = listener
 
     def _check_writable(self, shard_id: int) -> None:
-        if self._state != "open":
-            raise LogClosedError(f"log store is {self._state}")
-        if not 0 <= shard_id < self.num_shards:
-            raise ValueError(f"shard {shard_id} out of range 0..{self.num_shards - 1}")
+        check_shard(self._state, shard_id, self.num_shards, LogClosedError, "log store")
 
     def _report(self, results: list) -> None:
-        listener = self._listener
-        if listener is not None and results:
-            try:
-                listener(results)
-            except Exception:  # the listener's bug must not kill the writer
-                log.exception("log.listener_error")
+        report(self._listener, results, log, "log.listener_error")
 
     def compact(self, shard_id: int) -> Future:
         """Compact ``shard_id`` now (in the background); the Future resolves to a dict of figures."""
         fut: Future = Future()
         fut.set_running_or_notify_cancel()
         with self._lock:
-            if self._state != "open":
-                raise LogClosedError(f"log store is {self._state}")
-            if not 0 <= shard_id < self.num_shards:
-                raise ValueError(f"shard {shard_id} out of range 0..{self.num_shards - 1}")
+            self._check_writable(shard_id)
             self._queue.put((_COMPACT, shard_id, fut))
         return fut
 

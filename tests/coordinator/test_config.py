@@ -166,3 +166,8 @@ def test_http_auth_file_from_toml_env_and_flag(tmp_path):
     assert load(str(toml), env={"HERD_HTTP_AUTH_FILE": "/e"}, overrides={"http_auth_file": "/f"}).http_auth_file == "/f"
     with pytest.raises(ConfigError, match="http_auth_file must not be empty"):
         load(env={"HERD_HTTP_AUTH_FILE": " "})
+
+
+def test_authorizer_acl_resolves_consumer_regexes_with_acls():
+    assert Config(authorizer="acl").validate().group_config().consumer.authorize_regex is True
+    assert Config().validate().group_config().consumer.authorize_regex is False

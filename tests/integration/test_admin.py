@@ -48,18 +48,8 @@ def herd(tmp_path_factory):
     data = tmp_path_factory.mktemp("admin") / "data"
     with Daemon(data, "--metrics-port", "0", "--min-session-timeout-ms", "500",
                 "--topic", "t:3", "--topic", "u:2", "--no-auto-create-topics") as d:
-        d.http = f"127.0.0.1:{_metrics_port(d)}"
+        d.http = f"127.0.0.1:{d.wait_metrics_port()}"
         yield d
-
-
-def _metrics_port(d: Daemon) -> int:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        for line in d.logs().splitlines():
-            if '"metrics listening"' in line:
-                return json.loads(line)["port"]
-        time.sleep(0.02)
-    raise AssertionError("the daemon did not log its metrics port")
 
 
 def run(*args, env=None, timeout=30) -> subprocess.CompletedProcess:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -206,8 +207,24 @@ def test_kafka_python_member_of_a_forbidden_group_gets_its_authorization_error(h
 
 def test_failures_are_counted_and_logged_without_secrets(herd):
     port = next(json.loads(ln)["port"] for ln in herd.logs().splitlines() if '"metrics listening"' in ln)
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        text = r.read().decode()
+    # with authorizer = acl, /metrics (every group's labels) needs CLUSTER DESCRIBE: an HTTP request
+    # without http_auth_file is User:ANONYMOUS from its address
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
+    assert refused.value.code == 403
+    admin = AdminClient(conf(herd, "admin"))
+    scrape = AclBinding(ResourceType.BROKER, "kafka-cluster", ResourcePatternType.LITERAL, "User:ANONYMOUS",
+                        "127.0.0.1", AclOperation.DESCRIBE, AclPermissionType.ALLOW)
+    [f] = admin.create_acls([scrape]).values()
+    assert f.result(timeout=30) is None
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    finally:
+        [f] = admin.delete_acls([AclBindingFilter(ResourceType.BROKER, "kafka-cluster", ResourcePatternType.LITERAL,
+                                                  "User:ANONYMOUS", "127.0.0.1", AclOperation.DESCRIBE,
+                                                  AclPermissionType.ALLOW)]).values()
+        assert len(f.result(timeout=30)) == 1
     # a member of another team's group is refused at FindCoordinator already (GROUP DESCRIBE)
     assert 'herd_authorization_failures_total{resource_type="GROUP",operation="DESCRIBE"}' in text
     assert 'herd_authorization_failures_total{resource_type="CLUSTER",operation="ALTER"}' in text
@@ -299,3 +316,46 @@ def test_tls_client_certificates_map_to_principals(tmp_path):
         assert d.proc.poll() is None
         denied = d.log_events("authorization failed")
         assert denied and denied[0]["principal"] == "User:bob"
+
+
+@pytest.mark.parametrize("user,expected", [("alice", {("orders", 0), ("orders", 1)}),
+                                           ("bob", {("orders", 0), ("orders", 1), ("payments", 0)})])
+def test_a_consumer_protocol_regex_is_assigned_only_topics_the_member_may_describe(herd, user, expected):
+    """KIP-848 with a regex (librdkafka sends SubscribedTopicRegex): as Kafka 4 resolves it, the topics
+    the member may not DESCRIBE (payments, for alice) are left out of its assignment, no error."""
+    errors = []
+    group = {"alice": "team-a-regex", "bob": "team-b-regex"}[user]
+    c = ck.Consumer(conf(herd, user, **{"group.id": group, "group.protocol": "consumer", "error_cb": errors.append,
+                                        "enable.auto.commit": False, "log_level": 0}))
+    try:
+        c.subscribe(["^(orders|payments)$"])
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(c.assignment()) < len(expected) and not errors:
+            c.poll(0.1)
+        end = time.monotonic() + 2  # and nothing more arrives
+        while time.monotonic() < end:
+            c.poll(0.1)
+        assert not errors, errors
+        assert {(tp.topic, tp.partition) for tp in c.assignment()} == expected
+        # the coordinator's own assignment (librdkafka would also drop a topic whose id its Metadata
+        # does not show): described by the super user
+        admin = AdminClient(conf(herd, "admin"))
+        [f] = admin.describe_consumer_groups([group], request_timeout=10).values()
+        [member] = f.result(timeout=15).members
+        assert {(tp.topic, tp.partition) for tp in member.assignment.topic_partitions} == expected
+    finally:
+        c.close()
+
+
+def test_a_consumer_protocol_subscription_naming_a_topic_it_may_not_describe_is_an_error(herd):
+    """SubscribedTopicNames with a topic the member may not DESCRIBE: TOPIC_AUTHORIZATION_FAILED (Kafka 4)."""
+    errors = []
+    c = ck.Consumer(conf(herd, "alice", **{"group.id": "team-a-named", "group.protocol": "consumer",
+                                           "error_cb": errors.append, "enable.auto.commit": False, "log_level": 0}))
+    try:
+        c.subscribe(["orders", "payments"])
+        err = _poll_for_error(c, errors)
+    finally:
+        c.close()
+    assert err is not None, "no error within 20 s"
+    assert err.code() == ck.KafkaError.TOPIC_AUTHORIZATION_FAILED, err

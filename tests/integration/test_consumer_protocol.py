@@ -42,22 +42,10 @@ def herd(tmp_path_factory):
         yield d
 
 
-def _metrics_port(d: Daemon) -> int:
-    import json
-
-    end = time.monotonic() + 10
-    while time.monotonic() < end:
-        for line in d.logs().splitlines():
-            if '"metrics listening"' in line:
-                return json.loads(line)["port"]
-        time.sleep(0.02)
-    raise AssertionError("the daemon did not log its metrics port")
-
-
 def _http_get(d: Daemon, path: str) -> str:
     import urllib.request
 
-    with urllib.request.urlopen(f"http://127.0.0.1:{_metrics_port(d)}{path}", timeout=10) as r:
+    with urllib.request.urlopen(f"http://127.0.0.1:{d.wait_metrics_port()}{path}", timeout=10) as r:
         return r.read().decode()
 
 
@@ -358,7 +346,7 @@ def test_metrics_count_consumer_heartbeats_and_the_flight_recorder_says_why_epoc
         # herd groups history renders it
         from tests.integration.test_admin import run
 
-        r = run("history", "g-metrics", "--http", f"127.0.0.1:{_metrics_port(herd)}")
+        r = run("history", "g-metrics", "--http", f"127.0.0.1:{herd.wait_metrics_port()}")
         assert r.returncode == 0, r.stderr
         assert r.stdout.startswith("Consumer group 'g-metrics':") and r.stdout.count("joined") == 2
         assert f"group epoch {epochs[-1]}" in r.stdout

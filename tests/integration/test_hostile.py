@@ -307,12 +307,12 @@ HTTP_GROUPS = 20000  # /groups is ~4.4 MB: more than the kernel's send buffer of
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory):
     """A herd with HTTP_GROUPS groups (one committed offset each) and its metrics port."""
-    from bench.console import load_offsets, metrics_port
+    from bench.console import load_offsets
 
     tmp = tmp_path_factory.mktemp("hostile-http")
     with U.Herd(topics=["bench:1"], tmp_root=str(tmp), fsync="never", extra_args=["--metrics-port", "0"]) as h:
         load_offsets(h.bootstrap, HTTP_GROUPS, 1)
-        h.http = metrics_port(h)
+        h.http = h.wait_metrics_port(30)
         yield h
 
 
@@ -654,20 +654,7 @@ def test_buffered_bytes_are_capped_across_connections(tmp_path):
             pending = {s: [struct.pack(">i", 8 << 20)] + [chunk] * 7 + [b"\x00" * ((1 << 20) - 1)] for s in socks}
             for s in socks:
                 s.setblocking(False)
-            end = time.monotonic() + 15
-            while pending and time.monotonic() < end:
-                for s in list(pending):
-                    parts = pending[s]
-                    try:
-                        n = s.send(parts[0])
-                    except BlockingIOError:
-                        continue
-                    parts[0] = parts[0][n:]
-                    if not parts[0]:
-                        parts.pop(0)
-                    if not parts:
-                        del pending[s]
-                time.sleep(0.002)
+            U.send_while_read(pending, 15, pause=0.002, drop_failed=False)
             assert len(pending) >= 30  # their senders are blocked: herd stopped reading them
             grown = U.proc_rss_bytes(h.pid) - rss0
             assert grown < budget + (48 << 20), grown

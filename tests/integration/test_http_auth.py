@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import http.client
+import json
 import os
 import re
 import subprocess
@@ -111,3 +112,72 @@ def test_a_bad_file_is_one_line(tmp_path, content, expect):
     assert r.returncode == 2, r.stderr
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and expect.format(path=path) in lines[0], r.stderr
+
+
+# ---- herd groups --http against a port with http_auth_file ---------------------------------------
+
+def _cli(d: Daemon, *args, env: dict | None = None) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("HERD_")}
+    base["PYTHONPATH"] = str(REPO)
+    r = subprocess.run([sys.executable, "-m", "herd_cli", "groups", *args], capture_output=True, text=True,
+                       timeout=60, cwd=str(REPO), env={**base, **(env or {})}, stdin=subprocess.DEVNULL)
+    assert "Traceback" not in r.stderr, r.stderr
+    return r
+
+
+def _one_error(r: subprocess.CompletedProcess) -> str:
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("herd: error: "), r.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def committed(herd):
+    """A group with a committed offset (a standalone commit), so describe and history find it."""
+    from protocol import messages as m
+    from tools.rawclient import RawClient
+
+    with RawClient(herd.address) as c:
+        r = c.call(m.OffsetCommitRequest(group_id="g1", generation_id_or_member_epoch=-1, member_id="", topics=[
+            m.OffsetCommitRequestTopic("t", [m.OffsetCommitRequestPartition(partition_index=0, committed_offset=5)])]),
+            7)
+    assert r.topics[0].partitions[0].error_code == 0
+    return "g1"
+
+
+def test_the_cli_without_a_credential_gets_one_line(herd, committed):
+    http = f"127.0.0.1:{herd.metrics_port}"
+    line = _one_error(_cli(herd, "history", committed, "--http", http))
+    assert "asks for a credential (HTTP 401" in line and "--http-token" in line and "HERD_HTTP_PASSWORD" in line
+    line = _one_error(_cli(herd, "describe", committed, "--bootstrap-server", herd.bootstrap, "--http", http))
+    assert "asks for a credential (HTTP 401" in line
+
+
+@pytest.mark.parametrize("args,env", [
+    (["--http-token", TOKEN], {}),
+    ([], {"HERD_HTTP_TOKEN": TOKEN}),
+    (["--http-user", USER], {"HERD_HTTP_PASSWORD": PASSWORD}),
+    ([], {"HERD_HTTP_USER": USER, "HERD_HTTP_PASSWORD": PASSWORD}),
+])
+def test_the_cli_sends_a_token_or_a_user(herd, committed, args, env):
+    http = f"127.0.0.1:{herd.metrics_port}"
+    r = _cli(herd, "history", committed, "--http", http, "--output", "json", *args, env=env)
+    assert r.returncode == 0 and r.stdout.strip().startswith("["), r.stderr
+    r = _cli(herd, "describe", committed, "--bootstrap-server", herd.bootstrap, "--http", http, "--output", "json",
+             *args, env=env)
+    assert r.returncode == 0, r.stderr
+    rows = [p for g in json.loads(r.stdout)["groups"] for p in g["partitions"]]
+    assert rows and rows[0]["commit_age_seconds"] is not None, r.stdout  # herd's view, read with the credential
+
+
+@pytest.mark.parametrize("args,env,expect", [
+    (["--http-token", "wrong"], {}, "refused the credential (HTTP 401)"),
+    (["--http-user", USER], {"HERD_HTTP_PASSWORD": "wrong"}, "refused the credential (HTTP 401)"),
+    (["--http-user", USER], {}, "set HERD_HTTP_PASSWORD"),
+    (["--http-user", USER, "--http-token", TOKEN], {}, "not both"),
+])
+def test_the_cli_s_credential_mistakes_are_one_line(herd, committed, args, env, expect):
+    http = f"127.0.0.1:{herd.metrics_port}"
+    line = _one_error(_cli(herd, "history", committed, "--http", http, *args, env=env))
+    assert expect in line and PASSWORD not in line and TOKEN not in line

@@ -36,13 +36,7 @@ def herd(tmp_path_factory):
 
 
 def _metrics_port(d: Daemon) -> int:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        for line in d.logs().splitlines():
-            if '"metrics listening"' in line:
-                return json.loads(line)["port"]
-        time.sleep(0.02)
-    raise AssertionError("the daemon did not log its metrics port")
+    return d.wait_metrics_port()
 
 
 def request(d: Daemon, path: str, method: str = "GET") -> tuple[int, dict, bytes]:

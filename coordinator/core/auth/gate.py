@@ -54,6 +54,8 @@ from protocol import errors as E
 from protocol import messages as m
 
 NO_OPERATIONS = -2147483648  # Kafka's "authorized operations not asked for"
+# Kafka's message for a described consumer group naming a topic the client may not describe
+UNDESCRIBABLE_TOPICS = "The group has described topic(s) that the client is not authorized to describe."
 _GROUP_READ_APIS = frozenset({JOIN_GROUP, SYNC_GROUP, HEARTBEAT, LEAVE_GROUP})
 _READ, _GROUP, _TOPIC = A.READ, A.GROUP, A.TOPIC
 CLUSTER = A.CLUSTER_NAME
@@ -86,6 +88,17 @@ class Gate:
             self.on_denied(principal, host, rtype, op, name)
         return ok
 
+    def topic_filter(self, principal: str, host: str):
+        """``topic -> bool``: may ``principal`` DESCRIBE the topic (Kafka resolves a consumer group's
+        regex subscriptions with the ACLs of the member whose heartbeat refreshes them, and leaves
+        out the topics it may not describe). Denials are not logged: topics are only left out."""
+        authorize = self.authorizer.authorize
+
+        def may_describe(topic: str) -> bool:
+            return authorize(principal, host, A.DESCRIBE, A.TOPIC, topic)
+        may_describe.generation = self.authorizer.generation  # the ACLs it answers for
+        return may_describe
+
     def group_read(self, cache: dict, principal: str, host: str, group_id: str) -> bool:
         """GROUP READ for the edge's fast paths, cached per connection (``cache``: group id ->
         (authorizer generation, decision)): a steady heartbeat costs one dict lookup."""
@@ -101,11 +114,16 @@ class Gate:
         cache[group_id] = (gen, ok)
         return ok
 
-    def check(self, principal: str, host: str, api_key: int, version: int, request):
-        """-> (refusal response or None, amend function or None); see the module docstring."""
+    def check(self, principal: str, host: str, api_key: int, version: int, request, token=None):
+        """-> (refusal response or None, amend function or None); see the module docstring.
+        ``token`` (the request's, when given): a ConsumerGroupHeartbeat's gets ``topic_filter``, the
+        client's TOPIC DESCRIBE, with which the consumer core resolves regex subscriptions."""
         check = self._checks.get(api_key)
         if check is not None:
-            return check(principal, host, version, request)
+            answer = check(principal, host, version, request)
+            if api_key == CONSUMER_GROUP_HEARTBEAT and token is not None and answer[0] is None:
+                token.topic_filter = self.topic_filter(principal, host)
+            return answer
         if api_key in _GROUP_READ_APIS:
             if self.allowed(principal, host, A.READ, A.GROUP, request.group_id):
                 return None, None
@@ -261,16 +279,25 @@ class Gate:
                   for g in refused]
         if not req.group_ids:
             return m.ConsumerGroupDescribeResponse(groups=errors), None
-        if not refused and not ops:
-            return None, None
 
         def amend(resp):
-            if ops:
-                for g in resp.groups:
-                    if g.error_code == E.NONE:
+            groups = []
+            for g in resp.groups:
+                if g.error_code == E.NONE:
+                    # Kafka 4 (KAFKA-18813): a group whose members' assignment or target assignment
+                    # names a topic the client may not DESCRIBE is answered TOPIC_AUTHORIZATION_FAILED,
+                    # without its members
+                    topics = {tp.topic_name for mb in g.members for a in (mb.assignment, mb.target_assignment)
+                              if a is not None for tp in a.topic_partitions}
+                    if any(not self.allowed(principal, host, A.DESCRIBE, A.TOPIC, t) for t in sorted(topics)):
+                        g = m.ConsumerGroupDescribeResponseDescribedGroup(
+                            error_code=E.TOPIC_AUTHORIZATION_FAILED, error_message=UNDESCRIBABLE_TOPICS,
+                            group_id=g.group_id)
+                    elif ops:
                         g.authorized_operations = self.authorizer.authorized_operations(
                             principal, host, A.GROUP, g.group_id)
-            resp.groups = list(resp.groups) + errors
+                groups.append(g)
+            resp.groups = groups + errors
             return resp
         return None, amend
 

@@ -2,11 +2,11 @@
 
 Module map
 ----------
-``group``        the model: :class:`~coordinator.consumer.group.ConsumerGroup`, its members, the
+``group``        the model: :class:`~coordinator.core.consumer.group.ConsumerGroup`, its members, the
                  group state table (Empty / Assigning / Reconciling / Stable / Dead) and the member
                  state table (STABLE / UNREVOKED_PARTITIONS / UNRELEASED_PARTITIONS / UNKNOWN),
                  checked on every transition; record application (the only way state changes).
-``coordinator``  :class:`~coordinator.consumer.coordinator.ConsumerGroups`: the operations of one
+``coordinator``  :class:`~coordinator.core.consumer.groups.ConsumerGroups`: the operations of one
                  shard's consumer groups (heartbeat, timers, replay, describe, delete, list, topic
                  changes), the reconciliation (``next_assignment``) and the OffsetCommit/OffsetFetch
                  member-epoch checks (``validate_offset_commit`` / ``validate_offset_fetch``).
@@ -19,7 +19,7 @@ Calling convention (what the runtime plugs in; all times are integers in ms)
 ``groups = ConsumerGroups(config, topics, new_uuid=None, timers=None)``
     ``config``: :class:`ConsumerGroupConfig` (Kafka's ``group.consumer.*`` settings);
     ``topics``: anything with ``get(name) -> (topic_id: bytes16, partitions) | None`` and
-    ``names()``; ``timers``: a :class:`coordinator.timers.Timers` to share with the classic
+    ``names()``; ``timers``: a :class:`coordinator.core.timers.Timers` to share with the classic
     groups (keys ``("cg-session", group, member)`` / ``("cg-rebalance", group, member)``).
 ``groups.replay(key, value)``
     apply one record of types 3-8 (``records.is_consumer_record(key)``); RecordError on damage.

@@ -52,7 +52,7 @@ a partition would get a second owner, and the reconciliation never gives a membe
 is still in ``partition_epochs`` under someone else.
 
 This module holds state and the rules that only need the group; operations, records, timers and
-responses live in :mod:`coordinator.consumer.coordinator`.
+responses live in :mod:`coordinator.core.consumer.groups`.
 """
 from __future__ import annotations
 

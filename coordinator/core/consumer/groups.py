@@ -1,7 +1,7 @@
 """The consumer groups of one shard (KIP-848): ConsumerGroupHeartbeat, timers, replay, describe.
 
 Pure: no I/O, no clock reads, no randomness outside ``heartbeat`` (member ids are minted there and
-written into records). See :mod:`coordinator.consumer` for the calling convention.
+written into records). See :mod:`coordinator.core.consumer` for the calling convention.
 
 Durable state changes only through records. Every record an operation produces is applied at once
 by the same code :meth:`ConsumerGroups.replay` runs at start-up (the bytes are decoded again), so
@@ -66,7 +66,7 @@ INT32_MAX = 2**31 - 1
 SESSION = "cg-session"  # timer key (SESSION, group id, member id)
 REBALANCE = "cg-rebalance"  # timer key (REBALANCE, group id, member id)
 _HAS_MEMBER_TYPE = "member_type" in ConsumerGroupDescribeResponseMember.FIELDS
-# Operations a describing client may perform on a group with no authorizer (see coordinator.shard).
+# Operations a describing client may perform on a group with no authorizer (see coordinator.core.shard).
 GROUP_AUTHORIZED_OPERATIONS = (1 << 3) | (1 << 6) | (1 << 8) | (1 << 10) | (1 << 11)
 
 
@@ -82,6 +82,9 @@ class ConsumerGroupConfig:
     max_heartbeat_interval_ms: int = 15_000  # group.consumer.max.heartbeat.interval.ms
     max_size: int = INT32_MAX  # group.consumer.max.size
     assignors: tuple[str, ...] = ("uniform", "range")  # group.consumer.assignors (first = default)
+    # authorizer = acl: a regex subscription resolves to the topics the member whose heartbeat
+    # resolves it may DESCRIBE (Kafka 4, KAFKA-18813)
+    authorize_regex: bool = False
 
     def __post_init__(self):
         def bad(msg):
@@ -99,7 +102,7 @@ class ConsumerGroupConfig:
 
 
 class Topics(Protocol):
-    """The topic catalog as the consumer groups see it (phase 2 adapts ``coordinator.catalog``)."""
+    """The topic catalog as the consumer groups see it (phase 2 adapts ``coordinator.core.catalog``)."""
 
     def get(self, name: str) -> tuple[bytes, int] | None:
         """(topic id, partition count) of a topic, or None when it does not exist."""
@@ -277,6 +280,10 @@ class ConsumerGroups:
         self.timers = timers if timers is not None else Timers()
         self._rebalance_epoch: dict[tuple[str, str], int] = {}
         self._new_uuid = new_uuid or (lambda: str(uuid.uuid4()))
+        # authorize_regex: per group, the TOPIC DESCRIBE of the member whose heartbeat last resolved
+        # its regexes (in memory: after a restart, until a member's heartbeat resolves them again,
+        # a regex keeps the topics it had: the PartitionMetadata replayed)
+        self._regex_filter: dict[str, object] = {}
 
     # ==== records ===============================================================================
 
@@ -292,6 +299,7 @@ class ConsumerGroups:
             if v is None:
                 group.mark_dead()
                 del self.groups[gid]
+                self._regex_filter.pop(gid, None)
             else:
                 group.group_epoch = v.epoch
                 group.has_epoch_record = True
@@ -381,12 +389,23 @@ class ConsumerGroups:
 
     # ==== subscriptions and topics ================================================================
 
-    def _subscription_metadata(self, names: set[str], regexes: set[str]) -> dict[str, tuple[bytes, int]]:
+    def _regex_allows(self, group: ConsumerGroup):
+        """``topic -> bool`` for the topics the group's regexes may resolve to (None: all)."""
+        if not self.config.authorize_regex:
+            return None
+        allowed = self._regex_filter.get(group.group_id)
+        if allowed is not None:
+            return allowed
+        known = group.subscription_metadata  # nobody's ACLs known yet: only what was resolved before
+        return known.__contains__
+
+    def _subscription_metadata(self, names: set[str], regexes: set[str],
+                               allows=None) -> dict[str, tuple[bytes, int]]:
         wanted = set(names)
         if regexes:
             rxs = [compile_subscription(r) for r in regexes]
             for name in self.topics.names():
-                if any(rx.fullmatch(name) for rx in rxs):
+                if any(rx.fullmatch(name) for rx in rxs) and (allows is None or allows(name)):
                     wanted.add(name)
         out = {}
         for name in wanted:
@@ -396,7 +415,8 @@ class ConsumerGroups:
         return out
 
     def _group_metadata(self, group: ConsumerGroup) -> dict[str, tuple[bytes, int]]:
-        return self._subscription_metadata(group.subscribed_topic_names(), group.regexes())
+        return self._subscription_metadata(group.subscribed_topic_names(), group.regexes(),
+                                           self._regex_allows(group) if group.regexes() else None)
 
     def _bump(self, group: ConsumerGroup, out: Records, reason: str) -> None:
         # Kafka 4.4 creates a consumer group at epoch 1 (CREATED_GROUP_EPOCH), so its first bump,
@@ -428,7 +448,9 @@ class ConsumerGroups:
         ids = {meta[n][0] for n in m.subscribed_topic_names if n in meta}
         if m.subscribed_topic_regex:
             rx = compile_subscription(m.subscribed_topic_regex)
-            ids.update(tid for name, (tid, _) in meta.items() if rx.fullmatch(name))
+            allows = self._regex_allows(group)
+            ids.update(tid for name, (tid, _) in meta.items()
+                       if rx.fullmatch(name) and (allows is None or allows(name)))
         return frozenset(ids)
 
     def _update_target(self, group: ConsumerGroup, out: Records) -> None:
@@ -450,10 +472,22 @@ class ConsumerGroups:
     # ==== ConsumerGroupHeartbeat =================================================================
 
     def heartbeat(self, req, version: int, now: int, wall: int, client_id: str = "",
-                  client_host: str = "") -> tuple[Records, ConsumerGroupHeartbeatResponse]:
+                  client_host: str = "", may_describe=None) -> tuple[Records, ConsumerGroupHeartbeatResponse]:
         """Handle one ConsumerGroupHeartbeat: ``(records, response)``. The records are already
-        applied in memory; the response must be released only once they are durable."""
+        applied in memory; the response must be released only once they are durable.
+        ``may_describe`` (``authorize_regex``): ``topic -> bool``, the client's TOPIC DESCRIBE; the
+        group's regexes are resolved with it from this heartbeat on, as Kafka resolves them with
+        the ACLs of the member whose heartbeat refreshes them."""
         out: Records = []
+        resolve = False  # resolve the group's regexes again after this heartbeat, with its ACLs
+        if may_describe is not None and self.config.authorize_regex and req.member_epoch >= 0:
+            group = self.groups.get(req.group_id)
+            if req.subscribed_topic_regex or (group is not None and group.regexes()):
+                before = self._regex_filter.get(req.group_id)
+                # nobody's ACLs known (a restart), or the ACLs changed since the last resolution
+                resolve = before is None or getattr(before, "generation", None) != getattr(
+                    may_describe, "generation", None)
+                self._regex_filter[req.group_id] = may_describe
         try:
             resp = self._heartbeat(req, version, now, client_id, client_host, out)
         except HeartbeatError as exc:
@@ -461,6 +495,8 @@ class ConsumerGroups:
                 raise RuntimeError(f"consumer group heartbeat failed after writing records: {exc}") from exc
             return out, ConsumerGroupHeartbeatResponse(error_code=exc.code, error_message=exc.message)
         group = self.groups.get(req.group_id)
+        if resolve and group is not None and group.members and self._refresh_metadata(group, out):
+            self._bump(group, out, "regex subscriptions resolved again (the member's ACLs)")
         if group is not None:
             group.settle()
         return out, resp

@@ -100,7 +100,8 @@ class ConsumerProtocol:
         gid = req.group_id
         group = self.groups.get(gid)
         before = None if group is None else (group.group_epoch, group.assignment_epoch)
-        recs, resp = self.core.heartbeat(req, version, now, wall, client_id, client_host)
+        recs, resp = self.core.heartbeat(req, version, now, wall, client_id, client_host,
+                                         getattr(token, "topic_filter", None))
         self._writes(out, recs)
         group = self.groups.get(gid)
         if group is not None and (before is None or before != (group.group_epoch, group.assignment_epoch)):

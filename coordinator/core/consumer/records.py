@@ -18,7 +18,7 @@ type  key (group id, member id)                    value
 ====  ==========================================  =====================================================
 
 The encoders take plain Python values; :func:`decode` returns ``(type, group_id, member_id or
-None, value object or None)`` and raises :class:`coordinator.records.RecordError` on damage, the
+None, value object or None)`` and raises :class:`coordinator.core.records.RecordError` on damage, the
 same error type the classic records use. Assignments are ``{topic_id (16 bytes): frozenset of
 partitions}``; encoded in sorted order so the same state always gives the same bytes.
 """
@@ -137,7 +137,7 @@ def member_metadata_key(group_id: str, member_id: str) -> bytes:
 
 
 def member_metadata_value(member) -> bytes:
-    """From a :class:`coordinator.consumer.group.Member` (its subscription fields)."""
+    """From a :class:`coordinator.core.consumer.group.Member` (its subscription fields)."""
     return _value(ConsumerGroupMemberMetadataValue(
         instance_id=member.instance_id, rack_id=member.rack_id, client_id=member.client_id,
         client_host=member.client_host, subscribed_topic_names=list(member.subscribed_topic_names),

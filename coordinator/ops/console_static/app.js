@@ -321,6 +321,9 @@ async function refresh() {
     if (route.group !== undefined && e.status === 404) {
       app.replaceChildren(h("div", { class: "group-head" }, h("a", { href: "#/" }, "← all groups")),
         h("p", { class: "error" }, `No group "${route.group}" (deleted, or its offsets expired).`));
+    } else if (route.group !== undefined && e.status === 403) {
+      app.replaceChildren(h("div", { class: "group-head" }, h("a", { href: "#/" }, "← all groups")),
+        h("p", { class: "error" }, `Not authorized to describe group "${route.group}" (its ACLs).`));
     } else {
       document.getElementById("updated").textContent = `refresh failed: ${e.message}`;
     }

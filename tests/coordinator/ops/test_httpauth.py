@@ -51,7 +51,9 @@ def test_refused(header):
     ("", "lists no credential"),
     ("# only a comment\n\n", "lists no credential"),
     ("bearer\n", "line 1: expected"),
-    (f"bearer {sha('a')} extra\n", "line 1: expected"),
+    (f"bearer {sha('a')} extra\n", "line 1: 'extra' is not a principal"),
+    (f"bearer {sha('a')} User:\n", "line 1: 'User:' is not a principal"),
+    (f"bearer {sha('a')} User:a more\n", "line 1: expected"),
     (f"# c\nbasic {sha('a')}\n", "line 2: expected"),
     (f"token {sha('a')}\n", "line 1: expected"),
     ("bearer s3cret-token\n", "line 1: not a SHA-256 hex digest"),
@@ -63,6 +65,18 @@ def test_refused(header):
 def test_bad_files(text, expect):
     with pytest.raises(HttpAuthError, match=expect):
         HttpAuth.parse(text)
+
+
+def test_the_principal_of_a_request():
+    auth = HttpAuth.parse(f"bearer {sha('scrape')} User:prometheus\nbearer {sha('plain')}\n"
+                          f"basic alice {sha('pw')}\nbearer {sha('ops')} User:ops  # named too\n")
+    assert auth.principal("Bearer scrape") == "User:prometheus"
+    assert auth.principal("Bearer ops") == "User:ops"
+    assert auth.principal("Bearer plain") == "User:ANONYMOUS"  # a token that names no principal
+    assert auth.principal("Basic " + base64.b64encode(b"alice:pw").decode()) == "User:alice"
+    assert auth.principal("Basic " + base64.b64encode(b"alice:no").decode()) is None
+    assert auth.principal("Bearer nope") is None and auth.principal(None) is None
+    assert auth.allows("Bearer scrape") and not auth.allows("Bearer nope")
 
 
 def test_load(tmp_path):

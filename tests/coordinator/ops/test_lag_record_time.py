@@ -50,6 +50,19 @@ def read_all(tr, now, committed=COMMITTED):
     return {tp: tr.lag_with_method(tp, off, now) for tp, off in committed.items()}
 
 
+def backlog_read():
+    """One partition committed at 90 whose record time a reader wanted, read on the next round:
+    -> data, committed, clock, tracker, refresher."""
+    data = FakeData(partitions=1)
+    committed = {(TOPIC, 0): 90}
+    clock, tr, ref = refresher(data, committed)
+    asyncio.run(ref.refresh())
+    read_all(tr, clock.wall_ms(), committed)
+    clock.advance(30_000)
+    asyncio.run(ref.refresh())
+    return data, committed, clock, tr, ref
+
+
 def test_a_flat_history_has_no_time_lag_until_the_record_time_is_read_then_it_is_exact():
     data = FakeData()
     clock, tr, ref = refresher(data)
@@ -79,13 +92,7 @@ def test_a_flat_history_has_no_time_lag_until_the_record_time_is_read_then_it_is
 
 
 def test_a_new_committed_offset_is_looked_up_again_and_a_moving_history_interpolates():
-    data = FakeData(partitions=1)
-    committed = {(TOPIC, 0): 90}
-    clock, tr, ref = refresher(data, committed)
-    asyncio.run(ref.refresh())
-    read_all(tr, clock.wall_ms(), committed)
-    clock.advance(30_000)
-    asyncio.run(ref.refresh())
+    data, committed, clock, tr, ref = backlog_read()
     assert read_all(tr, clock.wall_ms(), committed)[(TOPIC, 0)][4] == RECORD
     committed[(TOPIC, 0)] = 95  # the consumer moved a little, still inside the old backlog
     assert read_all(tr, clock.wall_ms(), committed)[(TOPIC, 0)][2] is None  # not read yet
@@ -173,13 +180,7 @@ def test_a_failing_or_hanging_lookup_never_fails_the_round_and_is_asked_again():
 
 
 def test_a_record_the_source_cannot_read_leaves_no_time_lag_and_a_recreated_log_forgets_the_cache():
-    data = FakeData(partitions=1)
-    committed = {(TOPIC, 0): 90}
-    clock, tr, ref = refresher(data, committed)
-    asyncio.run(ref.refresh())
-    read_all(tr, clock.wall_ms(), committed)
-    clock.advance(30_000)
-    asyncio.run(ref.refresh())
+    data, committed, clock, tr, ref = backlog_read()
     assert tr.record_ms  # read
     data.ends[(TOPIC, 0)] = 40  # the topic recreated: the old record time means nothing now
     clock.advance(30_000)

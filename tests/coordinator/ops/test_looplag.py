@@ -56,7 +56,7 @@ def test_a_lag_as_long_as_a_stall_is_left_to_the_stall_detector_to_log(monkeypat
     monkeypatch.setattr(looplag.log, "warning", lambda event, **kw: logged.append((event, kw)))
     lag = looplag.LoopLag(warn_s=0.25, stall_s=1.0)
     lag.observe(0.5)
-    lag.observe(15.0)  # a stall: logged once, by coordinator.stall, as loop.stall
+    lag.observe(15.0)  # a stall: logged once, by coordinator.ops.stall, as loop.stall
     assert logged == [("loop.lag", {"lag_ms": 500.0})]
     assert sum(lag.counts) == 2 and lag.max == 15.0  # both still measured
     quiet = looplag.LoopLag(warn_s=0.25)

@@ -15,13 +15,10 @@ from coordinator.store import ShardFailedError
 from coordinator.store import writer as LW
 from coordinator.store.filelog import LogStore
 from coordinator.store.logformat import HEADER_SIZE, PREFIX_DURABLE, _scan, read_log_file
+from tests.coordinator.store.test_log import kv, listen_for
 
 WAIT = 30  # seconds: only a bound for a hung test, never a pacing sleep
 HOUR_MS = 3_600_000
-
-
-def kv(i: int) -> tuple[bytes, bytes]:
-    return b"key-%d" % i, b"value-%d" % i
 
 
 def reopen(d, n=2, **kw) -> dict:
@@ -29,18 +26,6 @@ def reopen(d, n=2, **kw) -> dict:
     data = s.open()
     s.close()
     return data
-
-
-def listen_for(store, n: int) -> tuple[list, threading.Event]:
-    results, done = [], threading.Event()
-
-    def listener(batch):
-        results.extend(batch)
-        if len(results) >= n:
-            done.set()
-
-    store.set_listener(listener)
-    return results, done
 
 
 class Ticks:
@@ -79,13 +64,26 @@ def interval_store(tmp_path, monkeypatch, n=2, interval_ms=250):
     return s, ticks
 
 
+def flushed(s, n=1) -> list:
+    """``s.flush()``'s results for the ``n`` writes staged; when the writer thread held the files (its
+    start-up check, a compaction) flush() leaves them to it, which reports them to the listener: wait
+    for that (under "interval" either way means written to the OS)."""
+    results, done = listen_for(s, n)
+    got = s.flush()
+    if len(got) < n:
+        assert done.wait(WAIT), "the writer thread never wrote what flush() left to it"
+        got = got + results
+    s.set_listener(None)
+    return got
+
+
 def test_a_write_is_acknowledged_once_in_the_os_before_any_sync(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(LW, "_fdatasync", lambda fd: calls.append(fd))
     s, ticks = interval_store(tmp_path, monkeypatch)
     s.submit(0, [kv(1)])
     s.submit(1, [kv(2)])
-    assert sorted(s.flush()) == [(0, 1, None), (1, 1, None)]  # settled on the calling thread
+    assert sorted(flushed(s, 2)) == [(0, 1, None), (1, 1, None)]  # acknowledged: in the OS
     assert calls == []  # before any fdatasync
     path = s.writer.shards[0].path
     with open(path, "rb") as f:  # in the file, for any reader (what survives herd being killed)
@@ -107,7 +105,7 @@ def test_the_thread_syncs_once_per_interval_what_was_written_in_it(tmp_path, mon
     fd0, fd1 = (st.fd for st in s.writer.shards)
     for rnd in range(3):
         s.submit(rnd % 2, [kv(rnd)])
-        s.flush()
+        flushed(s)
         ticks.tick()
         assert calls[-1] == (fd0, fd1)[rnd % 2] and len(calls) == rnd + 1
     assert set(ticks.timeouts) == {0.25}  # it waits fsync_interval_ms between rounds
@@ -119,12 +117,12 @@ def test_a_batch_after_an_interval_sync_says_its_prefix_is_durable(tmp_path, mon
     # the torn-tail rule is the same as under always: PREFIX_DURABLE only after an fdatasync
     s, ticks = interval_store(tmp_path, monkeypatch, n=1)
     s.submit(0, [kv(1)])
-    s.flush()
+    flushed(s)
     s.submit(0, [kv(2)])
-    s.flush()  # no sync between: no flag
+    flushed(s)  # no sync between: no flag
     ticks.tick()
     s.submit(0, [kv(3)])
-    s.flush()
+    flushed(s)
     path = s.writer.shards[0].path
     with open(path, "rb") as f:
         data = f.read()
@@ -144,11 +142,11 @@ def test_a_failed_interval_sync_fails_the_shard_and_is_not_retried(tmp_path, mon
     monkeypatch.setattr(LW, "_fdatasync", eio)
     s, ticks = interval_store(tmp_path, monkeypatch, n=1)
     s.submit(0, [kv(1)])
-    assert s.flush() == [(0, 1, None)]
+    assert flushed(s) == [(0, 1, None)]
     ticks.tick()
     assert len(calls) == 1 and s.stats()[0].failed is not None
     s.submit(0, [kv(2)])
-    ((sid, seq, exc),) = s.flush()
+    ((sid, seq, exc),) = flushed(s)
     assert (sid, seq) == (0, 2) and isinstance(exc, ShardFailedError)
     ticks.tick()
     assert len(calls) == 1  # never retried
@@ -165,7 +163,7 @@ def test_interval_unstubbed_makes_at_least_one_real_fdatasync_per_interval(tmp_p
         for rnd in range(5):
             before = s.stats()[0].fsyncs
             s.submit(0, [kv(rnd)])
-            assert s.flush() == [(0, rnd + 1, None)]
+            assert flushed(s) == [(0, rnd + 1, None)]
             deadline = time.monotonic() + WAIT
             while s.stats()[0].fsyncs == before or not st.synced:  # the next interval syncs it
                 assert time.monotonic() < deadline, "no fdatasync within the bound"
@@ -179,7 +177,7 @@ def test_interval_unstubbed_makes_at_least_one_real_fdatasync_per_interval(tmp_p
 def test_a_clean_stop_under_interval_makes_the_whole_file_durable(tmp_path, monkeypatch):
     s, _ticks = interval_store(tmp_path, monkeypatch, n=1)
     s.submit(0, [kv(1)])
-    s.flush()
+    flushed(s)
     path = s.writer.shards[0].path
     s.close()
     lf = read_log_file(path)

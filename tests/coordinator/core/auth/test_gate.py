@@ -208,3 +208,46 @@ def test_cluster_authorized_operations_are_zero_without_cluster_describe():
     g.authorizer.add(allow(A.CLUSTER, "kafka-cluster", A.DESCRIBE))
     _, amend = g.check(ALICE, H, 60, 1, req)
     assert amend(m.DescribeClusterResponse()).cluster_authorized_operations == (1 << A.CREATE) | (1 << A.DESCRIBE)
+
+
+def test_consumer_group_describe_hides_a_group_naming_a_topic_it_may_not_describe():
+    """Kafka 4 (KAFKA-18813): a described group whose members' assignment or target assignment names
+    a topic the client may not DESCRIBE is answered TOPIC_AUTHORIZATION_FAILED, without members."""
+    g = gate(allow(A.GROUP, "g", A.READ), allow(A.GROUP, "h", A.READ), allow(A.TOPIC, "t", A.READ))
+
+    def described(gid, current, target):
+        def asg(names):
+            return m.ConsumerGroupDescribeResponseAssignment(topic_partitions=[
+                m.ConsumerGroupDescribeResponseTopicPartitions(topic_id=bytes(16), topic_name=n, partitions=[0])
+                for n in names])
+        return m.ConsumerGroupDescribeResponseDescribedGroup(group_id=gid, group_state="Stable", members=[
+            m.ConsumerGroupDescribeResponseMember(member_id="m1", assignment=asg(current),
+                                                  target_assignment=asg(target))])
+    req = m.ConsumerGroupDescribeRequest(group_ids=["g", "h", "x"], include_authorized_operations=True)
+    refusal, amend = g.check(ALICE, H, 69, 0, req)
+    assert refusal is None and req.group_ids == ["g", "h"]
+    resp = amend(m.ConsumerGroupDescribeResponse(groups=[described("g", ["t"], ["t"]),
+                                                         described("h", ["t"], ["secret"])]))
+    got = {x.group_id: x for x in resp.groups}
+    assert got["g"].error_code == 0 and len(got["g"].members) == 1
+    assert got["g"].authorized_operations == (1 << A.READ) | (1 << A.DESCRIBE)
+    assert got["h"].error_code == E.TOPIC_AUTHORIZATION_FAILED and got["h"].members == []
+    assert got["h"].error_message == "The group has described topic(s) that the client is not authorized to describe."
+    assert got["x"].error_code == E.GROUP_AUTHORIZATION_FAILED
+    assert (ALICE, H, A.TOPIC, A.DESCRIBE, "secret") in g.denied
+
+
+def test_a_consumer_group_heartbeat_s_token_carries_the_client_s_topic_describe():
+    from types import SimpleNamespace
+
+    g = gate(allow(A.GROUP, "g", A.READ), allow(A.TOPIC, "orders.", A.DESCRIBE, A.PREFIXED))
+    token = SimpleNamespace(topic_filter=None)
+    req = m.ConsumerGroupHeartbeatRequest(group_id="g", subscribed_topic_regex=r"orders\..*")
+    assert g.check(ALICE, H, 68, 1, req, token) == (None, None)
+    may = token.topic_filter
+    assert may("orders.eu") and not may("payments")
+    assert may.generation == g.authorizer.generation
+    assert not g.denied  # topics left out of a regex are not denials
+    refused = SimpleNamespace(topic_filter=None)
+    g.check("User:bob", H, 68, 1, m.ConsumerGroupHeartbeatRequest(group_id="g"), refused)
+    assert refused.topic_filter is None  # refused: it never reaches the core
