@@ -237,7 +237,7 @@ def run(args) -> dict:
     out = {"big_members": n, "small_groups": args.groups, "small_members_per_group": args.members,
            "small_members": args.groups * args.members}
     extra = ["--metrics-port", "0", "--max-connections", str(n + args.groups + 2000)]
-    from bench.abuse import TreeHerd, extract, metrics_port
+    from bench.abuse import TreeHerd, extract
 
     root = None
     if args.rev:  # the daemon from another revision of this repository (before/after runs)
@@ -248,7 +248,7 @@ def run(args) -> dict:
         out["daemon_rev"] = args.rev
     with TreeHerd(root, fsync=args.fsync, log_level="info", extra_args=extra) as herd:
 
-        mport = metrics_port(herd)
+        mport = herd.wait_metrics_port(30)
         out["data_fs"] = U.filesystem_of(herd.data_dir)
         with LoadGen(herd.bootstrap, groups=args.groups, members=args.members, procs=args.procs,
                      group_prefix="small", hb_mode="one", hb_interval=args.hb_interval,
