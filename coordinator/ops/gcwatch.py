@@ -218,8 +218,12 @@ def fork_check(schedule, timeout_s: float = 60.0, gc_module=gc):
                 gc_module.unfreeze()
                 found = gc_module.collect()
                 os.write(w, str(found).encode())
-            except BaseException:
+            except BaseException as e:
                 code = 1
+                try:
+                    os.write(w, b"error " + repr(e).encode()[:200])
+                except BaseException:
+                    pass
             os._exit(code)
         os.close(w)
 
@@ -228,9 +232,13 @@ def fork_check(schedule, timeout_s: float = 60.0, gc_module=gc):
             try:
                 ready, _, _ = select.select([r], [], [], timeout_s)
                 if ready:
-                    data = os.read(r, 64)
-                    found = int(data) if data else None
+                    data = os.read(r, 256)
+                    if data[:1].isdigit():
+                        found = int(data)
+                    else:
+                        log.warning("gc.check_failed", error=data.decode(errors="replace") or "no answer")
                 else:
+                    log.warning("gc.check_failed", error=f"no answer in {timeout_s} s")
                     os.kill(pid, 9)
             except (OSError, ValueError):
                 found = None
@@ -240,7 +248,10 @@ def fork_check(schedule, timeout_s: float = 60.0, gc_module=gc):
                     os.waitpid(pid, 0)
                 except ChildProcessError:
                     pass
-            schedule(lambda: done(found))
+            try:
+                schedule(lambda: done(found))
+            except RuntimeError:  # the loop closed meanwhile (shutdown): nothing to decide
+                pass
 
         threading.Thread(target=wait, name="herd-gc-check", daemon=True).start()
 
