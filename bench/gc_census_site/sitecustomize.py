@@ -22,3 +22,20 @@ if os.environ.get("HERD_GC_CENSUS"):
         os.replace(os.environ["HERD_GC_CENSUS"] + ".tmp", os.environ["HERD_GC_CENSUS"])
 
     signal.signal(signal.SIGUSR1, _census)
+
+    def _check(_sig, _frame):  # SIGUSR2: one gcwatch.fork_check, its answer to $HERD_GC_CENSUS.check
+        import threading
+        import traceback
+
+        from coordinator.ops.gcwatch import fork_check
+
+        def done(found):
+            with open(os.environ["HERD_GC_CENSUS"] + ".check", "w") as f:
+                f.write(repr(found))
+        try:
+            fork_check(lambda fn: fn())(done)
+        except BaseException:
+            with open(os.environ["HERD_GC_CENSUS"] + ".check", "w") as f:
+                f.write(traceback.format_exc())
+
+    signal.signal(signal.SIGUSR2, _check)

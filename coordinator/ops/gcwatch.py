@@ -230,8 +230,9 @@ def fork_check(schedule, timeout_s: float = 60.0, gc_module=gc):
         def wait() -> None:
             found = None
             try:
-                ready, _, _ = select.select([r], [], [], timeout_s)
-                if ready:
+                poller = select.poll()  # not select(): the daemon's descriptors go far above 1,024
+                poller.register(r, select.POLLIN)
+                if poller.poll(timeout_s * 1000):
                     data = os.read(r, 256)
                     if data[:1].isdigit():
                         found = int(data)
@@ -240,7 +241,8 @@ def fork_check(schedule, timeout_s: float = 60.0, gc_module=gc):
                 else:
                     log.warning("gc.check_failed", error=f"no answer in {timeout_s} s")
                     os.kill(pid, 9)
-            except (OSError, ValueError):
+            except (OSError, ValueError) as e:
+                log.warning("gc.check_failed", error=repr(e))
                 found = None
             finally:
                 os.close(r)

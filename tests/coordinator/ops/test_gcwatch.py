@@ -247,3 +247,32 @@ def test_fork_check_counts_garbage_among_frozen_objects_in_a_child_that_cannot_t
         gc.collect()
         a.close()
         b.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork_check needs os.fork")
+def test_fork_check_answers_when_its_pipe_is_above_descriptor_1024():
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if max(soft, hard) < 1100:
+        pytest.skip("the open-file limit is under 1,100")  # pragma: no cover
+    if soft < 1100:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1100, hard))
+    held = []
+    try:
+        while True:  # the daemon with 10,000 connections: every new descriptor is far above 1,024
+            fd = os.open(os.devnull, os.O_RDONLY)
+            held.append(fd)
+            if fd >= 1030:
+                break
+        answered = threading.Event()
+        results, found = [], []
+        fork_check(lambda fn: (results.append(fn), answered.set()))(found.append)
+        assert answered.wait(60), "no answer"
+        results.pop()()
+        assert found and isinstance(found[0], int)  # an answer, not a failed check (None)
+    finally:
+        for fd in held:
+            os.close(fd)
+        if soft < 1100:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
