@@ -223,7 +223,8 @@ def daemon_events(herd, w0_wall: float) -> list:
             except (KeyError, ValueError):
                 t = None
             ms = e.get("lag_ms", e.get("stall_ms", e.get("pause_ms", e.get("unreachable", e.get("error")))))
-            out.append([round(t, 2) if t is not None else None, ev, ms, e.get("frozen", e.get("frozen_before"))])
+            out.append([round(t, 2) if t is not None else None, ev, ms, e.get("frozen", e.get("frozen_before"))]
+                       + ([e["fork_ms"]] if "fork_ms" in e else []))
     return sorted(out, key=lambda x: (x[0] is None, x[0] or 0))[:100]
 
 

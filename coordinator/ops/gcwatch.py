@@ -82,6 +82,7 @@ class GcWatch:
         self.max_garbage_share = max_garbage_share
         self.checks = 0  # checks off the loop that found (almost) no garbage: no walk here
         self.last_check: dict = {}
+        self.last_check_start_ms = 0.0
 
     def install(self) -> GcWatch:
         if not self._installed:
@@ -131,8 +132,10 @@ class GcWatch:
     def check_frozen(self) -> None:
         """Have ``check`` count the garbage among everything (off the loop); ``_checked`` decides."""
         frozen = self.frozen
+        started = time.perf_counter()
         try:
             self.check(lambda found: self._checked(found, frozen))
+            self.last_check_start_ms = round((time.perf_counter() - started) * 1000, 1)  # the fork, on the loop
         except Exception as e:  # e.g. fork refused (memory): walk here, as without a check
             log.warning("gc.check_failed", error=repr(e))
             self._checked(None, frozen)
@@ -143,7 +146,7 @@ class GcWatch:
             self._walk_scheduled = False
             self.baseline = frozen  # the doubling is accounted for: the next check at twice this
             self.checks += 1
-            log.info("gc.checked_frozen", unreachable=found, frozen=frozen)
+            log.info("gc.checked_frozen", unreachable=found, frozen=frozen, fork_ms=self.last_check_start_ms)
             return
         log.info("gc.check_walks", unreachable=found, frozen=frozen)
         self.walk_all()
