@@ -26,22 +26,28 @@ subtracted, so the estimate only errs high; when it crosses the walk threshold i
 the exact count once (one walk), and only a real doubling schedules ``walk_all``.
 
 Checking off the loop (``check=fork_check``, the daemon's default; issue 31 item 4): that walk of
-everything stopped the loop 320-650 ms in every run with a 10,000-member group (1-2 million
-objects; most are the process's own code and each connection's, not garbage), for nothing when
-the frozen set holds no garbage, which is the rule for herd. So when the frozen set has doubled
-the daemon forks: the child (a copy-on-write snapshot of the process) unfreezes and collects
-everything (with every descriptor but its pipe closed first, so a finalizer of some garbage
-cannot touch a socket, file or epoll set shared with the parent), only reports through the pipe
-how many unreachable objects it found, and exits without running anything else; the parent's loop pays the fork (page tables: a few ms per GB of
-RSS) and goes on. The doubling becomes the new baseline when the child found at most
-``max_garbage_share`` of the frozen set (default 1%) unreachable; otherwise, or when the check
-fails (no fork, a child that does not answer within a minute: killed), the parent walks
-everything itself as before (``walk_all``). The bound on cyclic garbage hidden among frozen
-objects is thus: at every doubling of the frozen set, at most 1% of it (else it is freed at once),
-plus what accrued since the last doubling (at most the growth since then, as before). The price:
-during the child's walk (as long as the in-place walk took, on another core) the pages it touches
-are copied (up to the tracked objects' share of RSS, transiently), and garbage found by the child
-is only counted, not freed, below the 1%. ``gc.checked_frozen`` logs each check.
+everything stopped the loop 320-650 ms in every run with a 10,000-member group (250,000-290,000
+frozen objects then: ~30,000 of the process itself, 10 per connection, ~5 per classic member;
+``bench/gc_census.py``), for nothing when the frozen set holds no garbage, which is the rule for
+herd. So when the frozen set has doubled the daemon forks: the child (a copy-on-write snapshot of
+the process) closes every descriptor but its pipe (so a finalizer of some garbage cannot touch a
+socket, file or epoll set it shares with the parent: it gets EBADF), unfreezes and collects
+everything, reports through the pipe how many unreachable objects it found and exits at once. The
+parent's loop pays only the fork (page tables: ms, logged as ``fork_ms``) and goes on; a thread
+waits for the answer (``poll``: the pipe's descriptor is far above 1,024 with 10,000 connections).
+If the child found at most ``max_garbage_share`` (1%) of the frozen set unreachable, the current
+size becomes the baseline (``gc.checked_frozen``); otherwise, or when the check fails (no fork,
+a child that errs or does not answer within a minute: killed; ``gc.check_failed``), the parent
+walks everything itself as before (``walk_all``), freeing it.
+
+The bound on cyclic garbage hidden among frozen objects, F the frozen set and C its size at the
+last check or walk: at that moment at most 1% of C (more is freed at once), and since then at most
+the growth, F - C, which a check caps at C + ``min_growth``; i.e. never more than ~half of the
+frozen set plus 1%, as before, now re-checked at every doubling instead of freed. What is not
+bounded better than before is its memory while below 1% (counted, not freed). The price: while
+the child walks (as long as the in-place walk took, on the other core) the pages it touches are
+copied (up to the tracked objects' share of the RSS, transiently), and the parent takes a
+copy-on-write fault the first time it writes each page shared with the child in that time.
 
 ``GcWatch`` times every collection through ``gc.callbacks`` (nothing per request), exports the
 totals as metrics and logs ``gc.pause`` for a pause over ``warn_ms``.
