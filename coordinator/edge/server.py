@@ -67,6 +67,8 @@ _heartbeat_tail = fastpath.heartbeat_tail
 _encode_heartbeat_body = fastpath.encode_heartbeat_body
 _parse_steady = fastpath.parse_steady_consumer_heartbeat
 _steady_answer = fastpath.steady_consumer_heartbeat_answer
+_OffsetCommitResponse = m.OffsetCommitResponse
+_encode_offset_commit = fastpath.encode_offset_commit_response
 HEARTBEAT = 12
 JOIN_GROUP = m.JoinGroupRequest.API_KEY
 PENDING_IDS_KEPT = 32  # MEMBER_ID_REQUIRED ids remembered per connection (normally one at a time)
@@ -151,12 +153,18 @@ def _decode_whole(cls, frame: bytes, pos: int, version: int):
 
 def _encode_body(out: bytearray, response, version: int) -> None:
     """Append the encoded response. A plain HeartbeatResponse (no throttle, no unknown tagged
-    fields: what herd sends) is the same few bytes for a given version and error code: cached."""
-    if type(response) is _HeartbeatResponse and not response.throttle_time_ms \
-            and not response.unknown_tagged_fields:
+    fields: what herd sends) is the same few bytes for a given version and error code: cached. An
+    OffsetCommit answer: ``fastpath.encode_offset_commit_response`` (None: the generic way)."""
+    kind = type(response)
+    if kind is _OffsetCommitResponse:
+        body = _encode_offset_commit(response, version)
+        if body is not None:
+            out += body
+            return
+    elif kind is _HeartbeatResponse and not response.throttle_time_ms and not response.unknown_tagged_fields:
         out += _encode_heartbeat_body(version, response.error_code)
-    else:
-        response.encode_into(out, version)
+        return
+    response.encode_into(out, version)
 
 
 class Reply:

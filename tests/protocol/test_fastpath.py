@@ -89,3 +89,52 @@ def test_arbitrary_bytes_never_raise(junk, version):
         decoded, end = CGHB.decode_from(junk, 0, version)
         assert end == len(junk)
         assert (decoded.group_id, decoded.member_id, decoded.member_epoch) == result[:3]
+
+
+# ---- OffsetCommit's answer ------------------------------------------------------------------------
+
+OCR = m.OffsetCommitResponse
+names = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=0, max_size=30)
+commit_answers = st.builds(
+    OCR, throttle_time_ms=st.integers(0, 2**31 - 1),
+    topics=st.lists(st.builds(m.OffsetCommitResponseTopic, name=names, partitions=st.lists(st.builds(
+        m.OffsetCommitResponsePartition, partition_index=st.integers(-2**31, 2**31 - 1),
+        error_code=st.sampled_from([E.NONE, E.OFFSET_METADATA_TOO_LARGE, E.STALE_MEMBER_EPOCH,
+                                    E.UNKNOWN_TOPIC_OR_PARTITION, E.ILLEGAL_GENERATION, -1, 32767])),
+        max_size=140)), max_size=4))
+
+
+@given(response=commit_answers, version=st.integers(0, OCR.MAX_VERSION))
+def test_an_offset_commit_answer_is_encoded_as_the_codec_would(response, version):
+    assert fastpath.encode_offset_commit_response(response, version) == response.encode(version)
+
+
+def test_an_offset_commit_answer_of_many_topics_uses_a_long_varint():
+    topics = [m.OffsetCommitResponseTopic(f"t{i}", [m.OffsetCommitResponsePartition(p, 0) for p in range(130)])
+              for i in range(130)]
+    response = OCR(topics=topics)
+    for version in (0, 3, 8, 9):
+        assert fastpath.encode_offset_commit_response(response, version) == response.encode(version)
+
+
+@pytest.mark.parametrize("change", ["response_tags", "topic_tags", "partition_tags", "null_name", "long_name",
+                                    "null_partitions", "index_out_of_range"])
+def test_an_offset_commit_answer_the_shortcut_does_not_know_goes_the_generic_way(change):
+    part = m.OffsetCommitResponsePartition(0, 0)
+    topic = m.OffsetCommitResponseTopic("t", [part])
+    response = OCR(topics=[topic])
+    if change == "response_tags":
+        response.unknown_tagged_fields = {5: b"x"}
+    elif change == "topic_tags":
+        topic.unknown_tagged_fields = {5: b"x"}
+    elif change == "partition_tags":
+        part.unknown_tagged_fields = {5: b"x"}
+    elif change == "null_name":
+        topic.name = None
+    elif change == "long_name":
+        topic.name = "x" * 0x8000
+    elif change == "null_partitions":
+        topic.partitions = None
+    else:
+        part.partition_index = 2**31
+    assert fastpath.encode_offset_commit_response(response, 9) is None
