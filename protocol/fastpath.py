@@ -8,8 +8,10 @@ The daemon answers its two most frequent requests without building request or re
   recognised from its bytes (:func:`parse_steady_consumer_heartbeat`) and the answer written from
   the request's own group-id bytes (:func:`steady_consumer_heartbeat_answer`).
 
-and encodes the OffsetCommit answer (a partition is six bytes, seven when flexible) without the
-generic per-object encoder: :func:`encode_offset_commit_response`.
+and reads an OffsetCommit request of the flexible versions in one function
+(:func:`decode_offset_commit_request`: the generated classes, built without a call per
+partition) and encodes its answer (a partition is six bytes, seven when flexible) without the
+generic per-object encoder (:func:`encode_offset_commit_response`).
 
 Everything here is checked byte for byte against the generated classes of ``protocol.messages``
 (tests/protocol/test_fastpath.py). Pure: no I/O.
@@ -22,7 +24,8 @@ from protocol import messages as m
 from protocol.headers import response_header_version
 
 __all__ = ["FRAME_HEAD", "header_tails", "heartbeat_tail", "encode_heartbeat_body",
-           "parse_steady_consumer_heartbeat", "steady_consumer_heartbeat_answer", "encode_offset_commit_response"]
+           "parse_steady_consumer_heartbeat", "steady_consumer_heartbeat_answer", "encode_offset_commit_response",
+           "decode_offset_commit_request"]
 
 FRAME_HEAD = struct.Struct(">ii")  # frame size, correlation id
 _II = struct.Struct(">ii")
@@ -174,3 +177,88 @@ def encode_offset_commit_response(response, version: int) -> bytes | None:
     except (struct.error, UnicodeEncodeError, TypeError, AttributeError):
         return None
     return b"".join(parts_out)
+
+
+# ---- OffsetCommit's request (flexible versions) ----------------------------------------------------
+
+_PART_HEAD = struct.Struct(">iqi").unpack_from  # partition index, offset, leader epoch
+_OffsetCommitRequest = m.OffsetCommitRequest
+_OCPartition = m.OffsetCommitRequestPartition
+_OCTopic = m.OffsetCommitRequestTopic
+_COMMIT_VERSIONS = (8, 9)  # the flexible ones; a new version is added here once its layout is checked
+
+
+def decode_offset_commit_request(frame: bytes, pos: int, version: int):
+    """The OffsetCommitRequest (v8+) whose body is ``frame[pos:]`` to its end, equal to what the
+    generated ``decode_from`` builds, when it has the usual shape: every string and array shorter
+    than 127 (one length byte), no tagged field anywhere; None for anything else, malformed or
+    not: the generated decoder then reads it or says what is wrong."""
+    if version not in _COMMIT_VERSIONS:
+        return None
+    try:
+        n = frame[pos] - 1
+        if not 0 <= n < 127:
+            return None
+        end = pos + 1 + n
+        group_id = frame[pos + 1:end].decode()
+        generation = _I32.unpack_from(frame, end)[0]
+        pos = end + 4
+        n = frame[pos] - 1
+        if not 0 <= n < 127:
+            return None
+        end = pos + 1 + n
+        member_id = frame[pos + 1:end].decode()
+        pos = end
+        n = frame[pos] - 1
+        if n < 0:
+            instance_id = None
+            pos += 1
+        elif n < 127:
+            end = pos + 1 + n
+            instance_id = frame[pos + 1:end].decode()
+            pos = end
+        else:
+            return None
+        n_topics = frame[pos] - 1
+        if not 0 <= n_topics < 127:
+            return None
+        pos += 1
+        topics = []
+        for _ in range(n_topics):
+            n = frame[pos] - 1
+            if not 0 <= n < 127:
+                return None
+            end = pos + 1 + n
+            name = frame[pos + 1:end].decode()
+            pos = end
+            n_parts = frame[pos] - 1
+            if not 0 <= n_parts < 127:
+                return None
+            pos += 1
+            partitions = []
+            add = partitions.append
+            for _ in range(n_parts):
+                index, offset, epoch = _PART_HEAD(frame, pos)
+                n = frame[pos + 16] - 1
+                if n < 0:
+                    metadata = None
+                    pos += 17
+                elif n < 127:
+                    end = pos + 17 + n
+                    metadata = frame[pos + 17:end].decode()
+                    pos = end
+                else:
+                    return None
+                if frame[pos]:  # tagged fields
+                    return None
+                pos += 1
+                add(_OCPartition(index, offset, epoch, -1, metadata))
+            if frame[pos]:
+                return None
+            pos += 1
+            topics.append(_OCTopic(name, partitions))
+        if frame[pos] or pos + 1 != len(frame):
+            return None
+    except (IndexError, struct.error, UnicodeDecodeError):
+        return None
+    return _OffsetCommitRequest(group_id, generation, member_id, instance_id, -1, topics)

@@ -69,6 +69,8 @@ _parse_steady = fastpath.parse_steady_consumer_heartbeat
 _steady_answer = fastpath.steady_consumer_heartbeat_answer
 _OffsetCommitResponse = m.OffsetCommitResponse
 _encode_offset_commit = fastpath.encode_offset_commit_response
+_decode_commit = fastpath.decode_offset_commit_request
+OFFSET_COMMIT = m.OffsetCommitRequest.API_KEY
 HEARTBEAT = 12
 JOIN_GROUP = m.JoinGroupRequest.API_KEY
 PENDING_IDS_KEPT = 32  # MEMBER_ID_REQUIRED ids remembered per connection (normally one at a time)
@@ -496,11 +498,13 @@ class Connection(asyncio.Protocol):
             self.sasl_not_expected(api_key, version, correlation_id, client_id, frame, pos)
             return
         cls = _REQUESTS[api_key]
-        try:
-            request = _decode_whole(cls, frame, pos, version)
-        except ProtocolError as exc:
-            self.fail(f"malformed {cls.NAME} v{version}", exc, client_id=client_id)
-            return
+        request = _decode_commit(frame, pos, version) if api_key == OFFSET_COMMIT else None  # None: the codec's way
+        if request is None:
+            try:
+                request = _decode_whole(cls, frame, pos, version)
+            except ProtocolError as exc:
+                self.fail(f"malformed {cls.NAME} v{version}", exc, client_id=client_id)
+                return
         token = self.inflight = Reply(self, correlation_id, api_key, version, request)
         gate = self.server.gate
         if gate is not None:  # the one authorization point (coordinator/core/auth/gate.py)
