@@ -419,6 +419,7 @@ class Stats:
         self.join_latency_us = array("f")
         self.hb_latency_us = array("f")  # in the window
         self.hb_lateness_us = array("f")
+        self.hb_sent_at = array("d")  # send time of each sample of hb_latency_us (LoadGen.window(samples=True))
         self.slow_sent = array("d")  # send times of slow heartbeats in the window (stall analysis)
         self.hb_sent = 0
         self.hb_in_window = 0
@@ -447,6 +448,7 @@ class Stats:
             if len(self.hb_latency_us) < self.max_samples:
                 self.hb_latency_us.append(latency)
                 self.hb_lateness_us.append((sent - due) * 1e6)
+                self.hb_sent_at.append(sent)
             if latency > SLOW_US and len(self.slow_sent) < 100_000:
                 self.slow_sent.append(sent)
         else:
@@ -1220,6 +1222,7 @@ class Worker:
             "hb_latency_us": st.hb_latency_us.tobytes(),
             "slow_sent": st.slow_sent.tobytes(),
             "hb_lateness_us": st.hb_lateness_us.tobytes(),
+            "hb_sent_at": st.hb_sent_at.tobytes(),
             "cpu_s": _cpu(),
         }
 
@@ -1691,6 +1694,13 @@ def _loop_stalls(reps, start: float) -> dict:
     }
 
 
+def _doubles(blobs) -> array:
+    a = array("d")
+    for b in blobs:
+        a.frombytes(b)
+    return a
+
+
 def _floats(blobs) -> array:
     a = array("f")
     for b in blobs:
@@ -1867,8 +1877,11 @@ class LoadGen:
             "load_cpu_s": sum(r["cpu_s"] for r in reps) - sum(self.cpu_at_ready),
         }
 
-    def window(self, duration: float, start: float | None = None) -> dict:
-        """Measure heartbeats sent in [start, start + duration); wait for them; -> stats."""
+    def window(self, duration: float, start: float | None = None, samples: bool = False) -> dict:
+        """Measure heartbeats sent in [start, start + duration); wait for them; -> stats.
+        ``samples``: also ``"samples": (send times, latencies in µs)``, two arrays in step (send
+        times are ``time.perf_counter()``, comparable across processes), to slice the window into
+        phases (``bench/big_group.py``); not JSON: pop it before printing."""
         start = _now() if start is None else start
         end = start + duration
         cpu0 = self._children_cpu()
@@ -1903,6 +1916,7 @@ class LoadGen:
             "load_cpu_util": (cpu1 - cpu0) / max(1e-9, _now() - start),
             "slow": _stalls(reps, start),
             "load_stalls": _loop_stalls(reps, start),
+            **({"samples": (_doubles(r["hb_sent_at"] for r in reps), lat)} if samples else {}),
         }
 
     def leave(self, timeout: float = 120.0) -> dict:

@@ -85,6 +85,11 @@ _CATALOG_WRITES = frozenset({METADATA, CREATE_TOPICS})  # may create topics: ref
 # Records replayed between two turns of the event loop at start-up (~30 ms of replay): /healthz and
 # the signal handlers are answered during a replay of any length.
 REPLAY_STEP = 20_000
+# Answers released at once beyond this many (a big group's JoinGroup or SyncGroup fan-out: one
+# answer per member) leave in slices of this size, one slice per loop turn, so the other
+# connections' requests are served between them (issue 31 item 4). The order of a connection's
+# answers is unchanged: a parked request holds its connection, a held one keeps its place.
+RELEASE_SLICE = 256
 
 
 NOT_OWNED, LOADING, ACTIVE, FAILED = "not-owned", "loading", "active", "failed"
@@ -590,8 +595,29 @@ class Runtime:
             queue.popleft()[1].done(shard_id, exc)
 
     def release(self, replies) -> None:
-        for token, resp in replies:
+        loop = self.loop
+        if len(replies) <= RELEASE_SLICE or loop is None or not loop.is_running():
+            for token, resp in replies:
+                token.reply(resp)
+            return
+        for token, resp in replies[:RELEASE_SLICE]:
             token.reply(resp)
+        loop.call_soon(self._release_slice, replies, RELEASE_SLICE)
+
+    def _release_slice(self, replies, start: int) -> None:
+        """The next slice of a big fan-out (see RELEASE_SLICE), its answers written together."""
+        end = start + RELEASE_SLICE
+        if end < len(replies):
+            self.loop.call_soon(self._release_slice, replies, end)
+        edge = self._edge
+        if edge is not None:
+            edge.begin_batch()
+        try:
+            for token, resp in replies[start:end]:
+                token.reply(resp)
+        finally:
+            if edge is not None:
+                edge.end_batch()
 
     def write_failed(self, shard_id: int, exc: BaseException) -> None:
         """A write of ``shard_id`` failed: an I/O failure stops the shard (FAILED); a fencing

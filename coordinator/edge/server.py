@@ -42,6 +42,7 @@ from collections import deque
 from coordinator import logging_setup
 from coordinator.core.versions import API_NAMES, API_VERSIONS, SUPPORTED, api_versions_response
 from coordinator.edge.budget import MemoryBudget
+from coordinator.edge.turns import Turns
 from coordinator.ops.metrics import HTTP_MAX_CONNECTIONS, HTTP_RESERVE, response_error
 from protocol import acls as acl_messages
 from protocol import errors as E
@@ -230,6 +231,8 @@ class Connection(asyncio.Protocol):
         self.paused = False
         self.write_paused = False  # the transport's write buffer is over its high-water mark
         self.resume_scheduled = False
+        self.turn_waiting = False  # its next request (a rebalance one) waits for a loop turn (edge/turns.py)
+        self.turn_pass = False
         self.dirty = False  # in server.dirty: answers released in a batch, written at its end
         self.closing = False  # close() waits for the answers in ``held``, then aborts
         self.last_active = 0.0
@@ -345,7 +348,8 @@ class Connection(asyncio.Protocol):
             return
         if frames:
             self.memory_granted = False  # the admitted frame is read: the next one asks again
-            if len(frames) == 1 and not self.queue and not self.processing and self._ready():
+            if len(frames) == 1 and not self.queue and not self.processing and self._ready() \
+                    and not self.server.turns.defers(self, frames[0]):
                 self.handle_one(frames[0])  # the common case: no queue round trip
             else:
                 for f in frames:
@@ -408,6 +412,11 @@ class Connection(asyncio.Protocol):
         if self.queue and not self.processing and self._ready():
             self.process()
 
+    def resume_turn(self) -> None:
+        """Its waiting rebalance request's turn has come (edge/turns.py)."""
+        if self.queue and not self.processing and self._ready():
+            self.process()
+
     def _ready(self) -> bool:
         """May the next request be handled now?"""
         return self.inflight is None and len(self.held) < self.MAX_HELD and not self.closed \
@@ -431,6 +440,8 @@ class Connection(asyncio.Protocol):
                         self.resume_scheduled = True
                         self.server.loop.call_soon(self._continue)
                     break
+                if self.queue[0] is not None and self.server.turns.defers(self, self.queue[0]):
+                    break  # a rebalance request waits for a later loop turn (edge/turns.py)
                 budget -= 1
                 frame = self.queue.popleft()
                 if frame is None:  # the end of a malformed stream
@@ -926,6 +937,8 @@ class Server:
         # max_buffered_bytes: what every connection holds, counted as it changes (Connection._account)
         self.budget = MemoryBudget(config.buffered_bytes_limit, self._call_soon)
         self.accept_failures = 0
+        # rebalance requests yield to the rest when a loop turn is long (edge/turns.py)
+        self.turns = Turns(self._call_soon)
         if metrics is not None:
             metrics.collectors.append(self.log_limiter.metric_lines)
             metrics.collectors.append(self.metric_lines)
@@ -1028,6 +1041,10 @@ class Server:
             "# HELP herd_accept_failures_total Connections that could not be accepted (no file descriptor "
             "left, ...).", "# TYPE herd_accept_failures_total counter",
             f"herd_accept_failures_total {self.accept_failures}",
+            "# HELP herd_rebalance_requests_deferred_total Rebalance requests (JoinGroup, SyncGroup, LeaveGroup) "
+            "that waited for a later loop turn: the turn's budget for them was spent.",
+            "# TYPE herd_rebalance_requests_deferred_total counter",
+            f"herd_rebalance_requests_deferred_total {self.turns.deferred_total}",
             "# HELP herd_connections_limit The connection cap in force (max_connections, or lower to fit the "
             "open-file limit).", "# TYPE herd_connections_limit gauge",
             f"herd_connections_limit {self.max_connections}",

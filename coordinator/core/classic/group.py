@@ -93,7 +93,7 @@ class Parked:
 class Member:
     __slots__ = ("member_id", "group_instance_id", "client_id", "client_host", "rebalance_timeout_ms",
                  "session_timeout_ms", "protocol_type", "protocols", "assignment", "join", "sync",
-                 "is_new", "hb_key", "joined_wall_ms", "stall_until")
+                 "is_new", "hb_key", "joined_wall_ms", "stall_until", "join_enc", "record_enc")
 
     def __init__(self, member_id: str, group_instance_id: str | None, client_id: str, client_host: str,
                  rebalance_timeout_ms: int, session_timeout_ms: int, protocol_type: str,
@@ -115,6 +115,10 @@ class Member:
         self.joined_wall_ms = joined_wall_ms
         # until when (monotonic ms) its session lives on time herd gave back after a stall
         self.stall_until = 0
+        # its encoded part of the leader's JoinGroup answer and of the group's record, with what
+        # they were encoded from (coordinator.core.classic.encoded)
+        self.join_enc = None
+        self.record_enc = None
 
     @property
     def is_static(self) -> bool:
@@ -561,9 +565,14 @@ class Group:
         if self.protocol_name is None:
             return None
         topics: set[str] = set()
+        seen: set[bytes] = set()  # members mostly share one subscription: each distinct one decoded once
         try:
             for m in self.members.values():
-                _, sub = decode_subscription(m.metadata(self.protocol_name))
+                meta = m.metadata(self.protocol_name)
+                if meta in seen:
+                    continue
+                seen.add(meta)
+                _, sub = decode_subscription(meta)
                 topics.update(sub.topics)
         except (ProtocolError, KeyError):
             return None

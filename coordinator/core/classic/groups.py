@@ -22,6 +22,7 @@ from __future__ import annotations
 import structlog
 
 from coordinator.core import records
+from coordinator.core.classic import encoded
 from coordinator.core.classic.group import (
     COMPLETING_REBALANCE,
     DEAD,
@@ -37,11 +38,11 @@ from coordinator.core.responses import join_response, sync_response
 from coordinator.core.result import Result
 from coordinator.core.timers import Timers
 from protocol import errors
+from protocol._base import _ENCODE_FAILURES
 from protocol.messages import (
     DescribeGroupsResponseDescribedGroup,
     DescribeGroupsResponseDescribedGroupMember,
     GroupMetadataValue,
-    GroupMetadataValueMemberMetadata,
     JoinGroupResponseMember,
     LeaveGroupRequestMemberIdentity,
     LeaveGroupResponse,
@@ -241,9 +242,7 @@ class ClassicGroups:
         elif state == COMPLETING_REBALANCE:
             if member.matches(ctx.protocols):
                 # a retry of a JoinGroup whose response was lost: answer with the current generation
-                members = self._join_members(group, version) if group.is_leader(mid) else []
-                out.reply(token, join_response(version, _NONE, mid, group.generation, group.protocol_type,
-                                               group.protocol_name, group.leader_id, members))
+                out.reply(token, self._join_answer(group, version, mid))
             else:
                 detail = f"member {mid} changed its metadata during {state}"
                 self._update_member_and_rebalance(group, member, ctx, "metadata_changed", detail, now, wall,
@@ -264,10 +263,16 @@ class ClassicGroups:
             out.reply(token, join_response(version, errors.UNKNOWN_MEMBER_ID, mid))
 
     def _join_members(self, group: Group, version: int) -> list[JoinGroupResponseMember]:
-        proto = group.protocol_name
-        v5 = version >= 5
-        return [JoinGroupResponseMember(m.member_id, m.group_instance_id if v5 else None, m.metadata(proto))
-                for m in group.members.values()]
+        return encoded.join_members(group, version)[0]
+
+    def _join_answer(self, group: Group, version: int, mid: str):
+        """The successful JoinGroup answer of member ``mid`` in the group's current generation: the
+        leader's lists every member, from the parts each member keeps encoded (encoded.py)."""
+        if group.is_leader(mid):
+            return encoded.leader_join_response(version, _NONE, mid, group.generation, group.protocol_type,
+                                                group.protocol_name, group.leader_id, group)
+        return join_response(version, _NONE, mid, group.generation, group.protocol_type, group.protocol_name,
+                             group.leader_id, [])
 
     def _add_member_and_rebalance(self, group: Group, ctx: _JoinCtx, member_id: str, now: int, wall: int,
                                   out: Result) -> None:
@@ -276,6 +281,7 @@ class ClassicGroups:
                         ctx.req.session_timeout_ms, ctx.req.protocol_type, ctx.protocols,
                         hb_key=("hb", gid, member_id), joined_wall_ms=wall)
         member.is_new = True
+        encoded.warm(member, ctx.version)
         if group.state == PREPARING_REBALANCE and group.generation == 0:
             # extends the initial rebalance delay of a brand-new group only (Kafka's
             # addMemberAndRebalance): a group coming back from Empty waits one delay
@@ -296,6 +302,7 @@ class ClassicGroups:
     def _update_member_and_rebalance(self, group: Group, member: Member, ctx: _JoinCtx, reason: str,
                                      detail: str, now: int, wall: int, out: Result) -> None:
         group.update_member(member, ctx.protocols, ctx.rebalance_timeout, ctx.req.session_timeout_ms)
+        encoded.warm(member, ctx.version)
         self._park_join(group, member, Parked(ctx.token, ctx.version, now), out)
         if group.rebalance is not None and group.state == PREPARING_REBALANCE:
             group.rebalance.on_join(member, now)
@@ -433,10 +440,7 @@ class ClassicGroups:
         for m in group.members.values():
             parked = group.take_join(m)
             if parked is not None:
-                members = self._join_members(group, parked.version) if group.is_leader(m.member_id) else []
-                out.reply(parked.token, join_response(
-                    parked.version, _NONE, m.member_id, group.generation, group.protocol_type,
-                    group.protocol_name, group.leader_id, members))
+                out.reply(parked.token, self._join_answer(group, parked.version, m.member_id))
                 # its session restarts now. herd: only for members that rejoined; Kafka also
                 # restarts the session of a static member that did not rejoin, which lets it stay
                 # silent for longer than its session timeout
@@ -802,20 +806,27 @@ class ClassicGroups:
             t.cancel(("pending", gid, mid))
 
     def _write_group(self, out: Result, group: Group, assignment: dict[str, bytes] | None = None) -> None:
-        members = []
-        for m in group.members.values():
-            members.append(GroupMetadataValueMemberMetadata(
-                member_id=m.member_id, group_instance_id=m.group_instance_id, client_id=m.client_id,
-                client_host=m.client_host, rebalance_timeout=m.rebalance_timeout_ms,
-                session_timeout=m.session_timeout_ms, subscription=m.metadata(group.protocol_name),
-                assignment=(assignment.get(m.member_id, b"") if assignment is not None else m.assignment)))
-        value = GroupMetadataValue(
+        """The group's GroupMetadata record: the encoded head, then each member's cached part
+        (encoded.py) and its assignment (``assignment``'s, else the member's own)."""
+        members = list(group.members.values())
+        head = GroupMetadataValue(
             protocol_type=group.protocol_type or "", generation=group.generation,
             protocol=group.protocol_name, leader=group.leader_id if members else None,
             current_state_timestamp=-1 if group.state_wall_ms is None else group.state_wall_ms,
-            members=members)
-        out.writes.append((self.shard_id, records.group_metadata_key(group.group_id),
-                           records.group_metadata_value(value)))
+            members=[])
+        if assignment is not None:
+            get = assignment.get
+
+            def assignment_of(m):
+                return get(m.member_id, b"")
+        else:
+            def assignment_of(m):
+                return m.assignment
+        try:
+            value = encoded.group_record_value(head, members, assignment_of)
+        except _ENCODE_FAILURES as exc:
+            raise records.RecordError(str(exc)) from None
+        out.writes.append((self.shard_id, records.group_metadata_key(group.group_id), value))
 
     def write_tombstone(self, out: Result, gid: str) -> None:
         """Delete group ``gid``: its GroupMetadata tombstone, replayed as start-up replays it."""

@@ -1,0 +1,395 @@
+"""A huge classic group beside many small ones (issue 31 item 4).
+
+``python -m bench.big_group [--quick] [--big 5000] [--groups 1000] [--members 10] [--procs 2]``
+
+One herd daemon (``bench._util.Herd``, ``--metrics-port 0``). The raw-protocol load tool
+(``bench/loadgen.py``) joins ``--groups`` small groups of ``--members`` members, which then
+heartbeat every 3 s (mode ``one``). Inside one heartbeat window (``LoadGen.window(samples=True)``:
+each heartbeat's send time and latency, so the window is sliced into phases), this process (asyncio
+on uvloop, herd's codec) forms ONE classic group of ``--big`` members and then rebalances it:
+
+* connections: one per big member (a JoinGroup or SyncGroup parked by the coordinator holds its
+  connection: a broker handles one request of a connection at a time, so members parked together
+  cannot share one), opened before the window;
+* formation (as ``loadgen``'s pipelined join, at scale): member 0 joins alone (MEMBER_ID_REQUIRED,
+  JoinGroup with its id, SyncGroup: generation 1, Stable); members 1..N-1 get their ids
+  (MEMBER_ID_REQUIRED: pending, KIP-394); then every member sends JoinGroup with its id at once
+  (the last of those writes is "the last join"); the leader's answer lists every member's metadata;
+  each follower sends SyncGroup on its answer, the leader with one assignment per member. Formed =
+  the last SyncGroup answer; ``formation_s`` is measured from the last join;
+* rebalance: one member leaves (LeaveGroup v4), every other member rejoins with its id (as its next
+  heartbeat would tell it to), the leader assigns again, all sync; measured from the LeaveGroup.
+
+Reported per phase (baseline before the big group, formation, rebalance): the small groups'
+heartbeat latency p50/p99/max of the heartbeats SENT in that phase, and how many probes of the
+daemon's event-loop lag (``herd_event_loop_lag_seconds`` histogram, /metrics, scraped at each phase
+boundary) were over 50 ms and 100 ms; ``herd_event_loop_lag_max_seconds`` (the largest since start)
+at the end and before the big group. Targets (issue 31): small groups' heartbeat p99 < 50 ms,
+loop lag max < 0.1 s, formation < 10 s from the last join.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import threading
+import time
+import urllib.request
+
+from bench import _util as U
+from bench.loadgen import LoadGen, PipeConn, encode_frame, open_conns
+from protocol import errors as E
+from protocol import messages as m
+from protocol.consumer import Assignment, Subscription, TopicPartitions, encode_assignment, encode_subscription
+from protocol.headers import decode_response_header
+
+TARGETS = {"hb_p99_ms": 50.0, "loop_lag_max_s": 0.1, "formation_s": 10.0}
+_now = time.perf_counter
+V_JOIN, V_SYNC, V_LEAVE = 9, 5, 4
+GROUP = "big-0"
+
+
+def metrics_text(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
+def loop_lag(port: int) -> dict:
+    """The daemon's loop-lag histogram (cumulative counts by bucket) and its max since start."""
+    out = {"buckets": {}, "max_s": None, "count": 0}
+    for line in metrics_text(port).splitlines():
+        if line.startswith("herd_event_loop_lag_seconds_bucket"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            out["buckets"][le] = int(float(line.rsplit(" ", 1)[1]))
+        elif line.startswith("herd_event_loop_lag_seconds_count"):
+            out["count"] = int(float(line.rsplit(" ", 1)[1]))
+        elif line.startswith("herd_event_loop_lag_max_seconds"):
+            out["max_s"] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def lag_delta(a: dict, b: dict) -> dict:
+    """Probes between two scrapes, and how many of them were later than 50 ms / 100 ms."""
+    n = b["count"] - a["count"]
+
+    def over(le):
+        return (b["count"] - b["buckets"].get(le, 0)) - (a["count"] - a["buckets"].get(le, 0))
+
+    return {"probes": n, "over_50ms": over("0.05"), "over_100ms": over("0.1")}
+
+
+class Big:
+    """One classic group of ``n`` members, one connection each (see the module docstring)."""
+
+    def __init__(self, conns: list[PipeConn], session_timeout_ms: int, rebalance_timeout_ms: int):
+        self.conns = conns
+        self.n = len(conns)
+        self.ids = [""] * self.n
+        self.session_timeout_ms = session_timeout_ms
+        self.rebalance_timeout_ms = rebalance_timeout_ms
+        self.protocols = [m.JoinGroupRequestProtocol(
+            name="range", metadata=encode_subscription(Subscription(topics=["bench"]), 1))]
+        self.errors: dict[str, int] = {}
+        self.generation = -1
+        self.leader = ""
+        self.live = list(range(self.n))
+
+    def _err(self, code):
+        name = E.error_name(code) if hasattr(E, "error_name") else str(code)
+        self.errors[name] = self.errors.get(name, 0) + 1
+
+    def join_frame(self, i: int, conn: PipeConn) -> bytes:
+        req = m.JoinGroupRequest(group_id=GROUP, session_timeout_ms=self.session_timeout_ms,
+                                 rebalance_timeout_ms=self.rebalance_timeout_ms, member_id=self.ids[i],
+                                 group_instance_id=None, protocol_type="consumer", protocols=self.protocols)
+        return bytes(encode_frame(req, V_JOIN, conn.next_cid(), "big"))
+
+    @staticmethod
+    def decode(resp: bytes, cls, version: int):
+        _cid, pos = decode_response_header(resp, cls.API_KEY, version)
+        return cls.decode(resp, version, pos)
+
+    async def call(self, i: int, frame: bytes, cls, version: int):
+        resp, _sent, arrived = await self.conns[i].send_frame(frame)
+        return self.decode(resp, cls, version), arrived
+
+    def sync_frame(self, i: int, assignments) -> bytes:
+        req = m.SyncGroupRequest(group_id=GROUP, generation_id=self.generation, member_id=self.ids[i],
+                                 group_instance_id=None, protocol_type="consumer", protocol_name="range",
+                                 assignments=assignments)
+        return bytes(encode_frame(req, V_SYNC, self.conns[i].next_cid(), "big"))
+
+    @staticmethod
+    def assign(member_ids) -> list:
+        return [m.SyncGroupRequestAssignment(member_id=mid, assignment=encode_assignment(
+            Assignment(assigned_partitions=[TopicPartitions(topic="bench", partitions=[k % 100])]), 1))
+            for k, mid in enumerate(member_ids)]
+
+    async def join_sync(self, members: list[int]) -> dict:
+        """Every member in ``members`` (ids known) sends JoinGroup at once, then SyncGroup on its answer."""
+        t_last_join = 0.0
+        t_first_join = _now()
+        futs = []
+        for i in members:
+            futs.append(asyncio.ensure_future(self.call(i, self.join_frame(i, self.conns[i]), m.JoinGroupResponse,
+                                                        V_JOIN)))
+            t_last_join = _now()
+        synced = []
+        leader_seen = {}
+        joined = []
+
+        async def member(i, fut):
+            r, arrived = await fut
+            joined.append(arrived)
+            if r.error_code:
+                self._err(r.error_code)
+                return None
+            self.generation = r.generation_id
+            if r.leader == r.member_id:
+                leader_seen["members"] = len(r.members)
+                self.leader = r.member_id
+                frame = self.sync_frame(i, self.assign([x.member_id for x in r.members]))
+            else:
+                frame = self.sync_frame(i, [])
+            s, arrived = await self.call(i, frame, m.SyncGroupResponse, V_SYNC)
+            if s.error_code:
+                self._err(s.error_code)
+                return None
+            synced.append(arrived)
+            return arrived
+
+        await asyncio.gather(*(member(i, f) for i, f in zip(members, futs, strict=True)))
+        return {"t_first_join": t_first_join, "t_last_join": t_last_join,
+                "t_first_join_answer": min(joined, default=None), "t_last_join_answer": max(joined, default=None),
+                "t_first_sync_answer": min(synced, default=None), "t_formed": max(synced) if synced else None,
+                "synced": len(synced),
+                "leader_saw": leader_seen.get("members"), "generation": self.generation}
+
+    async def form(self) -> dict:
+        t0 = _now()
+        # member 0 alone: generation 1, Stable
+        r, _ = await self.call(0, self.join_frame(0, self.conns[0]), m.JoinGroupResponse, V_JOIN)
+        if r.error_code != E.MEMBER_ID_REQUIRED:
+            raise RuntimeError(f"member 0: JoinGroup answered {r.error_code}")
+        self.ids[0] = r.member_id
+        r, _ = await self.call(0, self.join_frame(0, self.conns[0]), m.JoinGroupResponse, V_JOIN)
+        if r.error_code:
+            raise RuntimeError(f"member 0: JoinGroup with id answered {r.error_code}")
+        self.generation = r.generation_id
+        s, _ = await self.call(0, self.sync_frame(0, self.assign([self.ids[0]])), m.SyncGroupResponse, V_SYNC)
+        if s.error_code:
+            raise RuntimeError(f"member 0: SyncGroup answered {s.error_code}")
+        # the others get their ids (pending)
+        t_ids = _now()
+
+        async def minted(i):
+            r, _ = await self.call(i, self.join_frame(i, self.conns[i]), m.JoinGroupResponse, V_JOIN)
+            if r.error_code != E.MEMBER_ID_REQUIRED:
+                self._err(r.error_code)
+            self.ids[i] = r.member_id
+
+        await asyncio.gather(*(minted(i) for i in range(1, self.n)))
+        t_ids_done = _now()
+        out = await self.join_sync(list(range(self.n)))
+        out.update(t_start=t0, t_ids=t_ids, t_ids_done=t_ids_done, ids_s=t_ids_done - t_ids)
+        return out
+
+    async def rebalance(self) -> dict:
+        """One member leaves; the others rejoin at once."""
+        gone = self.live.pop()
+        t0 = _now()
+        req = m.LeaveGroupRequest(group_id=GROUP, members=[m.LeaveGroupRequestMemberIdentity(
+            member_id=self.ids[gone], group_instance_id=None, reason="bench")])
+        r, _ = await self.call(gone, bytes(encode_frame(req, V_LEAVE, self.conns[gone].next_cid(), "big")),
+                               m.LeaveGroupResponse, V_LEAVE)
+        if r.error_code:
+            self._err(r.error_code)
+        out = await self.join_sync(self.live)
+        out["t_start"] = t0
+        return out
+
+
+def daemon_events(herd, w0_wall: float) -> list:
+    """The daemon's own reports of long pauses (loop lag, stalls, collections), seconds into the window."""
+    from datetime import datetime
+
+    out = []
+    for ev in ("loop.lag", "loop.stall", "gc.pause", "gc.walked_all"):
+        for e in herd.log_events(ev):
+            try:
+                t = datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00")).timestamp() - w0_wall
+            except (KeyError, ValueError):
+                t = None
+            ms = e.get("lag_ms", e.get("stall_ms", e.get("pause_ms")))
+            out.append([round(t, 2) if t is not None else None, ev, ms])
+    return sorted(out, key=lambda x: (x[0] is None, x[0] or 0))[:100]
+
+
+def phase_stats(samples, start: float, end: float) -> dict:
+    sent, lat = samples
+    vals = [lat[k] / 1000 for k in range(len(sent)) if start <= sent[k] < end]
+    return U.percentiles(vals, (50, 99))
+
+
+def run(args) -> dict:
+    n = args.big
+    out = {"big_members": n, "small_groups": args.groups, "small_members_per_group": args.members,
+           "small_members": args.groups * args.members}
+    extra = ["--metrics-port", "0", "--max-connections", str(n + args.groups + 2000)]
+    from bench.abuse import TreeHerd, extract
+
+    root = None
+    if args.rev:  # the daemon from another revision of this repository (before/after runs)
+        import tempfile
+
+        tmp = tempfile.TemporaryDirectory(prefix="herd-big-group-")
+        root = extract(args.rev, tmp.name)
+        out["daemon_rev"] = args.rev
+    with TreeHerd(root, fsync=args.fsync, log_level="info", extra_args=extra) as herd:
+
+        mport = herd.wait_metrics_port(30)
+        out["data_fs"] = U.filesystem_of(herd.data_dir)
+        with LoadGen(herd.bootstrap, groups=args.groups, members=args.members, procs=args.procs,
+                     group_prefix="small", hb_mode="one", hb_interval=args.hb_interval,
+                     session_timeout_ms=30_000) as lg:
+            out["load_params"] = lg.params()
+            if args.pin:
+                from bench.scale import _pin
+
+                out["pinning"] = _pin(herd.pid, [c.pid for c in lg.children])
+            out["small_join"] = {k: v for k, v in lg.join().items() if k in ("seconds", "groups_joined",
+                                                                             "groups_failed", "errors")}
+            loop = asyncio.new_event_loop()
+            try:
+                import uvloop
+
+                loop = uvloop.new_event_loop()
+            except ImportError:
+                pass
+            asyncio.set_event_loop(loop)
+            host, port = herd.bootstrap.rsplit(":", 1)
+            t = _now()
+            conns = loop.run_until_complete(open_conns(host, int(port), n, "big", parallel=200))
+            out["big_connect_s"] = _now() - t
+            big = Big(conns, args.session_timeout_ms, args.rebalance_timeout_ms)
+            w0 = _now()
+            w0_wall = time.time()
+            res = {}
+            th = threading.Thread(target=lambda: res.update(hb=lg.window(args.window, start=w0, samples=True)))
+            th.start()
+            lag0 = loop_lag(mport)  # the loop lag before the big group (the small groups' join included)
+            time.sleep(args.baseline)
+            lag1 = loop_lag(mport)
+            cpu1 = U.proc_cpu_seconds(herd.pid)
+            spy = None
+            if args.profile:  # py-spy on the daemon for the big group's two phases
+                os.makedirs(args.profile, exist_ok=True)
+                spy = U.PySpy(herd.pid, os.path.join(args.profile, f"big_group-{n}.txt"), rate=args.profile_rate)
+                spy.__enter__()
+            formed = loop.run_until_complete(big.form())
+            lag2 = loop_lag(mport)
+            cpu2 = U.proc_cpu_seconds(herd.pid)
+            time.sleep(args.settle)
+            lag3 = loop_lag(mport)
+            rebal = loop.run_until_complete(big.rebalance())
+            lag4 = loop_lag(mport)
+            cpu3 = U.proc_cpu_seconds(herd.pid)
+            if spy is not None:
+                spy.__exit__(None, None, None)
+            t_end = _now()
+            if t_end > w0 + args.window:
+                out["warning"] = "the window ended before the rebalance did: raise --window"
+            th.join()
+            for c in conns:
+                c.close()
+            loop.run_until_complete(asyncio.sleep(0.1))
+            loop.close()
+            hb = res["hb"]
+            samples = hb.pop("samples")
+            out["verify_small"] = lg.verify()
+            out["daemon_events"] = daemon_events(herd, w0_wall)
+        out["phases"] = {
+            "baseline": {"seconds": formed["t_start"] - w0, "hb_ms": phase_stats(samples, w0, formed["t_start"]),
+                         "loop_lag": lag_delta(lag0, lag1)},
+            "formation": {"seconds": formed["t_formed"] - formed["t_start"],
+                          "hb_ms": phase_stats(samples, formed["t_start"], formed["t_formed"]),
+                          "loop_lag": lag_delta(lag1, lag2), "daemon_cpu_s": cpu2 - cpu1},
+            "rebalance": {"seconds": rebal["t_formed"] - rebal["t_start"],
+                          "hb_ms": phase_stats(samples, rebal["t_start"], rebal["t_formed"]),
+                          "loop_lag": lag_delta(lag3, lag4), "daemon_cpu_s": cpu3 - cpu2},
+        }
+        out["timeline_s"] = {f"{ph}_{k[2:]}": round(v - w0, 3) for ph, d in (("form", formed), ("rebal", rebal))
+                             for k, v in d.items() if k.startswith("t_") and v is not None}
+        out["formation_s_from_last_join"] = formed["t_formed"] - formed["t_last_join"]
+        out["formation_s_from_first_join"] = formed["t_formed"] - formed["t_start"]
+        out["minting_ids_s"] = formed["ids_s"]
+        out["rebalance_s_from_leave"] = rebal["t_formed"] - rebal["t_start"]
+        out["big_synced"] = [formed["synced"], rebal["synced"]]
+        out["leader_saw"] = [formed["leader_saw"], rebal["leader_saw"]]
+        out["big_errors"] = big.errors
+        out["loop_lag_max_s_before_big"] = lag0["max_s"]
+        out["loop_lag_max_s_end"] = lag4["max_s"]
+        out["heartbeat_window"] = {k: hb[k] for k in ("heartbeats", "latency_ms", "errors", "members_failed",
+                                                       "unanswered", "slow", "load_stalls", "load_cpu_util")}
+    if args.profile:
+        from bench import _profile
+
+        summary = _profile.summarize(spy.out_path, top=30)
+        summary["file"] = spy.out_path
+        out["profile"] = summary
+        print(_profile.render(summary, f"herd while a {n}-member group forms and rebalances"), file=sys.stderr)
+    ph = out["phases"]
+    p99 = max((ph[k]["hb_ms"]["p99"] or 0.0) for k in ("formation", "rebalance"))
+    over = ph["formation"]["loop_lag"]["over_100ms"] + ph["rebalance"]["loop_lag"]["over_100ms"]
+    out["checks"] = {
+        "hb_p99_ms": p99, "hb_p99_ok": p99 < TARGETS["hb_p99_ms"],
+        "hb_p99_ratio": p99 / TARGETS["hb_p99_ms"],
+        "loop_lag_over_100ms_in_big_phases": over,
+        "loop_lag_max_s": out["loop_lag_max_s_end"],
+        "loop_lag_ok": out["loop_lag_max_s_end"] < TARGETS["loop_lag_max_s"],
+        "loop_lag_ratio": out["loop_lag_max_s_end"] / TARGETS["loop_lag_max_s"],
+        "formation_s": out["formation_s_from_last_join"],
+        "formation_ok": out["formation_s_from_last_join"] < TARGETS["formation_s"],
+        "formation_ratio": out["formation_s_from_last_join"] / TARGETS["formation_s"],
+        "small_errors": sum(out["heartbeat_window"]["errors"].values()) + out["heartbeat_window"]["members_failed"],
+    }
+    return out
+
+
+def main(argv=None):
+    ap = U.arg_parser("bench.big_group", __doc__.strip().splitlines()[0],
+                      "a 1,000-member big group beside 100 small groups, shorter window")
+    ap.add_argument("--big", type=int, default=None, help="members of the big group (default 5000)")
+    ap.add_argument("--groups", type=int, default=None, help="small groups (default 1000)")
+    ap.add_argument("--members", type=int, default=10, help="members per small group")
+    ap.add_argument("--procs", type=int, default=2, help="load processes for the small groups")
+    ap.add_argument("--hb-interval", type=float, default=3.0)
+    ap.add_argument("--window", type=float, default=None, help="heartbeat window, s (must cover both phases)")
+    ap.add_argument("--baseline", type=float, default=6.0, help="seconds of small groups alone in the window")
+    ap.add_argument("--settle", type=float, default=3.0, help="seconds between formation and rebalance")
+    ap.add_argument("--session-timeout-ms", type=int, default=300_000, help="big group members' session")
+    ap.add_argument("--rebalance-timeout-ms", type=int, default=120_000)
+    ap.add_argument("--fsync", default="always")
+    ap.add_argument("--pin", action="store_true", help="the daemon on the first CPU, the load (this process "
+                    "and the small groups' processes) on the others, as bench.scale --pin")
+    ap.add_argument("--profile", default=None, help="directory: py-spy the daemon during the big group's phases")
+    ap.add_argument("--profile-rate", type=int, default=200)
+    ap.add_argument("--rev", default=None, help="run the daemon from this git revision (git archive), "
+                    "e.g. main for a before/after comparison; default: this tree")
+    args = U.parse(ap, argv, {"big": (1000, 5000), "groups": (100, 1000), "window": (25.0, 60.0)})
+    out = {"bench": "big_group", "params": vars(args), "machine": U.environment()}
+    out["run"] = run(args)
+    c = out["run"]["checks"]
+    ph = out["run"]["phases"]
+    text = "\n".join([
+        f"big group {args.big} beside {args.groups} x {args.members}: " + ", ".join(
+            f"{k}: {v['seconds']:.2f} s hb p99 {v['hb_ms']['p99']} max {v['hb_ms']['max']} ms, "
+            f"lag>100ms {v['loop_lag']['over_100ms']}" for k, v in ph.items()),
+        f"formation from last join {c['formation_s']:.2f} s, loop lag max {c['loop_lag_max_s']} s",
+    ])
+    U.emit(out, text)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

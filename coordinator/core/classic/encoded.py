@@ -1,0 +1,170 @@
+"""A big classic group's two large encodings, built from parts each member keeps encoded.
+
+The leader's JoinGroup answer lists every member's metadata and the GroupMetadata record lists
+every member's subscription and assignment: for a group of thousands, encoding those member by
+member is a long, single slice of the event loop on every rebalance (issue 31 item 4). A member's
+part changes only when the member does (its protocols on a rejoin with new metadata, the group's
+chosen protocol), so each member keeps its encoded part and the answer or record is the encoded
+head plus the concatenated parts (plus, in the record, each member's current assignment).
+
+A cached part is keyed by everything it is encoded from (a copy of the protocols and their
+metadata, compared by value: a rejoin with the same subscription reuses it), so it can never be
+stale; the tests compare the bytes with a fresh encode.
+"""
+from __future__ import annotations
+
+import struct
+
+from protocol import messages as M
+from protocol._base import _ENCODE_FAILURES
+from protocol.messages import GroupMetadataValue, JoinGroupResponse, JoinGroupResponseMember
+
+_I32 = struct.Struct(">i")
+
+# the member encoder of a JoinGroupResponse version (the member struct changes at v5 and v6)
+_JOIN_MEMBER_ENC = {v: (M._e_JoinGroupResponseMember_0 if v < 5 else
+                        M._e_JoinGroupResponseMember_5 if v == 5 else M._e_JoinGroupResponseMember_6)
+                    for v in range(JoinGroupResponse.MIN_VERSION, JoinGroupResponse.MAX_VERSION + 1)}
+_FLEXIBLE = JoinGroupResponse.FLEXIBLE_VERSION
+
+
+def _uvarint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+class LeaderJoinResponse(JoinGroupResponse):
+    """A JoinGroupResponse whose members were encoded by :func:`join_members` (``parts``, one per
+    entry of ``members``, for this ``version``): encoding copies them instead of encoding again.
+    Anything that changed ``members`` after it was built is encoded the ordinary way."""
+
+    __slots__ = ("parts", "parts_version", "parts_of")
+
+    def encode_into(self, out: bytearray, version: int) -> None:
+        members = self.members
+        if (self.parts is None or version != self.parts_version or self.unknown_tagged_fields
+                or members is not self.parts_of or len(members) != len(self.parts)):
+            super().encode_into(out, version)
+            return
+        self.members = []
+        try:
+            super().encode_into(out, version)  # the head, an empty member array (and no tags)
+        finally:
+            self.members = members
+        if version >= _FLEXIBLE:
+            del out[len(out) - 2:]  # compact array length 0+1, empty tagged fields
+            out += _uvarint(len(members) + 1)
+            out += b"".join(self.parts)
+            out += b"\x00"
+        else:
+            del out[len(out) - 4:]  # int32 array length 0
+            out += _I32.pack(len(members))
+            out += b"".join(self.parts)
+
+
+def _join_part(m, version: int, proto) -> bytes:
+    """A member's JoinGroupResponse entry for ``version`` and the group's protocol ``proto``, cached
+    as one flat tuple (what it encodes, then the bytes): few objects for the collector per member."""
+    iid = m.group_instance_id if version >= 5 else None
+    protocols = tuple(m.protocols)
+    c = m.join_enc
+    if (c is None or c[0] != version or c[1] != proto or c[2] != m.member_id or c[3] != iid
+            or c[4] != protocols):
+        buf = bytearray()
+        _JOIN_MEMBER_ENC[version](JoinGroupResponseMember(m.member_id, iid, m.metadata(proto)), buf)
+        c = m.join_enc = (version, proto, m.member_id, iid, protocols, bytes(buf))
+    return c[5]
+
+
+def warm(m, version: int) -> None:
+    """Encode a member's parts when it joins (a slice of its own JoinGroup), for its first protocol
+    (the group's, unless the members vote otherwise) and its request's version (the leader's
+    usually: one client library), so the join phase's end and the leader's SyncGroup reuse them."""
+    if not m.protocols:
+        return
+    proto = m.protocols[0][0]
+    try:
+        _join_part(m, version, proto)
+        record_member_head(m, proto)
+    except _ENCODE_FAILURES:
+        pass  # encoded (and refused) where it is used
+
+
+def join_members(group, version: int) -> tuple[list[JoinGroupResponseMember], list[bytes] | None]:
+    """The leader's member list and each entry's encoding for ``version``, from the members' caches
+    (None for the encodings when one cannot be encoded: the answer is then encoded, and fails, as
+    any other)."""
+    proto = group.protocol_name
+    v5 = version >= 5
+    members, parts = [], []
+    for m in group.members.values():
+        try:
+            c = _join_part(m, version, proto)
+        except _ENCODE_FAILURES:
+            parts = None
+            members.append(JoinGroupResponseMember(m.member_id, m.group_instance_id if v5 else None,
+                                                   m.metadata(proto)))
+            continue
+        members.append(JoinGroupResponseMember(m.member_id, m.group_instance_id if v5 else None,
+                                               m.metadata(proto)))
+        if parts is not None:
+            parts.append(c)
+    return members, parts
+
+
+def leader_join_response(version: int, error: int, member_id: str, generation: int, protocol_type,
+                         protocol_name, leader, group) -> JoinGroupResponse:
+    """What :func:`coordinator.core.responses.join_response` builds for the leader, with the members'
+    encoded parts attached."""
+    members, parts = join_members(group, version)
+    if version < 7:  # as join_response
+        protocol_name = protocol_name or ""
+        protocol_type = None
+    r = LeaderJoinResponse(error_code=error, generation_id=generation, protocol_type=protocol_type,
+                           protocol_name=protocol_name, leader=leader or "", skip_assignment=False,
+                           member_id=member_id, members=members)
+    r.parts, r.parts_version, r.parts_of = parts, version, members
+    return r
+
+
+_RECORD_VERSION = 3
+
+
+def record_member_head(m, proto: str | None) -> bytes:
+    """A member's GroupMetadataValue v3 entry up to (not including) its assignment, cached."""
+    key = (proto, m.member_id, m.group_instance_id, m.client_id, m.client_host, m.rebalance_timeout_ms,
+           m.session_timeout_ms, tuple(m.protocols))
+    c = m.record_enc
+    if c is not None and c[:8] == key:
+        return c[8]
+    entry = M.GroupMetadataValueMemberMetadata(
+        member_id=m.member_id, group_instance_id=m.group_instance_id, client_id=m.client_id,
+        client_host=m.client_host, rebalance_timeout=m.rebalance_timeout_ms, session_timeout=m.session_timeout_ms,
+        subscription=m.metadata(proto), assignment=b"")
+    buf = bytearray()
+    M._e_GroupMetadataValueMemberMetadata_3(entry, buf)
+    head = bytes(buf[:-4])  # without the empty assignment's int32 length
+    m.record_enc = key + (head,)  # one flat tuple: what it encodes, then the bytes
+    return head
+
+
+def group_record_value(head: GroupMetadataValue, members, assignment_of) -> bytes:
+    """The GroupMetadata record's value (version prefix included) for ``head`` (members empty) and
+    ``members`` (each with its ``assignment_of(member)`` bytes): what
+    ``records.group_metadata_value`` gives for the same value with every member listed."""
+    out = bytearray(struct.pack(">h", _RECORD_VERSION))
+    GroupMetadataValue._ENC[_RECORD_VERSION](head, out)
+    del out[len(out) - 4:]  # the empty member array's int32 length
+    out += _I32.pack(len(members))
+    proto = head.protocol
+    pack = _I32.pack
+    for m in members:
+        out += record_member_head(m, proto)
+        a = assignment_of(m)
+        out += pack(len(a))
+        out += a
+    return bytes(out)

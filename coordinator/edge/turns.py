@@ -1,0 +1,70 @@
+"""Rebalance requests yield to the rest when a loop turn is long (issue 31 item 4).
+
+Everything herd does happens on one event loop: when thousands of members of one group send their
+JoinGroup or SyncGroup at once (a big group forming or rebalancing), a single loop turn would
+handle them all, and every other connection's request (a small group's Heartbeat, a commit)
+waits for the whole burst. So a loop turn handles rebalance requests (JoinGroup, SyncGroup,
+LeaveGroup) for at most ``budget`` seconds; a connection whose next request is one of them after
+that waits in a FIFO, and each following turn first serves whatever arrived (heartbeats never
+wait here), then hands ``budget`` seconds to the waiting connections, oldest first.
+
+Nothing changes for a client but timing: a connection's requests are still handled and answered
+in order (a waiting connection handles nothing else meanwhile), and the members of a rebalance
+wait for one another anyway. Across connections Kafka promises no order.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+
+REBALANCE_APIS = frozenset({11, 13, 14})  # JoinGroup, LeaveGroup, SyncGroup
+TURN_BUDGET_S = 0.008
+
+_now = time.perf_counter
+
+
+class Turns:
+    def __init__(self, call_soon, budget: float = TURN_BUDGET_S, clock=_now):
+        self.call_soon = call_soon
+        self.budget = budget
+        self.clock = clock
+        self.open = False  # a turn is being measured (closed by the callback it scheduled)
+        self.start = 0.0
+        self.waiting: deque = deque()  # connections whose next request waits for a turn
+        self.deferred_total = 0
+
+    def spent(self) -> bool:
+        """Is this loop turn's budget for rebalance requests used up? The first call of a turn
+        starts measuring it (and schedules its end)."""
+        if not self.open:
+            self.open = True
+            self.start = self.clock()
+            self.call_soon(self._next_turn)
+            return False
+        return self.clock() - self.start > self.budget
+
+    def defers(self, conn, frame) -> bool:
+        """Must ``conn`` wait before handling ``frame`` (a request, header first)? If so it is
+        queued here and resumed (``conn.resume_turn()``) in a later turn."""
+        if conn.turn_pass:
+            conn.turn_pass = False
+            return False
+        if len(frame) < 2 or ((frame[0] << 8) | frame[1]) not in REBALANCE_APIS:
+            return False
+        if conn.turn_waiting:
+            return True
+        if not self.spent():
+            return False
+        conn.turn_waiting = True
+        self.waiting.append(conn)
+        self.deferred_total += 1
+        return True
+
+    def _next_turn(self) -> None:
+        self.open = False
+        waiting = self.waiting
+        while waiting and not self.spent():
+            conn = waiting.popleft()
+            conn.turn_waiting = False
+            conn.turn_pass = True  # its waiting request goes first
+            conn.resume_turn()

@@ -1,0 +1,93 @@
+"""Rebalance requests yield to the rest when a loop turn is long (coordinator/edge/turns.py,
+issue 31 item 4): the budget per turn, heartbeats never waiting, FIFO resumption, one request let
+through per resumed connection."""
+import struct
+
+from coordinator.edge.turns import Turns
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+class Conn:
+    def __init__(self, name, log):
+        self.name = name
+        self.turn_waiting = False
+        self.turn_pass = False
+        self.log = log
+
+    def resume_turn(self):
+        self.log.append(self.name)
+
+
+def frame(api_key: int) -> bytes:
+    return struct.pack(">hhi", api_key, 0, 1) + b"\x00\x00"
+
+
+JOIN, SYNC, LEAVE, HEARTBEAT, COMMIT = 11, 14, 13, 12, 8
+
+
+def make():
+    scheduled = []
+    clock = Clock()
+    return Turns(scheduled.append, budget=0.008, clock=clock), clock, scheduled
+
+
+def test_rebalance_requests_wait_once_the_turns_budget_is_spent_heartbeats_never():
+    turns, clock, scheduled = make()
+    log = []
+    a, b, c, hb = (Conn(n, log) for n in "abch")
+    assert not turns.defers(a, frame(JOIN))  # opens the turn
+    assert len(scheduled) == 1  # its end is scheduled
+    clock.t = 0.005
+    assert not turns.defers(b, frame(SYNC))  # within the budget
+    clock.t = 0.009
+    assert turns.defers(b, frame(JOIN)) and b.turn_waiting
+    assert turns.defers(c, frame(LEAVE))
+    assert not turns.defers(hb, frame(HEARTBEAT)) and not turns.defers(hb, frame(COMMIT))
+    assert turns.defers(b, frame(JOIN))  # still waiting: its later requests too
+    assert list(turns.waiting) == [b, c] and turns.deferred_total == 2
+
+
+def test_the_next_turn_resumes_waiting_connections_in_order_within_its_budget():
+    turns, clock, scheduled = make()
+    log = []
+    conns = [Conn(str(i), log) for i in range(4)]
+    turns.defers(conns[0], frame(JOIN))
+    clock.t = 0.010
+    for c in conns[1:]:
+        assert turns.defers(c, frame(JOIN))
+
+    def slow_resume(self):
+        log.append(self.name)
+        clock.t += 0.005  # each resumed request costs 5 ms
+
+    for c in conns:
+        c.resume_turn = slow_resume.__get__(c)
+    end = scheduled.pop()
+    end()  # the next loop turn: 8 ms for the waiting ones
+    assert log == ["1", "2"]
+    assert conns[1].turn_pass and not conns[1].turn_waiting
+    assert list(turns.waiting) == [conns[3]]
+    # a resumed connection's waiting request goes through once, whatever the budget
+    assert not turns.defers(conns[1], frame(JOIN)) and not conns[1].turn_pass
+    late = Conn("late", log)
+    assert turns.defers(late, frame(JOIN))  # the budget of this turn is spent: it waits
+    assert list(turns.waiting) == [conns[3], late]
+    late.resume_turn = slow_resume.__get__(late)
+    scheduled.pop()()  # the turn after
+    assert log[-2:] == ["3", "late"] and not turns.waiting
+
+
+def test_a_short_or_raw_frame_is_never_deferred():
+    turns, clock, _ = make()
+    c = Conn("x", [])
+    turns.defers(c, frame(JOIN))
+    clock.t = 1.0
+    assert not turns.defers(c, b"\x00")
+    assert turns.defers(c, frame(JOIN))
