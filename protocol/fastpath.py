@@ -8,6 +8,11 @@ The daemon answers its two most frequent requests without building request or re
   recognised from its bytes (:func:`parse_steady_consumer_heartbeat`) and the answer written from
   the request's own group-id bytes (:func:`steady_consumer_heartbeat_answer`).
 
+and reads an OffsetCommit request of the flexible versions in one function
+(:func:`decode_offset_commit_request`: the generated classes, built without a call per
+partition) and encodes its answer (a partition is six bytes, seven when flexible) without the
+generic per-object encoder (:func:`encode_offset_commit_response`).
+
 Everything here is checked byte for byte against the generated classes of ``protocol.messages``
 (tests/protocol/test_fastpath.py). Pure: no I/O.
 """
@@ -19,7 +24,8 @@ from protocol import messages as m
 from protocol.headers import response_header_version
 
 __all__ = ["FRAME_HEAD", "header_tails", "heartbeat_tail", "encode_heartbeat_body",
-           "parse_steady_consumer_heartbeat", "steady_consumer_heartbeat_answer"]
+           "parse_steady_consumer_heartbeat", "steady_consumer_heartbeat_answer", "encode_offset_commit_response",
+           "decode_offset_commit_request"]
 
 FRAME_HEAD = struct.Struct(">ii")  # frame size, correlation id
 _II = struct.Struct(">ii")
@@ -97,3 +103,162 @@ def steady_consumer_heartbeat_answer(frame: bytes, member_span: tuple[int, int],
     heartbeat interval, no assignment. The same bytes at v0 and v1."""
     start, end = member_span
     return b"".join((_CG_OK_HEAD, frame[start:end], _II.pack(epoch, interval_ms), _CG_OK_END))
+
+
+# ---- OffsetCommit's answer ----------------------------------------------------------------------
+
+_I16 = struct.Struct(">h")
+_PART = struct.Struct(">ih").pack  # partition index, error code
+_PART_FLEX = struct.Struct(">ihB").pack  # the same, then no tagged fields
+_OffsetCommitResponse = m.OffsetCommitResponse
+_FLEXIBLE = m.OffsetCommitResponse.FLEXIBLE_VERSION
+
+
+def _uvarint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_UV = tuple(_uvarint(n) for n in range(128))
+
+
+def encode_offset_commit_response(response, version: int) -> bytes | None:
+    """The body of ``response`` (an OffsetCommitResponse) at ``version``, as its generated
+    ``encode`` writes it; None when it carries anything but what herd sends (unknown tagged
+    fields, a null or over-long name, a field out of range): the generated encoder then writes or
+    refuses it."""
+    if response.unknown_tagged_fields:
+        return None
+    topics = response.topics
+    if topics is None:
+        return None
+    parts_out = []
+    add = parts_out.append
+    try:
+        if version >= 3:
+            add(_I32.pack(response.throttle_time_ms))
+        if version >= _FLEXIBLE:
+            n = len(topics) + 1
+            add(_UV[n] if n < 128 else _uvarint(n))
+            for t in topics:
+                name, partitions = t.name, t.partitions
+                if t.unknown_tagged_fields or name is None or partitions is None:
+                    return None
+                b = name.encode()
+                if len(b) > 0x7FFF:
+                    return None
+                n = len(b) + 1
+                add(_UV[n] if n < 128 else _uvarint(n))
+                add(b)
+                n = len(partitions) + 1
+                add(_UV[n] if n < 128 else _uvarint(n))
+                for p in partitions:
+                    if p.unknown_tagged_fields:
+                        return None
+                    add(_PART_FLEX(p.partition_index, p.error_code, 0))
+                add(b"\x00")
+            add(b"\x00")
+        else:
+            add(_I32.pack(len(topics)))
+            for t in topics:
+                name, partitions = t.name, t.partitions
+                if name is None or partitions is None:
+                    return None
+                b = name.encode()
+                add(_I16.pack(len(b)))
+                add(b)
+                add(_I32.pack(len(partitions)))
+                for p in partitions:
+                    add(_PART(p.partition_index, p.error_code))
+    except (struct.error, UnicodeEncodeError, TypeError, AttributeError):
+        return None
+    return b"".join(parts_out)
+
+
+# ---- OffsetCommit's request (flexible versions) ----------------------------------------------------
+
+_PART_HEAD = struct.Struct(">iqi").unpack_from  # partition index, offset, leader epoch
+_OffsetCommitRequest = m.OffsetCommitRequest
+_OCPartition = m.OffsetCommitRequestPartition
+_OCTopic = m.OffsetCommitRequestTopic
+_COMMIT_VERSIONS = (8, 9)  # the flexible ones; a new version is added here once its layout is checked
+
+
+def decode_offset_commit_request(frame: bytes, pos: int, version: int):
+    """The OffsetCommitRequest (v8+) whose body is ``frame[pos:]`` to its end, equal to what the
+    generated ``decode_from`` builds, when it has the usual shape: every string and array shorter
+    than 127 (one length byte), no tagged field anywhere; None for anything else, malformed or
+    not: the generated decoder then reads it or says what is wrong."""
+    if version not in _COMMIT_VERSIONS:
+        return None
+    try:
+        n = frame[pos] - 1
+        if not 0 <= n < 127:
+            return None
+        end = pos + 1 + n
+        group_id = frame[pos + 1:end].decode()
+        generation = _I32.unpack_from(frame, end)[0]
+        pos = end + 4
+        n = frame[pos] - 1
+        if not 0 <= n < 127:
+            return None
+        end = pos + 1 + n
+        member_id = frame[pos + 1:end].decode()
+        pos = end
+        n = frame[pos] - 1
+        if n < 0:
+            instance_id = None
+            pos += 1
+        elif n < 127:
+            end = pos + 1 + n
+            instance_id = frame[pos + 1:end].decode()
+            pos = end
+        else:
+            return None
+        n_topics = frame[pos] - 1
+        if not 0 <= n_topics < 127:
+            return None
+        pos += 1
+        topics = []
+        for _ in range(n_topics):
+            n = frame[pos] - 1
+            if not 0 <= n < 127:
+                return None
+            end = pos + 1 + n
+            name = frame[pos + 1:end].decode()
+            pos = end
+            n_parts = frame[pos] - 1
+            if not 0 <= n_parts < 127:
+                return None
+            pos += 1
+            partitions = []
+            add = partitions.append
+            for _ in range(n_parts):
+                index, offset, epoch = _PART_HEAD(frame, pos)
+                n = frame[pos + 16] - 1
+                if n < 0:
+                    metadata = None
+                    pos += 17
+                elif n < 127:
+                    end = pos + 17 + n
+                    metadata = frame[pos + 17:end].decode()
+                    pos = end
+                else:
+                    return None
+                if frame[pos]:  # tagged fields
+                    return None
+                pos += 1
+                add(_OCPartition(index, offset, epoch, -1, metadata))
+            if frame[pos]:
+                return None
+            pos += 1
+            topics.append(_OCTopic(name, partitions))
+        if frame[pos] or pos + 1 != len(frame):
+            return None
+    except (IndexError, struct.error, UnicodeDecodeError):
+        return None
+    return _OffsetCommitRequest(group_id, generation, member_id, instance_id, -1, topics)

@@ -23,6 +23,23 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def _children_get_default_signals() -> None:
+    """A run started in the background of a script (SIGINT ignored) or under nohup (SIGHUP ignored)
+    passes that to every process a test starts: a Python program then never gets its
+    KeyboardInterrupt on the test's Ctrl-C, and herd keeps an ignored SIGHUP ignored, as designed
+    (nohup). A signal this process handles is reset to its default in a child at exec, so a
+    handler that does nothing keeps this run as deaf to them as it was started and gives the
+    children the defaults the tests assume."""
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        if signal.getsignal(sig) == signal.SIG_IGN:
+            signal.signal(sig, lambda *_: None)
+
+
+_children_get_default_signals()
 KAFKAJS_PACKAGE = REPO / "tests" / "conformance" / "js" / "node_modules" / "kafkajs" / "package.json"
 
 

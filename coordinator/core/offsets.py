@@ -160,6 +160,8 @@ class Offsets:
         sid = self.shard_id
         pack_partition = records.pack_partition
         value_bytes = records.offset_value
+        v3_head = records.V3_HEAD.pack if expire == -1 else None
+        v3 = records.OFFSET_COMMIT_VALUE_VERSION
         place = self._place
         committed = _COMMITTED
         n_committed = len(committed)
@@ -187,9 +189,10 @@ class Offsets:
                     last_meta, last_ts = meta, ts
                     tail = records.offset_value_tail(meta, ts, expire)
                 idx = p.partition_index
-                # a v1 record (explicit expiry) has no leader epoch
-                raw = value_bytes(p.committed_offset, p.committed_leader_epoch if version >= 6 else -1, tail,
-                                  expire)
+                if v3_head is not None:  # records.offset_value's v3 record, inlined (the usual case)
+                    raw = v3_head(v3, p.committed_offset, p.committed_leader_epoch if version >= 6 else -1) + tail
+                else:  # a v1 record (explicit expiry) has no leader epoch
+                    raw = value_bytes(p.committed_offset, -1, tail, expire)
                 writes.append((sid, prefix + pack_partition(idx), raw))
                 if stored is None:
                     stored = place(gid, name, raw)

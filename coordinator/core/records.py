@@ -57,7 +57,7 @@ GROUP_METADATA_VALUE_VERSION = 3
 _I16 = struct.Struct(">h")
 _KEY_PREFIX = _I16.pack(OFFSET_COMMIT)
 _I32 = struct.Struct(">i")
-_V3_HEAD = struct.Struct(">hqi")  # version, offset, leader_epoch
+_V3_HEAD = V3_HEAD = struct.Struct(">hqi")  # version, offset, leader_epoch (offset_value's, inlined by offsets.py)
 _V1_HEAD = struct.Struct(">hq")  # version, offset
 _I64 = struct.Struct(">q")
 _I64_I64 = struct.Struct(">qq")
@@ -84,8 +84,21 @@ def offset_commit_key(group: str, topic: str, partition: int) -> bytes:
 
 
 def offset_key_prefix(group: str, topic: str) -> bytes:
-    """Everything of an offset-commit key but the partition (for many partitions of one topic)."""
-    return b"".join((_KEY_PREFIX, _str16(group), _str16(topic)))
+    """Everything of an offset-commit key but the partition (for many partitions of one topic).
+    Remembered per (group, topic): a group commits the same topics again and again (a pure
+    function's memo, bounded: emptied when it reaches ``_PREFIXES_MAX``)."""
+    names = (group, topic)
+    prefix = _PREFIXES.get(names)
+    if prefix is None:
+        prefix = b"".join((_KEY_PREFIX, _str16(group), _str16(topic)))
+        if len(_PREFIXES) >= _PREFIXES_MAX:
+            _PREFIXES.clear()
+        _PREFIXES[names] = prefix
+    return prefix
+
+
+_PREFIXES: dict[tuple[str, str], bytes] = {}
+_PREFIXES_MAX = 16384
 
 
 pack_partition = _I32.pack

@@ -68,6 +68,10 @@ _heartbeat_tail = fastpath.heartbeat_tail
 _encode_heartbeat_body = fastpath.encode_heartbeat_body
 _parse_steady = fastpath.parse_steady_consumer_heartbeat
 _steady_answer = fastpath.steady_consumer_heartbeat_answer
+_OffsetCommitResponse = m.OffsetCommitResponse
+_encode_offset_commit = fastpath.encode_offset_commit_response
+_decode_commit = fastpath.decode_offset_commit_request
+OFFSET_COMMIT = m.OffsetCommitRequest.API_KEY
 HEARTBEAT = 12
 JOIN_GROUP = m.JoinGroupRequest.API_KEY
 PENDING_IDS_KEPT = 32  # MEMBER_ID_REQUIRED ids remembered per connection (normally one at a time)
@@ -152,12 +156,18 @@ def _decode_whole(cls, frame: bytes, pos: int, version: int):
 
 def _encode_body(out: bytearray, response, version: int) -> None:
     """Append the encoded response. A plain HeartbeatResponse (no throttle, no unknown tagged
-    fields: what herd sends) is the same few bytes for a given version and error code: cached."""
-    if type(response) is _HeartbeatResponse and not response.throttle_time_ms \
-            and not response.unknown_tagged_fields:
+    fields: what herd sends) is the same few bytes for a given version and error code: cached. An
+    OffsetCommit answer: ``fastpath.encode_offset_commit_response`` (None: the generic way)."""
+    kind = type(response)
+    if kind is _OffsetCommitResponse:
+        body = _encode_offset_commit(response, version)
+        if body is not None:
+            out += body
+            return
+    elif kind is _HeartbeatResponse and not response.throttle_time_ms and not response.unknown_tagged_fields:
         out += _encode_heartbeat_body(version, response.error_code)
-    else:
-        response.encode_into(out, version)
+        return
+    response.encode_into(out, version)
 
 
 class Reply:
@@ -499,11 +509,13 @@ class Connection(asyncio.Protocol):
             self.sasl_not_expected(api_key, version, correlation_id, client_id, frame, pos)
             return
         cls = _REQUESTS[api_key]
-        try:
-            request = _decode_whole(cls, frame, pos, version)
-        except ProtocolError as exc:
-            self.fail(f"malformed {cls.NAME} v{version}", exc, client_id=client_id)
-            return
+        request = _decode_commit(frame, pos, version) if api_key == OFFSET_COMMIT else None  # None: the codec's way
+        if request is None:
+            try:
+                request = _decode_whole(cls, frame, pos, version)
+            except ProtocolError as exc:
+                self.fail(f"malformed {cls.NAME} v{version}", exc, client_id=client_id)
+                return
         token = self.inflight = Reply(self, correlation_id, api_key, version, request)
         gate = self.server.gate
         if gate is not None:  # the one authorization point (coordinator/core/auth/gate.py)

@@ -89,3 +89,117 @@ def test_arbitrary_bytes_never_raise(junk, version):
         decoded, end = CGHB.decode_from(junk, 0, version)
         assert end == len(junk)
         assert (decoded.group_id, decoded.member_id, decoded.member_epoch) == result[:3]
+
+
+# ---- OffsetCommit's answer ------------------------------------------------------------------------
+
+OCR = m.OffsetCommitResponse
+names = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=0, max_size=30)
+commit_answers = st.builds(
+    OCR, throttle_time_ms=st.integers(0, 2**31 - 1),
+    topics=st.lists(st.builds(m.OffsetCommitResponseTopic, name=names, partitions=st.lists(st.builds(
+        m.OffsetCommitResponsePartition, partition_index=st.integers(-2**31, 2**31 - 1),
+        error_code=st.sampled_from([E.NONE, E.OFFSET_METADATA_TOO_LARGE, E.STALE_MEMBER_EPOCH,
+                                    E.UNKNOWN_TOPIC_OR_PARTITION, E.ILLEGAL_GENERATION, -1, 32767])),
+        max_size=140)), max_size=4))
+
+
+@given(response=commit_answers, version=st.integers(0, OCR.MAX_VERSION))
+def test_an_offset_commit_answer_is_encoded_as_the_codec_would(response, version):
+    assert fastpath.encode_offset_commit_response(response, version) == response.encode(version)
+
+
+def test_an_offset_commit_answer_of_many_topics_uses_a_long_varint():
+    topics = [m.OffsetCommitResponseTopic(f"t{i}", [m.OffsetCommitResponsePartition(p, 0) for p in range(130)])
+              for i in range(130)]
+    response = OCR(topics=topics)
+    for version in (0, 3, 8, 9):
+        assert fastpath.encode_offset_commit_response(response, version) == response.encode(version)
+
+
+@pytest.mark.parametrize("change", ["response_tags", "topic_tags", "partition_tags", "null_name", "long_name",
+                                    "null_partitions", "index_out_of_range"])
+def test_an_offset_commit_answer_the_shortcut_does_not_know_goes_the_generic_way(change):
+    part = m.OffsetCommitResponsePartition(0, 0)
+    topic = m.OffsetCommitResponseTopic("t", [part])
+    response = OCR(topics=[topic])
+    if change == "response_tags":
+        response.unknown_tagged_fields = [(5, b"x")]
+    elif change == "topic_tags":
+        topic.unknown_tagged_fields = [(5, b"x")]
+    elif change == "partition_tags":
+        part.unknown_tagged_fields = [(5, b"x")]
+    elif change == "null_name":
+        topic.name = None
+    elif change == "long_name":
+        topic.name = "x" * 0x8000
+    elif change == "null_partitions":
+        topic.partitions = None
+    else:
+        part.partition_index = 2**31
+    assert fastpath.encode_offset_commit_response(response, 9) is None
+
+
+# ---- OffsetCommit's request -----------------------------------------------------------------------
+
+OCQ = m.OffsetCommitRequest
+short = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40)
+commit_partitions = st.builds(
+    m.OffsetCommitRequestPartition, partition_index=st.integers(-2**31, 2**31 - 1),
+    committed_offset=st.integers(-2**63, 2**63 - 1), committed_leader_epoch=st.integers(-2**31, 2**31 - 1),
+    committed_metadata=st.one_of(st.none(), short, st.text(min_size=100, max_size=300)))
+commit_requests = st.builds(
+    OCQ, group_id=st.one_of(short, st.text(min_size=120, max_size=200)),
+    generation_id_or_member_epoch=st.integers(-2**31, 2**31 - 1),
+    member_id=st.one_of(short, st.text(min_size=120, max_size=200)), group_instance_id=st.one_of(st.none(), short),
+    topics=st.lists(st.builds(m.OffsetCommitRequestTopic, name=short,
+                              partitions=st.lists(commit_partitions, max_size=20)), max_size=4))
+
+
+def _usual(request: OCQ) -> bool:
+    """Every string and array short enough for one length byte."""
+    fits = lambda s: s is None or len(s.encode()) < 127  # noqa: E731
+    return (fits(request.group_id) and fits(request.member_id) and fits(request.group_instance_id)
+            and len(request.topics) < 127 and all(
+                fits(t.name) and len(t.partitions) < 127 and all(fits(p.committed_metadata) for p in t.partitions)
+                for t in request.topics))
+
+
+@given(request=commit_requests, version=st.sampled_from([8, 9]))
+def test_an_offset_commit_request_is_read_as_the_codec_reads_it(request, version):
+    frame, pos = request_frame(request, version)
+    generated, end = OCQ.decode_from(frame, pos, version)
+    assert end == len(frame)
+    fast = fastpath.decode_offset_commit_request(frame, pos, version)
+    if _usual(request):
+        assert fast == generated
+    else:
+        assert fast is None or fast == generated
+
+
+@given(request=commit_requests, version=st.sampled_from([8, 9]), data=st.data())
+def test_a_cut_or_padded_offset_commit_request_is_left_to_the_codec(request, version, data):
+    frame, pos = request_frame(request, version)
+    cut = data.draw(st.integers(pos, len(frame) - 1))
+    assert fastpath.decode_offset_commit_request(frame[:cut], pos, version) is None
+    assert fastpath.decode_offset_commit_request(frame + b"\x00", pos, version) is None
+
+
+def test_offset_commit_requests_the_shortcut_does_not_read():
+    part = m.OffsetCommitRequestPartition(0, 5, -1, -1, "")
+    plain = OCQ(group_id="g", generation_id_or_member_epoch=1, member_id="m",
+                topics=[m.OffsetCommitRequestTopic("t", [part])])
+    for version in range(8):  # the non-flexible versions
+        frame, pos = request_frame(plain, version)
+        assert fastpath.decode_offset_commit_request(frame, pos, version) is None
+    for tagged in (plain, plain.topics[0], part):
+        tagged.unknown_tagged_fields = [(3, b"x")]
+        frame, pos = request_frame(plain, 9)
+        assert fastpath.decode_offset_commit_request(frame, pos, 9) is None
+        assert OCQ.decode_from(frame, pos, 9)[0] == plain
+        tagged.unknown_tagged_fields = None
+    frame, pos = request_frame(plain, 9)
+    bad = bytearray(frame)
+    bad[pos + 1] = 0xFF  # the group id is not UTF-8
+    assert fastpath.decode_offset_commit_request(bytes(bad), pos, 9) is None
+    assert fastpath.decode_offset_commit_request(frame, pos, 9) == plain

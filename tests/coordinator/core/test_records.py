@@ -179,3 +179,24 @@ def test_every_value_version_replays_to_the_same_memory():
         assert records.offset_value_fields(stored) == fields
         assert stored == records.offset_commit_value(*fields)
         assert gc.group_offsets("g")["t"][0]["offset"] == 7
+
+
+@given(group=st.text(max_size=30), topic=st.text(max_size=30), partition=st.integers(-2**31, 2**31 - 1))
+def test_the_remembered_key_prefix_is_the_generated_key(group, topic, partition):
+    first = records.offset_key_prefix(group, topic)
+    again = records.offset_key_prefix(group, topic)  # from the memo
+    assert first == again
+    assert first + records.pack_partition(partition) == generated_key(1, OffsetCommitKey(group, topic, partition))
+
+
+def test_the_key_prefix_memo_is_bounded_and_refuses_what_a_record_cannot_hold(monkeypatch):
+    monkeypatch.setattr(records, "_PREFIXES", {})
+    monkeypatch.setattr(records, "_PREFIXES_MAX", 3)
+    for i in range(10):
+        assert records.offset_key_prefix(f"g{i}", "t") == generated_key(1, OffsetCommitKey(f"g{i}", "t", 0))[:-4]
+        assert len(records._PREFIXES) <= 3
+    with pytest.raises(records.RecordError):
+        records.offset_key_prefix("g", "x" * 0x8000)
+    with pytest.raises(records.RecordError):  # refused again: never remembered
+        records.offset_key_prefix("g", "x" * 0x8000)
+    assert ("g", "x" * 0x8000) not in records._PREFIXES

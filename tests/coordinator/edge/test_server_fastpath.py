@@ -21,6 +21,7 @@ from coordinator.ops.metrics import Counter, Histogram, RequestStats
 from coordinator.runtime import Runtime
 from coordinator.store.filelog import LogStore
 from protocol import errors as E
+from protocol import fastpath
 from protocol import messages as m
 from protocol.headers import decode_response_header, encode_request_header
 
@@ -600,3 +601,67 @@ def test_heartbeats_of_every_version_are_answered_in_place_with_the_codecs_bytes
             edge.runtime._closing = False
 
     run(main())
+
+
+def _commit_scenario(tmp_path: Path) -> tuple[bytes, list]:
+    """Commits of every kind pipelined on one connection, then fetches: -> (every byte answered,
+    the commits' per-partition error codes)."""
+    P = m.OffsetCommitRequestPartition
+
+    def commit(group_id, generation, member_id, parts, tagged=None, long_topic=False):
+        topics = [m.OffsetCommitRequestTopic(name="t", partitions=parts),
+                  m.OffsetCommitRequestTopic(name="u" * (130 if long_topic else 3), partitions=parts[:1])]
+        return m.OffsetCommitRequest(group_id=group_id, generation_id_or_member_epoch=generation, member_id=member_id,
+                                     topics=topics, unknown_tagged_fields=tagged)
+
+    plain = [P(0, 5, -1, -1, None), P(1, 6, 0, -1, ""), P(2, 7, 7, -1, "meta"), P(3, 8, 2, -1, "é" * 40)]
+    big = [P(0, 9, 3, -1, "x" * 200), P(1, 10, -1, -1, "y" * 100), P(2, 11, -1, -1, "z" * 101)]
+
+    async def main():
+        async with Edge(tmp_path / "log", offset_metadata_max_bytes=100) as edge:
+            hb = await edge.member("g")
+            conn, tr = edge.connect()
+            reqs = [(commit("s1", -1, "", plain), 9), (commit("s1", -1, "", big), 8),
+                    (commit("s1", -1, "", plain, long_topic=True), 9),
+                    (commit("g", hb.generation_id, hb.member_id, plain), 9),
+                    (commit("g", hb.generation_id + 1, hb.member_id, plain), 9),
+                    (commit("g", hb.generation_id, "nobody", plain), 8),
+                    (commit("s2", -1, "", plain, tagged=[(7, b"x")]), 9),
+                    (commit("s2", -1, "", big), 7)]
+            fetches = [m.OffsetFetchRequest(group_id=g, topics=None) for g in ("s1", "s2", "g")]
+            data = b"".join(frame(r, v, i) for i, (r, v) in enumerate(reqs))
+            data += b"".join(frame(f, 7, 100 + i) for i, f in enumerate(fetches))
+            conn.data_received(data)
+            await until(lambda: len(answers(bytes(tr.data))) == len(reqs) + len(fetches), tr)
+            bodies = answers(bytes(tr.data))
+            codes = [[p.error_code for t in decode(b, 8, v)[1].topics for p in t.partitions]
+                     for b, (_, v) in zip(bodies[:len(reqs)], reqs, strict=True)]
+            return bytes(tr.data), codes
+
+    (tmp_path / "log").mkdir(parents=True)
+    return run(main())
+
+
+def test_offset_commits_answer_the_same_bytes_with_and_without_the_fast_paths(tmp_path, monkeypatch):
+    """The edge's OffsetCommit shortcuts (protocol.fastpath's decoder and answer encoder) against
+    the generated codec, played through the whole daemon: errors per partition, null and big
+    metadata, leader epochs, stale generations, unknown members, tagged fields, old versions."""
+    from coordinator.edge import server
+    read_fast = []
+
+    def decode_commit(frame, pos, version):
+        request = fastpath.decode_offset_commit_request(frame, pos, version)
+        read_fast.append(request is not None)
+        return request
+
+    monkeypatch.setattr(server, "_decode_commit", decode_commit)
+    fast, codes = _commit_scenario(tmp_path / "fast")
+    E_BIG, E_GEN, E_MEMBER = E.OFFSET_METADATA_TOO_LARGE, E.ILLEGAL_GENERATION, E.UNKNOWN_MEMBER_ID
+    assert codes == [[0] * 5, [E_BIG, 0, E_BIG, E_BIG], [0] * 5, [0] * 5, [E_GEN] * 5, [E_MEMBER] * 5, [0] * 5,
+                     [E_BIG, 0, E_BIG, E_BIG]]
+    # the shortcut read the usual ones; big metadata, a long name, tagged fields, v7: the codec
+    assert read_fast == [True, False, False, True, True, True, False, False]
+    monkeypatch.setattr(server, "_decode_commit", lambda frame, pos, version: None)
+    monkeypatch.setattr(server, "_encode_offset_commit", lambda response, version: None)
+    generic, _ = _commit_scenario(tmp_path / "generic")
+    assert fast == generic
