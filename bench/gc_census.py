@@ -1,6 +1,6 @@
 """How many GC-tracked objects herd's long-lived state holds, per member, connection and offset.
 
-``python -m bench.gc_census [--n 2000]``
+``python -m bench.gc_census [--n 1000] [--daemon 2000]``
 
 A full collection (``GcWatch.walk_all``) walks every tracked object, so its pause is the count
 below times ~0.3 us. This builds real state in-process with the tests' manual-clock harnesses (the

@@ -1,5 +1,6 @@
 """Loaded by a daemon started by ``bench.gc_census --daemon`` (on its PYTHONPATH): on SIGUSR1 the
-process writes every GC-tracked object's type count (frozen ones included) to $HERD_GC_CENSUS."""
+process writes every GC-tracked object's type count (frozen ones included) to $HERD_GC_CENSUS;
+on SIGUSR2 it runs one gcwatch.fork_check and writes its answer to $HERD_GC_CENSUS.check."""
 import os
 
 if os.environ.get("HERD_GC_CENSUS"):
