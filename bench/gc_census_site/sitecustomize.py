@@ -25,7 +25,6 @@ if os.environ.get("HERD_GC_CENSUS"):
     signal.signal(signal.SIGUSR1, _census)
 
     def _check(_sig, _frame):  # SIGUSR2: one gcwatch.fork_check, its answer to $HERD_GC_CENSUS.check
-        import threading
         import traceback
 
         from coordinator.ops.gcwatch import fork_check
