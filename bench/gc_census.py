@@ -12,7 +12,6 @@ server's connection set.
 """
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import sys
@@ -144,22 +143,26 @@ def daemon_census(k: int) -> dict:
     return res
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.gc_census", description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=1000)
-    ap.add_argument("--daemon", type=int, default=0, help="also a real daemon with this many connections/members")
-    args = ap.parse_args(argv)
-    import logging
-    logging.disable(logging.CRITICAL)
+def main(argv=None):
+    from bench import _util as U
+
+    ap = U.arg_parser("bench.gc_census", __doc__.splitlines()[0],
+                      "100 of each in process and no daemon (default: 1,000, and a daemon with 2,000)")
+    ap.add_argument("--n", type=int, default=None, help="members, offsets: n and 2n built in process")
+    ap.add_argument("--daemon", type=int, default=None,
+                    help="a real daemon with this many connections, then members (0: none)")
+    args = U.parse(ap, argv, {"n": (100, 1000), "daemon": (0, 2000)})
+    from coordinator import logging_setup
+
+    logging_setup.configure("error", "console", sys.stderr)  # the harnesses' groups log each rebalance
     out = {"n": args.n, "classic_member_big_group": per_unit(classic, args.n),
            "classic_member_groups_of_10": per_unit(classic_small, args.n),
            "committed_offset": per_unit(offsets, args.n),
            "kip848_member": per_unit(kip848, args.n)}
     if args.daemon:
         out["daemon"] = daemon_census(args.daemon)
-    print(json.dumps(out, indent=1))
-    return 0
+    U.emit({"bench": "gc_census", "machine": U.environment(), "run": out})
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main(sys.argv[1:])
