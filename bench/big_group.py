@@ -215,14 +215,16 @@ def daemon_events(herd, w0_wall: float) -> list:
     from datetime import datetime
 
     out = []
-    for ev in ("loop.lag", "loop.stall", "gc.pause", "gc.walked_all"):
+    for ev in ("loop.lag", "loop.stall", "gc.pause", "gc.walked_all", "gc.checked_frozen", "gc.check_walks",
+               "gc.check_failed"):
         for e in herd.log_events(ev):
             try:
                 t = datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00")).timestamp() - w0_wall
             except (KeyError, ValueError):
                 t = None
-            ms = e.get("lag_ms", e.get("stall_ms", e.get("pause_ms")))
-            out.append([round(t, 2) if t is not None else None, ev, ms])
+            ms = e.get("lag_ms", e.get("stall_ms", e.get("pause_ms", e.get("unreachable", e.get("error")))))
+            out.append([round(t, 2) if t is not None else None, ev, ms, e.get("frozen", e.get("frozen_before"))]
+                       + ([e["fork_ms"]] if "fork_ms" in e else []))
     return sorted(out, key=lambda x: (x[0] is None, x[0] or 0))[:100]
 
 

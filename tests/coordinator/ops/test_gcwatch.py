@@ -126,3 +126,153 @@ def test_the_frozen_set_is_not_counted_after_every_collection_only_when_it_may_h
     assert g.counts == counted + 2 and scheduled == [w.walk_all]
     assert "herd_gc_frozen_objects 2200" in "\n".join(w.metric_lines())
     w.uninstall()
+
+
+# ---- the frozen set checked off the loop (fork_check) ----------------------------------------------
+
+import os  # noqa: E402
+import socket  # noqa: E402
+import threading  # noqa: E402
+
+from coordinator.ops.gcwatch import fork_check  # noqa: E402
+
+
+def _doubled(g, w):
+    g.live = 2 * w.baseline + w.min_growth + 1 - g.frozen
+    g.collection(2)
+
+
+def test_a_doubling_is_checked_elsewhere_and_no_walk_happens_here_when_the_check_finds_no_garbage():
+    g = FakeGc(frozen=1000)
+    scheduled, checks = [], []
+    w = GcWatch(min_growth=100, schedule=scheduled.append, gc_module=g, check=checks.append).install()
+    _doubled(g, w)  # 2,101 frozen
+    assert scheduled == [w.check_frozen] and checks == []
+    scheduled.pop()()
+    assert len(checks) == 1 and "unfreeze" not in g.calls
+    g.live = 5
+    g.collection(0)
+    assert scheduled == []  # one check at a time
+    checks.pop()(3)  # the child found 3 unreachable objects: <= 1% of 2,101
+    assert "unfreeze" not in g.calls and w.walks == 0 and w.checks == 1 and w.baseline == 2101
+    assert w.last_check == {"unreachable": 3, "frozen": 2101}
+    g.live = 1000  # 3,106 < 2 * 2,101 + 100: no check yet (growth counts from the checked size)
+    g.collection(2)
+    assert scheduled == []
+    _doubled(g, w)
+    assert scheduled == [w.check_frozen]
+    lines = "\n".join(w.metric_lines())
+    assert "herd_gc_frozen_checks_total 1" in lines and "herd_gc_full_walks_total 0" in lines
+    w.uninstall()
+
+
+@pytest.mark.parametrize("found", [22, None])  # more than 1% of the frozen set, or no answer
+def test_garbage_found_by_the_check_or_a_failed_check_means_a_walk_of_everything_here(found):
+    g = FakeGc(frozen=1000)
+    scheduled, checks = [], []
+    w = GcWatch(min_growth=100, schedule=scheduled.append, gc_module=g, check=checks.append).install()
+    _doubled(g, w)
+    scheduled.pop()()
+    g.garbage_among_frozen = 22
+    checks.pop()(found)
+    assert g.calls[-3:] == ["unfreeze", "collect", "freeze"] and w.walks == 1 and w.checks == 0
+    assert w.baseline == 2101 - 22 == g.frozen
+    _doubled(g, w)
+    assert scheduled == [w.check_frozen]  # checks go on after the walk
+    w.uninstall()
+
+
+def test_a_check_that_cannot_start_falls_back_to_the_walk():
+    g = FakeGc(frozen=1000)
+    scheduled = []
+
+    def refuse(_done):
+        raise OSError("fork refused")
+
+    w = GcWatch(min_growth=100, schedule=scheduled.append, gc_module=g, check=refuse).install()
+    _doubled(g, w)
+    scheduled.pop()()
+    assert g.calls[-3:] == ["unfreeze", "collect", "freeze"] and w.walks == 1
+    w.uninstall()
+
+
+class _Sends:
+    """Garbage in a cycle whose finalizer writes to a socket (as a leaked connection might)."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.me = self
+
+    def __del__(self):
+        try:
+            self.sock.send(b"x")
+        except OSError:
+            pass
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork_check needs os.fork")
+def test_fork_check_counts_garbage_among_frozen_objects_in_a_child_that_cannot_touch_the_parents_sockets():
+    a, b = socket.socketpair()
+    b.setblocking(False)
+    answered = threading.Event()
+    results = []
+
+    def schedule(fn):  # the loop's call_soon_threadsafe: here, run on the test's thread after the wait
+        results.append(fn)
+        answered.set()
+
+    gc.collect()
+    gc.freeze()
+    try:
+        garbage = [_Sends(a) for _ in range(50)]
+        cycles = [[] for _ in range(200)]
+        for c in cycles:
+            c.append(c)
+        gc.freeze()  # frozen: no collection here will find them
+        frozen = gc.get_freeze_count()
+        del garbage, cycles, c
+        found = []
+        fork_check(schedule)(found.append)
+        assert answered.wait(60), "the child did not answer"
+        results.pop()()
+        assert found and found[0] >= 250  # the child saw the cycles among the frozen objects
+        # ... while the parent still holds them (only the two lists, not in cycles, died by refcount)
+        assert gc.get_freeze_count() == frozen - 2
+        with pytest.raises(BlockingIOError):
+            b.recv(10)  # the finalizers that ran in the child could not write to the parent's socket
+        a.send(b"ok")  # and the parent's sockets still work
+        assert b.recv(10) == b"ok"
+    finally:
+        gc.unfreeze()
+        gc.collect()
+        a.close()
+        b.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork_check needs os.fork")
+def test_fork_check_answers_when_its_pipe_is_above_descriptor_1024():
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if max(soft, hard) < 1100:
+        pytest.skip("the open-file limit is under 1,100")  # pragma: no cover
+    if soft < 1100:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1100, hard))
+    held = []
+    try:
+        while True:  # the daemon with 10,000 connections: every new descriptor is far above 1,024
+            fd = os.open(os.devnull, os.O_RDONLY)
+            held.append(fd)
+            if fd >= 1030:
+                break
+        answered = threading.Event()
+        results, found = [], []
+        fork_check(lambda fn: (results.append(fn), answered.set()))(found.append)
+        assert answered.wait(60), "no answer"
+        results.pop()()
+        assert found and isinstance(found[0], int)  # an answer, not a failed check (None)
+    finally:
+        for fd in held:
+            os.close(fd)
+        if soft < 1100:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
