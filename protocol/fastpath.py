@@ -22,6 +22,7 @@ import struct
 
 from protocol import messages as m
 from protocol.headers import response_header_version
+from protocol.wire import uvarint_bytes
 
 __all__ = ["FRAME_HEAD", "header_tails", "heartbeat_tail", "encode_heartbeat_body",
            "parse_steady_consumer_heartbeat", "steady_consumer_heartbeat_answer", "encode_offset_commit_response",
@@ -114,13 +115,7 @@ _OffsetCommitResponse = m.OffsetCommitResponse
 _FLEXIBLE = m.OffsetCommitResponse.FLEXIBLE_VERSION
 
 
-def _uvarint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
+_uvarint = uvarint_bytes  # a length's unsigned varint (small ones precomputed there)
 
 
 _UV = tuple(_uvarint(n) for n in range(128))

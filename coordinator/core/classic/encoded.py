@@ -18,6 +18,7 @@ import struct
 from protocol import messages as M
 from protocol._base import _ENCODE_FAILURES
 from protocol.messages import GroupMetadataValue, JoinGroupResponse, JoinGroupResponseMember
+from protocol.wire import uvarint_bytes
 
 _I32 = struct.Struct(">i")
 
@@ -28,13 +29,7 @@ _JOIN_MEMBER_ENC = {v: (M._e_JoinGroupResponseMember_0 if v < 5 else
 _FLEXIBLE = JoinGroupResponse.FLEXIBLE_VERSION
 
 
-def _uvarint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
+_uvarint = uvarint_bytes  # a length's unsigned varint (small ones precomputed there)
 
 
 class LeaderJoinResponse(JoinGroupResponse):
