@@ -61,18 +61,32 @@ class LeaderJoinResponse(JoinGroupResponse):
             out += b"".join(self.parts)
 
 
-def _join_part(m, version: int, proto) -> bytes:
+def _join_entry(m, version: int, proto) -> tuple:
     """A member's JoinGroupResponse entry for ``version`` and the group's protocol ``proto``, cached
-    as one flat tuple (what it encodes, then the bytes): few objects for the collector per member."""
+    as one flat tuple (few objects for the collector per member): what it encodes (version,
+    protocol, member id, instance id, a copy of the protocols), the bytes, the protocols list it
+    was checked against (a member's ``protocols`` is replaced on a rejoin, never changed in place,
+    so the same list object means the same protocols), and the chosen protocol's metadata."""
     iid = m.group_instance_id if version >= 5 else None
-    protocols = tuple(m.protocols)
+    plist = m.protocols
     c = m.join_enc
+    if (c is not None and c[6] is plist and c[0] == version and c[1] == proto and c[2] == m.member_id
+            and c[3] == iid):
+        return c
+    protocols = tuple(plist)
     if (c is None or c[0] != version or c[1] != proto or c[2] != m.member_id or c[3] != iid
             or c[4] != protocols):
+        meta = m.metadata(proto)
         buf = bytearray()
-        _JOIN_MEMBER_ENC[version](JoinGroupResponseMember(m.member_id, iid, m.metadata(proto)), buf)
-        c = m.join_enc = (version, proto, m.member_id, iid, protocols, bytes(buf))
-    return c[5]
+        _JOIN_MEMBER_ENC[version](JoinGroupResponseMember(m.member_id, iid, meta), buf)
+        c = m.join_enc = (version, proto, m.member_id, iid, protocols, bytes(buf), plist, meta)
+    else:  # a rejoin with the same protocols: the same bytes, checked against the new list
+        c = m.join_enc = c[:6] + (plist, c[7])
+    return c
+
+
+def _join_part(m, version: int, proto) -> bytes:
+    return _join_entry(m, version, proto)[5]
 
 
 def warm(m, version: int) -> None:
@@ -96,18 +110,21 @@ def join_members(group, version: int) -> tuple[list[JoinGroupResponseMember], li
     proto = group.protocol_name
     v5 = version >= 5
     members, parts = [], []
+    add_member, add_part = members.append, parts.append
     for m in group.members.values():
-        try:
-            c = _join_part(m, version, proto)
-        except _ENCODE_FAILURES:
-            parts = None
-            members.append(JoinGroupResponseMember(m.member_id, m.group_instance_id if v5 else None,
+        c = m.join_enc
+        if (c is None or c[6] is not m.protocols or c[0] != version or c[1] != proto or c[2] != m.member_id
+                or c[3] != (m.group_instance_id if v5 else None)):
+            try:
+                c = _join_entry(m, version, proto)
+            except _ENCODE_FAILURES:
+                parts = add_part = None
+                add_member(JoinGroupResponseMember(m.member_id, m.group_instance_id if v5 else None,
                                                    m.metadata(proto)))
-            continue
-        members.append(JoinGroupResponseMember(m.member_id, m.group_instance_id if v5 else None,
-                                               m.metadata(proto)))
-        if parts is not None:
-            parts.append(c)
+                continue
+        add_member(JoinGroupResponseMember(m.member_id, c[3], c[7]))
+        if add_part is not None:
+            add_part(c[5])
     return members, parts
 
 

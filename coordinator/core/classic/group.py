@@ -106,7 +106,9 @@ class Member:
         self.rebalance_timeout_ms = rebalance_timeout_ms
         self.session_timeout_ms = session_timeout_ms
         self.protocol_type = protocol_type
-        self.protocols = protocols  # [(name, metadata)] in the member's preference order
+        # ((name, metadata), ...) in the member's preference order: a tuple, replaced on a rejoin,
+        # never changed in place (encoded.py's cached parts rely on it)
+        self.protocols = tuple(protocols)
         self.assignment = assignment
         self.join: Parked | None = None  # parked JoinGroup (only through Group.set_join/take_join)
         self.sync: Parked | None = None  # parked SyncGroup
@@ -132,7 +134,7 @@ class Member:
 
     def matches(self, protocols: list[tuple[str, bytes]]) -> bool:
         """Same protocols with the same metadata in the same order (Kafka's ``matches``)."""
-        return self.protocols == protocols
+        return self.protocols == tuple(protocols)
 
     def vote(self, candidates) -> str:
         for name, _ in self.protocols:
@@ -430,7 +432,7 @@ class Group:
     def update_member(self, member: Member, protocols: list[tuple[str, bytes]], rebalance_timeout_ms: int,
                       session_timeout_ms: int) -> None:
         self._uncount_protocols(member)
-        member.protocols = protocols
+        member.protocols = tuple(protocols)
         for name, _ in protocols:
             self.supported_protocols[name] = self.supported_protocols.get(name, 0) + 1
         member.rebalance_timeout_ms = rebalance_timeout_ms
@@ -530,6 +532,8 @@ class Group:
         if not self.members:
             raise RuntimeError(f"cannot select a protocol for empty group {self.group_id!r}")
         candidates = self.candidate_protocols()
+        if len(candidates) == 1:  # every member votes for the one protocol all support
+            return next(iter(candidates))
         votes: dict[str, int] = {}
         for m in self.members.values():
             name = m.vote(candidates)
