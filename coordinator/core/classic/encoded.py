@@ -148,11 +148,13 @@ _RECORD_VERSION = 3
 
 def record_member_head(m, proto: str | None) -> bytes:
     """A member's GroupMetadataValue v3 entry up to (not including) its assignment, cached."""
+    c = m.record_enc
+    if (c is not None and c[0] == proto and c[1] == m.member_id and c[2] == m.group_instance_id
+            and c[3] == m.client_id and c[4] == m.client_host and c[5] == m.rebalance_timeout_ms
+            and c[6] == m.session_timeout_ms and (c[7] is m.protocols or c[7] == tuple(m.protocols))):
+        return c[8]
     key = (proto, m.member_id, m.group_instance_id, m.client_id, m.client_host, m.rebalance_timeout_ms,
            m.session_timeout_ms, tuple(m.protocols))
-    c = m.record_enc
-    if c is not None and c[:8] == key:
-        return c[8]
     entry = M.GroupMetadataValueMemberMetadata(
         member_id=m.member_id, group_instance_id=m.group_instance_id, client_id=m.client_id,
         client_host=m.client_host, rebalance_timeout=m.rebalance_timeout_ms, session_timeout=m.session_timeout_ms,
@@ -174,9 +176,11 @@ def group_record_value(head: GroupMetadataValue, members, assignment_of) -> byte
     out += _I32.pack(len(members))
     proto = head.protocol
     pack = _I32.pack
+    parts = [bytes(out)]
+    add = parts.append
     for m in members:
-        out += record_member_head(m, proto)
+        add(record_member_head(m, proto))
         a = assignment_of(m)
-        out += pack(len(a))
-        out += a
-    return bytes(out)
+        add(pack(len(a)))
+        add(a)
+    return b"".join(parts)

@@ -289,8 +289,7 @@ class RebalanceRecord:
             self.members = 0
             self.protocol = None
 
-    def as_dict(self, now_ms: int | None = None) -> dict:
-        end = self.ended_ms if self.ended_ms is not None else now_ms
+    def _phases(self, end: int | None) -> tuple[int | None, int | None]:
         preparing = completing = None
         if self.join_done_ms is not None:
             preparing = self.join_done_ms - self.started_ms
@@ -298,6 +297,21 @@ class RebalanceRecord:
                 completing = end - self.join_done_ms
         elif end is not None:
             preparing = end - self.started_ms
+        return preparing, completing
+
+    def summary(self) -> dict:
+        """The few fields a finished rebalance's log line and listeners use: O(1), unlike
+        :meth:`as_dict`, which copies every member's entry (thousands in a big group)."""
+        end = self.ended_ms
+        preparing, completing = self._phases(end)
+        return {"generation": self.generation, "reason": self.reason, "outcome": self.outcome or "in_progress",
+                "protocol": self.protocol, "members": self.members,
+                "duration_ms": None if end is None else end - self.started_ms,
+                "phases": {"preparing_ms": preparing, "completing_ms": completing}}
+
+    def as_dict(self, now_ms: int | None = None) -> dict:
+        end = self.ended_ms if self.ended_ms is not None else now_ms
+        preparing, completing = self._phases(end)
         slowest = max(((mid, e["rejoined_after_ms"]) for mid, e in self.awaited.items()
                        if e["rejoined_after_ms"] is not None), key=lambda x: x[1], default=None)
         return {

@@ -97,7 +97,7 @@ class ClassicGroups:
     Given at construction: the shard id (written into records), the group config, the shard's
     :class:`Timers` (shared with the consumer groups: each side schedules only its own keys),
     ``new_uuid`` (member ids), ``count(name, n=1)`` (the coordinator's counters) and
-    ``listeners`` (called with each completed rebalance's flight-recorder entry)."""
+    ``listeners`` (called with each completed rebalance's summary: RebalanceRecord.summary)."""
 
     def __init__(self, shard_id: int, config, timers: Timers, new_uuid, count, listeners):
         self.shard_id = shard_id
@@ -551,7 +551,7 @@ class ClassicGroups:
         if rec is None:
             return
         rec.finish(group, outcome, now, wall)
-        entry = rec.as_dict()
+        entry = rec.summary()
         group.history.append(rec)  # kept as the record: followers' late SyncGroups still update it
         self._count(f"rebalances_{outcome}")
         if outcome in ("stable", "empty"):
@@ -564,7 +564,7 @@ class ClassicGroups:
                      outcome=outcome, protocol=entry["protocol"], detail=rec.detail,
                      preparing_ms=entry["phases"]["preparing_ms"],
                      completing_ms=entry["phases"]["completing_ms"],
-                     shard=self.shard_id, **stall, **_pending_summary(entry["pending"]))
+                     shard=self.shard_id, **stall, **_pending_summary(list(rec.pending.values())))
 
     # ==== SyncGroup ==============================================================================
 

@@ -101,6 +101,7 @@ def test_the_leader_s_sync_answers_every_parked_sync_in_slices_with_its_assignme
     h = Harness()
     mids, gen = h.form_group("big", N)
     tokens = _rejoin_all(h, "big", mids)
+    assert all(h.reply(t).error_code == 0 for t in tokens.values())  # slices run at once here
     g = h.group("big")
     gen2 = g.generation
     h.hold_later = True
