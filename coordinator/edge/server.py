@@ -350,9 +350,13 @@ class Connection(asyncio.Protocol):
             return
         if frames:
             self.memory_granted = False  # the admitted frame is read: the next one asks again
-            if len(frames) == 1 and not self.queue and not self.processing and self._ready() \
-                    and not self.server.turns.defers(self, frames[0]):
-                self.handle_one(frames[0])  # the common case: no queue round trip
+            if len(frames) == 1 and not self.queue and not self.processing and self._ready():
+                frame = frames[0]
+                if not self.server.turns.defers(self, frame):
+                    self.handle_one(frame)  # the common case: no queue round trip
+                else:  # a rebalance request after this turn's budget: queued until its turn
+                    self.queued_bytes += len(frame)
+                    self.queue.append(frame)
             else:
                 for f in frames:
                     self.queued_bytes += len(f)

@@ -66,7 +66,8 @@ def _join_entry(m, version: int, proto) -> tuple:
     as one flat tuple (few objects for the collector per member): what it encodes (version,
     protocol, member id, instance id, a copy of the protocols), the bytes, the protocols list it
     was checked against (a member's ``protocols`` is replaced on a rejoin, never changed in place,
-    so the same list object means the same protocols), and the chosen protocol's metadata."""
+    so the same object means the same protocols), and the entry itself (a JoinGroupResponseMember,
+    shared by the leader's answers until the member changes: answers are encoded, never changed)."""
     iid = m.group_instance_id if version >= 5 else None
     plist = m.protocols
     c = m.join_enc
@@ -76,10 +77,10 @@ def _join_entry(m, version: int, proto) -> tuple:
     protocols = tuple(plist)
     if (c is None or c[0] != version or c[1] != proto or c[2] != m.member_id or c[3] != iid
             or c[4] != protocols):
-        meta = m.metadata(proto)
+        entry = JoinGroupResponseMember(m.member_id, iid, m.metadata(proto))
         buf = bytearray()
-        _JOIN_MEMBER_ENC[version](JoinGroupResponseMember(m.member_id, iid, meta), buf)
-        c = m.join_enc = (version, proto, m.member_id, iid, protocols, bytes(buf), plist, meta)
+        _JOIN_MEMBER_ENC[version](entry, buf)
+        c = m.join_enc = (version, proto, m.member_id, iid, protocols, bytes(buf), plist, entry)
     else:  # a rejoin with the same protocols: the same bytes, checked against the new list
         c = m.join_enc = c[:6] + (plist, c[7])
     return c
@@ -122,7 +123,7 @@ def join_members(group, version: int) -> tuple[list[JoinGroupResponseMember], li
                 add_member(JoinGroupResponseMember(m.member_id, m.group_instance_id if v5 else None,
                                                    m.metadata(proto)))
                 continue
-        add_member(JoinGroupResponseMember(m.member_id, c[3], c[7]))
+        add_member(c[7])
         if add_part is not None:
             add_part(c[5])
     return members, parts
