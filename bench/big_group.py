@@ -26,6 +26,10 @@ daemon's event-loop lag (``herd_event_loop_lag_seconds`` histogram, /metrics, sc
 boundary) were over 50 ms and 100 ms; ``herd_event_loop_lag_max_seconds`` (the largest since start)
 at the end and before the big group. Targets (issue 31): small groups' heartbeat p99 < 50 ms,
 loop lag max < 0.1 s, formation < 10 s from the last join.
+
+``--trace-turns FILE``: the daemon records each loop callback's start and end
+(``bench/turn_trace_site``); ``python -m bench.turn_trace FILE`` lists the longest loop iterations
+and what filled them.
 """
 
 from __future__ import annotations
