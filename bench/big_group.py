@@ -28,7 +28,7 @@ at the end and before the big group. Targets (issue 31): small groups' heartbeat
 loop lag max < 0.1 s, formation < 10 s from the last join.
 
 ``--trace-turns FILE``: the daemon records each loop callback's start and end
-(``bench/turn_trace_site``); ``python -m bench.turn_trace FILE`` lists the longest loop iterations
+(``bench/turn_trace_site``); ``python -m bench._turn_trace FILE`` lists the longest loop iterations
 and what filled them.
 """
 

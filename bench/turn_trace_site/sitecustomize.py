@@ -2,7 +2,7 @@
 $HERD_TURN_TRACE set to a file): wraps the loop's callbacks (socket reads, the turn FIFO, fan-out
 slices, store flushes and drains, core timers) to record when each ran and for how long; on
 SIGUSR1 (and at exit) writes them to $HERD_TURN_TRACE as JSON lines ``[kind, t0, t1, extra]``.
-For finding which work makes a loop iteration long (``python -m bench.turn_trace FILE``); never
+For finding which work makes a loop iteration long (``python -m bench._turn_trace FILE``); never
 loaded by herd itself."""
 import os
 

@@ -1,5 +1,5 @@
-"""bench.turn_trace: how a trace of loop callbacks is cut into event-loop iterations."""
-from bench.turn_trace import iterations, summary
+"""bench._turn_trace: how a trace of loop callbacks is cut into event-loop iterations."""
+from bench._turn_trace import iterations, summary
 
 
 def test_an_iteration_ends_where_a_callback_follows_the_reads_or_after_a_gap():

@@ -1,6 +1,6 @@
 """The longest event-loop iterations in a turn trace (``bench.big_group --trace-turns FILE``).
 
-``python -m bench.turn_trace FILE [--top 20] [--after S]``
+``python -m bench._turn_trace FILE [--top 20] [--after S]``
 
 The daemon, started with ``bench/turn_trace_site`` on its path, records every loop callback it
 wraps: ``R`` a socket read (``Connection.data_received``, with the API key of the frame it starts
