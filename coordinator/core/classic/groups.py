@@ -60,7 +60,7 @@ NEW_MEMBER_JOIN_TIMEOUT_MS = 300_000
 # a big group's JoinGroup / SyncGroup answers are built this many per loop turn (Result.later)
 ANSWER_SLICE = 500
 # a big group's record is encoded this many members per loop turn after the leader's SyncGroup
-RECORD_SLICE = 2000
+RECORD_SLICE = 1000
 
 # Operations a describing client may perform on a group when no authorizer is configured:
 # READ(3), DELETE(6), DESCRIBE(8), DESCRIBE_CONFIGS(10), ALTER_CONFIGS(11).
