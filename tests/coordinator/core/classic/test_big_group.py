@@ -110,7 +110,9 @@ def test_the_leader_s_sync_answers_every_parked_sync_in_slices_with_its_assignme
     assert not any(h.reply(t) for t in syncs.values())  # parked until the leader's
     leaving = followers[-1]  # answered by its leave, in between two slices
     lead = h.sync("big", gen2, g.leader_id, {mid: mid.encode() for mid in mids}, version=5)
-    assert g.state == "Stable" and h.reply(lead) is not None
+    while g.state != "Stable":  # the record's slices (a group over RECORD_SLICE), then the answers'
+        assert h.run_later(1) == 1
+    assert h.reply(lead) is not None
     assert sum(1 for t in syncs.values() if h.reply(t) is not None) < len(followers)
     h.leave("big", leaving)
     h.run_later()
