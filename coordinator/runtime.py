@@ -568,6 +568,7 @@ class Runtime:
         """One slice of an operation the core cut up (Result.later)."""
         if self._closing:
             return  # shutdown answered every parked request
+        self._guard()  # a cluster node: a shard whose lease may have lapsed is unloaded (the slice finds no group)
         clock = self.clock
         try:
             result = more(clock.monotonic_ms(), clock.wall_ms())
