@@ -17,10 +17,15 @@ process (asyncio on uvloop, herd's codec) runs ONE consumer-protocol group of ``
   answered (5 s by default) with the epoch the server gave and every other field null; an answer
   with a new assignment is acknowledged at once (owned partitions in the next beat, sent at once),
   as librdkafka does; FENCED_MEMBER_EPOCH / UNKNOWN_MEMBER_ID: rejoin with epoch 0;
+* the assignor: ``--assignment-interval-ms`` (default 1000, Kafka 4.3's) is passed to the daemon as
+  ``group_consumer_assignment_interval_ms``: it runs at most once a second for the group;
 * formation: every member sends its join heartbeat at once (``--join-spread`` s spreads them);
   formed = the first answer after which every member is reconciled: all at one epoch, each one's
   latest assignment acknowledged, the ``--partitions`` partitions owned exactly once between them
-  (``loadgen.CgTrack``, kept incrementally: O(1) per answer). ``formation_s`` is measured from the
+  (``loadgen.CgTrack``, kept incrementally: O(1) per answer), and balanced (each member owns
+  P // N or one more: the uniform assignor's target; without it, members that joined before the
+  assignor's next run would count as formed, at the first member's epoch with nothing assigned).
+  At the end a ConsumerGroupDescribe checks the server's view (state, epochs); ``formation_s`` is measured from the
   last join heartbeat sent and from the first;
 * rebalance: one member leaves (epoch -1); the others carry on at their interval until the group
   is reconciled again (at a new epoch: every member must have heartbeated once since the leave to
@@ -47,6 +52,7 @@ from bench import _util as U
 from bench.big_group import TARGETS, daemon_events, lag_delta, loop_lag, phase_stats
 from bench.loadgen import DEFAULTS, CgTrack, ConnectionLost, LoadGen, Worker, open_conns
 from protocol import errors as E
+from protocol import messages as m
 
 _now = time.perf_counter
 GROUP = "big-cg-0"
@@ -79,6 +85,10 @@ class BigConsumer:
         self.t_first_join = None
         self.t_last_join = None
         self.tasks = []
+        self.partitions = partitions
+        self.live = n
+        self.fair = 0  # members owning a balanced share (P // live or one more)
+        self.quota = divmod(partitions, n)
 
     def request(self, k: int):
         mem = self.g.members[k]
@@ -94,8 +104,20 @@ class BigConsumer:
             name = E.error_name(code) if hasattr(E, "error_name") else str(code)
         self.errors[name] = self.errors.get(name, 0) + 1
 
+    def _is_fair(self, mem) -> bool:
+        if mem.owned is None:
+            return False
+        c = sum(len(ps) for ps in mem.owned.values())
+        q, rem = self.quota
+        return q <= c <= q + (1 if rem else 0)
+
+    def _recount(self) -> None:
+        self.quota = divmod(self.partitions, self.live)
+        self.fair = sum(1 for k, mem in enumerate(self.g.members) if k not in self.gone and self._is_fair(mem))
+
     def _check(self, now: float) -> None:
-        if self.converged_at is None and self.tr.converged(self.g.members[0].generation):
+        if (self.converged_at is None and self.fair == self.live
+                and self.tr.converged(self.g.members[0].generation)):
             self.converged_at = now
             self.converged_epoch = self.g.members[0].generation
             self.wake.set()
@@ -126,13 +148,16 @@ class BigConsumer:
                 self._err(r.error_code)
                 if r.error_code in REJOIN:
                     self.rejoins += 1
+                    self.fair -= self._is_fair(mem)
                     w.cg_set(mem, generation=0, owned=None, acking=False)
                     continue
                 await asyncio.sleep(self.interval)
                 continue
             if r.heartbeat_interval_ms > 0:
                 self.interval = r.heartbeat_interval_ms / 1000
+            was = self._is_fair(mem)
             w.cg_answer(mem, r)
+            self.fair += self._is_fair(mem) - was
             self.epochs_seen.add(mem.generation)
             self._check(sent + lat)
             if mem.acking:
@@ -161,6 +186,8 @@ class BigConsumer:
         req = self.w.cg_request(self.g, mem, -1, False)
         self.w.cg_set(mem, generation=-1, owned=None, acking=False)  # out of the count
         self.tr.size -= 1
+        self.live -= 1
+        self._recount()
         self.wake.clear()
         self.converged_at = None
         t0 = _now()
@@ -168,6 +195,25 @@ class BigConsumer:
         if r.error_code:
             self._err(r.error_code)
         return t0
+
+    async def describe(self) -> dict:
+        """The server's view (ConsumerGroupDescribe v0): state, epochs, and how many members are
+        at the group's epoch, at the epoch this client holds for them, and own what we think."""
+        r, _ = await self.conns[0].call(m.ConsumerGroupDescribeRequest(group_ids=[GROUP]), 0)
+        dg = r.groups[0]
+        held = {mem.member_id: mem for k, mem in enumerate(self.g.members) if k not in self.gone}
+        at_epoch = sum(1 for dm in dg.members if dm.member_epoch == dg.group_epoch)
+        as_held = sum(1 for dm in dg.members if dm.member_id in held and held[dm.member_id].generation == dm.member_epoch)
+        same = 0
+        for dm in dg.members:
+            mem = held.get(dm.member_id)
+            if mem is not None and mem.owned is not None:
+                got = {tp.topic_id: frozenset(tp.partitions) for tp in dm.assignment.topic_partitions if tp.partitions}
+                same += got == {t: ps for t, ps in mem.owned.items() if ps}
+        return {"error": dg.error_code, "state": dg.group_state, "group_epoch": dg.group_epoch,
+                "assignment_epoch": dg.assignment_epoch, "members": len(dg.members),
+                "members_at_group_epoch": at_epoch, "members_at_held_epoch": as_held,
+                "assignment_as_held": same, "assignor": dg.assignor_name}
 
     async def close(self) -> None:
         self.stop = True
@@ -188,6 +234,8 @@ def run(args) -> dict:
            "small_groups": args.groups, "small_members_per_group": args.members,
            "small_members": args.groups * args.members}
     extra = ["--metrics-port", "0", "--max-connections", str(args.conns + args.groups + 2000)]
+    if args.assignment_interval_ms is not None:
+        extra += ["--group-consumer-assignment-interval-ms", str(args.assignment_interval_ms)]
     from bench.abuse import TreeHerd, extract
 
     root = None
@@ -253,6 +301,7 @@ def run(args) -> dict:
             if _now() > w0 + args.window:
                 out["warning"] = "the window ended before the rebalance did: raise --window"
             th.join()  # the big group heartbeats on until the window is over
+            out["server_view_end"] = loop.run_until_complete(big.describe())
             loop.run_until_complete(big.close())
             loop.close()
             hb = res["hb"]
@@ -323,6 +372,9 @@ def main(argv=None):
     ap.add_argument("--conns", type=int, default=50, help="connections carrying the big group's heartbeats")
     ap.add_argument("--assignor", default=None, help="server assignor the members ask for (default: the "
                     "server's default, uniform)")
+    ap.add_argument("--assignment-interval-ms", type=int, default=1000,
+                    help="the daemon's group_consumer_assignment_interval_ms (Kafka 4.3's default 1000; "
+                    "0: the assignor on every heartbeat that needs it); -1: leave the daemon's default")
     ap.add_argument("--join-spread", type=float, default=0.0, help="seconds over which the joins are spread")
     ap.add_argument("--groups", type=int, default=None, help="small groups (default 1000)")
     ap.add_argument("--members", type=int, default=10, help="members per small group")
@@ -339,6 +391,8 @@ def main(argv=None):
     ap.add_argument("--rev", default=None, help="run the daemon from this git revision (git archive)")
     args = U.parse(ap, argv, {"big": (1000, 5000), "partitions": (200, 1000), "groups": (100, 1000),
                               "window": (40.0, 75.0)})
+    if args.assignment_interval_ms is not None and args.assignment_interval_ms < 0:
+        args.assignment_interval_ms = None
     out = {"bench": "big_consumer_group", "params": vars(args), "machine": U.environment()}
     out["run"] = run(args)
     c = out["run"]["checks"]
