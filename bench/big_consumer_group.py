@@ -123,15 +123,17 @@ class BigConsumer:
             self.wake.set()
 
     async def member(self, k: int, delay: float) -> None:
-        w, g, mem = self.w, self.g, self.g.members[k]
+        w, mem = self.w, self.g.members[k]
         conn = self.conns[k % len(self.conns)]
         mem.member_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
         w.cg_set(mem, generation=0, owned=None, acking=False)
         if delay:
             await asyncio.sleep(delay)
+        first = True
         while not self.stop and k not in self.gone:
             sent = _now()
-            if mem.generation == 0:
+            if first:  # its first join (a rejoin after a fence is counted in ``rejoins``)
+                first = False
                 if self.t_first_join is None:
                     self.t_first_join = sent
                 self.t_last_join = sent
@@ -203,7 +205,8 @@ class BigConsumer:
         dg = r.groups[0]
         held = {mem.member_id: mem for k, mem in enumerate(self.g.members) if k not in self.gone}
         at_epoch = sum(1 for dm in dg.members if dm.member_epoch == dg.group_epoch)
-        as_held = sum(1 for dm in dg.members if dm.member_id in held and held[dm.member_id].generation == dm.member_epoch)
+        as_held = sum(1 for dm in dg.members
+                      if dm.member_id in held and held[dm.member_id].generation == dm.member_epoch)
         same = 0
         for dm in dg.members:
             mem = held.get(dm.member_id)

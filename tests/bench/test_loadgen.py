@@ -301,7 +301,8 @@ def test_consumer_group_convergence_kept_incrementally_agrees_with_a_full_walk()
             asg = None
             if rnd.random() < 0.5:
                 asg = m.ConsumerGroupHeartbeatResponseAssignment(topic_partitions=[
-                    m.ConsumerGroupHeartbeatResponseTopicPartitions(topic_id=t, partitions=rnd.sample(range(3), rnd.randint(0, 2)))
+                    m.ConsumerGroupHeartbeatResponseTopicPartitions(
+                        topic_id=t, partitions=rnd.sample(range(3), rnd.randint(0, 2)))
                     for t in ts if rnd.random() < 0.7])
             w.cg_answer(mem, m.ConsumerGroupHeartbeatResponse(member_epoch=rnd.randint(1, 3), assignment=asg))
         elif kind < 0.23:

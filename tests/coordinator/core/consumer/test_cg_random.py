@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from coordinator.core.consumer.groups import ConsumerGroupConfig
 from coordinator.core.consumer.group import STATIC_LEAVE_EPOCH
+from coordinator.core.consumer.groups import ConsumerGroupConfig
 from protocol import errors as E
 from protocol.messages import ConsumerGroupHeartbeatRequest
 from tests.coordinator.core.consumer.cg_harness import Client, Harness, assert_never_owned_twice, run_rounds
