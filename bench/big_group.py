@@ -26,6 +26,10 @@ daemon's event-loop lag (``herd_event_loop_lag_seconds`` histogram, /metrics, sc
 boundary) were over 50 ms and 100 ms; ``herd_event_loop_lag_max_seconds`` (the largest since start)
 at the end and before the big group. Targets (issue 31): small groups' heartbeat p99 < 50 ms,
 loop lag max < 0.1 s, formation < 10 s from the last join.
+
+``--trace-turns FILE``: the daemon records each loop callback's start and end
+(``bench/turn_trace_site``); ``python -m bench._turn_trace FILE`` lists the longest loop iterations
+and what filled them.
 """
 
 from __future__ import annotations
@@ -248,7 +252,12 @@ def run(args) -> dict:
         tmp = tempfile.TemporaryDirectory(prefix="herd-big-group-")
         root = extract(args.rev, tmp.name)
         out["daemon_rev"] = args.rev
-    with TreeHerd(root, fsync=args.fsync, log_level="info", extra_args=extra) as herd:
+    env = None
+    if args.trace_turns:  # bench/turn_trace_site: what each loop callback cost, written at exit
+        env = {"HERD_TURN_TRACE": os.path.abspath(args.trace_turns),
+               "PYTHONPATH": os.path.join(os.path.dirname(os.path.abspath(__file__)), "turn_trace_site")}
+        out["turn_trace"] = env["HERD_TURN_TRACE"]
+    with TreeHerd(root, fsync=args.fsync, log_level="info", extra_args=extra, env=env) as herd:
 
         mport = herd.wait_metrics_port(30)
         out["data_fs"] = U.filesystem_of(herd.data_dir)
@@ -377,6 +386,8 @@ def main(argv=None):
                     "and the small groups' processes) on the others, as bench.scale --pin")
     ap.add_argument("--profile", default=None, help="directory: py-spy the daemon during the big group's phases")
     ap.add_argument("--profile-rate", type=int, default=200)
+    ap.add_argument("--trace-turns", default=None, help="file: the daemon records each loop callback's "
+                    "start and end (bench/turn_trace_site), written when it stops")
     ap.add_argument("--rev", default=None, help="run the daemon from this git revision (git archive), "
                     "e.g. main for a before/after comparison; default: this tree")
     args = U.parse(ap, argv, {"big": (1000, 5000), "groups": (100, 1000), "window": (25.0, 60.0)})

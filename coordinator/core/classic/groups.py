@@ -57,6 +57,10 @@ log = structlog.get_logger("herd.group")
 # Kafka's group.classic.new.member.join.timeout: a new member whose JoinGroup is parked is dropped
 # after this long if the rebalance has not completed (it cannot heartbeat without its member id).
 NEW_MEMBER_JOIN_TIMEOUT_MS = 300_000
+# a big group's JoinGroup / SyncGroup answers are built this many per loop turn (Result.later)
+ANSWER_SLICE = 500
+# a big group's record is encoded this many members per loop turn after the leader's SyncGroup
+RECORD_SLICE = 1000
 
 # Operations a describing client may perform on a group when no authorizer is configured:
 # READ(3), DELETE(6), DESCRIBE(8), DESCRIBE_CONFIGS(10), ALTER_CONFIGS(11).
@@ -95,10 +99,11 @@ class ClassicGroups:
     Given at construction: the shard id (written into records), the group config, the shard's
     :class:`Timers` (shared with the consumer groups: each side schedules only its own keys),
     ``new_uuid`` (member ids), ``count(name, n=1)`` (the coordinator's counters) and
-    ``listeners`` (called with each completed rebalance's flight-recorder entry)."""
+    ``listeners`` (called with each completed rebalance's summary: RebalanceRecord.summary)."""
 
     def __init__(self, shard_id: int, config, timers: Timers, new_uuid, count, listeners):
         self.shard_id = shard_id
+        self._shard_set = frozenset((shard_id,))  # the shards a later slice's answers wait on
         self.config = config
         self.timers = timers
         self._new_uuid = new_uuid
@@ -437,18 +442,50 @@ class ClassicGroups:
             return
         if rec is not None:
             rec.on_join_done(group, now)
-        for m in group.members.values():
-            parked = group.take_join(m)
-            if parked is not None:
-                out.reply(parked.token, self._join_answer(group, parked.version, m.member_id))
-                # its session restarts now. herd: only for members that rejoined; Kafka also
-                # restarts the session of a static member that did not rejoin, which lets it stay
-                # silent for longer than its session timeout
-                self.timers.schedule(m.hb_key, now + m.session_timeout_ms)
+        members = list(group.members.values())
+        for m in members:
             m.is_new = False
-            group.pending_sync.add(m.member_id)
+        group.pending_sync.update(group.members)
         group.sync_generation = group.generation
         self.timers.schedule(("sync", gid), now + group.rebalance_timeout_ms())
+        # the answers: the leader's first (it assigns), the rest in slices (a big group's thousands
+        # of answers are built over several loop turns, each slice checking the generation holds)
+        leader = group.members.get(group.leader_id)
+        if leader is not None:
+            self._answer_join(group, leader, now, out)
+        self._answer_joins(group, group.generation, members, 0, now, out)
+
+    def _answer_join(self, group: Group, m: Member, now: int, out: Result) -> None:
+        parked = group.take_join(m)
+        if parked is not None:
+            out.reply(parked.token, self._join_answer(group, parked.version, m.member_id))
+            # its session restarts now. herd: only for members that rejoined; Kafka also restarts
+            # the session of a static member that did not rejoin, which lets it stay silent for
+            # longer than its session timeout
+            self.timers.schedule(m.hb_key, now + m.session_timeout_ms)
+
+    def _answer_joins(self, group: Group, generation: int, members: list[Member], start: int, now: int,
+                      out: Result) -> None:
+        """Answer the parked JoinGroups of ``members[start:]`` (the join phase of ``generation``
+        just ended), ANSWER_SLICE of them now and the rest in later slices (``out.defer``). A later
+        slice answers only while the group is the same, at ``generation``, and past its join phase
+        (CompletingRebalance, or Stable once the leader has synced); else the rest stay parked and
+        the next join phase's end answers them. A member removed meanwhile was answered then."""
+        end = start + ANSWER_SLICE
+        current = group.members
+        for m in members[start:end]:
+            if current.get(m.member_id) is m:
+                self._answer_join(group, m, now, out)
+        if end < len(members):
+            gid = group.group_id
+
+            def more(now: int, wall: int) -> Result:
+                res = Result(shards=self._shard_set)
+                if (self.groups.get(gid) is group and group.generation == generation
+                        and group.state in (COMPLETING_REBALANCE, STABLE)):
+                    self._answer_joins(group, generation, members, end, now, res)
+                return res
+            out.defer(more)
 
     def _drop_member(self, group: Group, member: Member, why: str, now: int, out: Result) -> None:
         """Remove a member, answering its parked requests with UNKNOWN_MEMBER_ID (so a live client
@@ -481,13 +518,34 @@ class ClassicGroups:
         self._propagate_assignment(group, error, now, out)
 
     def _propagate_assignment(self, group: Group, error: int, now: int, out: Result) -> None:
-        ptype, pname = group.protocol_type, group.protocol_name
-        for m in group.members.values():
+        self._answer_syncs(group, error, (group.protocol_type, group.protocol_name), list(group.members.values()),
+                           0, now, out)
+
+    def _answer_syncs(self, group: Group, error: int, protocol: tuple, members: list[Member], start: int,
+                      now: int, out: Result) -> None:
+        """Answer the parked SyncGroups of ``members[start:]`` with ``error`` and each member's
+        assignment, ANSWER_SLICE of them now and the rest in later slices (``out.defer``), while
+        the group is the same object: whatever happens to it meanwhile, a member still parked
+        here was given this assignment (a new rebalance or a removal answers or drops the parked
+        request itself, and then there is nothing left to answer here)."""
+        ptype, pname = protocol
+        end = start + ANSWER_SLICE
+        schedule = self.timers.schedule
+        for m in members[start:end]:
             parked = m.sync
             if parked is not None:
                 m.sync = None
                 out.reply(parked.token, sync_response(parked.version, error, ptype, pname, m.assignment))
-                self.timers.schedule(m.hb_key, now + m.session_timeout_ms)
+                schedule(m.hb_key, now + m.session_timeout_ms)
+        if end < len(members):
+            gid = group.group_id
+
+            def more(now: int, wall: int) -> Result:
+                res = Result(shards=self._shard_set)
+                if self.groups.get(gid) is group:
+                    self._answer_syncs(group, error, protocol, members, end, now, res)
+                return res
+            out.defer(more)
 
     def _finish_rebalance(self, group: Group, outcome: str, now: int, wall: int) -> None:
         rec = group.rebalance
@@ -495,7 +553,7 @@ class ClassicGroups:
         if rec is None:
             return
         rec.finish(group, outcome, now, wall)
-        entry = rec.as_dict()
+        entry = rec.summary()
         group.history.append(rec)  # kept as the record: followers' late SyncGroups still update it
         self._count(f"rebalances_{outcome}")
         if outcome in ("stable", "empty"):
@@ -508,7 +566,7 @@ class ClassicGroups:
                      outcome=outcome, protocol=entry["protocol"], detail=rec.detail,
                      preparing_ms=entry["phases"]["preparing_ms"],
                      completing_ms=entry["phases"]["completing_ms"],
-                     shard=self.shard_id, **stall, **_pending_summary(entry["pending"]))
+                     shard=self.shard_id, **stall, **_pending_summary(list(rec.pending.values())))
 
     # ==== SyncGroup ==============================================================================
 
@@ -552,15 +610,13 @@ class ClassicGroups:
                 assignment = {}
                 for a in req.assignments:
                     assignment[a.member_id] = a.assignment if a.assignment is not None else b""
-                for m in group.members.values():
-                    if m.member_id not in assignment:
-                        assignment[m.member_id] = b""
-                self._write_group(out, group, assignment)
-                for m in group.members.values():
-                    m.assignment = assignment[m.member_id]
-                self._propagate_assignment(group, _NONE, now, out)
-                group.transition_to(STABLE, wall)
-                self._finish_rebalance(group, "stable", now, wall)
+                members = list(group.members.values())
+                if len(members) <= RECORD_SLICE:
+                    self._store_assignment(group, assignment, None, now, wall, out)
+                else:  # a big group: its record encoded over several loop turns, then stored
+                    job = group.assigning = object()
+                    self._assign_in_slices(group, job, group.generation, assignment, members, 0, [], now, wall,
+                                           out)
         else:  # Stable: the assignment is stored; a follower syncing late gets it here
             self._remove_pending_sync(group, mid)
             if group.history:
@@ -570,6 +626,48 @@ class ClassicGroups:
             self.timers.schedule(member.hb_key, now + member.session_timeout_ms)
             out.reply(token, sync_response(version, _NONE, group.protocol_type, group.protocol_name,
                                            member.assignment))
+
+    def _store_assignment(self, group: Group, assignment: dict[str, bytes], member_parts: list | None, now: int,
+                          wall: int, out: Result) -> None:
+        """The leader's assignment: the group's record (answers wait for it), each member's
+        assignment, the parked SyncGroups answered, Stable."""
+        self._write_group(out, group, assignment, member_parts)
+        get = assignment.get
+        for m in group.members.values():
+            m.assignment = get(m.member_id, b"")
+        self._propagate_assignment(group, _NONE, now, out)
+        group.transition_to(STABLE, wall)
+        self._finish_rebalance(group, "stable", now, wall)
+
+    def _assign_in_slices(self, group: Group, job, generation: int, assignment: dict[str, bytes],
+                          members: list[Member], start: int, parts: list, now: int, wall: int,
+                          out: Result) -> None:
+        """Encode the record entries of ``members[start:]`` RECORD_SLICE at a time (one slice per
+        loop turn, ``out.defer``), then store the assignment (:meth:`_store_assignment`). Until then
+        the group stays CompletingRebalance, as Kafka's does until its record is appended: a
+        follower's SyncGroup parks, and anything that moves the group on (a member leaving, a
+        new join phase, the leader syncing again) makes the next slice drop this job."""
+        get = assignment.get
+        end = start + RECORD_SLICE
+        encoded.record_member_parts(members[start:end], group.protocol_name, lambda m: get(m.member_id, b""),
+                                    parts)
+        if end < len(members):
+            gid = group.group_id
+
+            def more(now: int, wall: int) -> Result:
+                res = Result(shards=self._shard_set)
+                if (self.groups.get(gid) is group and group.assigning is job and group.generation == generation
+                        and group.state == COMPLETING_REBALANCE):
+                    self._assign_in_slices(group, job, generation, assignment, members, end, parts, now, wall,
+                                           res)
+                return res
+            out.defer(more)
+            return
+        group.assigning = None
+        current = group.members
+        if len(current) != len(members) or any(current.get(m.member_id) is not m for m in members):
+            parts = None  # the members changed meanwhile without a new rebalance: encode them now
+        self._store_assignment(group, assignment, parts, now, wall, out)
 
     def _remove_pending_sync(self, group: Group, member_id: str) -> None:
         group.pending_sync.discard(member_id)
@@ -805,9 +903,11 @@ class ClassicGroups:
         for mid in group.pending_members:
             t.cancel(("pending", gid, mid))
 
-    def _write_group(self, out: Result, group: Group, assignment: dict[str, bytes] | None = None) -> None:
+    def _write_group(self, out: Result, group: Group, assignment: dict[str, bytes] | None = None,
+                     member_parts: list | None = None) -> None:
         """The group's GroupMetadata record: the encoded head, then each member's cached part
-        (encoded.py) and its assignment (``assignment``'s, else the member's own)."""
+        (encoded.py) and its assignment (``assignment``'s, else the member's own); ``member_parts``:
+        those already encoded, for the group's current members in order."""
         members = list(group.members.values())
         head = GroupMetadataValue(
             protocol_type=group.protocol_type or "", generation=group.generation,
@@ -823,7 +923,7 @@ class ClassicGroups:
             def assignment_of(m):
                 return m.assignment
         try:
-            value = encoded.group_record_value(head, members, assignment_of)
+            value = encoded.group_record_value(head, members, assignment_of, member_parts)
         except _ENCODE_FAILURES as exc:
             raise records.RecordError(str(exc)) from None
         out.writes.append((self.shard_id, records.group_metadata_key(group.group_id), value))
