@@ -386,6 +386,7 @@ class Group:
         "due",
         "timer",
         "finished",
+        "cg",  # consumer: the group's CgTrack (convergence, kept incrementally)
     )
 
     def __init__(self, group_id: str, size: int, slot: int):
@@ -405,6 +406,64 @@ class Group:
         self.due = 0.0
         self.timer = None
         self.finished = True
+        self.cg = None
+
+
+class CgTrack:
+    """The convergence of one consumer-protocol (KIP-848) group, kept as its members change so
+    that asking costs O(1) and a member's change O(its assignment), not O(members): how many
+    members are settled at each epoch (epoch > 0, an assignment known, not acknowledging one), how
+    many partition slots the members own in all, and how many of those are duplicates. Converged:
+    every member settled at one epoch, and the ``partitions`` partitions owned exactly once."""
+
+    __slots__ = ("size", "partitions", "settled", "owners", "seen", "dups")
+
+    def __init__(self, size: int, partitions: int):
+        self.size = size
+        self.partitions = partitions
+        self.settled: dict[int, int] = {}  # epoch -> members settled at it
+        self.owners: dict[tuple, int] = {}  # (topic id, partition) -> members owning it
+        self.seen = 0  # partitions owned, counted once per owner
+        self.dups = 0  # owners beyond the first, over all partitions
+
+    def remove(self, mem) -> None:
+        """Take ``mem``'s current state out (call before changing it)."""
+        if mem.generation > 0 and mem.owned is not None and not mem.acking:
+            left = self.settled[mem.generation] - 1
+            if left:
+                self.settled[mem.generation] = left
+            else:
+                del self.settled[mem.generation]
+        if mem.owned:
+            owners = self.owners
+            for t, ps in mem.owned.items():
+                self.seen -= len(ps)
+                for p in ps:
+                    k = (t, p)
+                    c = owners[k] - 1
+                    if c:
+                        owners[k] = c
+                        self.dups -= 1
+                    else:
+                        del owners[k]
+
+    def add(self, mem) -> None:
+        """Count ``mem``'s current state in (call after changing it)."""
+        if mem.generation > 0 and mem.owned is not None and not mem.acking:
+            self.settled[mem.generation] = self.settled.get(mem.generation, 0) + 1
+        if mem.owned:
+            owners = self.owners
+            for t, ps in mem.owned.items():
+                self.seen += len(ps)
+                for p in ps:
+                    k = (t, p)
+                    c = owners.get(k, 0)
+                    if c:
+                        self.dups += 1
+                    owners[k] = c + 1
+
+    def converged(self, epoch: int) -> bool:
+        return self.settled.get(epoch, 0) == self.size and not self.dups and self.seen == self.partitions
 
 
 class Stats:
@@ -486,6 +545,9 @@ class Worker:
         topic = cfg["topic"]
         self.subscription = encode_subscription(Subscription(topics=[topic]), 1)
         self.consumer = cfg.get("protocol") == "consumer"
+        if self.consumer:
+            for g in self.groups:
+                g.cg = CgTrack(len(g.members), cfg["topic_partitions"])
         self.hb_interval = cfg["hb_interval"]  # consumer: the server's heartbeat_interval_ms
         self.loop = None
 
@@ -865,6 +927,11 @@ class Worker:
         """Apply a successful ConsumerGroupHeartbeat answer to ``mem``; -> whether its next
         heartbeat differs (a new epoch, or a new assignment to acknowledge)."""
         changed = False
+        tr = mem.group.cg
+        if r.assignment is None and not mem.acking and r.member_epoch == mem.generation:
+            return False
+        if tr is not None:
+            tr.remove(mem)
         if r.assignment is not None:
             mem.owned = {tp.topic_id: frozenset(tp.partitions) for tp in r.assignment.topic_partitions}
             mem.acking = changed = True
@@ -874,21 +941,26 @@ class Worker:
         if r.member_epoch != mem.generation:
             mem.generation = r.member_epoch
             changed = True
+        if tr is not None:
+            tr.add(mem)
         return changed
+
+    def cg_set(self, mem: Member, **fields) -> None:
+        """Set a consumer-protocol member's ``generation`` / ``owned`` / ``acking``, keeping its
+        group's :class:`CgTrack` in step (every change of those three goes through here or
+        :meth:`cg_answer`)."""
+        tr = mem.group.cg
+        if tr is not None:
+            tr.remove(mem)
+        for k, v in fields.items():
+            setattr(mem, k, v)
+        if tr is not None:
+            tr.add(mem)
 
     def cg_converged(self, g: Group) -> bool:
         """Every member at the same epoch, its latest assignment acknowledged, and the topic's
-        partitions owned exactly once between them."""
-        epoch = g.members[0].generation
-        seen = 0
-        union = set()
-        for mem in g.members:
-            if mem.generation != epoch or mem.generation <= 0 or mem.acking or mem.owned is None:
-                return False
-            for t, ps in mem.owned.items():
-                seen += len(ps)
-                union.update((t, p) for p in ps)
-        return seen == len(union) == self.cfg["topic_partitions"]
+        partitions owned exactly once between them: O(1), from the group's :class:`CgTrack`."""
+        return g.cg.converged(g.members[0].generation)
 
     async def join_consumer(self, g: Group, mem: Member, conn: PipeConn):
         """One consumer-protocol member: join (epoch 0, a member id of its own making, as KIP-848
@@ -896,8 +968,7 @@ class Worker:
         to acknowledge) until its group has converged (:meth:`cg_converged`)."""
         st, v = self.stats, self.v["cg_heartbeat"]
         mem.member_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
-        mem.generation = 0
-        mem.owned, mem.acking = None, False
+        self.cg_set(mem, generation=0, owned=None, acking=False)
         while not g.done.is_set():
             r, lat = await conn.call(self.cg_request(g, mem, mem.generation, mem.acking), v)
             st.join_requests += 1
@@ -906,7 +977,7 @@ class Worker:
             if r.error_code:
                 st.error(st.join_errors, r.error_code)
                 if r.error_code in (E.FENCED_MEMBER_EPOCH, E.UNKNOWN_MEMBER_ID):
-                    mem.generation, mem.owned, mem.acking = 0, None, False  # rejoin, as a client does
+                    self.cg_set(mem, generation=0, owned=None, acking=False)  # rejoin, as a client does
                 await asyncio.sleep(self.cfg["cg_join_poll"])
                 continue
             if r.heartbeat_interval_ms > 0:

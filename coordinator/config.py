@@ -101,6 +101,10 @@ class Config:
     #: server-side assignors a member may name (`ServerAssignor`); the first is the default
     #: (UNSUPPORTED_ASSIGNOR for others)
     group_consumer_assignors: str = "uniform,range"  # group.consumer.assignors (the first is the default)
+    #: Kafka: group.consumer.assignment.interval.ms
+    #: least time between two runs of a consumer group's server-side assignor (KIP-1263): joins
+    #: arriving together are assigned in one run; 0: every heartbeat that needs it runs it
+    group_consumer_assignment_interval_ms: int = 0  # group.consumer.assignment.interval.ms
 
     # topic catalog
     #: Kafka: auto.create.topics.enable
@@ -361,6 +365,7 @@ class Config:
                 min_heartbeat_interval_ms=self.group_consumer_min_heartbeat_interval_ms,
                 max_heartbeat_interval_ms=self.group_consumer_max_heartbeat_interval_ms,
                 max_size=self.group_consumer_max_size,
+                assignment_interval_ms=self.group_consumer_assignment_interval_ms,
                 authorize_regex=self.authorizer == "acl",
                 assignors=tuple(a.strip() for a in self.group_consumer_assignors.split(",") if a.strip()))
         except ValueError as exc:

@@ -250,19 +250,73 @@ def test_consumer_group_converged_only_when_every_partition_is_owned_once_at_one
     g = w.groups[0]
     a, b = g.members
     t = b"\x02" * 16
-    a.generation = b.generation = 3
-    a.owned, b.owned = {t: frozenset({0, 1})}, {t: frozenset({2, 3})}
+    w.cg_set(a, generation=3, owned={t: frozenset({0, 1})})
+    assert not w.cg_converged(g)  # b has no assignment yet
+    w.cg_set(b, generation=3, owned={t: frozenset({2, 3})})
     assert w.cg_converged(g)
-    b.acking = True  # its assignment not yet acknowledged
+    w.cg_set(b, acking=True)  # its assignment not yet acknowledged
     assert not w.cg_converged(g)
-    b.acking = False
-    b.generation = 2
+    w.cg_set(b, acking=False)
+    w.cg_set(b, generation=2)
     assert not w.cg_converged(g)
-    b.generation = 3
-    b.owned = {t: frozenset({1, 2, 3})}  # partition 1 owned twice
+    w.cg_set(b, generation=3)
+    assert w.cg_converged(g)
+    w.cg_set(b, owned={t: frozenset({1, 2, 3})})  # partition 1 owned twice
     assert not w.cg_converged(g)
-    b.owned = {t: frozenset({2})}  # partition 3 owned by no one
+    w.cg_set(b, owned={t: frozenset({2})})  # partition 3 owned by no one
     assert not w.cg_converged(g)
+    w.cg_set(b, owned={t: frozenset({2, 3})})
+    assert w.cg_converged(g)
+    w.cg_set(a, generation=0, owned=None, acking=False)  # fenced: rejoins
+    assert not w.cg_converged(g)
+
+
+def _walk_converged(g, partitions):
+    """The convergence check by walking every member (what CgTrack keeps incrementally)."""
+    epoch = g.members[0].generation
+    seen, union = 0, set()
+    for mem in g.members:
+        if mem.generation != epoch or mem.generation <= 0 or mem.acking or mem.owned is None:
+            return False
+        for t, ps in mem.owned.items():
+            seen += len(ps)
+            union.update((t, p) for p in ps)
+    return seen == len(union) == partitions
+
+
+def test_consumer_group_convergence_kept_incrementally_agrees_with_a_full_walk():
+    import random
+
+    rnd = random.Random(848)
+    cfg = dict(L.DEFAULTS, proc=0, bootstrap="127.0.0.1:1", group_ids=["g-1"], hb_conns=1, members=5,
+               protocol="consumer", topic_partitions=6)
+    w = L.Worker(cfg, None)
+    g = w.groups[0]
+    ts = [b"\x03" * 16, b"\x04" * 16]
+    agreed = {True: 0, False: 0}
+    for _ in range(5000):
+        mem = rnd.choice(g.members)
+        kind = rnd.random()
+        if kind < 0.2:  # an answer: maybe a new assignment, maybe a new epoch
+            asg = None
+            if rnd.random() < 0.5:
+                asg = m.ConsumerGroupHeartbeatResponseAssignment(topic_partitions=[
+                    m.ConsumerGroupHeartbeatResponseTopicPartitions(
+                        topic_id=t, partitions=rnd.sample(range(3), rnd.randint(0, 2)))
+                    for t in ts if rnd.random() < 0.7])
+            w.cg_answer(mem, m.ConsumerGroupHeartbeatResponse(member_epoch=rnd.randint(1, 3), assignment=asg))
+        elif kind < 0.23:
+            w.cg_set(mem, generation=0, owned=None, acking=False)
+        else:  # steer towards convergence: a partition of each topic per member, at epoch 2
+            k = g.members.index(mem)
+            owned = {ts[k % 2]: frozenset({k // 2})}
+            if k == 4:
+                owned[ts[1]] = frozenset({2})
+            w.cg_set(mem, generation=2, owned=owned, acking=rnd.random() < 0.1)
+        want = _walk_converged(g, 6)
+        assert w.cg_converged(g) == want
+        agreed[want] += 1
+    assert agreed[True] > 10 and agreed[False] > 10  # both outcomes exercised
 
 
 def test_next_due_keeps_each_members_phase_unless_told_to_slip():

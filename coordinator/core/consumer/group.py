@@ -170,7 +170,8 @@ def _fmt(a: dict) -> str:
 class ConsumerGroup:
     __slots__ = ("group_id", "group_epoch", "assignment_epoch", "subscription_metadata", "members",
                  "target", "static_members", "partition_epochs", "state", "state_history",
-                 "epoch_reasons", "has_epoch_record")
+                 "epoch_reasons", "has_epoch_record", "_topic_counts", "_regex_counts", "_assignor_counts",
+                 "_stable_at")
 
     def __init__(self, group_id: str):
         self.group_id = group_id
@@ -188,6 +189,13 @@ class ConsumerGroup:
         # why the group epoch moved: (epoch, reason), newest last (not durable: the flight recorder)
         self.epoch_reasons: list[tuple[int, str]] = []
         self.has_epoch_record = False
+        # Kept as records are applied, so that no heartbeat walks the members (a 5,000-member
+        # group): subscribed topic name / regex / named assignor -> members naming it, and member
+        # epoch -> members Stable at it.
+        self._topic_counts: dict[str, int] = {}
+        self._regex_counts: dict[str, int] = {}
+        self._assignor_counts: dict[str, int] = {}
+        self._stable_at: dict[int, int] = {}
 
     # ---- derived state --------------------------------------------------------------------------
 
@@ -196,9 +204,9 @@ class ConsumerGroup:
             return EMPTY
         if self.group_epoch > self.assignment_epoch:
             return ASSIGNING
-        for m in self.members.values():
-            if not m.is_reconciled_to(self.assignment_epoch):
-                return RECONCILING
+        # every member reconciled to the assignment epoch (Member.is_reconciled_to), counted
+        if self._stable_at.get(self.assignment_epoch, 0) != len(self.members):
+            return RECONCILING
         return STABLE
 
     def settle(self) -> str:
@@ -235,26 +243,41 @@ class ConsumerGroup:
         return self.members.get(mid) if mid is not None else None
 
     def subscribed_topic_names(self) -> set[str]:
-        names: set[str] = set()
-        for m in self.members.values():
-            names.update(m.subscribed_topic_names)
-        return names
+        return set(self._topic_counts)
 
     def regexes(self) -> set[str]:
-        return {m.subscribed_topic_regex for m in self.members.values() if m.subscribed_topic_regex}
+        return set(self._regex_counts)
 
     def preferred_assignor(self, default: str) -> str:
         """The assignor most members name (ties: the name first in sort order), else ``default``
         (Kafka's ``computePreferredServerAssignor``)."""
-        counts: dict[str, int] = {}
-        for m in self.members.values():
-            if m.server_assignor:
-                counts[m.server_assignor] = counts.get(m.server_assignor, 0) + 1
+        counts = self._assignor_counts
         if not counts:
             return default
         return min(counts, key=lambda a: (-counts[a], a))
 
     # ---- applying records (the only way durable state changes) ------------------------------------
+
+    def _index(self, m: Member, step: int) -> None:
+        """Count ``m``'s subscription and assignor in (step 1) or out (-1) of the group's counts."""
+        for counts, keys in ((self._topic_counts, m.subscribed_topic_names),
+                             (self._regex_counts, (m.subscribed_topic_regex,) if m.subscribed_topic_regex else ()),
+                             (self._assignor_counts, (m.server_assignor,) if m.server_assignor else ())):
+            for k in keys:
+                c = counts.get(k, 0) + step
+                if c:
+                    counts[k] = c
+                else:
+                    del counts[k]
+
+    def _index_state(self, m: Member, step: int) -> None:
+        """Count ``m`` in (1) or out (-1) of the members Stable at its epoch."""
+        if m.state == MEMBER_STABLE:
+            c = self._stable_at.get(m.member_epoch, 0) + step
+            if c:
+                self._stable_at[m.member_epoch] = c
+            else:
+                del self._stable_at[m.member_epoch]
 
     def _disown(self, member: Member) -> None:
         for assignment in (member.assigned, member.pending_revocation):
@@ -277,6 +300,7 @@ class ConsumerGroup:
         m = self.members.get(member_id)
         if m is None:
             m = self.members[member_id] = Member(member_id)
+            self._index_state(m, 1)
         return m
 
     def apply_member_metadata(self, member_id: str, value) -> None:
@@ -286,6 +310,8 @@ class ConsumerGroup:
                 return
             if m.assigned or m.pending_revocation:
                 self._disown(m)
+            self._index(m, -1)
+            self._index_state(m, -1)
             del self.members[member_id]
             if m.instance_id is not None and self.static_members.get(m.instance_id) == member_id:
                 del self.static_members[m.instance_id]
@@ -294,6 +320,7 @@ class ConsumerGroup:
         if m.instance_id is not None and m.instance_id != value.instance_id \
                 and self.static_members.get(m.instance_id) == member_id:
             del self.static_members[m.instance_id]
+        self._index(m, -1)
         m.instance_id = value.instance_id
         m.rack_id = value.rack_id
         m.client_id = value.client_id
@@ -303,6 +330,7 @@ class ConsumerGroup:
         m.rebalance_timeout_ms = value.rebalance_timeout_ms
         m.server_assignor = value.server_assignor
         m.has_metadata = True
+        self._index(m, 1)
         if m.instance_id is not None:
             self.static_members[m.instance_id] = member_id
 
@@ -310,9 +338,13 @@ class ConsumerGroup:
                                  assigned: dict, pending: dict) -> None:
         m = self._member(member_id)
         self._disown(m)
+        self._index_state(m, -1)
         m.member_epoch = epoch
         m.previous_member_epoch = previous_epoch
-        m.set_state(state)
+        try:
+            m.set_state(state)
+        finally:
+            self._index_state(m, 1)
         m.assigned = assigned
         m.pending_revocation = pending
         old_at = m.assigned_at
@@ -329,9 +361,11 @@ class ConsumerGroup:
         if m is None:
             return
         self._disown(m)
+        self._index_state(m, -1)
         m.member_epoch = 0
         m.previous_member_epoch = 0
         m.state = MEMBER_STABLE
+        self._index_state(m, 1)
         m.assigned = {}
         m.pending_revocation = {}
         m.assigned_at = {}

@@ -19,7 +19,10 @@ The heartbeat follows Kafka's ``GroupMetadataManager.consumerGroupHeartbeat``:
    member id takes over the old one's assignment (nobody else moves);
 4. write its metadata if it changed; a changed subscription, or a changed view of the subscribed
    topics, bumps the group epoch;
-5. group epoch ahead of the assignment epoch: run the assignor (target assignment records);
+5. group epoch ahead of the assignment epoch: run the assignor (target assignment records), at
+   most once per ``assignment_interval_ms`` per group (Kafka 4.3's
+   ``group.consumer.assignment.interval.ms``, KIP-1263: joins arriving together are assigned in
+   one run; until it is due, members reconcile toward the target they have, at its epoch);
 6. reconcile the member toward its target (:func:`next_assignment`, Kafka's
    ``CurrentAssignmentBuilder``): revoke first, then assign what nobody else owns;
 7. answer: member id, epoch, heartbeat interval, and the assignment when the request was a full
@@ -82,6 +85,9 @@ class ConsumerGroupConfig:
     max_heartbeat_interval_ms: int = 15_000  # group.consumer.max.heartbeat.interval.ms
     max_size: int = INT32_MAX  # group.consumer.max.size
     assignors: tuple[str, ...] = ("uniform", "range")  # group.consumer.assignors (first = default)
+    # group.consumer.assignment.interval.ms (Kafka 4.3, KIP-1263): the least time between two runs
+    # of a group's assignor; 0: every heartbeat that finds the group epoch ahead runs it
+    assignment_interval_ms: int = 0
     # authorizer = acl: a regex subscription resolves to the topics the member whose heartbeat
     # resolves it may DESCRIBE (Kafka 4, KAFKA-18813)
     authorize_regex: bool = False
@@ -97,6 +103,8 @@ class ConsumerGroupConfig:
             bad("group.consumer.heartbeat.interval.ms must be lower than the session timeout")
         if self.max_size < 1:
             bad("group.consumer.max.size must be at least 1")
+        if self.assignment_interval_ms < 0:
+            bad("group.consumer.assignment.interval.ms must be at least 0")
         if not self.assignors or any(a not in ASSIGNORS for a in self.assignors):
             bad(f"group.consumer.assignors must name some of {sorted(ASSIGNORS)}")
 
@@ -284,6 +292,8 @@ class ConsumerGroups:
         # its regexes (in memory: after a restart, until a member's heartbeat resolves them again,
         # a regex keeps the topics it had: the PartitionMetadata replayed)
         self._regex_filter: dict[str, object] = {}
+        # per group: when its assignor last ran (in memory: after a restart the next heartbeat runs it)
+        self._assigned_at: dict[str, int] = {}
 
     # ==== records ===============================================================================
 
@@ -300,6 +310,7 @@ class ConsumerGroups:
                 group.mark_dead()
                 del self.groups[gid]
                 self._regex_filter.pop(gid, None)
+                self._assigned_at.pop(gid, None)
             else:
                 group.group_epoch = v.epoch
                 group.has_epoch_record = True
@@ -453,13 +464,33 @@ class ConsumerGroups:
                        if rx.fullmatch(name) and (allows is None or allows(name)))
         return frozenset(ids)
 
+    def _assignment_due(self, gid: str, now: int) -> bool:
+        """Whether the group's assignor may run now: ``assignment_interval_ms`` since its last run
+        (the first run, and every run with an interval of 0, at once)."""
+        interval = self.config.assignment_interval_ms
+        last = self._assigned_at.get(gid)
+        return interval <= 0 or last is None or now - last >= interval
+
     def _update_target(self, group: ConsumerGroup, out: Records) -> None:
         """Kafka's TargetAssignmentBuilder: run the group's assignor, write the members whose
         target changed, then the new assignment epoch."""
         epoch = group.group_epoch
         assignor = ASSIGNORS[group.preferred_assignor(self.config.assignors[0] or DEFAULT_ASSIGNOR)]
-        subs = {mid: MemberSubscription(self._member_topic_ids(group, m), m.instance_id, m.rack_id)
-                for mid, m in group.members.items()}
+        # members with the same subscription (the usual case: all of them) share one resolution
+        # and, without an instance or rack id, one MemberSubscription
+        shared: dict[tuple, MemberSubscription] = {}
+        subs = {}
+        for mid, m in group.members.items():
+            key = m.subscription_key()
+            if m.instance_id is None and m.rack_id is None:
+                sub = shared.get(key)
+                if sub is None:
+                    sub = shared[key] = MemberSubscription(self._member_topic_ids(group, m))
+            else:
+                shared_ids = shared.get(key)
+                ids = shared_ids.topic_ids if shared_ids is not None else self._member_topic_ids(group, m)
+                sub = MemberSubscription(ids, m.instance_id, m.rack_id)
+            subs[mid] = sub
         topics = {tid: n for tid, n in group.subscription_metadata.values()}
         # A static member that came back under a new id inherits its predecessor's target.
         result = assignor(subs, topics, group.target)
@@ -687,8 +718,9 @@ class ConsumerGroups:
                 reasons.append("subscribed topic metadata changed")
         if reasons:
             self._bump(group, out, "; ".join(reasons))
-        if group.group_epoch > group.assignment_epoch:
+        if group.group_epoch > group.assignment_epoch and self._assignment_due(gid, now):
             self._update_target(group, out)
+            self._assigned_at[gid] = now
         m = group.members[mid]
         nxt = next_assignment(m, group.assignment_epoch, group.target.get(mid, {}), group.partition_epoch, owned)
         if nxt != _same(m):

@@ -581,3 +581,67 @@ def test_member_in_an_unknown_state_is_fenced_unless_it_owns_nothing():
     assert resp.error_code == 0 and parts(a) == {0, 1}
     assert h.group().members["a"].state == MEMBER_STABLE
     h.assert_replay_equivalent()
+
+
+def test_assignment_interval_runs_the_assignor_once_for_joins_arriving_together():
+    """group.consumer.assignment.interval.ms (KIP-1263): the first join runs the assignor at once;
+    joins within the interval bump the group epoch only (the group is Assigning, a new member gets
+    the target it has: nothing, at the assignment epoch); the first heartbeat after the interval
+    runs it once for all of them, and the group converges as without the interval."""
+    h = Harness({"t": 6}, ConsumerGroupConfig(assignment_interval_ms=1000))
+    a = Client(h, "a")
+    assert a.join().error_code == 0 and parts(a) == set(range(6))
+    g = h.group()
+    assert (g.group_epoch, g.assignment_epoch, g.state) == (2, 2, STABLE)
+    others = [Client(h, f"m{i}") for i in range(5)]
+    h.advance(10)
+    for c in others:
+        resp = c.join()
+        assert resp.error_code == 0 and resp.member_epoch == 2 and parts(c) == set()
+    g = h.group()
+    assert (g.group_epoch, g.assignment_epoch, g.state) == (7, 2, ASSIGNING)
+    targets = sum(1 for k, _ in h.log if cr.decode(k, None)[0] == cr.TARGET_MEMBER)
+    # a heartbeat within the interval: no run, a keeps everything
+    h.advance(500)
+    assert a.heartbeat().error_code == 0 and parts(a) == set(range(6))
+    assert h.group().assignment_epoch == 2
+    assert sum(1 for k, _ in h.log if cr.decode(k, None)[0] == cr.TARGET_MEMBER) == targets
+    # after the interval: one run at the group's epoch, for all six
+    h.advance(500)
+    a.heartbeat()
+    g = h.group()
+    assert g.assignment_epoch == g.group_epoch == 7
+    assert sorted(len(t.get(T, ())) for t in g.target.values()) == [1] * 6
+    clients = [a, *others]
+    run_rounds(h, clients, rounds=5, step_ms=100)
+    assert sorted(c.count() for c in clients) == [1] * 6
+    assert_never_owned_twice(clients)
+    h.assert_replay_equivalent()
+
+
+def test_assignment_interval_is_checked():
+    with pytest.raises(ValueError, match="assignment.interval.ms"):
+        ConsumerGroupConfig(assignment_interval_ms=-1)
+    assert ConsumerGroupConfig().assignment_interval_ms == 0  # every heartbeat that needs it runs it
+
+
+def test_group_state_and_subscriptions_are_counted_not_walked():
+    """Stable / Reconciling and the subscribed topics come from counts kept as records apply:
+    they follow members joining, reconciling and leaving."""
+    h = Harness({"t": 4, "u": 2})
+    a, b = Client(h, "a", topics=["t"]), Client(h, "b", topics=["t", "u"], assignor="range")
+    a.join()
+    g = h.group()
+    assert g.subscribed_topic_names() == {"t"} and g.preferred_assignor("uniform") == "uniform"
+    b.join()
+    g = h.group()
+    assert g.subscribed_topic_names() == {"t", "u"} and g.preferred_assignor("uniform") == "range"
+    assert g.computed_state() == RECONCILING
+    run_rounds(h, [a, b], rounds=5, step_ms=100)
+    assert h.group().computed_state() == STABLE
+    b.leave()
+    g = h.group()
+    assert g.subscribed_topic_names() == {"t"} and g.preferred_assignor("uniform") == "uniform"
+    a.leave()
+    g = h.group()
+    assert g.subscribed_topic_names() == set() and g.computed_state() == EMPTY

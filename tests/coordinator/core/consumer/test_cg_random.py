@@ -7,6 +7,7 @@ import random
 import pytest
 
 from coordinator.core.consumer.group import STATIC_LEAVE_EPOCH
+from coordinator.core.consumer.groups import ConsumerGroupConfig
 from protocol import errors as E
 from protocol.messages import ConsumerGroupHeartbeatRequest
 from tests.coordinator.core.consumer.cg_harness import Client, Harness, assert_never_owned_twice, run_rounds
@@ -33,6 +34,30 @@ def check(h: Harness, clients) -> None:
                     owned[(t, p)] = m.member_id
                     assert g.partition_epochs[(t, p)] == m.member_epoch
     assert len(owned) == len(g.partition_epochs)
+    check_counts(g)
+
+
+def check_counts(g) -> None:
+    """What the group keeps counted as records apply (so no heartbeat walks its members) is what
+    a walk of the members finds."""
+    names, regexes, assignors = set(), set(), {}
+    for m in g.members.values():
+        names.update(m.subscribed_topic_names)
+        if m.subscribed_topic_regex:
+            regexes.add(m.subscribed_topic_regex)
+        if m.server_assignor:
+            assignors[m.server_assignor] = assignors.get(m.server_assignor, 0) + 1
+    assert g.subscribed_topic_names() == names and g.regexes() == regexes
+    assert g.preferred_assignor("dflt") == (min(assignors, key=lambda a: (-assignors[a], a)) if assignors else "dflt")
+    if not g.members:
+        want = "Empty"
+    elif g.group_epoch > g.assignment_epoch:
+        want = "Assigning"
+    elif all(m.is_reconciled_to(g.assignment_epoch) for m in g.members.values()):
+        want = "Stable"
+    else:
+        want = "Reconciling"
+    assert g.computed_state() == want
 
 
 def step(h: Harness, clients, rng: random.Random) -> None:
@@ -91,10 +116,22 @@ def step(h: Harness, clients, rng: random.Random) -> None:
 
 @pytest.mark.parametrize("seed", range(25))
 def test_random_runs(seed):
+    random_run(seed, ConsumerGroupConfig())
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_random_runs_with_an_assignment_interval(seed):
+    """group.consumer.assignment.interval.ms: the assignor runs at most once a second per group;
+    in between, members reconcile toward the target they have. Same invariants, same end."""
+    random_run(seed, ConsumerGroupConfig(assignment_interval_ms=1000), assignor="uniform", rounds=30)
+
+
+def random_run(seed, config, assignor=None, rounds=12):
     rng = random.Random(seed)
-    h = Harness({"t": rng.randrange(1, 12), "u": rng.randrange(1, 8)})
+    h = Harness({"t": rng.randrange(1, 12), "u": rng.randrange(1, 8)}, config)
     clients = [Client(h, f"m{i}", instance_id=(f"i{i}" if i % 3 == 0 else None),
-                      rebalance_timeout_ms=rng.choice([5_000, 30_000]), topics=["t", "u"]) for i in range(6)]
+                      rebalance_timeout_ms=rng.choice([5_000, 30_000]), topics=["t", "u"],
+                      assignor=assignor if i % 2 else None) for i in range(6)]
     for _ in range(400):
         step(h, clients, rng)
         check(h, clients)
@@ -111,7 +148,7 @@ def test_random_runs(seed):
         else:
             c.join()  # rejoin with the common subscription
         check(h, clients)
-    run_rounds(h, clients, rounds=12, step_ms=100)
+    run_rounds(h, clients, rounds=rounds, step_ms=100)
     g = h.group()
     total = sum(n for _, n in h.topics.topics.values())
     counts = sorted(c.count() for c in clients)

@@ -333,3 +333,19 @@ def test_offset_commit_with_an_older_member_epoch_is_accepted_for_partitions_sti
         group_id="g", member_id=None, member_epoch=-1, topics=[m.OffsetFetchRequestTopics("t", [0, 1, 2, 3])])]))
     assert {p.partition_index: p.committed_offset for p in fetched.groups[0].topics[0].partitions} == \
         {p: 100 + p for p in range(4)}
+
+
+def test_the_assignment_interval_setting_reaches_the_consumer_groups():
+    """group_consumer_assignment_interval_ms: a join within the interval after the group's last
+    assignor run waits for the next run (Assigning, nothing assigned yet); a heartbeat after the
+    interval runs it and the members converge."""
+    h = harness(group_consumer_assignment_interval_ms=1000)
+    a = join(h)
+    assert owned_of(a) == {T: {0, 1, 2, 3}}
+    b = join(h)
+    assert b.error_code == 0 and b.member_epoch == a.member_epoch and owned_of(b) == {}
+    assert h.gc.describe_group("g")["state"] == "Assigning"
+    h.advance(1000)
+    st = converge(h, "g", {a.member_id: [a.member_epoch, owned_of(a)], b.member_id: [b.member_epoch, {}]})
+    assert sorted(len(st[mid][1].get(T, ())) for mid in st) == [2, 2]
+    assert h.gc.describe_group("g")["state"] == "Stable"
