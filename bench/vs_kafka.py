@@ -337,10 +337,15 @@ def big_group_summary(r: dict) -> dict:
 
 
 def big_group_ratios(h: dict, k: dict) -> dict:
-    """kafka / herd for one size's two summaries (> 1: herd better; None where either is missing or 0)."""
+    """kafka / herd for one size's two summaries (> 1: herd better; None where either is missing or 0).
+    The formation and rebalance times compare only groups that both completed (a failed SyncGroup
+    ends a formation early: e.g. Kafka's group record over ``message.max.bytes``)."""
     keys = ("hb_p99_ms", "formation_hb_p99_ms", "rebalance_hb_p99_ms", "formation_hb_max_ms", "rebalance_hb_max_ms",
             "formation_s", "rebalance_s", "formation_server_cpu_s", "rebalance_server_cpu_s", "server_rss_mb_end")
-    return {x: ratio(k.get(x), h.get(x)) for x in keys}
+    both = bool(h.get("big_group_complete") and k.get("big_group_complete"))
+    out = {x: ratio(k.get(x), h.get(x)) for x in keys if both or x not in ("formation_s", "rebalance_s")}
+    out["both_complete"] = both
+    return out
 
 
 # -- main ---------------------------------------------------------------------------------------

@@ -59,4 +59,8 @@ def test_the_big_group_row_summarises_and_divides_kafka_by_herd():
     r = V.big_group_ratios(hs, ks)
     assert r["formation_hb_p99_ms"] == 4.0 and r["rebalance_hb_p99_ms"] == 0.5 and r["hb_p99_ms"] == 4.0
     assert r["formation_s"] == 2.0 and r["server_rss_mb_end"] == 5.0 and r["rebalance_s"] == 1.0
+    assert r["both_complete"] is True
     assert V.big_group_ratios(hs, dict(ks, formation_s=None))["formation_s"] is None
+    failed = V.big_group_ratios(hs, dict(ks, big_group_complete=False))  # its times are the time to failure
+    assert failed["both_complete"] is False and "formation_s" not in failed and "rebalance_s" not in failed
+    assert failed["hb_p99_ms"] == 4.0
