@@ -106,7 +106,12 @@ class HerdServer:
             root = extract(args.rev, self._tmp.name)
             self.info["daemon_rev"] = args.rev
         extra = ["--metrics-port", "0", "--max-connections", str(n + args.groups + 2000)]
-        self.herd = TreeHerd(root, fsync=args.fsync, log_level="info", extra_args=extra)
+        env = None
+        if getattr(args, "trace_turns", None):  # bench/turn_trace_site: each loop callback's cost, written at exit
+            env = {"HERD_TURN_TRACE": os.path.abspath(args.trace_turns),
+                   "PYTHONPATH": os.path.join(os.path.dirname(os.path.abspath(__file__)), "turn_trace_site")}
+            self.info["turn_trace"] = env["HERD_TURN_TRACE"]
+        self.herd = TreeHerd(root, fsync=args.fsync, log_level="info", extra_args=extra, env=env)
         self.mport = None
 
     def __enter__(self):
@@ -499,11 +504,13 @@ def main(argv=None):
                     "and the small groups' processes) on the others, as bench.scale --pin")
     ap.add_argument("--profile", default=None, help="directory: py-spy the daemon during the big group's phases")
     ap.add_argument("--profile-rate", type=int, default=200)
+    ap.add_argument("--trace-turns", default=None, help="file: the daemon records each loop callback's "
+                    "start and end (bench/turn_trace_site), written when it stops")
     ap.add_argument("--rev", default=None, help="run the daemon from this git revision (git archive), "
                     "e.g. main for a before/after comparison; default: this tree")
     args = U.parse(ap, argv, {"big": (1000, 5000), "groups": (100, 1000), "window": (25.0, 60.0)})
-    if args.target != "herd" and (args.profile or args.rev or args.fsync != "always"):
-        ap.error("--profile, --rev and --fsync are for --target herd")
+    if args.target != "herd" and (args.profile or args.rev or args.trace_turns or args.fsync != "always"):
+        ap.error("--profile, --rev, --trace-turns and --fsync are for --target herd")
     out = {"bench": "big_group", "params": vars(args), "machine": U.environment()}
     out["run"] = run(args)
     c = out["run"]["checks"]

@@ -89,7 +89,7 @@ REPLAY_STEP = 20_000
 # answer per member) leave in slices of this size, one slice per loop turn, so the other
 # connections' requests are served between them (issue 31 item 4). The order of a connection's
 # answers is unchanged: a parked request holds its connection, a held one keeps its place.
-RELEASE_SLICE = 256
+RELEASE_SLICE = 128  # ~2-4 ms of answers (encode + one socket write each)
 
 
 NOT_OWNED, LOADING, ACTIVE, FAILED = "not-owned", "loading", "active", "failed"
@@ -201,6 +201,7 @@ class Runtime:
         self._timer = None
         self._timer_at: int | None = None
         self._closing = False
+        self._release_batch: list | None = None  # replies released while settling (see _settle)
         self.shard_states = [NOT_OWNED] * n  # see SHARD_STATES; moved only by _move()
         for shard_id in range(n):
             groups.refuse(shard_id, SHARD_STATES[NOT_OWNED])
@@ -516,7 +517,11 @@ class Runtime:
         Each shard's writes carry increasing sequence numbers and the store makes them durable in
         that order, so "every write of shard S up to n is durable" is one number per shard: a reply
         waits for the last sequence number of each shard it depends on. The writes of one loop
-        iteration reach the writer thread together (one hand-over, see _flush)."""
+        iteration reach the writer thread together (one hand-over, see _flush). What the core
+        left for later (``result.later``: a big group's answers in slices) runs in the next loop
+        turns, one slice per callback, after whatever else is ready (a small group's heartbeat)."""
+        if result.later is not None:
+            self._schedule_later(result.later)
         waits = None
         if result.writes:
             store = self.store
@@ -550,6 +555,27 @@ class Runtime:
         for shard_id, seq in waits.items():
             self._waiting[shard_id].append((seq, waiter))
 
+    def _schedule_later(self, slices) -> None:
+        loop = self.loop
+        for more in slices:
+            if loop is None or not loop.is_running():
+                self._run_later(more)  # no loop turns (tests driving the runtime directly)
+            else:
+                loop.call_soon(self._run_later, more)
+
+    def _run_later(self, more) -> None:
+        """One slice of an operation the core cut up (Result.later)."""
+        if self._closing:
+            return  # shutdown answered every parked request
+        clock = self.clock
+        try:
+            result = more(clock.monotonic_ms(), clock.wall_ms())
+        except Exception:  # our bug: log it; the requests it would have answered wait for their timeouts
+            log.exception("error in a later slice of a group operation")
+            return
+        self.apply(result)
+        self.arm()
+
     def _flush(self) -> None:
         """Write what this loop iteration staged. The store writes on this thread and returns what
         is settled at once (everything under fsync=never, so a commit is answered in this turn
@@ -561,14 +587,25 @@ class Runtime:
             self._settle(settled)
 
     def _settle(self, results) -> None:
+        """Settle what the store made durable. The replies of every result this releases leave
+        as one fan-out (the first RELEASE_SLICE now, the rest a slice per loop turn): a write that
+        thousands of answers waited for (a big group's, in many results) does not send them all
+        in this turn."""
         edge = self._edge
         if edge is not None:
             edge.begin_batch()
+        nested = self._release_batch is not None
+        if not nested:
+            batch = self._release_batch = []
         try:
             settle = self._settle_one
             for shard_id, seq, exc in results:
                 settle(shard_id, seq, exc)
         finally:
+            if not nested:
+                self._release_batch = None
+                if batch:
+                    self.release(batch)
             if edge is not None:
                 edge.end_batch()
 
@@ -595,6 +632,10 @@ class Runtime:
             queue.popleft()[1].done(shard_id, exc)
 
     def release(self, replies) -> None:
+        batch = self._release_batch
+        if batch is not None:  # settling: released together at its end
+            batch.extend(replies)
+            return
         loop = self.loop
         if len(replies) <= RELEASE_SLICE or loop is None or not loop.is_running():
             for token, resp in replies:

@@ -22,7 +22,7 @@ import struct
 
 from protocol import messages as m
 from protocol.headers import response_header_version
-from protocol.wire import uvarint_bytes
+from protocol.wire import ProtocolError, read_uvarint, uvarint_bytes
 
 __all__ = ["FRAME_HEAD", "header_tails", "heartbeat_tail", "encode_heartbeat_body",
            "parse_steady_consumer_heartbeat", "steady_consumer_heartbeat_answer", "encode_offset_commit_response",
@@ -257,3 +257,79 @@ def decode_offset_commit_request(frame: bytes, pos: int, version: int):
     except (IndexError, struct.error, UnicodeDecodeError):
         return None
     return _OffsetCommitRequest(group_id, generation, member_id, instance_id, -1, topics)
+
+
+# ---- SyncGroup's request (flexible versions): the leader's carries one assignment per member -------
+
+_SyncGroupRequest = m.SyncGroupRequest
+_SGAssignment = m.SyncGroupRequestAssignment
+_SYNC_VERSIONS = (4, 5)  # the flexible ones; a new version is added here once its layout is checked
+_read_uvarint = read_uvarint
+
+
+def decode_sync_group_request(frame: bytes, pos: int, version: int):
+    """The SyncGroupRequest (v4, v5) whose body is ``frame[pos:]`` to its end, equal to what the
+    generated ``decode_from`` builds, when it has the usual shape: strings shorter than 127 (one
+    length byte), no tagged field anywhere (lengths of the assignment array and of each assignment
+    may take several bytes: a big group's leader sends thousands); None for anything else,
+    malformed or not: the generated decoder then reads it or says what is wrong."""
+    if version not in _SYNC_VERSIONS:
+        return None
+    try:
+        n = frame[pos] - 1
+        if not 0 <= n < 127:
+            return None
+        end = pos + 1 + n
+        group_id = frame[pos + 1:end].decode()
+        generation = _I32.unpack_from(frame, end)[0]
+        pos = end + 4
+        n = frame[pos] - 1
+        if not 0 <= n < 127:
+            return None
+        end = pos + 1 + n
+        member_id = frame[pos + 1:end].decode()
+        pos = end
+        nullable = [None, None, None]  # group instance id, then (v5) protocol type and name
+        for k in range(3 if version >= 5 else 1):
+            n = frame[pos] - 1
+            if n < 0:
+                pos += 1
+            elif n < 127:
+                end = pos + 1 + n
+                nullable[k] = frame[pos + 1:end].decode()
+                pos = end
+            else:
+                return None
+        count, pos = _read_uvarint(frame, pos)
+        count -= 1
+        if count < 0:
+            return None  # null: not a valid SyncGroup (the generated decoder says so)
+        assignments = []
+        add = assignments.append
+        size = len(frame)
+        for _ in range(count):
+            n = frame[pos] - 1
+            if not 0 <= n < 127:
+                return None
+            end = pos + 1 + n
+            mid = frame[pos + 1:end].decode()
+            pos = end
+            n = frame[pos]
+            if n < 128:
+                pos += 1
+            else:
+                n, pos = _read_uvarint(frame, pos)
+            n -= 1
+            end = pos + n
+            if n < 0 or end > size:
+                return None
+            data = frame[pos:end]
+            if frame[end]:  # tagged fields
+                return None
+            pos = end + 1
+            add(_SGAssignment(mid, data))
+        if frame[pos] or pos + 1 != size:
+            return None
+    except (IndexError, struct.error, UnicodeDecodeError, ProtocolError):
+        return None
+    return _SyncGroupRequest(group_id, generation, member_id, nullable[0], nullable[1], nullable[2], assignments)

@@ -99,7 +99,7 @@ class GroupCoordinator:
         self.topics = _Topics(topics)
         self.stats: dict[str, int] = {}
         self._n = config.offsets_partitions
-        self.rebalance_listeners: list = []  # called with each completed rebalance's history entry
+        self.rebalance_listeners: list = []  # called with each completed rebalance's summary (RebalanceRecord.summary)
         self.shards = [self._new_shard(i) for i in range(self._n)]
         # True when some shard's earliest deadline may have moved earlier since next_deadline()
         # last looked (see Timers.on_push): the runtime re-arms its timer only then.

@@ -71,9 +71,11 @@ _steady_answer = fastpath.steady_consumer_heartbeat_answer
 _OffsetCommitResponse = m.OffsetCommitResponse
 _encode_offset_commit = fastpath.encode_offset_commit_response
 _decode_commit = fastpath.decode_offset_commit_request
+_decode_sync = fastpath.decode_sync_group_request
 OFFSET_COMMIT = m.OffsetCommitRequest.API_KEY
 HEARTBEAT = 12
 JOIN_GROUP = m.JoinGroupRequest.API_KEY
+SYNC_GROUP = m.SyncGroupRequest.API_KEY
 PENDING_IDS_KEPT = 32  # MEMBER_ID_REQUIRED ids remembered per connection (normally one at a time)
 CONSUMER_GROUP_HEARTBEAT = m.ConsumerGroupHeartbeatRequest.API_KEY
 SASL_HANDSHAKE = m.SaslHandshakeRequest.API_KEY
@@ -348,9 +350,13 @@ class Connection(asyncio.Protocol):
             return
         if frames:
             self.memory_granted = False  # the admitted frame is read: the next one asks again
-            if len(frames) == 1 and not self.queue and not self.processing and self._ready() \
-                    and not self.server.turns.defers(self, frames[0]):
-                self.handle_one(frames[0])  # the common case: no queue round trip
+            if len(frames) == 1 and not self.queue and not self.processing and self._ready():
+                frame = frames[0]
+                if not self.server.turns.defers(self, frame):
+                    self.handle_one(frame)  # the common case: no queue round trip
+                else:  # a rebalance request after this turn's budget: queued until its turn
+                    self.queued_bytes += len(frame)
+                    self.queue.append(frame)
             else:
                 for f in frames:
                     self.queued_bytes += len(f)
@@ -509,7 +515,9 @@ class Connection(asyncio.Protocol):
             self.sasl_not_expected(api_key, version, correlation_id, client_id, frame, pos)
             return
         cls = _REQUESTS[api_key]
-        request = _decode_commit(frame, pos, version) if api_key == OFFSET_COMMIT else None  # None: the codec's way
+        # the shortcuts for the usual shapes (protocol/fastpath.py); None: the codec's way
+        request = (_decode_commit(frame, pos, version) if api_key == OFFSET_COMMIT
+                   else _decode_sync(frame, pos, version) if api_key == SYNC_GROUP else None)
         if request is None:
             try:
                 request = _decode_whole(cls, frame, pos, version)

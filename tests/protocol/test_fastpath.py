@@ -203,3 +203,63 @@ def test_offset_commit_requests_the_shortcut_does_not_read():
     bad[pos + 1] = 0xFF  # the group id is not UTF-8
     assert fastpath.decode_offset_commit_request(bytes(bad), pos, 9) is None
     assert fastpath.decode_offset_commit_request(frame, pos, 9) == plain
+
+
+# ---- SyncGroup's request --------------------------------------------------------------------------
+
+SGQ = m.SyncGroupRequest
+sync_requests = st.builds(
+    SGQ, group_id=st.one_of(short, st.text(min_size=120, max_size=200)), generation_id=st.integers(-2**31, 2**31 - 1),
+    member_id=st.one_of(short, st.text(min_size=120, max_size=200)), group_instance_id=st.one_of(st.none(), short),
+    protocol_type=st.one_of(st.none(), short), protocol_name=st.one_of(st.none(), short),
+    assignments=st.lists(st.builds(m.SyncGroupRequestAssignment, member_id=st.one_of(short, st.text(min_size=127,
+                                                                                                  max_size=140)),
+                                   assignment=st.binary(max_size=300)), max_size=200))
+
+
+def _usual_sync(request: SGQ, version: int) -> bool:
+    fits = lambda s: s is None or len(s.encode()) < 127  # noqa: E731
+    return (fits(request.group_id) and fits(request.member_id) and fits(request.group_instance_id)
+            and (version < 5 or (fits(request.protocol_type) and fits(request.protocol_name)))
+            and all(fits(a.member_id) for a in request.assignments))
+
+
+@given(request=sync_requests, version=st.sampled_from([4, 5]))
+def test_a_sync_group_request_is_read_as_the_codec_reads_it(request, version):
+    frame, pos = request_frame(request, version)
+    generated, end = SGQ.decode_from(frame, pos, version)
+    assert end == len(frame)
+    fast = fastpath.decode_sync_group_request(frame, pos, version)
+    if _usual_sync(request, version):
+        assert fast == generated
+    else:
+        assert fast is None or fast == generated
+
+
+@given(request=sync_requests, version=st.sampled_from([4, 5]), data=st.data())
+def test_a_cut_or_padded_sync_group_request_is_left_to_the_codec(request, version, data):
+    frame, pos = request_frame(request, version)
+    cut = data.draw(st.integers(pos, len(frame) - 1))
+    assert fastpath.decode_sync_group_request(frame[:cut], pos, version) is None
+    assert fastpath.decode_sync_group_request(frame + b"\x00", pos, version) is None
+
+
+def test_a_leader_s_sync_of_thousands_of_members_is_read_and_others_are_left_to_the_codec():
+    many = SGQ(group_id="big", generation_id=3, member_id="m0", protocol_type="consumer", protocol_name="range",
+               assignments=[m.SyncGroupRequestAssignment(f"m{i}", bytes(200 + i % 50)) for i in range(5000)])
+    frame, pos = request_frame(many, 5)
+    assert fastpath.decode_sync_group_request(frame, pos, 5) == many  # multi-byte array and bytes lengths
+    for version in range(4):  # the non-flexible versions
+        frame, pos = request_frame(many, version)
+        assert fastpath.decode_sync_group_request(frame, pos, version) is None
+    small = SGQ(group_id="g", generation_id=1, member_id="m", assignments=[m.SyncGroupRequestAssignment("m", b"a")])
+    for tagged in (small, small.assignments[0]):
+        tagged.unknown_tagged_fields = [(3, b"x")]
+        frame, pos = request_frame(small, 5)
+        assert fastpath.decode_sync_group_request(frame, pos, 5) is None
+        assert SGQ.decode_from(frame, pos, 5)[0] == small
+        tagged.unknown_tagged_fields = None
+    frame, pos = request_frame(small, 5)
+    bad = bytearray(frame)
+    bad[pos + 1] = 0xFF  # the group id is not UTF-8
+    assert fastpath.decode_sync_group_request(bytes(bad), pos, 5) is None

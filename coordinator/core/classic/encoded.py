@@ -61,18 +61,33 @@ class LeaderJoinResponse(JoinGroupResponse):
             out += b"".join(self.parts)
 
 
-def _join_part(m, version: int, proto) -> bytes:
+def _join_entry(m, version: int, proto) -> tuple:
     """A member's JoinGroupResponse entry for ``version`` and the group's protocol ``proto``, cached
-    as one flat tuple (what it encodes, then the bytes): few objects for the collector per member."""
+    as one flat tuple (few objects for the collector per member): what it encodes (version,
+    protocol, member id, instance id, a copy of the protocols), the bytes, the protocols list it
+    was checked against (a member's ``protocols`` is replaced on a rejoin, never changed in place,
+    so the same object means the same protocols), and the entry itself (a JoinGroupResponseMember,
+    shared by the leader's answers until the member changes: answers are encoded, never changed)."""
     iid = m.group_instance_id if version >= 5 else None
-    protocols = tuple(m.protocols)
+    plist = m.protocols
     c = m.join_enc
+    if (c is not None and c[6] is plist and c[0] == version and c[1] == proto and c[2] == m.member_id
+            and c[3] == iid):
+        return c
+    protocols = tuple(plist)
     if (c is None or c[0] != version or c[1] != proto or c[2] != m.member_id or c[3] != iid
             or c[4] != protocols):
+        entry = JoinGroupResponseMember(m.member_id, iid, m.metadata(proto))
         buf = bytearray()
-        _JOIN_MEMBER_ENC[version](JoinGroupResponseMember(m.member_id, iid, m.metadata(proto)), buf)
-        c = m.join_enc = (version, proto, m.member_id, iid, protocols, bytes(buf))
-    return c[5]
+        _JOIN_MEMBER_ENC[version](entry, buf)
+        c = m.join_enc = (version, proto, m.member_id, iid, protocols, bytes(buf), plist, entry)
+    else:  # a rejoin with the same protocols: the same bytes, checked against the new list
+        c = m.join_enc = c[:6] + (plist, c[7])
+    return c
+
+
+def _join_part(m, version: int, proto) -> bytes:
+    return _join_entry(m, version, proto)[5]
 
 
 def warm(m, version: int) -> None:
@@ -96,18 +111,21 @@ def join_members(group, version: int) -> tuple[list[JoinGroupResponseMember], li
     proto = group.protocol_name
     v5 = version >= 5
     members, parts = [], []
+    add_member, add_part = members.append, parts.append
     for m in group.members.values():
-        try:
-            c = _join_part(m, version, proto)
-        except _ENCODE_FAILURES:
-            parts = None
-            members.append(JoinGroupResponseMember(m.member_id, m.group_instance_id if v5 else None,
+        c = m.join_enc
+        if (c is None or c[6] is not m.protocols or c[0] != version or c[1] != proto or c[2] != m.member_id
+                or c[3] != (m.group_instance_id if v5 else None)):
+            try:
+                c = _join_entry(m, version, proto)
+            except _ENCODE_FAILURES:
+                parts = add_part = None
+                add_member(JoinGroupResponseMember(m.member_id, m.group_instance_id if v5 else None,
                                                    m.metadata(proto)))
-            continue
-        members.append(JoinGroupResponseMember(m.member_id, m.group_instance_id if v5 else None,
-                                               m.metadata(proto)))
-        if parts is not None:
-            parts.append(c)
+                continue
+        add_member(c[7])
+        if add_part is not None:
+            add_part(c[5])
     return members, parts
 
 
@@ -131,11 +149,13 @@ _RECORD_VERSION = 3
 
 def record_member_head(m, proto: str | None) -> bytes:
     """A member's GroupMetadataValue v3 entry up to (not including) its assignment, cached."""
+    c = m.record_enc
+    if (c is not None and c[0] == proto and c[1] == m.member_id and c[2] == m.group_instance_id
+            and c[3] == m.client_id and c[4] == m.client_host and c[5] == m.rebalance_timeout_ms
+            and c[6] == m.session_timeout_ms and (c[7] is m.protocols or c[7] == tuple(m.protocols))):
+        return c[8]
     key = (proto, m.member_id, m.group_instance_id, m.client_id, m.client_host, m.rebalance_timeout_ms,
            m.session_timeout_ms, tuple(m.protocols))
-    c = m.record_enc
-    if c is not None and c[:8] == key:
-        return c[8]
     entry = M.GroupMetadataValueMemberMetadata(
         member_id=m.member_id, group_instance_id=m.group_instance_id, client_id=m.client_id,
         client_host=m.client_host, rebalance_timeout=m.rebalance_timeout_ms, session_timeout=m.session_timeout_ms,
@@ -157,9 +177,11 @@ def group_record_value(head: GroupMetadataValue, members, assignment_of) -> byte
     out += _I32.pack(len(members))
     proto = head.protocol
     pack = _I32.pack
+    parts = [bytes(out)]
+    add = parts.append
     for m in members:
-        out += record_member_head(m, proto)
+        add(record_member_head(m, proto))
         a = assignment_of(m)
-        out += pack(len(a))
-        out += a
-    return bytes(out)
+        add(pack(len(a)))
+        add(a)
+    return b"".join(parts)

@@ -106,7 +106,9 @@ class Member:
         self.rebalance_timeout_ms = rebalance_timeout_ms
         self.session_timeout_ms = session_timeout_ms
         self.protocol_type = protocol_type
-        self.protocols = protocols  # [(name, metadata)] in the member's preference order
+        # ((name, metadata), ...) in the member's preference order: a tuple, replaced on a rejoin,
+        # never changed in place (encoded.py's cached parts rely on it)
+        self.protocols = tuple(protocols)
         self.assignment = assignment
         self.join: Parked | None = None  # parked JoinGroup (only through Group.set_join/take_join)
         self.sync: Parked | None = None  # parked SyncGroup
@@ -132,7 +134,7 @@ class Member:
 
     def matches(self, protocols: list[tuple[str, bytes]]) -> bool:
         """Same protocols with the same metadata in the same order (Kafka's ``matches``)."""
-        return self.protocols == protocols
+        return self.protocols == tuple(protocols)
 
     def vote(self, candidates) -> str:
         for name, _ in self.protocols:
@@ -287,8 +289,7 @@ class RebalanceRecord:
             self.members = 0
             self.protocol = None
 
-    def as_dict(self, now_ms: int | None = None) -> dict:
-        end = self.ended_ms if self.ended_ms is not None else now_ms
+    def _phases(self, end: int | None) -> tuple[int | None, int | None]:
         preparing = completing = None
         if self.join_done_ms is not None:
             preparing = self.join_done_ms - self.started_ms
@@ -296,6 +297,21 @@ class RebalanceRecord:
                 completing = end - self.join_done_ms
         elif end is not None:
             preparing = end - self.started_ms
+        return preparing, completing
+
+    def summary(self) -> dict:
+        """The few fields a finished rebalance's log line and listeners use: O(1), unlike
+        :meth:`as_dict`, which copies every member's entry (thousands in a big group)."""
+        end = self.ended_ms
+        preparing, completing = self._phases(end)
+        return {"generation": self.generation, "reason": self.reason, "outcome": self.outcome or "in_progress",
+                "protocol": self.protocol, "members": self.members,
+                "duration_ms": None if end is None else end - self.started_ms,
+                "phases": {"preparing_ms": preparing, "completing_ms": completing}}
+
+    def as_dict(self, now_ms: int | None = None) -> dict:
+        end = self.ended_ms if self.ended_ms is not None else now_ms
+        preparing, completing = self._phases(end)
         slowest = max(((mid, e["rejoined_after_ms"]) for mid, e in self.awaited.items()
                        if e["rejoined_after_ms"] is not None), key=lambda x: x[1], default=None)
         return {
@@ -430,7 +446,7 @@ class Group:
     def update_member(self, member: Member, protocols: list[tuple[str, bytes]], rebalance_timeout_ms: int,
                       session_timeout_ms: int) -> None:
         self._uncount_protocols(member)
-        member.protocols = protocols
+        member.protocols = tuple(protocols)
         for name, _ in protocols:
             self.supported_protocols[name] = self.supported_protocols.get(name, 0) + 1
         member.rebalance_timeout_ms = rebalance_timeout_ms
@@ -530,6 +546,8 @@ class Group:
         if not self.members:
             raise RuntimeError(f"cannot select a protocol for empty group {self.group_id!r}")
         candidates = self.candidate_protocols()
+        if len(candidates) == 1:  # every member votes for the one protocol all support
+            return next(iter(candidates))
         votes: dict[str, int] = {}
         for m in self.members.values():
             name = m.vote(candidates)

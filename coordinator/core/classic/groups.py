@@ -57,6 +57,8 @@ log = structlog.get_logger("herd.group")
 # Kafka's group.classic.new.member.join.timeout: a new member whose JoinGroup is parked is dropped
 # after this long if the rebalance has not completed (it cannot heartbeat without its member id).
 NEW_MEMBER_JOIN_TIMEOUT_MS = 300_000
+# a big group's JoinGroup / SyncGroup answers are built this many per loop turn (Result.later)
+ANSWER_SLICE = 500
 
 # Operations a describing client may perform on a group when no authorizer is configured:
 # READ(3), DELETE(6), DESCRIBE(8), DESCRIBE_CONFIGS(10), ALTER_CONFIGS(11).
@@ -95,10 +97,11 @@ class ClassicGroups:
     Given at construction: the shard id (written into records), the group config, the shard's
     :class:`Timers` (shared with the consumer groups: each side schedules only its own keys),
     ``new_uuid`` (member ids), ``count(name, n=1)`` (the coordinator's counters) and
-    ``listeners`` (called with each completed rebalance's flight-recorder entry)."""
+    ``listeners`` (called with each completed rebalance's summary: RebalanceRecord.summary)."""
 
     def __init__(self, shard_id: int, config, timers: Timers, new_uuid, count, listeners):
         self.shard_id = shard_id
+        self._shard_set = frozenset((shard_id,))  # the shards a later slice's answers wait on
         self.config = config
         self.timers = timers
         self._new_uuid = new_uuid
@@ -437,18 +440,50 @@ class ClassicGroups:
             return
         if rec is not None:
             rec.on_join_done(group, now)
-        for m in group.members.values():
-            parked = group.take_join(m)
-            if parked is not None:
-                out.reply(parked.token, self._join_answer(group, parked.version, m.member_id))
-                # its session restarts now. herd: only for members that rejoined; Kafka also
-                # restarts the session of a static member that did not rejoin, which lets it stay
-                # silent for longer than its session timeout
-                self.timers.schedule(m.hb_key, now + m.session_timeout_ms)
+        members = list(group.members.values())
+        for m in members:
             m.is_new = False
-            group.pending_sync.add(m.member_id)
+        group.pending_sync.update(group.members)
         group.sync_generation = group.generation
         self.timers.schedule(("sync", gid), now + group.rebalance_timeout_ms())
+        # the answers: the leader's first (it assigns), the rest in slices (a big group's thousands
+        # of answers are built over several loop turns, each slice checking the generation holds)
+        leader = group.members.get(group.leader_id)
+        if leader is not None:
+            self._answer_join(group, leader, now, out)
+        self._answer_joins(group, group.generation, members, 0, now, out)
+
+    def _answer_join(self, group: Group, m: Member, now: int, out: Result) -> None:
+        parked = group.take_join(m)
+        if parked is not None:
+            out.reply(parked.token, self._join_answer(group, parked.version, m.member_id))
+            # its session restarts now. herd: only for members that rejoined; Kafka also restarts
+            # the session of a static member that did not rejoin, which lets it stay silent for
+            # longer than its session timeout
+            self.timers.schedule(m.hb_key, now + m.session_timeout_ms)
+
+    def _answer_joins(self, group: Group, generation: int, members: list[Member], start: int, now: int,
+                      out: Result) -> None:
+        """Answer the parked JoinGroups of ``members[start:]`` (the join phase of ``generation``
+        just ended), ANSWER_SLICE of them now and the rest in later slices (``out.defer``). A later
+        slice answers only while the group is the same, at ``generation``, and past its join phase
+        (CompletingRebalance, or Stable once the leader has synced); else the rest stay parked and
+        the next join phase's end answers them. A member removed meanwhile was answered then."""
+        end = start + ANSWER_SLICE
+        current = group.members
+        for m in members[start:end]:
+            if current.get(m.member_id) is m:
+                self._answer_join(group, m, now, out)
+        if end < len(members):
+            gid = group.group_id
+
+            def more(now: int, wall: int) -> Result:
+                res = Result(shards=self._shard_set)
+                if (self.groups.get(gid) is group and group.generation == generation
+                        and group.state in (COMPLETING_REBALANCE, STABLE)):
+                    self._answer_joins(group, generation, members, end, now, res)
+                return res
+            out.defer(more)
 
     def _drop_member(self, group: Group, member: Member, why: str, now: int, out: Result) -> None:
         """Remove a member, answering its parked requests with UNKNOWN_MEMBER_ID (so a live client
@@ -481,13 +516,34 @@ class ClassicGroups:
         self._propagate_assignment(group, error, now, out)
 
     def _propagate_assignment(self, group: Group, error: int, now: int, out: Result) -> None:
-        ptype, pname = group.protocol_type, group.protocol_name
-        for m in group.members.values():
+        self._answer_syncs(group, error, (group.protocol_type, group.protocol_name), list(group.members.values()),
+                           0, now, out)
+
+    def _answer_syncs(self, group: Group, error: int, protocol: tuple, members: list[Member], start: int,
+                      now: int, out: Result) -> None:
+        """Answer the parked SyncGroups of ``members[start:]`` with ``error`` and each member's
+        assignment, ANSWER_SLICE of them now and the rest in later slices (``out.defer``), while
+        the group is the same object: whatever happens to it meanwhile, a member still parked
+        here was given this assignment (a new rebalance or a removal answers or drops the parked
+        request itself, and then there is nothing left to answer here)."""
+        ptype, pname = protocol
+        end = start + ANSWER_SLICE
+        schedule = self.timers.schedule
+        for m in members[start:end]:
             parked = m.sync
             if parked is not None:
                 m.sync = None
                 out.reply(parked.token, sync_response(parked.version, error, ptype, pname, m.assignment))
-                self.timers.schedule(m.hb_key, now + m.session_timeout_ms)
+                schedule(m.hb_key, now + m.session_timeout_ms)
+        if end < len(members):
+            gid = group.group_id
+
+            def more(now: int, wall: int) -> Result:
+                res = Result(shards=self._shard_set)
+                if self.groups.get(gid) is group:
+                    self._answer_syncs(group, error, protocol, members, end, now, res)
+                return res
+            out.defer(more)
 
     def _finish_rebalance(self, group: Group, outcome: str, now: int, wall: int) -> None:
         rec = group.rebalance
@@ -495,7 +551,7 @@ class ClassicGroups:
         if rec is None:
             return
         rec.finish(group, outcome, now, wall)
-        entry = rec.as_dict()
+        entry = rec.summary()
         group.history.append(rec)  # kept as the record: followers' late SyncGroups still update it
         self._count(f"rebalances_{outcome}")
         if outcome in ("stable", "empty"):
@@ -508,7 +564,7 @@ class ClassicGroups:
                      outcome=outcome, protocol=entry["protocol"], detail=rec.detail,
                      preparing_ms=entry["phases"]["preparing_ms"],
                      completing_ms=entry["phases"]["completing_ms"],
-                     shard=self.shard_id, **stall, **_pending_summary(entry["pending"]))
+                     shard=self.shard_id, **stall, **_pending_summary(list(rec.pending.values())))
 
     # ==== SyncGroup ==============================================================================
 

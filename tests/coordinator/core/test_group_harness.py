@@ -64,6 +64,8 @@ class Harness:
         self.reply_times: dict = {}  # token -> monotonic time delivered
         self.writes: list = []
         self.results: list[Result] = []
+        self.hold_later = False  # keep Result.later slices for run_later() instead of running them at once
+        self.later: list = []
         self._n = count(1)
 
     # ---- plumbing ---------------------------------------------------------------------------
@@ -87,7 +89,27 @@ class Harness:
             type(resp).decode(raw, version)
             self.replies[token] = resp
             self.reply_times[token] = self.now
+        if result.later:  # the rest of a big group's answers: at once, or when run_later() is called
+            if self.hold_later:
+                self.later.extend(result.later)
+            else:
+                for more in result.later:
+                    self.absorb(more(self.now, self.wall))
         return result
+
+    def run_later(self, slices: int | None = None) -> int:
+        """Run held later slices (``hold_later``), oldest first, as the runtime's next loop turns
+        would: ``slices`` of them, or until none is left. -> how many ran."""
+        ran = 0
+        while self.later and (slices is None or ran < slices):
+            more = self.later.pop(0)
+            held, self.hold_later = self.hold_later, True
+            try:
+                self.absorb(more(self.now, self.wall))
+            finally:
+                self.hold_later = held
+            ran += 1
+        return ran
 
     def send(self, api_key: int, version: int, request, client_id: str = "cli", host: str = "/10.0.0.1"):
         token = (api_key, version, next(self._n))

@@ -41,3 +41,82 @@ def test_rebalance_completed_lists_at_most_PENDING_LOGGED_pending_ids_and_counts
     assert [e["member_id"] for e in few["pending_members"]] == ["m0", "m1", "m2"]
     assert "pending_members_total" not in few
     assert GS._pending_summary([]) == {}
+
+
+# ---- a big group's answers in slices (Result.later) ---------------------------------------------
+
+N = 2 * GS.ANSWER_SLICE + 100  # three slices
+
+
+def _rejoin_all(h, group_id, mids):
+    """Every member rejoins (their JoinGroups parked until the last); -> the tokens by member."""
+    return {mid: h.join(group_id, mid, version=9) for mid in mids}
+
+
+def test_the_join_phase_s_answers_leave_in_slices_the_leader_s_first_each_once():
+    h = Harness()
+    mids, gen = h.form_group("big", N)
+    h.hold_later = True
+    tokens = _rejoin_all(h, "big", mids)
+    g = h.group("big")
+    assert g.state == "CompletingRebalance" and g.generation == gen + 1
+    answered = [mid for mid, t in tokens.items() if h.reply(t) is not None]
+    # the leader, then the first slice (which holds the leader too: answered once)
+    assert g.leader_id in answered and len(answered) == GS.ANSWER_SLICE
+    assert len(h.later) == 1
+    assert h.run_later(1) == 1 and len([t for t in tokens.values() if h.reply(t) is not None]) == 2 * GS.ANSWER_SLICE
+    h.run_later()
+    assert all(h.reply(t) is not None for t in tokens.values())
+    for mid, t in tokens.items():
+        r = h.reply(t)
+        assert r.error_code == 0 and r.generation_id == gen + 1 and r.member_id == mid
+        assert (len(r.members) == N) == (mid == g.leader_id)
+    assert g.pending_sync == set(mids)  # all of them owe a SyncGroup from the start
+
+
+def test_a_later_join_slice_answers_nothing_once_a_new_join_phase_began_and_that_phase_answers_them():
+    h = Harness()
+    mids, gen = h.form_group("big", N)
+    h.hold_later = True
+    tokens = _rejoin_all(h, "big", mids)
+    newcomer, _t = h.join_dynamic("big")  # CompletingRebalance -> PreparingRebalance
+    g = h.group("big")
+    assert g.state == "PreparingRebalance"
+    unanswered = [mid for mid, t in tokens.items() if h.reply(t) is None]
+    assert len(unanswered) == N - GS.ANSWER_SLICE
+    h.run_later()  # the old slices find the generation moved on: nothing
+    assert [mid for mid, t in tokens.items() if h.reply(t) is None] == unanswered
+    # those still parked count as joined; the answered ones rejoin: the next phase answers everyone
+    again = {mid: h.join("big", mid, version=9) for mid in mids if mid not in unanswered}
+    h.run_later()
+    g = h.group("big")
+    assert g.generation == gen + 2 and g.state == "CompletingRebalance"
+    for mid in unanswered:
+        assert h.reply(tokens[mid]).generation_id == gen + 2
+    for t in again.values():
+        assert h.reply(t).generation_id == gen + 2
+
+
+def test_the_leader_s_sync_answers_every_parked_sync_in_slices_with_its_assignment():
+    h = Harness()
+    mids, gen = h.form_group("big", N)
+    tokens = _rejoin_all(h, "big", mids)
+    assert all(h.reply(t).error_code == 0 for t in tokens.values())  # slices run at once here
+    g = h.group("big")
+    gen2 = g.generation
+    h.hold_later = True
+    followers = [mid for mid in mids if mid != g.leader_id]
+    syncs = {mid: h.sync("big", gen2, mid, version=5) for mid in followers}
+    assert not any(h.reply(t) for t in syncs.values())  # parked until the leader's
+    leaving = followers[-1]  # answered by its leave, in between two slices
+    lead = h.sync("big", gen2, g.leader_id, {mid: mid.encode() for mid in mids}, version=5)
+    assert g.state == "Stable" and h.reply(lead) is not None
+    assert sum(1 for t in syncs.values() if h.reply(t) is not None) < len(followers)
+    h.leave("big", leaving)
+    h.run_later()
+    for mid, t in syncs.items():
+        r = h.reply(t)
+        assert r is not None
+        if mid == leaving and r.error_code:
+            continue  # its leave answered it (UNKNOWN_MEMBER_ID), once (the harness checks that)
+        assert r.error_code == 0 and r.assignment == mid.encode()
