@@ -32,6 +32,10 @@ boundary) were over 50 ms and 100 ms; ``herd_event_loop_lag_max_seconds`` (the l
 at the end and before the big group (herd only: null on Kafka); the server's CPU seconds in each
 phase (``server_cpu_s``, /proc/<pid>/stat, every thread) on both.
 Targets (issue 31): small groups' heartbeat p99 < 50 ms, loop lag max < 0.1 s, formation < 10 s from the last join.
+
+``--trace-turns FILE``: the daemon records each loop callback's start and end
+(``bench/turn_trace_site``); ``python -m bench._turn_trace FILE`` lists the longest loop iterations
+and what filled them.
 """
 
 from __future__ import annotations

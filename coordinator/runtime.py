@@ -202,6 +202,7 @@ class Runtime:
         self._timer_at: int | None = None
         self._closing = False
         self._release_batch: list | None = None  # replies released while settling (see _settle)
+        self._outbox: collections.deque = collections.deque()  # big fan-outs' answers still to send (release)
         self.shard_states = [NOT_OWNED] * n  # see SHARD_STATES; moved only by _move()
         for shard_id in range(n):
             groups.refuse(shard_id, SHARD_STATES[NOT_OWNED])
@@ -641,22 +642,38 @@ class Runtime:
             for token, resp in replies:
                 token.reply(resp)
             return
-        for token, resp in replies[:RELEASE_SLICE]:
-            token.reply(resp)
-        loop.call_soon(self._release_slice, replies, RELEASE_SLICE)
+        outbox = self._outbox
+        if not outbox:
+            for token, resp in replies[:RELEASE_SLICE]:
+                token.reply(resp)
+            outbox.append([replies, RELEASE_SLICE])
+            loop.call_soon(self._release_slice)
+        else:  # behind the fan-outs already waiting: RELEASE_SLICE per turn for all of them together
+            outbox.append([replies, 0])
 
-    def _release_slice(self, replies, start: int) -> None:
-        """The next slice of a big fan-out (see RELEASE_SLICE), its answers written together."""
-        end = start + RELEASE_SLICE
-        if end < len(replies):
-            self.loop.call_soon(self._release_slice, replies, end)
+    def _release_slice(self) -> None:
+        """The next RELEASE_SLICE answers of the big fan-outs waiting (oldest first), written
+        together; again in the next loop turn while any are left."""
+        outbox = self._outbox
         edge = self._edge
         if edge is not None:
             edge.begin_batch()
         try:
-            for token, resp in replies[start:end]:
-                token.reply(resp)
+            budget = RELEASE_SLICE
+            while outbox and budget:
+                item = outbox[0]
+                replies, start = item
+                end = min(start + budget, len(replies))
+                budget -= end - start
+                if end == len(replies):
+                    outbox.popleft()
+                else:
+                    item[1] = end
+                for token, resp in replies[start:end]:
+                    token.reply(resp)
         finally:
+            if outbox:
+                self.loop.call_soon(self._release_slice)
             if edge is not None:
                 edge.end_batch()
 

@@ -2,7 +2,8 @@
 $HERD_TURN_TRACE set to a file): wraps the loop's callbacks (socket reads, the turn FIFO, fan-out
 slices, store flushes and drains, core timers) to record when each ran and for how long; on
 SIGUSR1 (and at exit) writes them to $HERD_TURN_TRACE as JSON lines ``[kind, t0, t1, extra]``.
-For finding which work makes a loop iteration long; never loaded by herd itself."""
+For finding which work makes a loop iteration long (``python -m bench._turn_trace FILE``); never
+loaded by herd itself."""
 import os
 
 if os.environ.get("HERD_TURN_TRACE"):
@@ -62,3 +63,4 @@ if os.environ.get("HERD_TURN_TRACE"):
     _wrap(_rt.Runtime, "_flush", "F")
     _wrap(_rt.Runtime, "_drain", "D")
     _wrap(_rt.Runtime, "_fire", "X")
+    _wrap(_rt.Runtime, "_run_later", "L")

@@ -78,3 +78,30 @@ async def test_answers_waiting_for_one_write_leave_a_slice_per_turn_however_many
     assert sum(1 for t in tokens if t.responses) == 2 * RT.RELEASE_SLICE
     await asyncio.sleep(0)
     assert all(len(t.responses) == 1 and t.responses[0].topics[0].partitions[0].error_code == 0 for t in tokens)
+
+
+class _Tok:
+    def __init__(self):
+        self.responses = []
+
+    def reply(self, response):
+        self.responses.append(response)
+
+
+async def test_big_fan_outs_share_one_slice_per_turn_oldest_first():
+    rt = await _loaded(FakeStore(owned=list(range(4))))
+    a = [(_Tok(), "a") for _ in range(RT.RELEASE_SLICE + 10)]
+    b = [(_Tok(), "b") for _ in range(RT.RELEASE_SLICE * 2)]
+    rt.release(a)  # the first slice now, 10 left
+    rt.release(b)  # behind a
+    sent = lambda replies: sum(1 for t, _ in replies if t.responses)  # noqa: E731
+    assert (sent(a), sent(b)) == (RT.RELEASE_SLICE, 0)
+    await asyncio.sleep(0)
+    assert (sent(a), sent(b)) == (RT.RELEASE_SLICE + 10, RT.RELEASE_SLICE - 10)  # one slice for both
+    await asyncio.sleep(0)
+    assert sent(b) == 2 * RT.RELEASE_SLICE - 10
+    await asyncio.sleep(0)
+    assert sent(b) == 2 * RT.RELEASE_SLICE and all(len(t.responses) == 1 for t, _ in a + b)
+    small = [(_Tok(), "c") for _ in range(3)]
+    rt.release(small)  # a small one leaves at once
+    assert sent(small) == 3

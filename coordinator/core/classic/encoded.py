@@ -167,21 +167,28 @@ def record_member_head(m, proto: str | None) -> bytes:
     return head
 
 
-def group_record_value(head: GroupMetadataValue, members, assignment_of) -> bytes:
-    """The GroupMetadata record's value (version prefix included) for ``head`` (members empty) and
-    ``members`` (each with its ``assignment_of(member)`` bytes): what
-    ``records.group_metadata_value`` gives for the same value with every member listed."""
-    out = bytearray(struct.pack(">h", _RECORD_VERSION))
-    GroupMetadataValue._ENC[_RECORD_VERSION](head, out)
-    del out[len(out) - 4:]  # the empty member array's int32 length
-    out += _I32.pack(len(members))
-    proto = head.protocol
+def record_member_parts(members, proto: str | None, assignment_of, parts: list) -> None:
+    """Append to ``parts`` each member's GroupMetadataValue v3 entry with its assignment: the
+    cached head, the assignment's int32 length, the assignment."""
     pack = _I32.pack
-    parts = [bytes(out)]
     add = parts.append
     for m in members:
         add(record_member_head(m, proto))
         a = assignment_of(m)
         add(pack(len(a)))
         add(a)
-    return b"".join(parts)
+
+
+def group_record_value(head: GroupMetadataValue, members, assignment_of, member_parts: list | None = None) -> bytes:
+    """The GroupMetadata record's value (version prefix included) for ``head`` (members empty) and
+    ``members`` (each with its ``assignment_of(member)`` bytes): what
+    ``records.group_metadata_value`` gives for the same value with every member listed.
+    ``member_parts``: the members' entries already encoded (record_member_parts, in slices)."""
+    out = bytearray(struct.pack(">h", _RECORD_VERSION))
+    GroupMetadataValue._ENC[_RECORD_VERSION](head, out)
+    del out[len(out) - 4:]  # the empty member array's int32 length
+    out += _I32.pack(len(members))
+    if member_parts is None:
+        member_parts = []
+        record_member_parts(members, head.protocol, assignment_of, member_parts)
+    return bytes(out) + b"".join(member_parts)

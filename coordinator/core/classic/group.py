@@ -351,7 +351,7 @@ class Group:
                  "protocol_name", "leader_id", "members", "static_members", "pending_members",
                  "pending_sync", "supported_protocols", "num_awaiting_join", "new_member_added",
                  "subscribed_topics", "join_phase", "sync_generation", "history", "rebalance",
-                 "created_wall_ms")
+                 "created_wall_ms", "assigning")
 
     def __init__(self, group_id: str, *, state: str = EMPTY, generation: int = 0,
                  protocol_type: str | None = None, protocol_name: str | None = None,
@@ -378,6 +378,7 @@ class Group:
         self.subscribed_topics: set[str] | None = None
         self.join_phase: tuple | None = None  # ("initial", delay_ms, remaining_ms) | ("normal",)
         self.sync_generation: int | None = None
+        self.assigning = None  # the leader's assignment being encoded in slices (groups.py _assign_in_slices)
         self.history: deque = deque(maxlen=history_size)
         self.rebalance: RebalanceRecord | None = None
 

@@ -59,6 +59,8 @@ log = structlog.get_logger("herd.group")
 NEW_MEMBER_JOIN_TIMEOUT_MS = 300_000
 # a big group's JoinGroup / SyncGroup answers are built this many per loop turn (Result.later)
 ANSWER_SLICE = 500
+# a big group's record is encoded this many members per loop turn after the leader's SyncGroup
+RECORD_SLICE = 1000
 
 # Operations a describing client may perform on a group when no authorizer is configured:
 # READ(3), DELETE(6), DESCRIBE(8), DESCRIBE_CONFIGS(10), ALTER_CONFIGS(11).
@@ -608,15 +610,13 @@ class ClassicGroups:
                 assignment = {}
                 for a in req.assignments:
                     assignment[a.member_id] = a.assignment if a.assignment is not None else b""
-                for m in group.members.values():
-                    if m.member_id not in assignment:
-                        assignment[m.member_id] = b""
-                self._write_group(out, group, assignment)
-                for m in group.members.values():
-                    m.assignment = assignment[m.member_id]
-                self._propagate_assignment(group, _NONE, now, out)
-                group.transition_to(STABLE, wall)
-                self._finish_rebalance(group, "stable", now, wall)
+                members = list(group.members.values())
+                if len(members) <= RECORD_SLICE:
+                    self._store_assignment(group, assignment, None, now, wall, out)
+                else:  # a big group: its record encoded over several loop turns, then stored
+                    job = group.assigning = object()
+                    self._assign_in_slices(group, job, group.generation, assignment, members, 0, [], now, wall,
+                                           out)
         else:  # Stable: the assignment is stored; a follower syncing late gets it here
             self._remove_pending_sync(group, mid)
             if group.history:
@@ -626,6 +626,48 @@ class ClassicGroups:
             self.timers.schedule(member.hb_key, now + member.session_timeout_ms)
             out.reply(token, sync_response(version, _NONE, group.protocol_type, group.protocol_name,
                                            member.assignment))
+
+    def _store_assignment(self, group: Group, assignment: dict[str, bytes], member_parts: list | None, now: int,
+                          wall: int, out: Result) -> None:
+        """The leader's assignment: the group's record (answers wait for it), each member's
+        assignment, the parked SyncGroups answered, Stable."""
+        self._write_group(out, group, assignment, member_parts)
+        get = assignment.get
+        for m in group.members.values():
+            m.assignment = get(m.member_id, b"")
+        self._propagate_assignment(group, _NONE, now, out)
+        group.transition_to(STABLE, wall)
+        self._finish_rebalance(group, "stable", now, wall)
+
+    def _assign_in_slices(self, group: Group, job, generation: int, assignment: dict[str, bytes],
+                          members: list[Member], start: int, parts: list, now: int, wall: int,
+                          out: Result) -> None:
+        """Encode the record entries of ``members[start:]`` RECORD_SLICE at a time (one slice per
+        loop turn, ``out.defer``), then store the assignment (:meth:`_store_assignment`). Until then
+        the group stays CompletingRebalance, as Kafka's does until its record is appended: a
+        follower's SyncGroup parks, and anything that moves the group on (a member leaving, a
+        new join phase, the leader syncing again) makes the next slice drop this job."""
+        get = assignment.get
+        end = start + RECORD_SLICE
+        encoded.record_member_parts(members[start:end], group.protocol_name, lambda m: get(m.member_id, b""),
+                                    parts)
+        if end < len(members):
+            gid = group.group_id
+
+            def more(now: int, wall: int) -> Result:
+                res = Result(shards=self._shard_set)
+                if (self.groups.get(gid) is group and group.assigning is job and group.generation == generation
+                        and group.state == COMPLETING_REBALANCE):
+                    self._assign_in_slices(group, job, generation, assignment, members, end, parts, now, wall,
+                                           res)
+                return res
+            out.defer(more)
+            return
+        group.assigning = None
+        current = group.members
+        if len(current) != len(members) or any(current.get(m.member_id) is not m for m in members):
+            parts = None  # the members changed meanwhile without a new rebalance: encode them now
+        self._store_assignment(group, assignment, parts, now, wall, out)
 
     def _remove_pending_sync(self, group: Group, member_id: str) -> None:
         group.pending_sync.discard(member_id)
@@ -861,9 +903,11 @@ class ClassicGroups:
         for mid in group.pending_members:
             t.cancel(("pending", gid, mid))
 
-    def _write_group(self, out: Result, group: Group, assignment: dict[str, bytes] | None = None) -> None:
+    def _write_group(self, out: Result, group: Group, assignment: dict[str, bytes] | None = None,
+                     member_parts: list | None = None) -> None:
         """The group's GroupMetadata record: the encoded head, then each member's cached part
-        (encoded.py) and its assignment (``assignment``'s, else the member's own)."""
+        (encoded.py) and its assignment (``assignment``'s, else the member's own); ``member_parts``:
+        those already encoded, for the group's current members in order."""
         members = list(group.members.values())
         head = GroupMetadataValue(
             protocol_type=group.protocol_type or "", generation=group.generation,
@@ -879,7 +923,7 @@ class ClassicGroups:
             def assignment_of(m):
                 return m.assignment
         try:
-            value = encoded.group_record_value(head, members, assignment_of)
+            value = encoded.group_record_value(head, members, assignment_of, member_parts)
         except _ENCODE_FAILURES as exc:
             raise records.RecordError(str(exc)) from None
         out.writes.append((self.shard_id, records.group_metadata_key(group.group_id), value))

@@ -110,7 +110,9 @@ def test_the_leader_s_sync_answers_every_parked_sync_in_slices_with_its_assignme
     assert not any(h.reply(t) for t in syncs.values())  # parked until the leader's
     leaving = followers[-1]  # answered by its leave, in between two slices
     lead = h.sync("big", gen2, g.leader_id, {mid: mid.encode() for mid in mids}, version=5)
-    assert g.state == "Stable" and h.reply(lead) is not None
+    while g.state != "Stable":  # the record's slices (a group over RECORD_SLICE), then the answers'
+        assert h.run_later(1) == 1
+    assert h.reply(lead) is not None
     assert sum(1 for t in syncs.values() if h.reply(t) is not None) < len(followers)
     h.leave("big", leaving)
     h.run_later()
@@ -120,3 +122,64 @@ def test_the_leader_s_sync_answers_every_parked_sync_in_slices_with_its_assignme
         if mid == leaving and r.error_code:
             continue  # its leave answered it (UNKNOWN_MEMBER_ID), once (the harness checks that)
         assert r.error_code == 0 and r.assignment == mid.encode()
+
+
+# ---- a big group's record encoded in slices after the leader's SyncGroup --------------------------
+
+BIG = GS.RECORD_SLICE + 300  # two record slices
+
+
+def _completing(h, n):
+    """A formed group of ``n``, rejoined by all: CompletingRebalance, every follower's sync parked."""
+    mids, _gen = h.form_group("big", n)
+    for mid in mids:
+        h.join("big", mid, version=9)
+    g = h.group("big")
+    syncs = {mid: h.sync("big", g.generation, mid, version=5) for mid in mids if mid != g.leader_id}
+    return mids, g, syncs
+
+
+def test_a_big_group_s_record_is_encoded_in_slices_and_stored_once_then_every_sync_is_answered():
+    from coordinator.core import records
+    from tests.coordinator.core.classic.test_encoded_parts import fresh_record
+    h = Harness()
+    mids, g, syncs = _completing(h, BIG)
+    writes = len(h.writes)
+    h.hold_later = True
+    lead = h.sync("big", g.generation, g.leader_id, {mid: b"a-" + mid.encode() for mid in mids}, version=5)
+    # the first slice encoded; nothing stored or answered yet, the group still completing
+    assert len(h.writes) == writes and h.reply(lead) is None and g.state == "CompletingRebalance"
+    late = h.sync("big", g.generation, mids[-1], version=5)  # a follower syncing again meanwhile: parks
+    assert h.reply(late) is None
+    h.run_later()
+    assert g.state == "Stable" and len(h.writes) == writes + 1
+    value = h.writes[-1][2]
+    assert value == fresh_record(g)
+    decoded = records.decode_value(records.GROUP_METADATA, value)
+    assert {mm.member_id: mm.assignment for mm in decoded.members} == {mid: b"a-" + mid.encode() for mid in mids}
+    assert h.reply(lead).assignment == b"a-" + g.leader_id.encode()
+    for mid, t in syncs.items():
+        r = h.reply(t)
+        if mid == mids[-1]:
+            assert r.error_code != 0  # replaced by its second SyncGroup (REBALANCE_IN_PROGRESS, as before)
+        else:
+            assert r.error_code == 0 and r.assignment == b"a-" + mid.encode()
+    assert h.reply(late).assignment == b"a-" + mids[-1].encode()
+
+
+def test_a_member_leaving_while_the_record_is_encoded_drops_the_assignment_and_rebalances():
+    h = Harness()
+    mids, g, syncs = _completing(h, BIG)
+    gen = g.generation
+    writes = len(h.writes)
+    h.hold_later = True
+    lead = h.sync("big", gen, g.leader_id, {mid: b"a-" + mid.encode() for mid in mids}, version=5)
+    leaver = mids[-1]
+    h.leave("big", leaver)
+    assert g.state == "PreparingRebalance"
+    h.run_later()
+    assert not any(w[2] and b"a-" in w[2] for w in h.writes[writes:])  # that assignment never stored
+    assert h.reply(lead).error_code == GS.errors.REBALANCE_IN_PROGRESS
+    for t in syncs.values():
+        assert h.reply(t).error_code in (GS.errors.REBALANCE_IN_PROGRESS, GS.errors.UNKNOWN_MEMBER_ID)
+    assert g.assigning is not None and g.generation == gen  # the job was dropped, not finished

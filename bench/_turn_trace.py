@@ -1,0 +1,64 @@
+"""The longest event-loop iterations in a turn trace (``bench.big_group --trace-turns FILE``).
+
+``python -m bench._turn_trace FILE [--top 20] [--after S]``
+
+The daemon, started with ``bench/turn_trace_site`` on its path, records every loop callback it
+wraps: ``R`` a socket read (``Connection.data_received``, with the API key of the frame it starts
+with), ``T`` the rebalance-request FIFO's turn (``edge/turns.py``), ``S`` a fan-out slice, ``L``
+a later slice of a big group's work (``Result.later``), ``F``/``D`` the store's flush and drain,
+``C`` a connection's deferred processing, ``X`` the core's timers. An iteration starts when a
+callback follows a read (uvloop runs call_soon callbacks, then polls the sockets) or after a gap
+of over 1 ms. Printed: each of the longest iterations' span and busy time, and per kind (reads per
+API key) the calls and milliseconds, as JSON lines.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+
+
+def iterations(events: list) -> list[list]:
+    events = sorted(events, key=lambda e: e[1])
+    its, cur, prev = [], [], None
+    for e in events:
+        if cur and ((prev[0] == "R" and e[0] != "R") or e[1] - prev[2] > 0.001):
+            its.append(cur)
+            cur = []
+        cur.append(e)
+        prev = e
+    if cur:
+        its.append(cur)
+    return its
+
+
+def summary(it: list, t_first: float) -> dict:
+    by: dict = defaultdict(lambda: [0, 0.0])
+    for kind, t0, t1, extra in it:
+        key = kind if kind != "R" else f"R{extra}"
+        by[key][0] += 1
+        by[key][1] += t1 - t0
+    return {"t_s": round(it[0][1] - t_first, 3), "span_ms": round((it[-1][2] - it[0][1]) * 1000, 1),
+            "busy_ms": round(sum(t1 - t0 for _, t0, t1, _ in it) * 1000, 1),
+            "by_kind": {k: [v[0], round(v[1] * 1000, 1)] for k, v in sorted(by.items(), key=lambda kv: -kv[1][1])}}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("file")
+    ap.add_argument("--top", type=int, default=20)
+    ap.add_argument("--after", type=float, default=0.0, help="skip iterations in the first S seconds (start-up)")
+    args = ap.parse_args(argv)
+    with open(args.file) as f:
+        events = [json.loads(line) for line in f]
+    if not events:
+        return
+    t_first = min(e[1] for e in events)
+    rows = [summary(it, t_first) for it in iterations(events)]
+    rows = [r for r in rows if r["t_s"] >= args.after]
+    for r in sorted(rows, key=lambda r: -r["span_ms"])[:args.top]:
+        print(json.dumps(r))
+
+
+if __name__ == "__main__":
+    main()
