@@ -1,8 +1,13 @@
 """A huge classic group beside many small ones (issue 31 item 4).
 
-``python -m bench.big_group [--quick] [--big 5000] [--groups 1000] [--members 10] [--procs 2]``
+``python -m bench.big_group [--quick] [--target herd|kafka] [--big 5000] [--groups 1000] [--members 10] [--procs 2]``
 
-One herd daemon (``bench._util.Herd``, ``--metrics-port 0``). The raw-protocol load tool
+One herd daemon (``bench._util.Herd``, ``--metrics-port 0``), or with ``--target kafka`` one real
+Kafka broker (``bench.vs_kafka.KafkaTarget``: 4.4.0, KRaft, one node, topic ``bench``, defaults but
+``group.initial.rebalance.delay.ms`` 0; its ``group.max.size`` is unlimited by default). The big
+group's driver and the load tool speak the plain protocol to the one node; before anything starts,
+FindCoordinator for the big group and a small one must answer NONE (Kafka: offsets partitions loaded).
+The raw-protocol load tool
 (``bench/loadgen.py``) joins ``--groups`` small groups of ``--members`` members, which then
 heartbeat every 3 s (mode ``one``). Inside one heartbeat window (``LoadGen.window(samples=True)``:
 each heartbeat's send time and latency, so the window is sliced into phases), this process (asyncio
@@ -24,8 +29,9 @@ Reported per phase (baseline before the big group, formation, rebalance): the sm
 heartbeat latency p50/p99/max of the heartbeats SENT in that phase, and how many probes of the
 daemon's event-loop lag (``herd_event_loop_lag_seconds`` histogram, /metrics, scraped at each phase
 boundary) were over 50 ms and 100 ms; ``herd_event_loop_lag_max_seconds`` (the largest since start)
-at the end and before the big group. Targets (issue 31): small groups' heartbeat p99 < 50 ms,
-loop lag max < 0.1 s, formation < 10 s from the last join.
+at the end and before the big group (herd only: null on Kafka); the server's CPU seconds in each
+phase (``server_cpu_s``, /proc/<pid>/stat, every thread) on both.
+Targets (issue 31): small groups' heartbeat p99 < 50 ms, loop lag max < 0.1 s, formation < 10 s from the last join.
 
 ``--trace-turns FILE``: the daemon records each loop callback's start and end
 (``bench/turn_trace_site``); ``python -m bench._turn_trace FILE`` lists the longest loop iterations
@@ -74,13 +80,122 @@ def loop_lag(port: int) -> dict:
 
 
 def lag_delta(a: dict, b: dict) -> dict:
-    """Probes between two scrapes, and how many of them were later than 50 ms / 100 ms."""
+    """Probes between two scrapes, and how many of them were later than 50 ms / 100 ms (None for a
+    server without herd's loop-lag metric, i.e. Kafka)."""
+    if a is None or b is None:
+        return None
     n = b["count"] - a["count"]
 
     def over(le):
         return (b["count"] - b["buckets"].get(le, 0)) - (a["count"] - a["buckets"].get(le, 0))
 
     return {"probes": n, "over_50ms": over("0.05"), "over_100ms": over("0.1")}
+
+
+class HerdServer:
+    """herd for the big group: ``--metrics-port 0`` (the loop lag), room for every connection,
+    optionally the daemon of another revision (``--rev``)."""
+
+    name = "herd"
+
+    def __init__(self, args, n: int):
+        from bench.abuse import TreeHerd, extract
+
+        self.info = {}
+        root = None
+        if args.rev:  # the daemon from another revision of this repository (before/after runs)
+            import tempfile
+
+            self._tmp = tempfile.TemporaryDirectory(prefix="herd-big-group-")
+            root = extract(args.rev, self._tmp.name)
+            self.info["daemon_rev"] = args.rev
+        extra = ["--metrics-port", "0", "--max-connections", str(n + args.groups + 2000)]
+        env = None
+        if getattr(args, "trace_turns", None):  # bench/turn_trace_site: each loop callback's cost, written at exit
+            env = {"HERD_TURN_TRACE": os.path.abspath(args.trace_turns),
+                   "PYTHONPATH": os.path.join(os.path.dirname(os.path.abspath(__file__)), "turn_trace_site")}
+            self.info["turn_trace"] = env["HERD_TURN_TRACE"]
+        self.herd = TreeHerd(root, fsync=args.fsync, log_level="info", extra_args=extra, env=env)
+        self.mport = None
+
+    def __enter__(self):
+        self.herd.__enter__()
+        self.mport = self.herd.wait_metrics_port(30)
+        self.info["data_fs"] = U.filesystem_of(self.herd.data_dir)
+        return self
+
+    def __exit__(self, *exc):
+        self.herd.__exit__(*exc)
+
+    @property
+    def bootstrap(self) -> str:
+        return self.herd.bootstrap
+
+    @property
+    def pid(self) -> int:
+        return self.herd.pid
+
+    def lag(self):
+        return loop_lag(self.mport)
+
+    def events(self, w0_wall: float):
+        return daemon_events(self.herd, w0_wall)
+
+
+class KafkaServer:
+    """A real Kafka broker (``bench.vs_kafka.KafkaTarget``: 4.4.0, KRaft, one node, topic ``bench``
+    with 100 partitions, ``group.initial.rebalance.delay.ms`` 0, otherwise defaults plus
+    ``--kafka-config``). No loop-lag metric: those fields are null."""
+
+    name = "kafka"
+
+    def __init__(self, args, n: int):
+        from bench.vs_kafka import KafkaTarget
+
+        overrides = dict(kv.split("=", 1) for kv in (args.kafka_config or []))
+        self.t = KafkaTarget("kafka", args.kafka_heap, overrides)
+        self.info = {"kafka_heap": args.kafka_heap, "kafka_overrides": overrides, "kafka_version": "4.4.0"}
+
+    def __enter__(self):
+        self.t.__enter__()
+        self.info["data_fs"] = U.filesystem_of(self.t._tmp.name)
+        return self
+
+    def __exit__(self, *exc):
+        self.t.__exit__(*exc)
+
+    @property
+    def bootstrap(self) -> str:
+        return self.t.bootstrap
+
+    @property
+    def pid(self) -> int:
+        return self.t.pid
+
+    def lag(self):
+        return None
+
+    def events(self, w0_wall: float):
+        return None
+
+
+SERVERS = {"herd": HerdServer, "kafka": KafkaServer}
+
+
+def wait_coordinator(bootstrap: str, group: str, timeout: float = 120.0) -> float:
+    """Until FindCoordinator for ``group`` answers NONE (on Kafka: its offsets partition is loaded;
+    the load tool and the big group talk to the one node without asking). Returns the seconds waited."""
+    from tools.rawclient import RawClient
+
+    host, port = bootstrap.rsplit(":", 1)
+    t0 = _now()
+    with RawClient((host, int(port)), timeout=30) as c:
+        while _now() - t0 < timeout:
+            r = c.call(m.FindCoordinatorRequest(key=group, key_type=0), 1)
+            if r.error_code == 0:
+                return _now() - t0
+            time.sleep(0.1)
+    raise RuntimeError(f"no coordinator for {group} on {bootstrap} after {timeout} s")
 
 
 class Big:
@@ -164,9 +279,12 @@ class Big:
             return arrived
 
         await asyncio.gather(*(member(i, f) for i, f in zip(members, futs, strict=True)))
-        return {"t_first_join": t_first_join, "t_last_join": t_last_join,
+        t_done = _now()
+        return {"t_done": t_done,"t_first_join": t_first_join, "t_last_join": t_last_join,
                 "t_first_join_answer": min(joined, default=None), "t_last_join_answer": max(joined, default=None),
-                "t_first_sync_answer": min(synced, default=None), "t_formed": max(synced) if synced else None,
+                "t_first_sync_answer": min(synced, default=None),
+                # formed: the last SyncGroup answer (if none succeeded: when the last answer came)
+                "t_formed": max(synced) if len(synced) == len(members) else t_done,
                 "synced": len(synced),
                 "leader_saw": leader_seen.get("members"), "generation": self.generation}
 
@@ -240,35 +358,21 @@ def phase_stats(samples, start: float, end: float) -> dict:
 
 def run(args) -> dict:
     n = args.big
-    out = {"big_members": n, "small_groups": args.groups, "small_members_per_group": args.members,
-           "small_members": args.groups * args.members}
-    extra = ["--metrics-port", "0", "--max-connections", str(n + args.groups + 2000)]
-    from bench.abuse import TreeHerd, extract
-
-    root = None
-    if args.rev:  # the daemon from another revision of this repository (before/after runs)
-        import tempfile
-
-        tmp = tempfile.TemporaryDirectory(prefix="herd-big-group-")
-        root = extract(args.rev, tmp.name)
-        out["daemon_rev"] = args.rev
-    env = None
-    if args.trace_turns:  # bench/turn_trace_site: what each loop callback cost, written at exit
-        env = {"HERD_TURN_TRACE": os.path.abspath(args.trace_turns),
-               "PYTHONPATH": os.path.join(os.path.dirname(os.path.abspath(__file__)), "turn_trace_site")}
-        out["turn_trace"] = env["HERD_TURN_TRACE"]
-    with TreeHerd(root, fsync=args.fsync, log_level="info", extra_args=extra, env=env) as herd:
-
-        mport = herd.wait_metrics_port(30)
-        out["data_fs"] = U.filesystem_of(herd.data_dir)
-        with LoadGen(herd.bootstrap, groups=args.groups, members=args.members, procs=args.procs,
+    target = getattr(args, "target", "herd")
+    out = {"target": target, "big_members": n, "small_groups": args.groups,
+           "small_members_per_group": args.members, "small_members": args.groups * args.members}
+    with SERVERS[target](args, n) as srv:
+        out.update(srv.info)
+        # the small groups' and the big group's coordinator answer (Kafka: their offsets partitions loaded)
+        out["coordinator_wait_s"] = max(wait_coordinator(srv.bootstrap, g) for g in (GROUP, "small-0000000"))
+        with LoadGen(srv.bootstrap, groups=args.groups, members=args.members, procs=args.procs,
                      group_prefix="small", hb_mode="one", hb_interval=args.hb_interval,
                      session_timeout_ms=30_000) as lg:
             out["load_params"] = lg.params()
             if args.pin:
                 from bench.scale import _pin
 
-                out["pinning"] = _pin(herd.pid, [c.pid for c in lg.children])
+                out["pinning"] = _pin(srv.pid, [c.pid for c in lg.children])
             out["small_join"] = {k: v for k, v in lg.join().items() if k in ("seconds", "groups_joined",
                                                                              "groups_failed", "errors")}
             loop = asyncio.new_event_loop()
@@ -279,7 +383,7 @@ def run(args) -> dict:
             except ImportError:
                 pass
             asyncio.set_event_loop(loop)
-            host, port = herd.bootstrap.rsplit(":", 1)
+            host, port = srv.bootstrap.rsplit(":", 1)
             t = _now()
             conns = loop.run_until_complete(open_conns(host, int(port), n, "big", parallel=200))
             out["big_connect_s"] = _now() - t
@@ -289,23 +393,25 @@ def run(args) -> dict:
             res = {}
             th = threading.Thread(target=lambda: res.update(hb=lg.window(args.window, start=w0, samples=True)))
             th.start()
-            lag0 = loop_lag(mport)  # the loop lag before the big group (the small groups' join included)
+            lag0 = srv.lag()  # the loop lag before the big group (the small groups' join included)
+            cpu0 = U.proc_cpu_seconds(srv.pid)
             time.sleep(args.baseline)
-            lag1 = loop_lag(mport)
-            cpu1 = U.proc_cpu_seconds(herd.pid)
+            lag1 = srv.lag()
+            cpu1 = U.proc_cpu_seconds(srv.pid)
             spy = None
             if args.profile:  # py-spy on the daemon for the big group's two phases
                 os.makedirs(args.profile, exist_ok=True)
-                spy = U.PySpy(herd.pid, os.path.join(args.profile, f"big_group-{n}.txt"), rate=args.profile_rate)
+                spy = U.PySpy(srv.pid, os.path.join(args.profile, f"big_group-{n}.txt"), rate=args.profile_rate)
                 spy.__enter__()
             formed = loop.run_until_complete(big.form())
-            lag2 = loop_lag(mport)
-            cpu2 = U.proc_cpu_seconds(herd.pid)
+            lag2 = srv.lag()
+            cpu2 = U.proc_cpu_seconds(srv.pid)
             time.sleep(args.settle)
-            lag3 = loop_lag(mport)
+            lag3 = srv.lag()
+            cpu3 = U.proc_cpu_seconds(srv.pid)
             rebal = loop.run_until_complete(big.rebalance())
-            lag4 = loop_lag(mport)
-            cpu3 = U.proc_cpu_seconds(herd.pid)
+            lag4 = srv.lag()
+            cpu4 = U.proc_cpu_seconds(srv.pid)
             if spy is not None:
                 spy.__exit__(None, None, None)
             t_end = _now()
@@ -319,16 +425,18 @@ def run(args) -> dict:
             hb = res["hb"]
             samples = hb.pop("samples")
             out["verify_small"] = lg.verify()
-            out["daemon_events"] = daemon_events(herd, w0_wall)
+            out["daemon_events"] = srv.events(w0_wall)
+        out["server_rss_mb_end"] = U.proc_rss_bytes(srv.pid) / 2**20
         out["phases"] = {
             "baseline": {"seconds": formed["t_start"] - w0, "hb_ms": phase_stats(samples, w0, formed["t_start"]),
-                         "loop_lag": lag_delta(lag0, lag1)},
+                         "loop_lag": lag_delta(lag0, lag1), "server_cpu_s": cpu1 - cpu0},
             "formation": {"seconds": formed["t_formed"] - formed["t_start"],
                           "hb_ms": phase_stats(samples, formed["t_start"], formed["t_formed"]),
-                          "loop_lag": lag_delta(lag1, lag2), "daemon_cpu_s": cpu2 - cpu1},
+                          "loop_lag": lag_delta(lag1, lag2), "daemon_cpu_s": cpu2 - cpu1, "server_cpu_s": cpu2 - cpu1},
             "rebalance": {"seconds": rebal["t_formed"] - rebal["t_start"],
                           "hb_ms": phase_stats(samples, rebal["t_start"], rebal["t_formed"]),
-                          "loop_lag": lag_delta(lag3, lag4), "daemon_cpu_s": cpu3 - cpu2},
+                          "loop_lag": lag_delta(lag3, lag4), "daemon_cpu_s": cpu4 - cpu2,
+                          "server_cpu_s": cpu4 - cpu3},
         }
         out["timeline_s"] = {f"{ph}_{k[2:]}": round(v - w0, 3) for ph, d in (("form", formed), ("rebal", rebal))
                              for k, v in d.items() if k.startswith("t_") and v is not None}
@@ -339,8 +447,8 @@ def run(args) -> dict:
         out["big_synced"] = [formed["synced"], rebal["synced"]]
         out["leader_saw"] = [formed["leader_saw"], rebal["leader_saw"]]
         out["big_errors"] = big.errors
-        out["loop_lag_max_s_before_big"] = lag0["max_s"]
-        out["loop_lag_max_s_end"] = lag4["max_s"]
+        out["loop_lag_max_s_before_big"] = lag0["max_s"] if lag0 else None
+        out["loop_lag_max_s_end"] = lag4["max_s"] if lag4 else None
         out["heartbeat_window"] = {k: hb[k] for k in ("heartbeats", "latency_ms", "errors", "members_failed",
                                                        "unanswered", "slow", "load_stalls", "load_cpu_util")}
     if args.profile:
@@ -349,23 +457,32 @@ def run(args) -> dict:
         summary = _profile.summarize(spy.out_path, top=30)
         summary["file"] = spy.out_path
         out["profile"] = summary
-        print(_profile.render(summary, f"herd while a {n}-member group forms and rebalances"), file=sys.stderr)
+        print(_profile.render(summary, f"{target} while a {n}-member group forms and rebalances"), file=sys.stderr)
+    out["checks"] = checks(out)
+    return out
+
+
+def checks(out: dict) -> dict:
+    """The issue's targets against one run's result (loop lag: None where the server has no such metric)."""
     ph = out["phases"]
     p99 = max((ph[k]["hb_ms"]["p99"] or 0.0) for k in ("formation", "rebalance"))
-    over = ph["formation"]["loop_lag"]["over_100ms"] + ph["rebalance"]["loop_lag"]["over_100ms"]
-    out["checks"] = {
+    lags = [ph[k]["loop_lag"] for k in ("formation", "rebalance")]
+    lag_max = out["loop_lag_max_s_end"]
+    form = out["formation_s_from_last_join"]
+    complete = out["big_synced"] == [out["big_members"], out["big_members"] - 1]
+    return {
         "hb_p99_ms": p99, "hb_p99_ok": p99 < TARGETS["hb_p99_ms"],
         "hb_p99_ratio": p99 / TARGETS["hb_p99_ms"],
-        "loop_lag_over_100ms_in_big_phases": over,
-        "loop_lag_max_s": out["loop_lag_max_s_end"],
-        "loop_lag_ok": out["loop_lag_max_s_end"] < TARGETS["loop_lag_max_s"],
-        "loop_lag_ratio": out["loop_lag_max_s_end"] / TARGETS["loop_lag_max_s"],
-        "formation_s": out["formation_s_from_last_join"],
-        "formation_ok": out["formation_s_from_last_join"] < TARGETS["formation_s"],
-        "formation_ratio": out["formation_s_from_last_join"] / TARGETS["formation_s"],
+        "loop_lag_over_100ms_in_big_phases": None if None in lags else sum(x["over_100ms"] for x in lags),
+        "loop_lag_max_s": lag_max,
+        "loop_lag_ok": None if lag_max is None else lag_max < TARGETS["loop_lag_max_s"],
+        "loop_lag_ratio": None if lag_max is None else lag_max / TARGETS["loop_lag_max_s"],
+        "formation_s": form,
+        "formation_ok": complete and form < TARGETS["formation_s"],
+        "formation_ratio": form / TARGETS["formation_s"],
+        "big_group_complete": complete,
         "small_errors": sum(out["heartbeat_window"]["errors"].values()) + out["heartbeat_window"]["members_failed"],
     }
-    return out
 
 
 def main(argv=None):
@@ -381,7 +498,12 @@ def main(argv=None):
     ap.add_argument("--settle", type=float, default=3.0, help="seconds between formation and rebalance")
     ap.add_argument("--session-timeout-ms", type=int, default=300_000, help="big group members' session")
     ap.add_argument("--rebalance-timeout-ms", type=int, default=120_000)
-    ap.add_argument("--fsync", default="always")
+    ap.add_argument("--target", choices=sorted(SERVERS), default="herd",
+                    help="the server: herd (this tree's daemon, or --rev's) or a real Kafka broker")
+    ap.add_argument("--fsync", default="always", help="herd's fsync mode")
+    ap.add_argument("--kafka-heap", default="2g", help="the Kafka broker's -Xmx")
+    ap.add_argument("--kafka-config", action="append", default=None, metavar="KEY=VALUE",
+                    help="an extra server.properties line for the Kafka broker (repeatable)")
     ap.add_argument("--pin", action="store_true", help="the daemon on the first CPU, the load (this process "
                     "and the small groups' processes) on the others, as bench.scale --pin")
     ap.add_argument("--profile", default=None, help="directory: py-spy the daemon during the big group's phases")
@@ -391,14 +513,17 @@ def main(argv=None):
     ap.add_argument("--rev", default=None, help="run the daemon from this git revision (git archive), "
                     "e.g. main for a before/after comparison; default: this tree")
     args = U.parse(ap, argv, {"big": (1000, 5000), "groups": (100, 1000), "window": (25.0, 60.0)})
+    if args.target != "herd" and (args.profile or args.rev or args.trace_turns or args.fsync != "always"):
+        ap.error("--profile, --rev, --trace-turns and --fsync are for --target herd")
     out = {"bench": "big_group", "params": vars(args), "machine": U.environment()}
     out["run"] = run(args)
     c = out["run"]["checks"]
     ph = out["run"]["phases"]
     text = "\n".join([
-        f"big group {args.big} beside {args.groups} x {args.members}: " + ", ".join(
+        f"{args.target}: big group {args.big} beside {args.groups} x {args.members}: " + ", ".join(
             f"{k}: {v['seconds']:.2f} s hb p99 {v['hb_ms']['p99']} max {v['hb_ms']['max']} ms, "
-            f"lag>100ms {v['loop_lag']['over_100ms']}" for k, v in ph.items()),
+            f"lag>100ms {(v['loop_lag'] or {}).get('over_100ms')}, cpu {v['server_cpu_s']:.2f} s"
+            for k, v in ph.items()),
         f"formation from last join {c['formation_s']:.2f} s, loop lag max {c['loop_lag_max_s']} s",
     ])
     U.emit(out, text)

@@ -1,8 +1,9 @@
 """herd against a real Apache Kafka broker: the same loads, in one run, against both.
 
-``python -m bench.vs_kafka [--quick] [--loads commits,rebalance,heartbeats,startup]
+``python -m bench.vs_kafka [--quick] [--loads commits,rebalance,heartbeats,startup,bigGroup]
 [--commit-procs 1,4] [--commit-duration 5] [--members 50] [--hb-groups 10000] [--hb-members 10]
-[--hb-duration 20] [--startup-offsets 1000000] [--kafka-heap 2g]``
+[--hb-duration 20] [--startup-offsets 1000000] [--big-sizes 5000,10000] [--big-groups 1000]
+[--big-window 60] [--kafka-heap 2g]``
 
 Servers (all on loopback, started and stopped here):
 
@@ -38,6 +39,13 @@ kafka / herd for latencies and costs):
 * ``startup``: ``--startup-offsets`` offsets committed over the wire (100 partitions per
   OffsetCommit, groups of 100 partitions), then the server restarted: seconds from process start
   until an OffsetFetch of the last group answers its offsets, and RSS after.
+* ``bigGroup``: bench.big_group's load (issue 31 item 4) on ``herd`` (fsync=always, the default;
+  a group's formation writes one record, so durability weighs little) and on ``kafka`` (defaults),
+  a fresh server per cell, alternated herd, kafka for each of ``--big-sizes``: ``--big-groups``
+  small groups x 10 members heartbeat every 3 s while one classic group of N members (one
+  connection each) forms and then rebalances; the small groups' heartbeat p99/max per phase,
+  formation s from the last JoinGroup, rebalance s from the LeaveGroup, the server's CPU s per phase
+  and RSS after; herd's loop-lag max (Kafka has none: null).
 """
 from __future__ import annotations
 
@@ -294,6 +302,52 @@ def load_startup(t, args) -> dict:
     return out
 
 
+def big_group_cell(target: str, big: int, args) -> dict:
+    """One bench.big_group run (a fresh server) and its summary: the columns the bigGroup row compares."""
+    from bench import big_group
+
+    ns = SimpleNamespace(target=target, big=big, groups=args.big_groups, members=10, procs=2, hb_interval=3.0,
+                         window=args.big_window, baseline=6.0, settle=3.0, session_timeout_ms=300_000,
+                         rebalance_timeout_ms=120_000, fsync="always", pin=False, profile=None, profile_rate=200,
+                         rev=None, kafka_heap=args.kafka_heap, kafka_config=None)
+    r = big_group.run(ns)
+    out = big_group_summary(r)
+    out["detail"] = r
+    print(f"  {target} bigGroup {big}: formation {out['formation_s']:.2f} s rebalance {out['rebalance_s']:.2f} s, "
+          f"hb p99 {out['formation_hb_p99_ms']} / {out['rebalance_hb_p99_ms']} ms, cpu "
+          f"{out['formation_server_cpu_s']:.2f} / {out['rebalance_server_cpu_s']:.2f} s", file=sys.stderr, flush=True)
+    return out
+
+
+def big_group_summary(r: dict) -> dict:
+    ph, c, hw = r["phases"], r["checks"], r["heartbeat_window"]
+    out = {"target": r["target"], "big_members": r["big_members"], "small_groups": r["small_groups"],
+           "small_members": r["small_members"], "baseline_hb_p99_ms": ph["baseline"]["hb_ms"]["p99"]}
+    for k in ("formation", "rebalance"):
+        out[f"{k}_hb_p99_ms"] = ph[k]["hb_ms"]["p99"]
+        out[f"{k}_hb_max_ms"] = ph[k]["hb_ms"]["max"]
+        out[f"{k}_server_cpu_s"] = ph[k]["server_cpu_s"]
+    out.update(formation_s=r["formation_s_from_last_join"], rebalance_s=r["rebalance_s_from_leave"],
+               minting_ids_s=r["minting_ids_s"], baseline_server_cpu_s=ph["baseline"]["server_cpu_s"],
+               loop_lag_max_s=r["loop_lag_max_s_end"], hb_p99_ms=c["hb_p99_ms"], hb_p99_ok=c["hb_p99_ok"],
+               formation_ok=c["formation_ok"], big_group_complete=c["big_group_complete"],
+               big_errors=r["big_errors"], small_errors=c["small_errors"], unanswered=hw["unanswered"],
+               load_cpu_util=hw["load_cpu_util"], server_rss_mb_end=r["server_rss_mb_end"])
+    return out
+
+
+def big_group_ratios(h: dict, k: dict) -> dict:
+    """kafka / herd for one size's two summaries (> 1: herd better; None where either is missing or 0).
+    The formation and rebalance times compare only groups that both completed (a failed SyncGroup
+    ends a formation early: e.g. Kafka's group record over ``message.max.bytes``)."""
+    keys = ("hb_p99_ms", "formation_hb_p99_ms", "rebalance_hb_p99_ms", "formation_hb_max_ms", "rebalance_hb_max_ms",
+            "formation_s", "rebalance_s", "formation_server_cpu_s", "rebalance_server_cpu_s", "server_rss_mb_end")
+    both = bool(h.get("big_group_complete") and k.get("big_group_complete"))
+    out = {x: ratio(k.get(x), h.get(x)) for x in keys if both or x not in ("formation_s", "rebalance_s")}
+    out["both_complete"] = both
+    return out
+
+
 # -- main ---------------------------------------------------------------------------------------
 
 def ratio(a, b):
@@ -303,7 +357,7 @@ def ratio(a, b):
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m bench.vs_kafka", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small parameters (a few minutes in all)")
-    ap.add_argument("--loads", default="commits,rebalance,heartbeats,startup")
+    ap.add_argument("--loads", default="commits,rebalance,heartbeats,startup,bigGroup")
     ap.add_argument("--commit-procs", default="1,4")
     ap.add_argument("--commit-duration", type=float, default=None, help="seconds per cell (default 10, quick 3)")
     ap.add_argument("--members", type=int, default=50)
@@ -311,6 +365,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--hb-members", type=int, default=10)
     ap.add_argument("--hb-duration", type=float, default=None, help="default 20, quick 6")
     ap.add_argument("--startup-offsets", type=int, default=None, help="default 1000000, quick 100000")
+    ap.add_argument("--big-sizes", default=None, help="bigGroup: members of the big group, comma-separated "
+                    "(default 5000,10000, quick 1000)")
+    ap.add_argument("--big-groups", type=int, default=None, help="bigGroup: small groups of 10 (default 1000, "
+                    "quick 100)")
+    ap.add_argument("--big-window", type=float, default=None, help="bigGroup: heartbeat window s (default 60, "
+                    "quick 25)")
     ap.add_argument("--kafka-heap", default="2g")
     return ap
 
@@ -323,6 +383,9 @@ def main(argv=None):
     args.hb_groups = args.hb_groups or (500 if q else 10000)
     args.hb_duration = args.hb_duration or (6 if q else 20)
     args.startup_offsets = args.startup_offsets or (100_000 if q else 1_000_000)
+    args.big_sizes = [int(x) for x in str(args.big_sizes or ("1000" if q else "5000,10000")).split(",") if x]
+    args.big_groups = args.big_groups or (100 if q else 1000)
+    args.big_window = args.big_window or (25.0 if q else 60.0)
     loads = [x for x in args.loads.split(",") if x]
     env = U.environment()
     runs: dict[str, dict] = {}
@@ -331,7 +394,7 @@ def main(argv=None):
                ("kafka-flush", KafkaTarget, ("kafka-flush", args.kafka_heap, {"log.flush.interval.messages": 1}))]
     for name, cls, cargs in targets:
         these = ["commits"] if name in ("kafka-flush", "herd-interval") else loads
-        these = [x for x in these if x in loads]
+        these = [x for x in these if x in loads and x != "bigGroup"]
         if not these:
             continue
         with cls(*cargs) as t:
@@ -340,6 +403,10 @@ def main(argv=None):
                 if load == "commits" and name.startswith("kafka"):
                     load_commits(t, args)  # warm-up (Kafka's JIT), discarded
                 r[load] = globals()[f"load_{load}"](t, args)
+    if "bigGroup" in loads:  # a fresh server per cell (its own metrics port and connection limit on herd)
+        for big in args.big_sizes:
+            for name in ("herd", "kafka"):
+                runs.setdefault(name, {}).setdefault("bigGroup", []).append(big_group_cell(name, big, args))
     # ratios: herd against each Kafka
     ratios = {}
     h = runs.get("herd", {})
@@ -364,6 +431,8 @@ def main(argv=None):
                                                  h["startup"]["restart_to_offsets_served_s"])
             rr["startup_rss"] = ratio(k["startup"]["server_rss_mb_after_start"],
                                       h["startup"]["server_rss_mb_after_start"])
+        for hb, kb in zip(h.get("bigGroup", []), k.get("bigGroup", []), strict=False):
+            rr[f"bigGroup_{hb['big_members']}"] = big_group_ratios(hb, kb)
         if rr:
             ratios[f"herd_vs_{kname}"] = rr
     like = {}
