@@ -3,7 +3,7 @@
 ``python -m bench.big_group [--quick] [--target herd|kafka] [--big 5000] [--groups 1000] [--members 10] [--procs 2]``
 
 One herd daemon (``bench._util.Herd``, ``--metrics-port 0``), or with ``--target kafka`` one real
-Kafka broker (``bench.vs_kafka.KafkaTarget``: 4.4.0, KRaft, one node, topic ``bench``, defaults but
+Kafka broker (``bench._kafka.KafkaTarget``: 4.4.0, KRaft, one node, topic ``bench``, defaults but
 ``group.initial.rebalance.delay.ms`` 0; its ``group.max.size`` is unlimited by default). The big
 group's driver and the load tool speak the plain protocol to the one node; before anything starts,
 FindCoordinator for the big group and a small one must answer NONE (Kafka: offsets partitions loaded).
@@ -143,14 +143,14 @@ class HerdServer:
 
 
 class KafkaServer:
-    """A real Kafka broker (``bench.vs_kafka.KafkaTarget``: 4.4.0, KRaft, one node, topic ``bench``
+    """A real Kafka broker (``bench._kafka.KafkaTarget``: 4.4.0, KRaft, one node, topic ``bench``
     with 100 partitions, ``group.initial.rebalance.delay.ms`` 0, otherwise defaults plus
     ``--kafka-config``). No loop-lag metric: those fields are null."""
 
     name = "kafka"
 
     def __init__(self, args, n: int):
-        from bench.vs_kafka import KafkaTarget
+        from bench._kafka import KafkaTarget
 
         overrides = dict(kv.split("=", 1) for kv in (args.kafka_config or []))
         self.t = KafkaTarget("kafka", args.kafka_heap, overrides)

@@ -51,13 +51,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 from bench import _util as U
+from bench._kafka import KafkaTarget
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -67,38 +67,6 @@ _now = time.perf_counter
 
 
 # -- servers ------------------------------------------------------------------------------------
-
-class KafkaTarget:
-    def __init__(self, name: str, heap: str, overrides: dict):
-        from tools.kafka_broker import KafkaBroker
-
-        self.name = name
-        self._tmp = tempfile.TemporaryDirectory(prefix=f"bench-{name}-", dir=U.default_tmp_root())
-        base = {"offsets.topic.num.partitions": 50, "group.initial.rebalance.delay.ms": 0,
-                "num.network.threads": 3, "num.io.threads": 8}
-        base.update(overrides)
-        self.broker = KafkaBroker(self._tmp.name, base, heap=heap, start_timeout=180)
-
-    def __enter__(self):
-        self.broker.start()
-        create_topic(self.bootstrap, "bench", 100)
-        return self
-
-    def __exit__(self, *exc):
-        self.broker.__exit__(*exc)
-        self._tmp.cleanup()
-
-    @property
-    def bootstrap(self) -> str:
-        return self.broker.bootstrap
-
-    @property
-    def pid(self) -> int:
-        return self.broker.pid
-
-    def restart(self) -> float:
-        return self.broker.restart()
-
 
 class HerdTarget:
     def __init__(self, name: str = "herd", fsync: str = "always"):
@@ -127,20 +95,6 @@ class HerdTarget:
         self.herd.start()
         return time.monotonic() - t0
 
-
-def create_topic(bootstrap: str, name: str, partitions: int) -> None:
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
-    admin.create_topics([NewTopic(name, partitions, 1)], operation_timeout=30)[name].result(timeout=60)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        md = admin.list_topics(name, timeout=10).topics[name]
-        if md.error is None and len(md.partitions) == partitions and all(
-                p.leader >= 0 for p in md.partitions.values()):
-            return
-        time.sleep(0.1)
-    raise RuntimeError(f"topic {name} not ready on {bootstrap}")
 
 
 def server_usage(pid: int) -> dict:
