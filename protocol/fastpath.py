@@ -333,3 +333,29 @@ def decode_sync_group_request(frame: bytes, pos: int, version: int):
     except (IndexError, struct.error, UnicodeDecodeError, ProtocolError):
         return None
     return _SyncGroupRequest(group_id, generation, member_id, nullable[0], nullable[1], nullable[2], assignments)
+
+
+# ---- ConsumerGroupHeartbeat: is it a join (or a leave)? ------------------------------------------
+
+_I16 = struct.Struct(">h")
+
+
+def consumer_heartbeat_epoch(frame: bytes) -> int | None:
+    """The member epoch of the ConsumerGroupHeartbeat request ``frame`` (from its API key on: header
+    v2, then group id, member id, member epoch), or None when it does not have the usual shape
+    (strings under 127 bytes, no header tags) or is cut short: the caller then treats it as any
+    other request."""
+    try:
+        n = _I16.unpack_from(frame, 8)[0]  # the header's client id (a legacy int16-length string)
+        pos = 10 + max(n, 0)
+        if frame[pos]:  # header tagged fields
+            return None
+        pos += 1
+        for _ in range(2):  # group id, member id (compact strings)
+            n = frame[pos] - 1
+            if not 0 <= n < 127:
+                return None
+            pos += 1 + n
+        return _I32.unpack_from(frame, pos)[0]
+    except (IndexError, struct.error):
+        return None

@@ -4,7 +4,8 @@ Everything herd does happens on one event loop: when thousands of members of one
 JoinGroup or SyncGroup at once (a big group forming or rebalancing), a single loop turn would
 handle them all, and every other connection's request (a small group's Heartbeat, a commit)
 waits for the whole burst. So a loop turn handles rebalance requests (JoinGroup, SyncGroup,
-LeaveGroup) for at most ``budget`` seconds; a connection whose next request is one of them after
+LeaveGroup, and a KIP-848 ConsumerGroupHeartbeat that joins or leaves: member epoch 0 or below)
+for at most ``budget`` seconds; a connection whose next request is one of them after
 that waits in a FIFO, and each following turn first serves whatever arrived (heartbeats never
 wait here), then hands ``budget`` seconds to the waiting connections, oldest first.
 
@@ -17,7 +18,11 @@ from __future__ import annotations
 import time
 from collections import deque
 
+from protocol.fastpath import consumer_heartbeat_epoch
+
 REBALANCE_APIS = frozenset({11, 13, 14})  # JoinGroup, LeaveGroup, SyncGroup
+CONSUMER_GROUP_HEARTBEAT = 68  # only a join (member epoch 0) or a leave (-1, -2) waits here
+_cg_epoch = consumer_heartbeat_epoch
 TURN_BUDGET_S = 0.008
 
 _now = time.perf_counter
@@ -49,8 +54,15 @@ class Turns:
         if conn.turn_pass:
             conn.turn_pass = False
             return False
-        if len(frame) < 2 or ((frame[0] << 8) | frame[1]) not in REBALANCE_APIS:
+        if len(frame) < 2:
             return False
+        api = (frame[0] << 8) | frame[1]
+        if api not in REBALANCE_APIS:
+            if api != CONSUMER_GROUP_HEARTBEAT:
+                return False
+            epoch = _cg_epoch(frame)
+            if epoch is None or epoch > 0:
+                return False  # a member's heartbeat (its steady one answered at the edge) never waits
         if conn.turn_waiting:
             return True
         if not self.spent():

@@ -91,3 +91,27 @@ def test_a_short_or_raw_frame_is_never_deferred():
     clock.t = 1.0
     assert not turns.defers(c, b"\x00")
     assert turns.defers(c, frame(JOIN))
+
+
+def cg_frame(epoch: int) -> bytes:
+    from protocol import messages as m
+    from protocol.headers import encode_request_header
+
+    req = m.ConsumerGroupHeartbeatRequest(group_id="g", member_id="m1", member_epoch=epoch)
+    out = bytearray()
+    encode_request_header(out, req.API_KEY, 1, 3, "client")
+    req.encode_into(out, 1)
+    return bytes(out)
+
+
+def test_a_consumer_heartbeat_waits_only_when_it_joins_or_leaves():
+    turns, clock, _scheduled = make()
+    log = []
+    a, b, c, d = (Conn(n, log) for n in "abcd")
+    assert not turns.defers(a, frame(JOIN))  # opens the turn
+    clock.t = 0.009  # spent
+    assert not turns.defers(a, cg_frame(5))  # a member's heartbeat: never waits
+    assert turns.defers(b, cg_frame(0))  # a join
+    assert turns.defers(c, cg_frame(-1))  # a leave
+    assert not turns.defers(d, cg_frame(7)) and not d.turn_waiting
+    assert list(turns.waiting) == [b, c]
