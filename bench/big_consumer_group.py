@@ -248,8 +248,13 @@ def run(args) -> dict:
         tmp = tempfile.TemporaryDirectory(prefix="herd-big-cg-")
         root = extract(args.rev, tmp.name)
         out["daemon_rev"] = args.rev
+    env = None
+    if args.trace_turns:  # bench/turn_trace_site, as bench.big_group --trace-turns
+        env = {"HERD_TURN_TRACE": os.path.abspath(args.trace_turns),
+               "PYTHONPATH": os.path.join(os.path.dirname(os.path.abspath(__file__)), "turn_trace_site")}
+        out["turn_trace"] = env["HERD_TURN_TRACE"]
     with TreeHerd(root, fsync=args.fsync, log_level="info", topics=(f"bench:{args.partitions}",),
-                  extra_args=extra) as herd:
+                  extra_args=extra, env=env) as herd:
         mport = herd.wait_metrics_port(30)
         out["data_fs"] = U.filesystem_of(herd.data_dir)
         with LoadGen(herd.bootstrap, groups=args.groups, members=args.members, procs=args.procs,
@@ -390,6 +395,8 @@ def main(argv=None):
     ap.add_argument("--rebalance-timeout-ms", type=int, default=60_000)
     ap.add_argument("--fsync", default="always")
     ap.add_argument("--profile", default=None, help="directory: py-spy the daemon during the big group's phases")
+    ap.add_argument("--trace-turns", default=None, help="file: the daemon records each loop callback "
+                    "(bench/turn_trace_site; read it with python -m bench._turn_trace FILE)")
     ap.add_argument("--profile-rate", type=int, default=200)
     ap.add_argument("--rev", default=None, help="run the daemon from this git revision (git archive)")
     args = U.parse(ap, argv, {"big": (1000, 5000), "partitions": (200, 1000), "groups": (100, 1000),

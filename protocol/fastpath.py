@@ -335,16 +335,14 @@ def decode_sync_group_request(frame: bytes, pos: int, version: int):
     return _SyncGroupRequest(group_id, generation, member_id, nullable[0], nullable[1], nullable[2], assignments)
 
 
-# ---- ConsumerGroupHeartbeat: is it a join (or a leave)? ------------------------------------------
-
-_I16 = struct.Struct(">h")
+# ---- ConsumerGroupHeartbeat: a member's steady heartbeat, or rebalance work? -------------------------
 
 
-def consumer_heartbeat_epoch(frame: bytes) -> int | None:
-    """The member epoch of the ConsumerGroupHeartbeat request ``frame`` (from its API key on: header
-    v2, then group id, member id, member epoch), or None when it does not have the usual shape
-    (strings under 127 bytes, no header tags) or is cut short: the caller then treats it as any
-    other request."""
+def consumer_heartbeat_epoch(frame: bytes) -> tuple[int, int] | None:
+    """``(member epoch, end of the epoch)`` of the ConsumerGroupHeartbeat request ``frame`` (from
+    its API key on: header v2, then group id, member id, member epoch), or None when it does not
+    have the usual shape (strings under 127 bytes, no header tags) or is cut short: the caller then
+    treats it as any other request."""
     try:
         n = _I16.unpack_from(frame, 8)[0]  # the header's client id (a legacy int16-length string)
         pos = 10 + max(n, 0)
@@ -356,6 +354,21 @@ def consumer_heartbeat_epoch(frame: bytes) -> int | None:
             if not 0 <= n < 127:
                 return None
             pos += 1 + n
-        return _I32.unpack_from(frame, pos)[0]
+        return _I32.unpack_from(frame, pos)[0], pos + 4
     except (IndexError, struct.error):
         return None
+
+
+def consumer_heartbeat_is_rebalance_work(frame: bytes) -> bool:
+    """Is the ConsumerGroupHeartbeat request ``frame`` (from its API key on) a join or a leave
+    (member epoch 0 or below), or a member reporting something (its owned partitions, a new
+    subscription: any field after the epoch not null), rather than a member's steady heartbeat?
+    False when it cannot tell (an unusual shape): such a request is served as any other."""
+    found = consumer_heartbeat_epoch(frame)
+    if found is None:
+        return False
+    epoch, end = found
+    if epoch <= 0:
+        return True
+    version = (frame[2] << 8) | frame[3]
+    return version >= len(_CG_STEADY_TAIL) or frame[end:] != _CG_STEADY_TAIL[version]

@@ -4,10 +4,11 @@ Everything herd does happens on one event loop: when thousands of members of one
 JoinGroup or SyncGroup at once (a big group forming or rebalancing), a single loop turn would
 handle them all, and every other connection's request (a small group's Heartbeat, a commit)
 waits for the whole burst. So a loop turn handles rebalance requests (JoinGroup, SyncGroup,
-LeaveGroup, and a KIP-848 ConsumerGroupHeartbeat that joins or leaves: member epoch 0 or below)
-for at most ``budget`` seconds; a connection whose next request is one of them after
-that waits in a FIFO, and each following turn first serves whatever arrived (heartbeats never
-wait here), then hands ``budget`` seconds to the waiting connections, oldest first.
+LeaveGroup, and a KIP-848 ConsumerGroupHeartbeat that joins, leaves or reports owned partitions or
+a new subscription: all but a member's steady heartbeat) for at most ``budget`` seconds; a
+connection whose next request is one of them after that waits in a FIFO, and each following turn
+first serves whatever arrived (heartbeats never wait here), then hands ``budget`` seconds to the
+waiting connections, oldest first.
 
 Nothing changes for a client but timing: a connection's requests are still handled and answered
 in order (a waiting connection handles nothing else meanwhile), and the members of a rebalance
@@ -18,11 +19,11 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from protocol.fastpath import consumer_heartbeat_epoch
+from protocol.fastpath import consumer_heartbeat_is_rebalance_work
 
 REBALANCE_APIS = frozenset({11, 13, 14})  # JoinGroup, LeaveGroup, SyncGroup
-CONSUMER_GROUP_HEARTBEAT = 68  # only a join (member epoch 0) or a leave (-1, -2) waits here
-_cg_epoch = consumer_heartbeat_epoch
+CONSUMER_GROUP_HEARTBEAT = 68  # waits here unless it is a member's steady heartbeat
+_cg_rebalance_work = consumer_heartbeat_is_rebalance_work
 TURN_BUDGET_S = 0.008
 
 _now = time.perf_counter
@@ -60,9 +61,8 @@ class Turns:
         if api not in REBALANCE_APIS:
             if api != CONSUMER_GROUP_HEARTBEAT:
                 return False
-            epoch = _cg_epoch(frame)
-            if epoch is None or epoch > 0:
-                return False  # a member's heartbeat (its steady one answered at the edge) never waits
+            if not _cg_rebalance_work(frame):
+                return False  # a member's steady heartbeat (answered at the edge) never waits
         if conn.turn_waiting:
             return True
         if not self.spent():

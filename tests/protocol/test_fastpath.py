@@ -265,25 +265,33 @@ def test_a_leader_s_sync_of_thousands_of_members_is_read_and_others_are_left_to_
     assert fastpath.decode_sync_group_request(bytes(bad), pos, 5) is None
 
 
-# ---- ConsumerGroupHeartbeat's member epoch (edge/turns.py: joins and leaves wait for a turn) --------
+# ---- ConsumerGroupHeartbeat: steady, or rebalance work (edge/turns.py makes the latter wait) -------
 
 @given(group=ids, member=ids, epoch=st.integers(-2**31, 2**31 - 1), version=st.sampled_from([0, 1]),
-       client=st.one_of(st.just(""), ids))
-def test_a_consumer_heartbeat_s_member_epoch_is_read_from_its_frame(group, member, epoch, version, client):
+       client=st.one_of(st.just(""), ids), reports=st.booleans())
+def test_a_consumer_heartbeat_s_epoch_and_kind_are_read_from_its_frame(group, member, epoch, version, client,
+                                                                      reports):
+    owned = [m.ConsumerGroupHeartbeatRequestTopicPartitions(topic_id=b"\x01" * 16, partitions=[0])] if reports \
+        else None
     req = m.ConsumerGroupHeartbeatRequest(group_id=group, member_id=member, member_epoch=epoch,
-                                          subscribed_topic_names=["t"] if epoch == 0 else None)
+                                          topic_partitions=owned)
     out = bytearray()
     encode_request_header(out, req.API_KEY, version, 7, client)
     req.encode_into(out, version)
     frame = bytes(out)
-    assert fastpath.consumer_heartbeat_epoch(frame) == epoch
-    for cut in (4, 10, len(frame) - len(frame) // 2):
+    assert fastpath.consumer_heartbeat_epoch(frame)[0] == epoch
+    steady = epoch > 0 and not reports
+    assert fastpath.consumer_heartbeat_is_rebalance_work(frame) is (not steady)
+    pos = read_request_header(frame)[-1]
+    assert (fastpath.parse_steady_consumer_heartbeat(frame, pos, version) is not None) is steady
+    for cut in (4, 10, len(frame) // 2):
         got = fastpath.consumer_heartbeat_epoch(frame[:cut])
-        assert got is None or got == epoch
+        assert got is None or got[0] == epoch
 
 
-def test_a_consumer_heartbeat_of_an_unusual_shape_has_no_epoch_here():
+def test_a_consumer_heartbeat_of_an_unusual_shape_is_not_told_apart():
     req = m.ConsumerGroupHeartbeatRequest(group_id="g" * 200, member_id="m", member_epoch=0)
     frame, _pos = request_frame(req, 0)
     assert fastpath.consumer_heartbeat_epoch(frame) is None  # a group id of 200 bytes
+    assert not fastpath.consumer_heartbeat_is_rebalance_work(frame)
     assert fastpath.consumer_heartbeat_epoch(b"\x00\x44") is None

@@ -93,25 +93,29 @@ def test_a_short_or_raw_frame_is_never_deferred():
     assert turns.defers(c, frame(JOIN))
 
 
-def cg_frame(epoch: int) -> bytes:
+def cg_frame(epoch: int, owned=None) -> bytes:
     from protocol import messages as m
     from protocol.headers import encode_request_header
 
-    req = m.ConsumerGroupHeartbeatRequest(group_id="g", member_id="m1", member_epoch=epoch)
+    req = m.ConsumerGroupHeartbeatRequest(group_id="g", member_id="m1", member_epoch=epoch, topic_partitions=owned)
     out = bytearray()
     encode_request_header(out, req.API_KEY, 1, 3, "client")
     req.encode_into(out, 1)
     return bytes(out)
 
 
-def test_a_consumer_heartbeat_waits_only_when_it_joins_or_leaves():
+def test_a_consumer_heartbeat_waits_unless_it_is_a_member_s_steady_one():
+    from protocol import messages as m
+
     turns, clock, _scheduled = make()
     log = []
-    a, b, c, d = (Conn(n, log) for n in "abcd")
+    a, b, c, d, e = (Conn(n, log) for n in "abcde")
     assert not turns.defers(a, frame(JOIN))  # opens the turn
     clock.t = 0.009  # spent
-    assert not turns.defers(a, cg_frame(5))  # a member's heartbeat: never waits
+    assert not turns.defers(a, cg_frame(5))  # a member's steady heartbeat: never waits
     assert turns.defers(b, cg_frame(0))  # a join
     assert turns.defers(c, cg_frame(-1))  # a leave
-    assert not turns.defers(d, cg_frame(7)) and not d.turn_waiting
-    assert list(turns.waiting) == [b, c]
+    owned = [m.ConsumerGroupHeartbeatRequestTopicPartitions(topic_id=b"\x01" * 16, partitions=[0, 1])]
+    assert turns.defers(d, cg_frame(7, owned))  # a member acknowledging its assignment
+    assert not turns.defers(e, cg_frame(7)) and not e.turn_waiting
+    assert list(turns.waiting) == [b, c, d]
