@@ -505,9 +505,13 @@ class Connection(asyncio.Protocol):
         if api_key == HEARTBEAT:
             self.heartbeat(version, correlation_id, client_id, frame, pos)
             return
-        if api_key == CONSUMER_GROUP_HEARTBEAT and self.server.cg_fast \
-                and self.consumer_heartbeat_steady(version, correlation_id, client_id, frame, pos):
-            return
+        if api_key == CONSUMER_GROUP_HEARTBEAT:
+            if self.server.cg_fast and self.consumer_heartbeat_steady(version, correlation_id, client_id, frame, pos):
+                return
+            if self.server.turns.defers_late(self):  # the full path is rebalance work: it waits for a turn
+                self.queue.appendleft(frame)
+                self.queued_bytes += len(frame)
+                return
         if api_key == produce.API_KEY:
             self.produce(version, correlation_id, client_id, frame, pos)
             return

@@ -72,6 +72,18 @@ class Turns:
         self.deferred_total += 1
         return True
 
+    def defers_late(self, conn) -> bool:
+        """Must ``conn`` wait with the request it is handling, found to be rebalance work only
+        once looked at (a steady-looking ConsumerGroupHeartbeat the edge cannot answer: its shard
+        has a write in flight, so it takes the full path)? Only when this turn's budget is spent;
+        then it is queued here as :meth:`defers` queues, and the caller puts the frame back."""
+        if not self.spent():
+            return False
+        conn.turn_waiting = True
+        self.waiting.append(conn)
+        self.deferred_total += 1
+        return True
+
     def _next_turn(self) -> None:
         self.open = False
         waiting = self.waiting

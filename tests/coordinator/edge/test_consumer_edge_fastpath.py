@@ -214,3 +214,35 @@ def test_steady_consumer_heartbeats_answer_exactly_as_the_full_path(tmp_path):
         assert ("truncated closed", True) in fast_log
 
     run(main())
+
+
+def test_a_steady_heartbeat_the_edge_cannot_answer_waits_for_a_turn_once_the_budget_is_spent(tmp_path):
+    """With a write of its shard in flight the steady-looking beat takes the full path: rebalance
+    work, so after this turn's budget it waits in the turn FIFO (edge/turns.py) and is answered in
+    a later turn, as the full path answers it."""
+    async def main():
+        async with Daemon(tmp_path, True) as d:
+            link = d.connect()
+            mid = MEMBERS[0]
+            (r,) = await d.send(link, [(CG(group_id=GID, member_id=mid, member_epoch=0, rebalance_timeout_ms=30_000,
+                                           subscribed_topic_names=["t"], topic_partitions=[]), 1)])
+            r = decode(r, CG.API_KEY, 1)[1]
+            (a,) = await d.send(link, [(CG(group_id=GID, member_id=mid, member_epoch=r.member_epoch,
+                                           topic_partitions=acked(r)), 1)])
+            epoch = decode(a, CG.API_KEY, 1)[1].member_epoch
+            d.runtime._write_pending = lambda shard_id: True  # the edge's shortcut declines
+            turns_ = d.server.turns
+            assert not turns_.spent()  # opens a turn (its end scheduled) ...
+            turns_.start -= 1.0  # ... whose budget is spent
+            conn, tr = link
+            tr.data.clear()
+            before = d.dispatched
+            conn.data_received(raw(CG(group_id=GID, member_id=mid, member_epoch=epoch), 1, 99, "fast-test"))
+            assert conn.turn_waiting and d.dispatched == before and not tr.data  # waiting, not handled
+            await until(lambda: answers(bytes(tr.data)), tr)
+            (body,) = answers(bytes(tr.data))
+            cid, resp = decode(body, CG.API_KEY, 1)
+            assert cid == 99 and resp.error_code == E.NONE and resp.member_epoch == epoch
+            assert d.dispatched == before + 1 and not conn.turn_waiting
+
+    run(main())

@@ -119,3 +119,13 @@ def test_a_consumer_heartbeat_waits_unless_it_is_a_member_s_steady_one():
     assert turns.defers(d, cg_frame(7, owned))  # a member acknowledging its assignment
     assert not turns.defers(e, cg_frame(7)) and not e.turn_waiting
     assert list(turns.waiting) == [b, c, d]
+
+
+def test_a_request_found_to_be_rebalance_work_late_waits_only_once_the_budget_is_spent():
+    turns, clock, _scheduled = make()
+    log = []
+    a, b = Conn("a", log), Conn("b", log)
+    assert not turns.defers_late(a)  # opens the turn: within the budget, handled now
+    clock.t = 0.009
+    assert turns.defers_late(b) and b.turn_waiting and list(turns.waiting) == [b]
+    assert turns.deferred_total == 1
