@@ -631,6 +631,7 @@ class ClassicGroups:
                           wall: int, out: Result) -> None:
         """The leader's assignment: the group's record (answers wait for it), each member's
         assignment, the parked SyncGroups answered, Stable."""
+        group.assigning = None  # no slices of an earlier leader's sync go on after this
         self._write_group(out, group, assignment, member_parts)
         get = assignment.get
         for m in group.members.values():
@@ -663,7 +664,6 @@ class ClassicGroups:
                 return res
             out.defer(more)
             return
-        group.assigning = None
         current = group.members
         if len(current) != len(members) or any(current.get(m.member_id) is not m for m in members):
             parts = None  # the members changed meanwhile without a new rebalance: encode them now
