@@ -183,6 +183,24 @@ _OCTopic = m.OffsetCommitRequestTopic
 _COMMIT_VERSIONS = (8, 9)  # the flexible ones; a new version is added here once its layout is checked
 
 
+def _group_generation_member(frame: bytes, pos: int):
+    """A request body's opening group id (compact string), int32 generation and member id (compact
+    string), each string shorter than 127 bytes: ``(group_id, generation, member_id, next pos)``,
+    or None for another shape. Raises what slicing and decoding raise for a cut frame."""
+    n = frame[pos] - 1
+    if not 0 <= n < 127:
+        return None
+    end = pos + 1 + n
+    group_id = frame[pos + 1:end].decode()
+    generation = _I32.unpack_from(frame, end)[0]
+    pos = end + 4
+    n = frame[pos] - 1
+    if not 0 <= n < 127:
+        return None
+    end = pos + 1 + n
+    return group_id, generation, frame[pos + 1:end].decode(), end
+
+
 def decode_offset_commit_request(frame: bytes, pos: int, version: int):
     """The OffsetCommitRequest (v8+) whose body is ``frame[pos:]`` to its end, equal to what the
     generated ``decode_from`` builds, when it has the usual shape: every string and array shorter
@@ -191,19 +209,10 @@ def decode_offset_commit_request(frame: bytes, pos: int, version: int):
     if version not in _COMMIT_VERSIONS:
         return None
     try:
-        n = frame[pos] - 1
-        if not 0 <= n < 127:
+        found = _group_generation_member(frame, pos)
+        if found is None:
             return None
-        end = pos + 1 + n
-        group_id = frame[pos + 1:end].decode()
-        generation = _I32.unpack_from(frame, end)[0]
-        pos = end + 4
-        n = frame[pos] - 1
-        if not 0 <= n < 127:
-            return None
-        end = pos + 1 + n
-        member_id = frame[pos + 1:end].decode()
-        pos = end
+        group_id, generation, member_id, pos = found
         n = frame[pos] - 1
         if n < 0:
             instance_id = None
@@ -276,19 +285,10 @@ def decode_sync_group_request(frame: bytes, pos: int, version: int):
     if version not in _SYNC_VERSIONS:
         return None
     try:
-        n = frame[pos] - 1
-        if not 0 <= n < 127:
+        found = _group_generation_member(frame, pos)
+        if found is None:
             return None
-        end = pos + 1 + n
-        group_id = frame[pos + 1:end].decode()
-        generation = _I32.unpack_from(frame, end)[0]
-        pos = end + 4
-        n = frame[pos] - 1
-        if not 0 <= n < 127:
-            return None
-        end = pos + 1 + n
-        member_id = frame[pos + 1:end].decode()
-        pos = end
+        group_id, generation, member_id, pos = found
         nullable = [None, None, None]  # group instance id, then (v5) protocol type and name
         for k in range(3 if version >= 5 else 1):
             n = frame[pos] - 1

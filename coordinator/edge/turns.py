@@ -65,12 +65,7 @@ class Turns:
                 return False  # a member's steady heartbeat (answered at the edge) never waits
         if conn.turn_waiting:
             return True
-        if not self.spent():
-            return False
-        conn.turn_waiting = True
-        self.waiting.append(conn)
-        self.deferred_total += 1
-        return True
+        return self.defers_late(conn)
 
     def defers_late(self, conn) -> bool:
         """Must ``conn`` wait with the request it is handling, found to be rebalance work only
