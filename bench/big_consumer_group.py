@@ -49,7 +49,15 @@ import time
 import uuid
 
 from bench import _util as U
-from bench.big_group import TARGETS, daemon_events, lag_delta, loop_lag, phase_stats
+from bench.big_group import (
+    TARGETS,
+    add_small_group_args,
+    daemon_events,
+    lag_delta,
+    loop_lag,
+    phase_stats,
+    turn_trace_env,
+)
 from bench.loadgen import DEFAULTS, CgTrack, ConnectionLost, LoadGen, Worker, open_conns
 from protocol import errors as E
 from protocol import messages as m
@@ -250,8 +258,7 @@ def run(args) -> dict:
         out["daemon_rev"] = args.rev
     env = None
     if args.trace_turns:  # bench/turn_trace_site, as bench.big_group --trace-turns
-        env = {"HERD_TURN_TRACE": os.path.abspath(args.trace_turns),
-               "PYTHONPATH": os.path.join(os.path.dirname(os.path.abspath(__file__)), "turn_trace_site")}
+        env = turn_trace_env(args.trace_turns)
         out["turn_trace"] = env["HERD_TURN_TRACE"]
     with TreeHerd(root, fsync=args.fsync, log_level="info", topics=(f"bench:{args.partitions}",),
                   extra_args=extra, env=env) as herd:
@@ -384,10 +391,7 @@ def main(argv=None):
                     help="the daemon's group_consumer_assignment_interval_ms (Kafka 4.3's default 1000; "
                     "0: the assignor on every heartbeat that needs it); -1: leave the daemon's default")
     ap.add_argument("--join-spread", type=float, default=0.0, help="seconds over which the joins are spread")
-    ap.add_argument("--groups", type=int, default=None, help="small groups (default 1000)")
-    ap.add_argument("--members", type=int, default=10, help="members per small group")
-    ap.add_argument("--procs", type=int, default=2, help="load processes for the small groups")
-    ap.add_argument("--hb-interval", type=float, default=3.0)
+    add_small_group_args(ap)
     ap.add_argument("--window", type=float, default=None, help="heartbeat window, s (must cover every phase)")
     ap.add_argument("--baseline", type=float, default=6.0, help="seconds of small groups alone in the window")
     ap.add_argument("--settle", type=float, default=6.0, help="seconds of steady heartbeats before the leave")

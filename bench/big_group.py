@@ -92,6 +92,20 @@ def lag_delta(a: dict, b: dict) -> dict:
     return {"probes": n, "over_50ms": over("0.05"), "over_100ms": over("0.1")}
 
 
+def turn_trace_env(path: str) -> dict:
+    """The daemon's environment for ``--trace-turns PATH``: bench/turn_trace_site on its path."""
+    return {"HERD_TURN_TRACE": os.path.abspath(path),
+            "PYTHONPATH": os.path.join(os.path.dirname(os.path.abspath(__file__)), "turn_trace_site")}
+
+
+def add_small_group_args(ap) -> None:
+    """The small groups' load (bench.loadgen), shared with bench.big_consumer_group."""
+    ap.add_argument("--groups", type=int, default=None, help="small groups (default 1000)")
+    ap.add_argument("--members", type=int, default=10, help="members per small group")
+    ap.add_argument("--procs", type=int, default=2, help="load processes for the small groups")
+    ap.add_argument("--hb-interval", type=float, default=3.0)
+
+
 class HerdServer:
     """herd for the big group: ``--metrics-port 0`` (the loop lag), room for every connection,
     optionally the daemon of another revision (``--rev``)."""
@@ -112,8 +126,7 @@ class HerdServer:
         extra = ["--metrics-port", "0", "--max-connections", str(n + args.groups + 2000)]
         env = None
         if getattr(args, "trace_turns", None):  # bench/turn_trace_site: each loop callback's cost, written at exit
-            env = {"HERD_TURN_TRACE": os.path.abspath(args.trace_turns),
-                   "PYTHONPATH": os.path.join(os.path.dirname(os.path.abspath(__file__)), "turn_trace_site")}
+            env = turn_trace_env(args.trace_turns)
             self.info["turn_trace"] = env["HERD_TURN_TRACE"]
         self.herd = TreeHerd(root, fsync=args.fsync, log_level="info", extra_args=extra, env=env)
         self.mport = None
@@ -489,10 +502,7 @@ def main(argv=None):
     ap = U.arg_parser("bench.big_group", __doc__.strip().splitlines()[0],
                       "a 1,000-member big group beside 100 small groups, shorter window")
     ap.add_argument("--big", type=int, default=None, help="members of the big group (default 5000)")
-    ap.add_argument("--groups", type=int, default=None, help="small groups (default 1000)")
-    ap.add_argument("--members", type=int, default=10, help="members per small group")
-    ap.add_argument("--procs", type=int, default=2, help="load processes for the small groups")
-    ap.add_argument("--hb-interval", type=float, default=3.0)
+    add_small_group_args(ap)
     ap.add_argument("--window", type=float, default=None, help="heartbeat window, s (must cover both phases)")
     ap.add_argument("--baseline", type=float, default=6.0, help="seconds of small groups alone in the window")
     ap.add_argument("--settle", type=float, default=3.0, help="seconds between formation and rebalance")
