@@ -394,7 +394,10 @@ class LagRefresher:
         return True
 
     async def run(self) -> None:
-        while True:
+        # stop() also sets _stopped: on Python 3.11 asyncio.wait_for can swallow a cancellation that
+        # arrives as the awaited fetch completes (gh-86296), and the loop must end all the same
+        self._stopped = False
+        while not self._stopped:
             try:
                 await self.refresh()
             except asyncio.CancelledError:
@@ -409,6 +412,7 @@ class LagRefresher:
         return self
 
     def stop(self) -> None:
+        self._stopped = True
         if self.task is not None:
             self.task.cancel()
             self.task = None
