@@ -14,7 +14,9 @@ process (asyncio on uvloop, herd's codec) runs ONE consumer-protocol group of ``
   never parked by the coordinator, so one connection carries the heartbeats of many members;
 * every member behaves as a KIP-848 client (``bench.loadgen``'s ``cg_request``/``cg_answer``):
   it joins with epoch 0 and an id of its own making, then heartbeats at the interval the server
-  answered (5 s by default) with the epoch the server gave and every other field null; an answer
+  gave it in its last answer (5 s by default; 1 s while it waits for its assignment:
+  ``group_consumer_pending_heartbeat_interval_ms``, ``--pending-heartbeat-interval-ms 0`` for
+  Kafka's plain interval) with the epoch the server gave and every other field null; an answer
   with a new assignment is acknowledged at once (owned partitions in the next beat, sent at once),
   as librdkafka does; FENCED_MEMBER_EPOCH / UNKNOWN_MEMBER_ID: rejoin with epoch 0;
 * the assignor: ``--assignment-interval-ms`` (default 1000, Kafka 4.3's) is passed to the daemon as
@@ -85,7 +87,8 @@ class BigConsumer:
         self.lat: list[tuple[float, float]] = []  # (sent, latency s) of every big-group heartbeat
         self.answers = 0
         self.rejoins = 0
-        self.interval = 5.0
+        self.interval = 5.0  # the longest interval the server told (each member keeps its own)
+        self.told: dict[int, int] = {}  # heartbeat_interval_ms -> answers that told it
         self.converged_at = None  # the answer that made the group reconciled (None: not since reset)
         self.converged_epoch = None
         self.epochs_seen: set[int] = set()
@@ -138,6 +141,7 @@ class BigConsumer:
         if delay:
             await asyncio.sleep(delay)
         first = True
+        interval = self.interval  # this member's: the server may tell each member its own
         while not self.stop and k not in self.gone:
             sent = _now()
             if first:  # its first join (a rejoin after a fence is counted in ``rejoins``)
@@ -161,10 +165,11 @@ class BigConsumer:
                     self.fair -= self._is_fair(mem)
                     w.cg_set(mem, generation=0, owned=None, acking=False)
                     continue
-                await asyncio.sleep(self.interval)
+                await asyncio.sleep(interval)
                 continue
             if r.heartbeat_interval_ms > 0:
-                self.interval = r.heartbeat_interval_ms / 1000
+                interval = r.heartbeat_interval_ms / 1000
+                self.told[r.heartbeat_interval_ms] = self.told.get(r.heartbeat_interval_ms, 0) + 1
             was = self._is_fair(mem)
             w.cg_answer(mem, r)
             self.fair += self._is_fair(mem) - was
@@ -172,7 +177,7 @@ class BigConsumer:
             self._check(sent + lat)
             if mem.acking:
                 continue  # acknowledge at once
-            wait = sent + self.interval - _now()
+            wait = sent + interval - _now()
             if wait > 0:
                 await asyncio.sleep(wait)
 
@@ -247,6 +252,8 @@ def run(args) -> dict:
     extra = ["--metrics-port", "0", "--max-connections", str(args.conns + args.groups + 2000)]
     if args.assignment_interval_ms is not None:
         extra += ["--group-consumer-assignment-interval-ms", str(args.assignment_interval_ms)]
+    if args.pending_heartbeat_interval_ms is not None:
+        extra += ["--group-consumer-pending-heartbeat-interval-ms", str(args.pending_heartbeat_interval_ms)]
     from bench.abuse import TreeHerd, extract
 
     root = None
@@ -344,6 +351,7 @@ def run(args) -> dict:
         out["rebalance_s_from_leave"] = t_rebal - t_leave
         out["epochs"] = {"formed": form_epoch, "rebalanced": rebal_epoch, "distinct_seen": len(big.epochs_seen)}
         out["heartbeat_interval_s"] = big.interval
+        out["heartbeat_intervals_told_ms"] = dict(sorted(big.told.items()))
         out["big_answers"] = big.answers
         out["big_rejoins"] = big.rejoins
         out["big_errors"] = big.errors
@@ -390,6 +398,9 @@ def main(argv=None):
     ap.add_argument("--assignment-interval-ms", type=int, default=1000,
                     help="the daemon's group_consumer_assignment_interval_ms (Kafka 4.3's default 1000; "
                     "0: the assignor on every heartbeat that needs it); -1: leave the daemon's default")
+    ap.add_argument("--pending-heartbeat-interval-ms", type=int, default=None,
+                    help="the daemon's group_consumer_pending_heartbeat_interval_ms (0: the heartbeat "
+                    "interval to every member, as Kafka); default: the daemon's")
     ap.add_argument("--join-spread", type=float, default=0.0, help="seconds over which the joins are spread")
     add_small_group_args(ap)
     ap.add_argument("--window", type=float, default=None, help="heartbeat window, s (must cover every phase)")

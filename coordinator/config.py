@@ -105,6 +105,11 @@ class Config:
     #: least time between two runs of a consumer group's server-side assignor (KIP-1263): joins
     #: arriving together are assigned in one run; 0: every heartbeat that needs it runs it
     group_consumer_assignment_interval_ms: int = 0  # group.consumer.assignment.interval.ms
+    #: the heartbeat interval told to a consumer-protocol member while it can only wait for its
+    #: assignment (its join not yet assigned, held back by `group_consumer_assignment_interval_ms`,
+    #: or partitions of its target still owned by members revoking them), if shorter; 0: always
+    #: `group_consumer_heartbeat_interval_ms`, as Kafka (herd's own setting)
+    group_consumer_pending_heartbeat_interval_ms: int = 1000
 
     # topic catalog
     #: Kafka: auto.create.topics.enable
@@ -366,6 +371,7 @@ class Config:
                 max_heartbeat_interval_ms=self.group_consumer_max_heartbeat_interval_ms,
                 max_size=self.group_consumer_max_size,
                 assignment_interval_ms=self.group_consumer_assignment_interval_ms,
+                pending_heartbeat_interval_ms=self.group_consumer_pending_heartbeat_interval_ms,
                 authorize_regex=self.authorizer == "acl",
                 assignors=tuple(a.strip() for a in self.group_consumer_assignors.split(",") if a.strip()))
         except ValueError as exc:

@@ -88,6 +88,11 @@ class ConsumerGroupConfig:
     # group.consumer.assignment.interval.ms (Kafka 4.3, KIP-1263): the least time between two runs
     # of a group's assignor; 0: every heartbeat that finds the group epoch ahead runs it
     assignment_interval_ms: int = 0
+    # herd's own (Kafka tells every member the heartbeat interval): a member waiting on others for
+    # its assignment (its join not yet assigned while the assignor is held back by the assignment
+    # interval, or partitions of its target still owned by members that must revoke them first:
+    # UNRELEASED_PARTITIONS) is asked back after this, if shorter; 0: always the heartbeat interval
+    pending_heartbeat_interval_ms: int = 1_000
     # authorizer = acl: a regex subscription resolves to the topics the member whose heartbeat
     # resolves it may DESCRIBE (Kafka 4, KAFKA-18813)
     authorize_regex: bool = False
@@ -105,6 +110,8 @@ class ConsumerGroupConfig:
             bad("group.consumer.max.size must be at least 1")
         if self.assignment_interval_ms < 0:
             bad("group.consumer.assignment.interval.ms must be at least 0")
+        if self.pending_heartbeat_interval_ms < 0:
+            bad("group.consumer.pending.heartbeat.interval.ms must be at least 0")
         if not self.assignors or any(a not in ASSIGNORS for a in self.assignors):
             bad(f"group.consumer.assignors must name some of {sorted(ASSIGNORS)}")
 
@@ -294,6 +301,10 @@ class ConsumerGroups:
         self._regex_filter: dict[str, object] = {}
         # per group: when its assignor last ran (in memory: after a restart the next heartbeat runs it)
         self._assigned_at: dict[str, int] = {}
+        # per group: the members that joined or changed their subscription while its assignor was
+        # held back by the assignment interval (cleared by the next run; in memory only: after a
+        # restart they are told the plain heartbeat interval)
+        self._awaiting: dict[str, set[str]] = {}
 
     # ==== records ===============================================================================
 
@@ -311,6 +322,7 @@ class ConsumerGroups:
                 del self.groups[gid]
                 self._regex_filter.pop(gid, None)
                 self._assigned_at.pop(gid, None)
+                self._awaiting.pop(gid, None)
             else:
                 group.group_epoch = v.epoch
                 group.has_epoch_record = True
@@ -475,6 +487,7 @@ class ConsumerGroups:
         """Kafka's TargetAssignmentBuilder: run the group's assignor, write the members whose
         target changed, then the new assignment epoch."""
         epoch = group.group_epoch
+        self._awaiting.pop(group.group_id, None)
         assignor = ASSIGNORS[group.preferred_assignor(self.config.assignors[0] or DEFAULT_ASSIGNOR)]
         # members with the same subscription (the usual case: all of them) share one resolution
         # and, without an instance or rack id, one MemberSubscription
@@ -721,6 +734,8 @@ class ConsumerGroups:
         if group.group_epoch > group.assignment_epoch and self._assignment_due(gid, now):
             self._update_target(group, out)
             self._assigned_at[gid] = now
+        elif changed and group.group_epoch > group.assignment_epoch:
+            self._awaiting.setdefault(gid, set()).add(mid)
         m = group.members[mid]
         nxt = next_assignment(m, group.assignment_epoch, group.target.get(mid, {}), group.partition_epoch, owned)
         if nxt != _same(m):
@@ -735,7 +750,7 @@ class ConsumerGroups:
                 self._rebalance_epoch.pop((gid, mid), None)
         self.timers.schedule((SESSION, gid, mid), now + self.config.session_timeout_ms)
         resp = ConsumerGroupHeartbeatResponse(member_id=mid, member_epoch=m.member_epoch,
-                                              heartbeat_interval_ms=self.config.heartbeat_interval_ms)
+                                              heartbeat_interval_ms=self._interval_for(group, m))
         full = req.member_epoch == 0 or (
             req.rebalance_timeout_ms != -1 and req.topic_partitions is not None
             and (req.subscribed_topic_names is not None or req.subscribed_topic_regex is not None))
@@ -743,6 +758,22 @@ class ConsumerGroups:
             resp.assignment = ConsumerGroupHeartbeatResponseAssignment(topic_partitions=cr.assignment_to_wire(
                 m.assigned, ConsumerGroupHeartbeatResponseTopicPartitions))
         return resp
+
+    def _interval_for(self, group: ConsumerGroup, m) -> int:
+        """The heartbeat interval told to ``m``: the configured one, or the pending one (if shorter)
+        while ``m`` can do nothing but wait for the coordinator or other members: its join (or new
+        subscription) is not assigned yet, the assignor held back by the assignment interval, or partitions of
+        its target are still owned by members that must revoke them first. Its next heartbeat then
+        picks up what it waits for about as soon as it is there, instead of a whole interval later
+        (a member that must revoke answers at once anyway, as every client acknowledges a
+        revocation with a heartbeat of its own)."""
+        interval = self.config.heartbeat_interval_ms
+        pending = self.config.pending_heartbeat_interval_ms
+        if 0 < pending < interval and (m.state == UNRELEASED_PARTITIONS or (
+                group.assignment_epoch < group.group_epoch
+                and m.member_id in self._awaiting.get(group.group_id, ()))):
+            return pending
+        return interval
 
     # ==== leaving and fencing ====================================================================
 

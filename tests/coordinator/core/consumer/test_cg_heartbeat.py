@@ -645,3 +645,60 @@ def test_group_state_and_subscriptions_are_counted_not_walked():
     a.leave()
     g = h.group()
     assert g.subscribed_topic_names() == set() and g.computed_state() == EMPTY
+
+
+def test_a_member_waiting_for_released_partitions_is_asked_back_sooner():
+    """group_consumer_pending_heartbeat_interval_ms (herd's own): b waits at the new epoch for
+    partitions a still owns (UNRELEASED_PARTITIONS) and is told 1 s, not 5 s, so it picks them up
+    about as soon as a has revoked them; a, told to revoke, and every member with nothing to wait
+    for get the heartbeat interval; 0 gives Kafka's plain interval to everyone."""
+    h = Harness({"t": 4})
+    a, b = Client(h, "a"), Client(h, "b")
+    assert a.join().heartbeat_interval_ms == 5000
+    resp = b.join()
+    assert h.group().members["b"].state == UNRELEASED_PARTITIONS and resp.heartbeat_interval_ms == 1000
+    assert a.heartbeat().heartbeat_interval_ms == 5000  # told to revoke: its own answer follows at once
+    assert b.heartbeat().heartbeat_interval_ms == 1000  # still waiting: a has not acknowledged yet
+    assert a.heartbeat().heartbeat_interval_ms == 5000  # revoked
+    resp = b.heartbeat()
+    assert len(parts(b)) == 2 and h.group().members["b"].state == MEMBER_STABLE
+    assert resp.heartbeat_interval_ms == 5000
+
+    h = Harness({"t": 4}, ConsumerGroupConfig(pending_heartbeat_interval_ms=0))
+    a, b = Client(h, "a"), Client(h, "b")
+    a.join()
+    resp = b.join()
+    assert h.group().members["b"].state == UNRELEASED_PARTITIONS and resp.heartbeat_interval_ms == 5000
+
+
+def test_a_join_held_back_by_the_assignment_interval_is_asked_back_sooner():
+    """A member that joins while the assignor is held back (assignment interval) gets nothing yet
+    and is asked back after the pending interval (never longer than the heartbeat interval); the
+    members already assigned are not; once the assignor ran, the plain interval again."""
+    h = Harness({"t": 6}, ConsumerGroupConfig(assignment_interval_ms=1000, pending_heartbeat_interval_ms=800))
+    a = Client(h, "a")
+    assert a.join().heartbeat_interval_ms == 5000  # the first join runs the assignor at once
+    h.advance(10)
+    b = Client(h, "b")
+    resp = b.join()
+    assert parts(b) == set() and resp.heartbeat_interval_ms == 800
+    assert a.heartbeat().heartbeat_interval_ms == 5000  # not waiting for anything of its own
+    assert b.heartbeat().heartbeat_interval_ms == 800  # the assignor has not run yet
+    h.advance(1000)
+    a.heartbeat()  # runs the assignor: a must revoke 3, b waits for them
+    g = h.group()
+    assert g.assignment_epoch == g.group_epoch
+    assert b.heartbeat().heartbeat_interval_ms == 800 and g.members["b"].state == UNRELEASED_PARTITIONS
+    a.heartbeat()
+    resp = b.heartbeat()
+    assert len(parts(b)) == 3 and resp.heartbeat_interval_ms == 5000
+    # a longer pending interval than the heartbeat interval is never told
+    h = Harness({"t": 6}, ConsumerGroupConfig(assignment_interval_ms=1000, pending_heartbeat_interval_ms=9000))
+    Client(h, "a").join()
+    assert Client(h, "b").join().heartbeat_interval_ms == 5000
+
+
+def test_pending_heartbeat_interval_is_checked():
+    with pytest.raises(ValueError, match="pending.heartbeat.interval.ms"):
+        ConsumerGroupConfig(pending_heartbeat_interval_ms=-1)
+    assert ConsumerGroupConfig().pending_heartbeat_interval_ms == 1000
