@@ -65,11 +65,11 @@ class StateReporter:
     def __init__(self) -> None:
         self.last = None
 
-    def report(self, partitions, generation, member_id) -> None:
-        now = (tps(partitions), generation, member_id)
+    def report(self, partitions, generation, member_id, **extra) -> None:
+        now = (tps(partitions), generation, member_id, tuple(sorted(extra.items())))
         if now != self.last:
             self.last = now
-            emit("state", partitions=now[0], generation=generation, member_id=member_id)
+            emit("state", partitions=now[0], generation=generation, member_id=member_id, **extra)
 
 
 def run_kafka_python(cfg: dict) -> None:
@@ -114,7 +114,8 @@ def run_kafka_python(cfg: dict) -> None:
             # rejoin completes between two poll() calls (see test_offsets.py).
             consumer.poll(timeout_ms=100)
             gen = consumer._coordinator._generation  # client internals: the only place it lives
-            reporter.report(consumer.assignment(), gen.generation_id, gen.member_id)
+            reporter.report(consumer.assignment(), gen.generation_id, gen.member_id,
+                            leader=consumer._coordinator._is_leader)
     finally:
         consumer.close()
         emit("closed")

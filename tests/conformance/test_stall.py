@@ -106,19 +106,28 @@ def test_kafka_python_members_keep_everything_and_a_member_killed_in_the_pause_a
     assert events(recs, "member_expired") == [] and events(recs, "member_rejoined_as_new") == []
 
     victim, live = ms[2], ms[:2]
+    formed = len(events(recs, "rebalance_completed"))
     pause_herd(herd, PAUSE, kill=victim)
     gen2 = wait_converged(live, all_partitions(topic, 6), 40)
     recs = herd_records(herd)
-    assert gen2 == gen + 1, (events(recs, "rebalance_completed"), events(recs, "member_expired"),
-                             [m.snapshot()[seen[m.name]:] for m in live],
-                             [m.stderr_tail(3000) for m in live])
-    assert [m.state()["member_id"] for m in live] == [before[m.name][0] for m in live]
-    recs = herd_records(herd)
+    why = (events(recs, "rebalance_completed"), events(recs, "member_expired"),
+           [m.snapshot()[seen[m.name]:] for m in live], [m.stderr_tail(3000) for m in live])
+    assert [m.state()["member_id"] for m in live] == [before[m.name][0] for m in live], why
     stall2 = pauses(recs)[-1]
-    (expired,) = events(recs, "member_expired")
-    assert expired["member_id"] == before[victim.name][0] and expired["why"] == "session_expired"
+    expired = events(recs, "member_expired")
+    assert len(expired) == 1, why
+    expired = expired[0]
+    assert expired["member_id"] == before[victim.name][0] and expired["why"] == "session_expired", why
     # one session timeout after herd came back, less the time since its last heartbeat (<= 1 s)
-    assert SESSION_MS / 1000 - 2 <= at(expired) - at(stall2) <= SESSION_MS / 1000 + 1
+    assert SESSION_MS / 1000 - 2 <= at(expired) - at(stall2) <= SESSION_MS / 1000 + 1, why
+    # herd's one rebalance: the victim's expiry. A kafka-python member may add one of its own (its
+    # leader rejoining during Stable, or new metadata: Kafka answers both with a rebalance too); any
+    # other reason would be herd's doing. (CI once saw gen + 2 here, its cause not recorded then:
+    # `why` shows herd's rebalances and the members' events if it comes back.)
+    after = events(recs, "rebalance_completed")[formed:]
+    assert after and after[0]["reason"] == "session_expired" and after[0]["generation"] == gen + 1, why
+    assert all(r["reason"] in ("leader_rejoin", "metadata_changed") for r in after[1:]), why
+    assert gen2 == gen + len(after), why
 
 
 def test_confluent_members_are_whole_again_at_resume_and_a_member_killed_in_the_pause_alone_is_removed(
