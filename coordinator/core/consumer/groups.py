@@ -761,12 +761,11 @@ class ConsumerGroups:
 
     def _interval_for(self, group: ConsumerGroup, m) -> int:
         """The heartbeat interval told to ``m``: the configured one, or the pending one (if shorter)
-        while ``m`` can do nothing but wait for the coordinator or other members: its join (or new
-        subscription) is not assigned yet, the assignor held back by the assignment interval, or partitions of
-        its target are still owned by members that must revoke them first. Its next heartbeat then
-        picks up what it waits for about as soon as it is there, instead of a whole interval later
-        (a member that must revoke answers at once anyway, as every client acknowledges a
-        revocation with a heartbeat of its own)."""
+        while ``m`` can do nothing but wait: its join (or new subscription) is not assigned yet,
+        the assignor held back by the assignment interval, or partitions of its target are still
+        owned by members that must revoke them first. Its next heartbeat then picks up what it
+        waits for about as soon as it is there, instead of a whole interval later (a member told
+        to revoke gets the plain interval: every client acknowledges a revocation at once)."""
         interval = self.config.heartbeat_interval_ms
         pending = self.config.pending_heartbeat_interval_ms
         if 0 < pending < interval and (m.state == UNRELEASED_PARTITIONS or (
