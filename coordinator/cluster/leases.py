@@ -146,6 +146,8 @@ class LeaseManager:
         self._reloads: set[int] = set()  # shards to take again with epoch + 1 (request_reload)
         self._wake = asyncio.Event()
         self._running = False
+        # the _loop task allowed to run; _cancel_loop moves it on (see there)
+        self._loop_gen = 0
         # figures for metrics
         self.renewals = 0
         self.losses = 0
@@ -162,7 +164,7 @@ class LeaseManager:
         self._running = True
         await self._notify()
         await self.tick()
-        self._task = asyncio.get_running_loop().create_task(self._loop())
+        self._task = asyncio.get_running_loop().create_task(self._loop(self._loop_gen))
 
     async def stop(self) -> None:
         """Graceful hand-over: stop serving every shard, free its lease, leave, notify."""
@@ -207,7 +209,7 @@ class LeaseManager:
         """Wake from :meth:`pause`: fence by the clock, then tick and loop again."""
         self._fence()
         await self.tick()
-        self._task = asyncio.get_running_loop().create_task(self._loop())
+        self._task = asyncio.get_running_loop().create_task(self._loop(self._loop_gen))
 
     # ---- what the runtime asks -----------------------------------------------------------------
 
@@ -251,9 +253,9 @@ class LeaseManager:
     def _timeout(self) -> float:
         return max(self.table.renew_every_ms / 1000, 0.1)
 
-    async def _loop(self) -> None:
+    async def _loop(self, gen: int) -> None:
         next_tick = self.clock.monotonic_ms() + self.table.renew_every_ms
-        while self._running:
+        while self._running and gen == self._loop_gen:
             self._fence()
             now = self.clock.monotonic_ms()
             wake_at = next_tick
@@ -266,7 +268,7 @@ class LeaseManager:
             if wake_at > now and not self._wake.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), (wake_at - now) / 1000)
-            if not self._running:
+            if not self._running or gen != self._loop_gen:
                 return
             self._fence()
             lapsed = lapse is not None and self.clock.monotonic_ms() >= lapse
@@ -492,6 +494,10 @@ class LeaseManager:
             await asyncio.sleep(min(0.2, max(deadline - loop.time(), 0.01)))
 
     async def _cancel_loop(self, cancel_loads: bool = True) -> None:
+        # Python 3.11's wait_for can swallow a cancellation that arrives as the wait ends (gh-86296):
+        # the loop then carried on and the await below never returned (a paused test node hung CI).
+        # Moving the generation on ends that loop at its next check whatever became of the cancel.
+        self._loop_gen += 1
         task, self._task = self._task, None
         if task is not None and task is not asyncio.current_task():
             task.cancel()

@@ -359,3 +359,36 @@ async def test_a_dead_nodes_shards_are_taken_as_soon_as_they_lapse(pg, cluster):
     late = max((rows[s]["acquired_at"] - lapse).total_seconds() for s in dead)
     assert 0 <= late < 0.4, late
     assert c.violations == []
+
+
+async def test_pause_returns_even_when_the_loop_swallows_its_cancellation(pg, cluster, monkeypatch):
+    """Python 3.11's wait_for can swallow a cancellation that arrives as its wait ends (gh-86296):
+    the lease loop then went on, and pause() (and stop()) awaited it for ever (a CI run hung here).
+    Forced: the loop's wait swallows every cancellation; pause() must still return, and the node
+    resume and renew as before."""
+    import coordinator.cluster.leases as leases_mod
+
+    real_wait_for = asyncio.wait_for
+    swallowed = []
+
+    async def swallowing_wait_for(aw, timeout):
+        if getattr(aw, "__qualname__", "") != "Event.wait":
+            return await real_wait_for(aw, timeout)
+        try:
+            return await real_wait_for(aw, timeout)
+        except asyncio.CancelledError:
+            swallowed.append(1)  # as 3.11 does when the inner wait completes with the cancel
+            return True
+
+    c = await cluster(lease_ms=1000)
+    m1 = await c.node(1)
+    await c.until(lambda: c.counts() == {1: N}, what="node 1 to take every shard")
+    monkeypatch.setattr(leases_mod.asyncio, "wait_for", swallowing_wait_for)
+    await asyncio.sleep(0.05)  # the loop is in its swallowing wait now
+    await asyncio.wait_for(m1.pause(), 5)  # through the fake too: not an Event.wait, so the real one
+    assert swallowed
+    monkeypatch.setattr(leases_mod.asyncio, "wait_for", real_wait_for)
+    await m1.resume()
+    renewed = m1.renewals
+    await c.until(lambda: m1.renewals > renewed, what="a renewal after the resume")
+    assert c.counts() == {1: N} and c.violations == []
