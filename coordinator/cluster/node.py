@@ -88,6 +88,7 @@ class ClusterNode:
         self._gen = [0] * config.offsets_partitions  # per shard: bumped by every acquired/lost/releasing
         self._topics: dict[str, bytes] = {}  # name -> record as last read from the database
         self._topic_task: asyncio.Task | None = None
+        self._topics_stopped = False
         self._acl_keys: list[bytes] | None = None  # the ACL records as last read from the database
         self.started = False
         # figures for metrics
@@ -156,6 +157,7 @@ class ClusterNode:
     async def stop(self) -> None:
         """SIGTERM: hand every shard over (the others take them at once), leave the cluster."""
         if self._topic_task is not None:
+            self._topics_stopped = True  # the loop's own check, should the cancel be swallowed (gh-86296)
             self._topic_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._topic_task
@@ -164,8 +166,10 @@ class ClusterNode:
 
     async def _refresh_topics(self) -> None:
         every = max(self.leases.table.renew_every_ms / 1000, 0.05)
-        while True:
+        while not self._topics_stopped:
             await asyncio.sleep(every)
+            if self._topics_stopped:
+                return
             try:
                 await self.load_topics()
                 await self.load_acls()

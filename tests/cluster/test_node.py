@@ -180,3 +180,29 @@ def _topic_record(name, partitions):
     from coordinator.core.catalog import Topic, topic_value
 
     return topic_value(Topic(name, partitions, bytes(range(16))))
+
+
+async def test_stop_returns_even_when_the_topic_refresh_swallows_its_cancellation():
+    """Python 3.11's wait_for (asyncpg uses it) can swallow a cancellation that arrives as its wait
+    ends (gh-86296): the refresh loop must still end, or stop() awaits it for ever (as the lease loop
+    once did in a CI run). Forced: the database read swallows the cancel and returns normally."""
+    clock, store, rt, node = await make_node()
+    node.leases.table.renew_every_ms = 1  # the loop's floor: a read every 50 ms
+    reading, swallowed = asyncio.Event(), []
+
+    async def swallowing_read():
+        reading.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            swallowed.append(1)
+        return []
+
+    store.load_topics = swallowing_read
+    node._topic_task = asyncio.get_running_loop().create_task(node._refresh_topics())
+    await asyncio.wait_for(reading.wait(), 5)
+    node.leases = None  # never started: nothing of its own to stop
+    stopping = asyncio.get_running_loop().create_task(node.stop())
+    await asyncio.wait({stopping}, timeout=5)  # not wait_for: its cancel would be eaten the same way
+    assert stopping.done() and swallowed and node._topic_task.done()
+    rt.shutdown()
