@@ -24,6 +24,10 @@ on uvloop, herd's codec) forms ONE classic group of ``--big`` members and then r
   the last SyncGroup answer; ``formation_s`` is measured from the last join;
 * rebalance: one member leaves (LeaveGroup v4), every other member rejoins with its id (as its next
   heartbeat would tell it to), the leader assigns again, all sync; measured from the LeaveGroup.
+  The rejoins leave at once by default (every member in the same millisecond: the worst case, a
+  burst no real group sends); ``--rejoin-spread S``: each at its own moment within S seconds
+  (uniform, seeded), as members learn of a rebalance at their next heartbeat (S = 3: the Java
+  consumer's default ``heartbeat.interval.ms``).
 
 Reported per phase (baseline before the big group, formation, rebalance): the small groups'
 heartbeat latency p50/p99/max of the heartbeats SENT in that phase, and how many probes of the
@@ -42,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import sys
 import threading
 import time
@@ -258,15 +263,28 @@ class Big:
             Assignment(assigned_partitions=[TopicPartitions(topic="bench", partitions=[k % 100])]), 1))
             for k, mid in enumerate(member_ids)]
 
-    async def join_sync(self, members: list[int]) -> dict:
-        """Every member in ``members`` (ids known) sends JoinGroup at once, then SyncGroup on its answer."""
-        t_last_join = 0.0
+    async def join_sync(self, members: list[int], spread: float = 0.0) -> dict:
+        """Every member in ``members`` (ids known) sends JoinGroup, then SyncGroup on its answer: at
+        once, or with ``spread`` > 0 each at its own moment within that many seconds (uniform, seeded)."""
         t_first_join = _now()
         futs = []
-        for i in members:
-            futs.append(asyncio.ensure_future(self.call(i, self.join_frame(i, self.conns[i]), m.JoinGroupResponse,
-                                                        V_JOIN)))
-            t_last_join = _now()
+        if spread > 0:
+            rng = random.Random(len(members))
+            starts = sorted(t_first_join + rng.uniform(0, spread) for _ in members)
+            sent = []
+
+            async def later(i, at):
+                await asyncio.sleep(max(0.0, at - _now()))
+                sent.append(_now())
+                return await self.call(i, self.join_frame(i, self.conns[i]), m.JoinGroupResponse, V_JOIN)
+
+            futs = [asyncio.ensure_future(later(i, at)) for i, at in zip(members, starts, strict=True)]
+        else:
+            sent = [t_first_join]
+            for i in members:
+                futs.append(asyncio.ensure_future(self.call(i, self.join_frame(i, self.conns[i]),
+                                                            m.JoinGroupResponse, V_JOIN)))
+                sent[0] = _now()
         synced = []
         leader_seen = {}
         joined = []
@@ -293,6 +311,7 @@ class Big:
 
         await asyncio.gather(*(member(i, f) for i, f in zip(members, futs, strict=True)))
         t_done = _now()
+        t_last_join = max(sent)
         return {"t_done": t_done,"t_first_join": t_first_join, "t_last_join": t_last_join,
                 "t_first_join_answer": min(joined, default=None), "t_last_join_answer": max(joined, default=None),
                 "t_first_sync_answer": min(synced, default=None),
@@ -330,8 +349,9 @@ class Big:
         out.update(t_start=t0, t_ids=t_ids, t_ids_done=t_ids_done, ids_s=t_ids_done - t_ids)
         return out
 
-    async def rebalance(self) -> dict:
-        """One member leaves; the others rejoin at once."""
+    async def rebalance(self, spread: float = 0.0) -> dict:
+        """One member leaves; the others rejoin at once, or (``spread`` s) each at its next
+        heartbeat, as a client learns of a rebalance (REBALANCE_IN_PROGRESS) at its next heartbeat."""
         gone = self.live.pop()
         t0 = _now()
         req = m.LeaveGroupRequest(group_id=GROUP, members=[m.LeaveGroupRequestMemberIdentity(
@@ -340,7 +360,7 @@ class Big:
                                m.LeaveGroupResponse, V_LEAVE)
         if r.error_code:
             self._err(r.error_code)
-        out = await self.join_sync(self.live)
+        out = await self.join_sync(self.live, spread)
         out["t_start"] = t0
         return out
 
@@ -373,7 +393,8 @@ def run(args) -> dict:
     n = args.big
     target = getattr(args, "target", "herd")
     out = {"target": target, "big_members": n, "small_groups": args.groups,
-           "small_members_per_group": args.members, "small_members": args.groups * args.members}
+           "small_members_per_group": args.members, "small_members": args.groups * args.members,
+           "rejoin_spread_s": getattr(args, "rejoin_spread", 0.0)}
     with SERVERS[target](args, n) as srv:
         out.update(srv.info)
         # the small groups' and the big group's coordinator answer (Kafka: their offsets partitions loaded)
@@ -422,7 +443,7 @@ def run(args) -> dict:
             time.sleep(args.settle)
             lag3 = srv.lag()
             cpu3 = U.proc_cpu_seconds(srv.pid)
-            rebal = loop.run_until_complete(big.rebalance())
+            rebal = loop.run_until_complete(big.rebalance(getattr(args, "rejoin_spread", 0.0)))
             lag4 = srv.lag()
             cpu4 = U.proc_cpu_seconds(srv.pid)
             if spy is not None:
@@ -457,6 +478,7 @@ def run(args) -> dict:
         out["formation_s_from_first_join"] = formed["t_formed"] - formed["t_start"]
         out["minting_ids_s"] = formed["ids_s"]
         out["rebalance_s_from_leave"] = rebal["t_formed"] - rebal["t_start"]
+        out["rebalance_s_from_last_join"] = rebal["t_formed"] - rebal["t_last_join"]
         out["big_synced"] = [formed["synced"], rebal["synced"]]
         out["leader_saw"] = [formed["leader_saw"], rebal["leader_saw"]]
         out["big_errors"] = big.errors
@@ -508,6 +530,9 @@ def main(argv=None):
     ap.add_argument("--settle", type=float, default=3.0, help="seconds between formation and rebalance")
     ap.add_argument("--session-timeout-ms", type=int, default=300_000, help="big group members' session")
     ap.add_argument("--rebalance-timeout-ms", type=int, default=120_000)
+    ap.add_argument("--rejoin-spread", type=float, default=0.0, help="rebalance: each member rejoins at its "
+                    "own moment within this many seconds (a client's next heartbeat: 3 s is the Java "
+                    "consumer's default interval); 0: all at once, the worst case")
     ap.add_argument("--target", choices=sorted(SERVERS), default="herd",
                     help="the server: herd (this tree's daemon, or --rev's) or a real Kafka broker")
     ap.add_argument("--fsync", default="always", help="herd's fsync mode")

@@ -48,7 +48,8 @@ kafka / herd for latencies and costs):
   small groups x 10 members heartbeat every 3 s while one classic group of N members (one
   connection each) forms and then rebalances; the small groups' heartbeat p99/max per phase,
   formation s from the last JoinGroup, rebalance s from the LeaveGroup, the server's CPU s per phase
-  and RSS after; herd's loop-lag max (Kafka has none: null).
+  and RSS after; herd's loop-lag max (Kafka has none: null). The rebalance's rejoins leave all at
+  once (the worst case), or with ``--big-rejoin-spread 3`` each at its member's next heartbeat.
 """
 from __future__ import annotations
 
@@ -272,7 +273,8 @@ def big_group_cell(target: str, big: int, args) -> dict:
     ns = SimpleNamespace(target=target, big=big, groups=args.big_groups, members=10, procs=2, hb_interval=3.0,
                          window=args.big_window, baseline=6.0, settle=3.0, session_timeout_ms=300_000,
                          rebalance_timeout_ms=120_000, fsync="always", pin=False, profile=None, profile_rate=200,
-                         rev=None, kafka_heap=args.kafka_heap, kafka_config=None)
+                         rev=None, kafka_heap=args.kafka_heap, kafka_config=None,
+                         rejoin_spread=args.big_rejoin_spread)
     r = big_group.run(ns)
     out = big_group_summary(r)
     out["detail"] = r
@@ -291,6 +293,8 @@ def big_group_summary(r: dict) -> dict:
         out[f"{k}_hb_max_ms"] = ph[k]["hb_ms"]["max"]
         out[f"{k}_server_cpu_s"] = ph[k]["server_cpu_s"]
     out.update(formation_s=r["formation_s_from_last_join"], rebalance_s=r["rebalance_s_from_leave"],
+               rebalance_s_from_last_join=r["rebalance_s_from_last_join"],
+               rejoin_spread_s=r["rejoin_spread_s"],
                minting_ids_s=r["minting_ids_s"], baseline_server_cpu_s=ph["baseline"]["server_cpu_s"],
                loop_lag_max_s=r["loop_lag_max_s_end"], hb_p99_ms=c["hb_p99_ms"], hb_p99_ok=c["hb_p99_ok"],
                formation_ok=c["formation_ok"], big_group_complete=c["big_group_complete"],
@@ -336,6 +340,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "quick 100)")
     ap.add_argument("--big-window", type=float, default=None, help="bigGroup: heartbeat window s (default 60, "
                     "quick 25)")
+    ap.add_argument("--big-rejoin-spread", type=float, default=0.0, help="bigGroup: the rebalance's rejoins "
+                    "spread over this many seconds (each member at its next heartbeat); 0: all at once")
     ap.add_argument("--kafka-heap", default="2g")
     return ap
 
