@@ -24,6 +24,11 @@ acknowledged); the frames are its steady-state heartbeat (group, member id, epoc
 field null: nothing changes), fed as the Heartbeats are, with one loop turn after each read as for
 commits (the full path's answer may leave through the runtime). ``--no-cg-fast`` turns the edge's
 steady-state path off (every ConsumerGroupHeartbeat through the full dispatch): run both to compare.
+
+``deferredjoin``: ``--joins`` connections each read one whole JoinGroup (v9, the big-group bench's
+frame) while the loop turn's rebalance budget is spent (``edge/turns.py``), so each only waits for a
+later turn: the edge's share of a burst of rejoins in one poll phase (the kernel's and uvloop's
+read are not included).
 """
 from __future__ import annotations
 
@@ -173,6 +178,48 @@ async def _time_turns(conn: Connection, reads: list[bytes], frames_per_read: int
     return best
 
 
+def _deferred_join_cost(server: Server, n: int, rounds: int) -> dict:
+    """CPU µs of one ``data_received`` holding a whole JoinGroup (v9, the big-group bench's frame)
+    that waits for a later turn (this turn's rebalance budget spent, edge/turns.py), on ``n``
+    connections, one read each: what a burst of rejoins costs the poll phase that reads it, besides
+    the kernel's and uvloop's share. Best of ``rounds`` passes."""
+    from protocol.consumer import Subscription, encode_subscription
+
+    join = m.JoinGroupRequest(group_id="big-0", session_timeout_ms=300_000, rebalance_timeout_ms=120_000,
+                              member_id="big-0-member-00000000-0000-0000-0000-000000000000",
+                              group_instance_id=None, protocol_type="consumer", protocols=[
+                                  m.JoinGroupRequestProtocol(name="range", metadata=encode_subscription(
+                                      Subscription(topics=["bench"]), 1))])
+    frame = bytes(encode_frame(join, 9, 7, "big"))
+    conns = []
+    for _ in range(n):
+        c = Connection(server)
+        c.connection_made(FakeTransport())
+        conns.append(c)
+    turns = server.turns
+    best = float("inf")
+    for _ in range(rounds):
+        turns.open, turns.start = True, -1e9  # this turn's budget is spent: every join waits
+        t0 = time.thread_time()
+        for c in conns:
+            c.data_received(frame)
+        dt = time.thread_time() - t0
+        best = min(best, dt * 1e6 / n)
+        deferred = sum(1 for c in conns if c.turn_waiting and len(c.queue) == 1)
+        if deferred != n:
+            raise RuntimeError(f"{deferred} of {n} joins deferred")
+        for c in conns:  # back to idle for the next pass
+            c.queue.clear()
+            c.queued_bytes = 0
+            c.turn_waiting = False
+            c._account()
+        turns.waiting.clear()
+    turns.open = False
+    for c in conns:
+        c.connection_lost(None)
+    return {"us_per_request": best, "writes_per_read": 0.0, "requests": n * rounds}
+
+
 def _commit_frame(group_id: str, member_id: str, generation: int, correlation_id: int) -> bytes:
     parts = [m.OffsetCommitRequestPartition(partition_index=p, committed_offset=1000 + p, committed_leader_epoch=-1,
                                             committed_metadata="") for p in range(COMMIT_PARTITIONS)]
@@ -242,6 +289,9 @@ async def run(args) -> dict:
         gc.set_threshold(20_000, 10, 10)  # as herd serve does
         out = {}
         for kind in args.kinds:
+            if kind == "deferredjoin":
+                out[kind] = {"1": _deferred_join_cost(server, args.joins, args.rounds)}
+                continue
             src, total = {"heartbeat": (frames, args.heartbeats), "commit": (commits, args.commits),
                           "cgheartbeat": (cg_frames, args.heartbeats)}[kind]
             by_batch = out[kind] = {}
@@ -273,8 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "quick 50000)")
     ap.add_argument("--commits", type=int, default=None, help="per pass and batch size (default 50000, "
                     "quick 10000)")
-    ap.add_argument("--kinds", default="heartbeat,commit,cgheartbeat",
-                    help="requests to measure (heartbeat, commit, cgheartbeat)")
+    ap.add_argument("--kinds", default="heartbeat,commit,cgheartbeat,deferredjoin",
+                    help="requests to measure (heartbeat, commit, cgheartbeat, deferredjoin)")
+    ap.add_argument("--joins", type=int, default=2000, help="deferredjoin: connections, one JoinGroup read each")
     ap.add_argument("--no-cg-fast", dest="cg_fast", action="store_false",
                     help="ConsumerGroupHeartbeat always through the full dispatch (the edge's steady-state "
                          "path off)")
@@ -288,8 +339,8 @@ def main(argv=None):
     args = U.parse(build_parser(), argv, sized={"heartbeats": (50_000, 200_000), "commits": (10_000, 50_000)})
     args.batches = [int(b) for b in args.batches.split(",") if b]
     args.kinds = [k for k in args.kinds.split(",") if k]
-    if not args.kinds or set(args.kinds) - {"heartbeat", "commit", "cgheartbeat"}:
-        raise SystemExit("--kinds: a comma-separated list of heartbeat, commit, cgheartbeat")
+    if not args.kinds or set(args.kinds) - {"heartbeat", "commit", "cgheartbeat", "deferredjoin"}:
+        raise SystemExit("--kinds: a comma-separated list of heartbeat, commit, cgheartbeat, deferredjoin")
     if any(b > min(args.groups, Connection.FRAMES_PER_TURN) for b in args.batches):
         raise SystemExit(f"every batch must be <= --groups and <= {Connection.FRAMES_PER_TURN} (one loop turn)")
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
@@ -298,7 +349,8 @@ def main(argv=None):
         "benchmark": "edge_micro",
         **U.environment(),
         "params": {"groups": args.groups, "heartbeats": args.heartbeats, "commits": args.commits,
-                   "rounds": args.rounds, "batches": args.batches, "kinds": args.kinds, "metrics": args.metrics,
+                   "joins": args.joins, "rounds": args.rounds, "batches": args.batches, "kinds": args.kinds,
+                   "metrics": args.metrics,
                    "cg_fast": args.cg_fast, "cg_version": CG_VERSION,
                    "heartbeat_version": HEARTBEAT_VERSION, "commit_version": COMMIT_VERSION,
                    "commit_partitions": COMMIT_PARTITIONS, "quick": args.quick},

@@ -175,7 +175,7 @@ class RebalanceRecord:
     __slots__ = ("reason", "detail", "trigger", "client_reason", "initial", "from_generation",
                  "started_ms", "started_wall_ms", "awaited", "joined", "removed", "join_done_ms",
                  "synced", "protocol", "generation", "members", "outcome", "ended_ms", "ended_wall_ms", "stall",
-                 "pending", "joined_ids")
+                 "pending", "pending_outcomes", "joined_ids")
 
     def __init__(self, group: Group, reason: str, detail: str, trigger: dict | None,
                  client_reason: str | None, now_ms: int, wall_ms: int):
@@ -204,6 +204,9 @@ class RebalanceRecord:
         # waits for them too, so the record says which ones there were and what became of them
         self.pending: dict[str, dict] = {pid: {"member_id": pid, "minted_after_ms": None, "outcome": None,
                                                "after_ms": None} for pid in sorted(group.pending_members)}
+        # how many of them came to each outcome ("still_pending": none yet), kept as they change:
+        # the rebalance_completed line of a 10,000-member formation counts them without a pass
+        self.pending_outcomes: dict[str, int] = {"still_pending": len(self.pending)}
         self.join_done_ms: int | None = None
         self.synced: dict[str, int | None] = {}
         self.protocol: str | None = None
@@ -224,6 +227,8 @@ class RebalanceRecord:
 
     def on_pending(self, member_id: str, client_id: str, client_host: str, now_ms: int) -> None:
         """A pending member id was handed out while this rebalance waits for its joins."""
+        old = self.pending.get(member_id)
+        self._count_outcome(None if old is None else old["outcome"] or "still_pending", "still_pending")
         self.pending[member_id] = {"member_id": member_id, "client_id": client_id, "client_host": client_host,
                                    "minted_after_ms": now_ms - self.started_ms, "outcome": None, "after_ms": None}
 
@@ -233,6 +238,13 @@ class RebalanceRecord:
         if entry is not None and entry["outcome"] is None:
             entry["outcome"] = outcome
             entry["after_ms"] = now_ms - self.started_ms
+            self._count_outcome("still_pending", outcome)
+
+    def _count_outcome(self, was: str | None, now: str) -> None:
+        counts = self.pending_outcomes
+        if was is not None:
+            counts[was] -= 1
+        counts[now] = counts.get(now, 0) + 1
 
     def waiting_for(self) -> dict:
         """While the join phase runs: the members not rejoined yet and the pending ids not joined."""
@@ -271,7 +283,7 @@ class RebalanceRecord:
         self.protocol = group.protocol_name
         self.generation = group.generation
         self.members = len(group.members)
-        self.synced = {mid: None for mid in group.members}
+        self.synced = dict.fromkeys(group.members)
         for mid, entry in self.awaited.items():
             if entry["outcome"] is None and mid in group.members:
                 entry["outcome"] = "rejoined"
@@ -350,7 +362,7 @@ class Group:
     __slots__ = ("group_id", "state", "previous_state", "state_wall_ms", "generation", "protocol_type",
                  "protocol_name", "leader_id", "members", "static_members", "pending_members",
                  "pending_sync", "supported_protocols", "num_awaiting_join", "new_member_added",
-                 "subscribed_topics", "join_phase", "sync_generation", "history", "rebalance",
+                 "_subscribed", "_subscribed_stale", "join_phase", "sync_generation", "history", "rebalance",
                  "created_wall_ms", "assigning")
 
     def __init__(self, group_id: str, *, state: str = EMPTY, generation: int = 0,
@@ -375,7 +387,8 @@ class Group:
         self.supported_protocols: dict[str, int] = {}  # protocol name -> members supporting it
         self.num_awaiting_join = 0
         self.new_member_added = False
-        self.subscribed_topics: set[str] | None = None
+        self._subscribed: set[str] | None = None
+        self._subscribed_stale = False
         self.join_phase: tuple | None = None  # ("initial", delay_ms, remaining_ms) | ("normal",)
         self.sync_generation: int | None = None
         self.assigning = None  # the leader's assignment being encoded in slices (groups.py _assign_in_slices)
@@ -493,6 +506,8 @@ class Group:
         return len(self.members) == self.num_awaiting_join and not self.pending_members
 
     def not_yet_rejoined(self) -> list[Member]:
+        if self.num_awaiting_join == len(self.members):
+            return []  # every member's JoinGroup is parked (the usual end of a join phase)
         return [m for m in self.members.values() if m.join is None]
 
     def maybe_elect_new_joined_leader(self) -> bool:
@@ -563,13 +578,28 @@ class Group:
         self.generation += 1
         if self.members:
             self.protocol_name = self.select_protocol()
-            self.subscribed_topics = self.compute_subscribed_topics()
             self.transition_to(COMPLETING_REBALANCE, wall_ms)
         else:
             self.protocol_name = None
-            self.subscribed_topics = self.compute_subscribed_topics()
             self.transition_to(EMPTY, wall_ms)
+        # the new generation's subscribed topics, computed when first asked for: a pass over every
+        # member that a big group's join phase end (already one long loop turn) need not make
+        self._subscribed_stale = True
         self.pending_sync.clear()
+
+    @property
+    def subscribed_topics(self) -> set[str] | None:
+        """The union of the members' subscribed topics (see :meth:`compute_subscribed_topics`) as
+        of the current generation."""
+        if self._subscribed_stale:
+            self._subscribed = self.compute_subscribed_topics()
+            self._subscribed_stale = False
+        return self._subscribed
+
+    @subscribed_topics.setter
+    def subscribed_topics(self, topics: set[str] | None) -> None:
+        self._subscribed = topics
+        self._subscribed_stale = False
 
     def uses_consumer_protocol(self) -> bool:
         return self.protocol_type == CONSUMER_PROTOCOL_TYPE
@@ -585,9 +615,12 @@ class Group:
             return None
         topics: set[str] = set()
         seen: set[bytes] = set()  # members mostly share one subscription: each distinct one decoded once
+        proto = self.protocol_name
         try:
             for m in self.members.values():
-                meta = m.metadata(self.protocol_name)
+                first = m.protocols[0] if m.protocols else None
+                # the chosen protocol is mostly each member's first: no call for those
+                meta = first[1] if first is not None and first[0] == proto else m.metadata(proto)
                 if meta in seen:
                     continue
                 seen.add(meta)

@@ -19,6 +19,8 @@ back from records, so replay is deterministic.
 """
 from __future__ import annotations
 
+import itertools
+
 import structlog
 
 from coordinator.core import records
@@ -58,7 +60,7 @@ log = structlog.get_logger("herd.group")
 # after this long if the rebalance has not completed (it cannot heartbeat without its member id).
 NEW_MEMBER_JOIN_TIMEOUT_MS = 300_000
 # a big group's JoinGroup / SyncGroup answers are built this many per loop turn (Result.later)
-ANSWER_SLICE = 500
+ANSWER_SLICE = 256
 # a big group's record is encoded this many members per loop turn after the leader's SyncGroup
 RECORD_SLICE = 1000
 
@@ -449,11 +451,16 @@ class ClassicGroups:
         group.sync_generation = group.generation
         self.timers.schedule(("sync", gid), now + group.rebalance_timeout_ms())
         # the answers: the leader's first (it assigns), the rest in slices (a big group's thousands
-        # of answers are built over several loop turns, each slice checking the generation holds)
-        leader = group.members.get(group.leader_id)
-        if leader is not None:
-            self._answer_join(group, leader, now, out)
-        self._answer_joins(group, group.generation, members, 0, now, out)
+        # of answers are built over several loop turns, each slice checking the generation holds).
+        # A big group's leader answer (every member's metadata) waits for the next turn too: this
+        # one has done the group's O(members) passes already
+        if len(members) <= ANSWER_SLICE:
+            leader = group.members.get(group.leader_id)
+            if leader is not None:
+                self._answer_join(group, leader, now, out)
+            self._answer_joins(group, group.generation, members, 0, now, out)
+        else:
+            self._later_answer_joins(group, group.generation, members, -1, out)
 
     def _answer_join(self, group: Group, m: Member, now: int, out: Result) -> None:
         parked = group.take_join(m)
@@ -477,15 +484,28 @@ class ClassicGroups:
             if current.get(m.member_id) is m:
                 self._answer_join(group, m, now, out)
         if end < len(members):
-            gid = group.group_id
+            self._later_answer_joins(group, generation, members, end, out)
 
-            def more(now: int, wall: int) -> Result:
-                res = Result(shards=self._shard_set)
-                if (self.groups.get(gid) is group and group.generation == generation
-                        and group.state in (COMPLETING_REBALANCE, STABLE)):
-                    self._answer_joins(group, generation, members, end, now, res)
-                return res
-            out.defer(more)
+    def _later_answer_joins(self, group: Group, generation: int, members: list[Member], start: int,
+                            out: Result) -> None:
+        """In a later loop turn, while the group is the same, at ``generation`` and past its join
+        phase: ``_answer_joins(start)``, or with ``start`` -1 the leader's answer alone (its turn
+        builds the list of every member) and the slices after."""
+        gid = group.group_id
+
+        def more(now: int, wall: int) -> Result:
+            res = Result(shards=self._shard_set)
+            if (self.groups.get(gid) is group and group.generation == generation
+                    and group.state in (COMPLETING_REBALANCE, STABLE)):
+                if start >= 0:
+                    self._answer_joins(group, generation, members, start, now, res)
+                else:
+                    leader = group.members.get(group.leader_id)
+                    if leader is not None:
+                        self._answer_join(group, leader, now, res)
+                    self._later_answer_joins(group, generation, members, 0, res)
+            return res
+        out.defer(more)
 
     def _drop_member(self, group: Group, member: Member, why: str, now: int, out: Result) -> None:
         """Remove a member, answering its parked requests with UNKNOWN_MEMBER_ID (so a live client
@@ -566,7 +586,7 @@ class ClassicGroups:
                      outcome=outcome, protocol=entry["protocol"], detail=rec.detail,
                      preparing_ms=entry["phases"]["preparing_ms"],
                      completing_ms=entry["phases"]["completing_ms"],
-                     shard=self.shard_id, **stall, **_pending_summary(list(rec.pending.values())))
+                     shard=self.shard_id, **stall, **_pending_summary(rec.pending.values(), rec.pending_outcomes))
 
     # ==== SyncGroup ==============================================================================
 
@@ -1094,19 +1114,22 @@ def _validate_offset_commit(group: Group, member_id: str, instance_id: str | Non
 PENDING_LOGGED = 20  # pending member ids listed in one rebalance_completed line (the rest counted)
 
 
-def _pending_summary(pending: list[dict]) -> dict:
+def _pending_summary(pending, outcomes: dict[str, int] | None = None) -> dict:
     """For the rebalance_completed log line: the pending member ids the join phase had to wait
-    for (KIP-394) and what became of each, only when there were any."""
+    for (KIP-394) and what became of each, only when there were any. ``pending``: the entries (a
+    list or a dict's values); ``outcomes``: their counts by outcome if kept (else counted here)."""
     if not pending:
         return {}
     shown = [{"member_id": e["member_id"], "outcome": e["outcome"] or "still_pending", "after_ms": e["after_ms"]}
-             for e in pending[:PENDING_LOGGED]]
+             for e in itertools.islice(pending, PENDING_LOGGED)]
     if len(pending) <= PENDING_LOGGED:
         return {"pending_members": shown}
     # a 5,000-member group forming: one log line of every id would be ~300 KB rendered on the loop;
     # the flight recorder (herd groups history) keeps them all
-    outcomes: dict[str, int] = {}
-    for e in pending:
-        key = e["outcome"] or "still_pending"
-        outcomes[key] = outcomes.get(key, 0) + 1
-    return {"pending_members": shown, "pending_members_total": len(pending), "pending_outcomes": outcomes}
+    if outcomes is None:
+        outcomes = {}
+        for e in pending:
+            key = e["outcome"] or "still_pending"
+            outcomes[key] = outcomes.get(key, 0) + 1
+    return {"pending_members": shown, "pending_members_total": len(pending),
+            "pending_outcomes": {k: n for k, n in outcomes.items() if n}}

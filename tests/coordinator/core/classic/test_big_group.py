@@ -60,11 +60,18 @@ def test_the_join_phase_s_answers_leave_in_slices_the_leader_s_first_each_once()
     tokens = _rejoin_all(h, "big", mids)
     g = h.group("big")
     assert g.state == "CompletingRebalance" and g.generation == gen + 1
-    answered = [mid for mid, t in tokens.items() if h.reply(t) is not None]
-    # the leader, then the first slice (which holds the leader too: answered once)
-    assert g.leader_id in answered and len(answered) == GS.ANSWER_SLICE
-    assert len(h.later) == 1
-    assert h.run_later(1) == 1 and len([t for t in tokens.values() if h.reply(t) is not None]) == 2 * GS.ANSWER_SLICE
+    # the turn that ended the join phase answers nobody (its O(members) passes are enough for one
+    # turn); the next answers the leader alone (its answer lists every member), then the slices
+    assert not any(h.reply(t) is not None for t in tokens.values())
+    assert g.pending_sync == set(mids)
+    assert len(h.later) == 1 and h.run_later(1) == 1
+
+    def answered():
+        return [mid for mid, t in tokens.items() if h.reply(t) is not None]
+    assert answered() == [g.leader_id]
+    # the first slice (which holds the leader too: answered once), then the next
+    assert h.run_later(1) == 1 and len(answered()) == GS.ANSWER_SLICE
+    assert h.run_later(1) == 1 and len(answered()) == 2 * GS.ANSWER_SLICE
     h.run_later()
     assert all(h.reply(t) is not None for t in tokens.values())
     for mid, t in tokens.items():
@@ -79,6 +86,7 @@ def test_a_later_join_slice_answers_nothing_once_a_new_join_phase_began_and_that
     mids, gen = h.form_group("big", N)
     h.hold_later = True
     tokens = _rejoin_all(h, "big", mids)
+    assert h.run_later(2) == 2  # the leader's turn, then the first slice
     newcomer, _t = h.join_dynamic("big")  # CompletingRebalance -> PreparingRebalance
     g = h.group("big")
     assert g.state == "PreparingRebalance"
@@ -183,3 +191,59 @@ def test_a_member_leaving_while_the_record_is_encoded_drops_the_assignment_and_r
     for t in syncs.values():
         assert h.reply(t).error_code in (GS.errors.REBALANCE_IN_PROGRESS, GS.errors.UNKNOWN_MEMBER_ID)
     assert g.assigning is not None and g.generation == gen  # the job was dropped, not finished
+
+
+def test_a_new_join_phase_before_the_leader_s_turn_leaves_every_join_parked_for_that_phase():
+    """The leader's answer waits for the turn after the join phase's end; a member joining in
+    between starts a new join phase (which ends at once: the parked joins count), and the old
+    generation's leader turn then answers nothing: the new one's answers everyone, once."""
+    h = Harness()
+    mids, gen = h.form_group("big", N)
+    h.hold_later = True
+    tokens = _rejoin_all(h, "big", mids[:-1])
+    h.leave("big", mids[-1])  # the last member leaves instead: the join phase ends without it
+    g = h.group("big")
+    assert g.state == "CompletingRebalance" and g.generation == gen + 1
+    assert len(h.later) == 1  # the leader's turn of generation gen + 1, not run yet
+    newcomer, t_new = h.join_dynamic("big")  # a new join phase, which ends at once: every
+    assert g.state == "CompletingRebalance" and g.generation == gen + 2  # parked join counts
+    assert not any(h.reply(t) is not None for t in tokens.values())
+    assert h.run_later(1) == 1  # gen + 1's leader turn: the generation moved on, nothing answered
+    assert not any(h.reply(t) is not None for t in tokens.values())
+    h.hold_later = False
+    h.run_later()  # gen + 2's
+    for mid, t in tokens.items():
+        r = h.reply(t)
+        assert r.error_code == 0 and r.generation_id == gen + 2
+        assert (len(r.members) == N) == (mid == g.leader_id)  # N - 1 old members and the newcomer
+    assert h.reply(t_new).generation_id == gen + 2
+
+
+def test_the_pending_outcome_counts_kept_as_they_change_match_a_count_of_the_entries():
+    """The rebalance_completed line's pending_outcomes come from counts the record keeps (no pass
+    over 10,000 entries at the end): they must equal a count of the entries at every step."""
+    h = Harness()
+    h.form_group("g", 2)
+    g = h.group("g")
+
+    def mint():
+        return h.reply(h.join("g", "", version=9)).member_id  # MEMBER_ID_REQUIRED: pending
+
+    early = [mint() for _ in range(3)]
+    h.join("g", early[0], version=9)  # a rebalance starts, waiting for the other two pending ids
+    rec = g.rebalance
+    assert rec is not None and g.state == "PreparingRebalance"
+    minted = early[1:] + [mint() for _ in range(GS.PENDING_LOGGED + 5)]  # pending while it waits
+    assert len(rec.pending) == len(minted)
+
+    def counted():
+        return GS._pending_summary(list(rec.pending.values()))["pending_outcomes"]
+
+    def kept():
+        return GS._pending_summary(rec.pending.values(), rec.pending_outcomes)["pending_outcomes"]
+    assert kept() == counted()
+    for mid in minted[:7]:
+        h.join("g", mid, version=9)  # joined
+    assert kept() == counted() and kept().get("joined") == 7
+    h.leave("g", minted[7])  # a pending id that leaves instead
+    assert kept() == counted()
