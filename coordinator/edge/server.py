@@ -343,7 +343,8 @@ class Connection(asyncio.Protocol):
     def data_received(self, data):
         if self.closed or self.closing:
             return
-        self.last_active = self.server.loop.time()
+        server = self.server
+        self.last_active = server.loop.time()
         frames, error = self.decoder.split(data)
         if error is not None:
             self.malformed(frames, error)
@@ -352,9 +353,11 @@ class Connection(asyncio.Protocol):
             self.memory_granted = False  # the admitted frame is read: the next one asks again
             if len(frames) == 1 and not self.queue and not self.processing and self._ready():
                 frame = frames[0]
-                if not self.server.turns.defers(self, frame):
+                if not server.turns.defers(self, frame):
                     self.handle_one(frame)  # the common case: no queue round trip
                 else:  # a rebalance request after this turn's budget: queued until its turn
+                    # (a burst of thousands of rejoins is read in one poll phase: this path is
+                    # kept short, the pause check and the accounting in one step)
                     self.queued_bytes += len(frame)
                     self.queue.append(frame)
             else:
@@ -363,8 +366,20 @@ class Connection(asyncio.Protocol):
                 self.queue.extend(frames)
                 if not self.processing and self._ready():
                     self.process()
-        self._maybe_pause()
-        self._account()
+        if self.closed:
+            return
+        # _maybe_pause() and _account() in one: the write buffer's size asked once
+        written = self.transport.get_write_buffer_size()
+        queued = self.queued_bytes
+        decoder = self.decoder
+        if not self.paused and (self.write_paused or queued + decoder.buffered + written > self.max_pending):
+            self.paused = True
+            self.transport.pause_reading()
+        new = queued + (decoder.buffered if self.memory_paused else decoder.reserved) + written
+        delta = new - self.accounted
+        if delta:
+            self.accounted = new
+            server.buffered_change(self, delta)
 
     def _account(self) -> None:
         """Report this connection's buffered bytes (requests, the frame being read at its whole
