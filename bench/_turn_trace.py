@@ -6,7 +6,10 @@ The daemon, started with ``bench/turn_trace_site`` on its path, records every lo
 wraps: ``R`` a socket read (``Connection.data_received``, with the API key of the frame it starts
 with), ``T`` the rebalance-request FIFO's turn (``edge/turns.py``), ``S`` a fan-out slice, ``L``
 a later slice of a big group's work (``Result.later``), ``F``/``D`` the store's flush and drain,
-``C`` a connection's deferred processing, ``X`` the core's timers. An iteration starts when a
+``C`` a connection's deferred processing, ``X`` the core's timers; and inside those, ``H`` each
+request handled for over 1 ms (by API key) and ``Q`` each call over 1 ms of a function named in
+$HERD_TURN_TRACE_FUNCS (``module:Class.method``, comma-separated), and ``G`` each garbage
+collection over 1 ms (by generation: count, ms, objects freed), listed per iteration. An iteration starts when a
 callback follows a read (uvloop runs call_soon callbacks, then polls the sockets) or after a gap
 of over 1 ms. Printed: each of the longest iterations' span and busy time, and per kind (reads per
 API key) the calls and milliseconds, as JSON lines.
@@ -43,6 +46,23 @@ def summary(it: list, t_first: float) -> dict:
             "by_kind": {k: [v[0], round(v[1] * 1000, 1)] for k, v in sorted(by.items(), key=lambda kv: -kv[1][1])}}
 
 
+def inner(events: list, it: list, names: dict) -> dict:
+    """The requests over 1 ms ("H", by API key) handled inside iteration ``it``."""
+    start, end = it[0][1], it[-1][2]
+    by: dict = defaultdict(lambda: [0, 0.0])
+    freed: dict = defaultdict(int)
+    for kind, t0, t1, extra in events:
+        if start <= t0 <= end:
+            key = (f"H{extra}" if kind == "H" else f"G{extra % 10}" if kind == "G"
+                   else "Q:" + names.get(str(extra), "?"))
+            if kind == "G":  # collections: also what they freed
+                freed[key] += extra // 10
+            by[key][0] += 1
+            by[key][1] += t1 - t0
+    return {k: [v[0], round(v[1] * 1000, 1)] + ([freed[k]] if k in freed else [])
+            for k, v in sorted(by.items(), key=lambda kv: -kv[1][1])}
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("file")
@@ -51,12 +71,30 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     with open(args.file) as f:
         events = [json.loads(line) for line in f]
+    try:
+        with open(args.file + ".names.json") as f:
+            names = json.load(f)
+    except FileNotFoundError:
+        names = {}
+    handled = [e for e in events if e[0] in ("H", "Q", "G")]
+    events = [e for e in events if e[0] not in ("H", "Q", "G")]
     if not events:
         return
+    for e in events:
+        if e[0] == "L":  # a later slice: named by its function
+            e[0], e[3] = "L:" + names.get(str(e[3]), "?").replace(".<locals>", ""), 0
     t_first = min(e[1] for e in events)
-    rows = [summary(it, t_first) for it in iterations(events)]
-    rows = [r for r in rows if r["t_s"] >= args.after]
+    rows = []
+    for it in iterations(events):
+        r = summary(it, t_first)
+        if r["t_s"] >= args.after:
+            r["_it"] = it
+            rows.append(r)
     for r in sorted(rows, key=lambda r: -r["span_ms"])[:args.top]:
+        it = r.pop("_it")
+        found = inner(handled, it, names)
+        if found:
+            r["requests_over_1ms"] = found
         print(json.dumps(r))
 
 

@@ -100,6 +100,7 @@ def lag_delta(a: dict, b: dict) -> dict:
 def turn_trace_env(path: str) -> dict:
     """The daemon's environment for ``--trace-turns PATH``: bench/turn_trace_site on its path."""
     return {"HERD_TURN_TRACE": os.path.abspath(path),
+            "HERD_TURN_TRACE_FUNCS": os.environ.get("HERD_TURN_TRACE_FUNCS", ""),
             "PYTHONPATH": os.path.join(os.path.dirname(os.path.abspath(__file__)), "turn_trace_site")}
 
 

@@ -29,7 +29,7 @@ if os.environ.get("HERD_GC_CENSUS"):
 
         from coordinator.ops.gcwatch import fork_check
 
-        def done(found):
+        def done(found, _frozen=None):
             with open(os.environ["HERD_GC_CENSUS"] + ".check", "w") as f:
                 f.write(repr(found))
         try:

@@ -27,11 +27,18 @@ if os.environ.get("HERD_TURN_TRACE"):
             _t1.append(_now())
             _extra.append(extra)
 
+    _names: dict = {}  # a later slice's function (its qualified name) -> the number recorded for it
+
+    def _name_id(fn) -> int:
+        return _names.setdefault(getattr(fn, "__qualname__", "?"), len(_names))
+
     def _dump(*_a):
         path = os.environ["HERD_TURN_TRACE"]
         with open(path + ".tmp", "w") as f:
             for i in range(len(_t0)):
                 f.write(json.dumps([chr(_kinds[i]), _t0[i], _t1[i], _extra[i]]) + "\n")
+        with open(path + ".names.json", "w") as f:
+            json.dump({str(v): k for k, v in _names.items()}, f)
         os.replace(path + ".tmp", path)
 
     signal.signal(signal.SIGUSR1, _dump)
@@ -63,4 +70,52 @@ if os.environ.get("HERD_TURN_TRACE"):
     _wrap(_rt.Runtime, "_flush", "F")
     _wrap(_rt.Runtime, "_drain", "D")
     _wrap(_rt.Runtime, "_fire", "X")
-    _wrap(_rt.Runtime, "_run_later", "L")
+    _wrap(_rt.Runtime, "_run_later", "L", lambda self, more: _name_id(more))
+
+    # "H": one request handled for over 1 ms (extra: its API key), inside whichever callback above
+    # handled it (a read, the turn FIFO, a connection's deferred processing)
+    _handle = _srv.Connection.handle
+
+    def _timed_handle(self, frame):
+        t0 = _now()
+        try:
+            return _handle(self, frame)
+        finally:
+            if _now() - t0 > 0.001:
+                _record(ord("H"), t0, ((frame[0] << 8) | frame[1]) if len(frame) >= 2 else -1)
+    _srv.Connection.handle = _timed_handle
+
+    # "Q": a call over 1 ms of each function named in $HERD_TURN_TRACE_FUNCS ("module:Class.method"
+    # or "module:function", comma-separated; extra: its name's number), to look inside the above
+    import importlib
+
+    def _timed(fn, name_id):
+        def wrapper(*a, **k):
+            t0 = _now()
+            try:
+                return fn(*a, **k)
+            finally:
+                if _now() - t0 > 0.001:
+                    _record(ord("Q"), t0, name_id)
+        return wrapper
+
+    # "G": each garbage collection over 1 ms, inside whatever it stopped
+    import gc as _gc
+    _gc_start = [0.0]
+
+    def _gc_cb(phase, info):
+        if phase == "start":
+            _gc_start[0] = _now()
+        elif _now() - _gc_start[0] > 0.001:
+            # extra: generation + 10 x the objects it freed (found unreachable)
+            _record(ord("G"), _gc_start[0], info.get("generation", 0) + 10 * min(info.get("collected", 0), 10**8))
+    _gc.callbacks.insert(0, _gc_cb)
+
+    for _spec in filter(None, os.environ.get("HERD_TURN_TRACE_FUNCS", "").split(",")):
+        _mod, _, _qual = _spec.strip().partition(":")
+        _owner = importlib.import_module(_mod)
+        *_path, _attr = _qual.split(".")
+        for _p in _path:
+            _owner = getattr(_owner, _p)
+        _fn = getattr(_owner, _attr)
+        setattr(_owner, _attr, _timed(_fn, _name_id(_fn)))

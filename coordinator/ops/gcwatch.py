@@ -23,7 +23,10 @@ loop for 20-50 ms after every young collection, as often as every few seconds). 
 kept as an estimate: each collection adds its survivors (the objects in generations 0-2 when it
 ends: what ``freeze()`` moves, a walk of young objects only). Frozen objects that die later are not
 subtracted, so the estimate only errs high; when it crosses the walk threshold it is replaced by
-the exact count once (one walk), and only a real doubling schedules ``walk_all``.
+the exact count once (one walk), and only a real doubling schedules ``walk_all``. With a check off
+the loop (below) not even that walk is made here: the child counts the frozen set exactly before
+it collects, and an estimate that erred high costs one fork (the recount was 24 ms at a
+10,000-member group, twice while it formed).
 
 Checking off the loop (``check=fork_check``, the daemon's default; issue 31 item 4): that walk of
 everything stopped the loop 320-650 ms in every run with a 10,000-member group (250,000-290,000
@@ -125,12 +128,18 @@ class GcWatch:
         self.frozen += survivors
         if self._walk_scheduled or self.schedule is None or self.frozen <= self._walk_threshold():
             return
+        if self.check is not None:
+            # the check off the loop counts the frozen set exactly too (in the child): no walk here
+            # to count it first (24 ms at a 10,000-member group, twice in its formation, measured)
+            self._walk_scheduled = True
+            self.schedule(self.check_frozen)  # not from inside a collection
+            return
         self.frozen = g.get_freeze_count()  # the estimate says "doubled": check (one walk)
         self.recounts += 1
         if self.frozen > self._walk_threshold():
             self._walk_scheduled = True
             # not from inside a collection: gc.collect() would refuse
-            self.schedule(self.walk_all if self.check is None else self.check_frozen)
+            self.schedule(self.walk_all)
 
     def _walk_threshold(self) -> int:
         return 2 * self.baseline + self.min_growth
@@ -140,13 +149,25 @@ class GcWatch:
         frozen = self.frozen
         started = time.perf_counter()
         try:
-            self.check(lambda found: self._checked(found, frozen))
+            self.check(lambda found, exact=None: self._checked(found, frozen, exact))
             self.last_check_start_ms = round((time.perf_counter() - started) * 1000, 1)  # the fork, on the loop
         except Exception as e:  # e.g. fork refused (memory): walk here, as without a check
             log.warning("gc.check_failed", error=repr(e))
             self._checked(None, frozen)
 
-    def _checked(self, found, frozen: int) -> None:
+    def _checked(self, found, frozen: int, exact: int | None = None) -> None:
+        """The check's answer: ``found`` unreachable objects (None: it failed) among the frozen set,
+        estimated at ``frozen`` when it started and counted ``exact`` by the check (None: not)."""
+        if exact is not None:
+            grown = self.frozen - frozen  # survivors frozen here since the check started
+            self.frozen = exact + grown
+            if exact <= self._walk_threshold():
+                # the estimate erred high (frozen objects died since): no doubling yet; it cost a
+                # fork where the recount would have walked the frozen set on the loop
+                self._walk_scheduled = False
+                self.recounts += 1
+                return
+            frozen = exact
         self.last_check = {"unreachable": found, "frozen": frozen}
         if found is not None and found <= self.max_garbage_share * frozen:
             self._walk_scheduled = False
@@ -206,11 +227,12 @@ def _max_fd() -> int:
 
 
 def fork_check(schedule, timeout_s: float = 60.0, gc_module=gc):
-    """A ``check`` for ``GcWatch``: fork; the child unfreezes and collects everything, writes how
-    many unreachable objects it found and exits at once (``os._exit``: no atexit, no flush, no
+    """A ``check`` for ``GcWatch``: fork; the child counts the frozen set, unfreezes and collects
+    everything, writes how many unreachable objects it found and how many were frozen, and exits
+    at once (``os._exit``: no atexit, no flush, no
     other thread, nothing shared touched but the pipe); a thread of the parent waits for the
     answer (at most ``timeout_s``, then kills the child: answer None) and hands it to the loop
-    through ``schedule`` (thread-safe, e.g. ``loop.call_soon_threadsafe``)."""
+    through ``schedule`` (thread-safe, e.g. ``loop.call_soon_threadsafe``): ``done(found, frozen)``."""
 
     def check(done) -> None:
         r, w = os.pipe()
@@ -224,9 +246,10 @@ def fork_check(schedule, timeout_s: float = 60.0, gc_module=gc):
                 os.closerange(0, w)
                 os.closerange(w + 1, _max_fd())
                 gc_module.callbacks.clear()
+                exact = gc_module.get_freeze_count()  # the walk the parent does not make
                 gc_module.unfreeze()
                 found = gc_module.collect()
-                os.write(w, str(found).encode())
+                os.write(w, f"{found} {exact}".encode())
             except BaseException as e:
                 code = 1
                 try:
@@ -237,14 +260,14 @@ def fork_check(schedule, timeout_s: float = 60.0, gc_module=gc):
         os.close(w)
 
         def wait() -> None:
-            found = None
+            found = exact = None
             try:
                 poller = select.poll()  # not select(): the daemon's descriptors go far above 1,024
                 poller.register(r, select.POLLIN)
                 if poller.poll(timeout_s * 1000):
                     data = os.read(r, 256)
                     if data[:1].isdigit():
-                        found = int(data)
+                        found, exact = (int(x) for x in data.split())
                     else:
                         log.warning("gc.check_failed", error=data.decode(errors="replace") or "no answer")
                 else:
@@ -260,7 +283,7 @@ def fork_check(schedule, timeout_s: float = 60.0, gc_module=gc):
                 except ChildProcessError:
                     pass
             try:
-                schedule(lambda: done(found))
+                schedule(lambda: done(found, exact))
             except RuntimeError:  # the loop closed meanwhile (shutdown): nothing to decide
                 pass
 

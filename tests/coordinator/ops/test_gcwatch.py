@@ -166,6 +166,34 @@ def test_a_doubling_is_checked_elsewhere_and_no_walk_happens_here_when_the_check
     w.uninstall()
 
 
+def test_with_a_check_the_frozen_set_is_never_counted_here_and_a_high_estimate_costs_only_the_check():
+    """The check counts the frozen set in the child: an estimate that erred high (frozen objects
+    died) is corrected from that count with no walk here and no baseline moved; a real doubling is
+    then checked from the exact count."""
+    g = FakeGc(frozen=1000)
+    scheduled, checks = [], []
+    w = GcWatch(min_growth=100, schedule=scheduled.append, gc_module=g, check=checks.append).install()
+    counted = g.counts  # the baseline at start
+    g.frozen -= 400  # frozen objects died (reference counting): the estimate does not know
+    g.live = 1101  # estimate 2,101 > 2 * 1,000 + 100, truly 1,701
+    g.collection(0)
+    assert g.counts == counted and scheduled == [w.check_frozen]  # no count here: the check is scheduled
+    scheduled.pop()()
+    g.live = 50
+    g.collection(0)  # 50 more frozen while the child works
+    checks.pop()(0, 1701)  # the child: nothing unreachable, 1,701 frozen when it forked
+    assert w.frozen == 1751 and w.baseline == 1000 and w.checks == 0 and w.recounts == 1
+    assert g.counts == counted and "unfreeze" not in g.calls
+    g.live = 400  # 2,151 > 2,100: a real doubling
+    g.collection(0)
+    assert scheduled == [w.check_frozen]
+    scheduled.pop()()
+    checks.pop()(5, 2151)
+    assert w.checks == 1 and w.baseline == 2151 and w.last_check == {"unreachable": 5, "frozen": 2151}
+    assert g.counts == counted and w.walks == 0
+    w.uninstall()
+
+
 @pytest.mark.parametrize("found", [22, None])  # more than 1% of the frozen set, or no answer
 def test_garbage_found_by_the_check_or_a_failed_check_means_a_walk_of_everything_here(found):
     g = FakeGc(frozen=1000)
@@ -232,10 +260,13 @@ def test_fork_check_counts_garbage_among_frozen_objects_in_a_child_that_cannot_t
         frozen = gc.get_freeze_count()
         del garbage, cycles, c
         found = []
-        fork_check(schedule)(found.append)
+        fork_check(schedule)(lambda unreachable, exact: found.append((unreachable, exact)))
         assert answered.wait(60), "the child did not answer"
         results.pop()()
-        assert found and found[0] >= 250  # the child saw the cycles among the frozen objects
+        assert found and found[0][0] >= 250  # the child saw the cycles among the frozen objects
+        # and counted the frozen set: the two lists died by refcount, and a few frozen temporaries
+        # of this frame's calls since
+        assert frozen - 20 <= found[0][1] <= frozen - 2
         # ... while the parent still holds them (only the two lists, not in cycles, died by refcount)
         assert gc.get_freeze_count() == frozen - 2
         with pytest.raises(BlockingIOError):
@@ -267,10 +298,10 @@ def test_fork_check_answers_when_its_pipe_is_above_descriptor_1024():
                 break
         answered = threading.Event()
         results, found = [], []
-        fork_check(lambda fn: (results.append(fn), answered.set()))(found.append)
+        fork_check(lambda fn: (results.append(fn), answered.set()))(lambda u, exact: found.append((u, exact)))
         assert answered.wait(60), "no answer"
         results.pop()()
-        assert found and isinstance(found[0], int)  # an answer, not a failed check (None)
+        assert found and isinstance(found[0][0], int) and isinstance(found[0][1], int)  # not a failed check
     finally:
         for fd in held:
             os.close(fd)
