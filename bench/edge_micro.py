@@ -48,6 +48,7 @@ from coordinator import logging_setup
 from coordinator.config import Config
 from coordinator.core.catalog import Catalog
 from coordinator.core.coordinator import GroupCoordinator
+from coordinator.daemon import YOUNG_GC_THRESHOLD
 from coordinator.edge.server import Connection, Server
 from coordinator.ops.metrics import Metrics
 from coordinator.runtime import Runtime
@@ -286,7 +287,7 @@ async def run(args) -> dict:
         tr.keep = False
         gc.collect()
         gc.freeze()
-        gc.set_threshold(20_000, 10, 10)  # as herd serve does
+        gc.set_threshold(YOUNG_GC_THRESHOLD, 10, 10)  # as herd serve does
         out = {}
         for kind in args.kinds:
             if kind == "deferredjoin":
