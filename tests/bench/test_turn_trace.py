@@ -17,3 +17,16 @@ def test_an_iteration_ends_where_a_callback_follows_the_reads_or_after_a_gap():
     assert first["span_ms"] == 12.0 and first["busy_ms"] == 12.0
     assert first["by_kind"] == {"T": [1, 8.0], "S": [1, 2.0], "R11": [1, 1.0], "R12": [1, 1.0]}
     assert list(first["by_kind"])[0] == "T"  # the costliest first
+
+
+def test_requests_calls_and_collections_inside_an_iteration_are_listed_with_names():
+    from bench._turn_trace import inner
+
+    ms = 0.001
+    it = [["T", 0.0, 30 * ms, 1], ["R", 30 * ms, 31 * ms, 12]]
+    events = [["H", 1 * ms, 25 * ms, 11],  # a JoinGroup handled for 24 ms
+              ["Q", 2 * ms, 20 * ms, 0],  # inside it, a traced function
+              ["G", 3 * ms, 13 * ms, 0 + 10 * 42],  # a young collection of 10 ms that freed 42
+              ["H", 40 * ms, 45 * ms, 14]]  # after the iteration: not listed
+    got = inner(events, it, {"0": "ClassicGroups.join_group"})
+    assert got == {"H11": [1, 24.0], "Q:ClassicGroups.join_group": [1, 18.0], "G0": [1, 10.0, 42]}
