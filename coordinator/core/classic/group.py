@@ -363,7 +363,7 @@ class Group:
                  "protocol_name", "leader_id", "members", "static_members", "pending_members",
                  "pending_sync", "supported_protocols", "num_awaiting_join", "new_member_added",
                  "_subscribed", "_subscribed_stale", "join_phase", "sync_generation", "history", "rebalance",
-                 "created_wall_ms", "assigning")
+                 "created_wall_ms", "assigning", "stalled_clients")
 
     def __init__(self, group_id: str, *, state: str = EMPTY, generation: int = 0,
                  protocol_type: str | None = None, protocol_name: str | None = None,
@@ -392,6 +392,10 @@ class Group:
         self.join_phase: tuple | None = None  # ("initial", delay_ms, remaining_ms) | ("normal",)
         self.sync_generation: int | None = None
         self.assigning = None  # the leader's assignment being encoded in slices (groups.py _assign_in_slices)
+        # after herd stalled: (the last of their stall_until, its dynamic members then by (client id,
+        # client host), in member order); groups.py _drop_member_given_up_after_stall looks a
+        # rejoining client up here
+        self.stalled_clients: tuple[int, dict[tuple[str, str], list[Member]]] | None = None
         self.history: deque = deque(maxlen=history_size)
         self.rebalance: RebalanceRecord | None = None
 

@@ -211,9 +211,17 @@ class ClassicGroups:
         member id, closes the coordinator connection and joins anew). The old member is removed now
         (one per such JoinGroup) rather than when its moved deadline passes, which would hold the
         group's next rebalance that long. Outside that window herd does as Kafka does."""
-        for m in group.members.values():
-            if (m.group_instance_id is None and now <= m.stall_until and m.join is None
-                    and m.client_id == ctx.client_id and m.client_host == ctx.client_host):
+        # the group's dynamic members at the stall, by client (on_stall): no scan of every member
+        # for each newcomer (O(members²) while a big group forms after a stall)
+        stalled = group.stalled_clients
+        if stalled is None:
+            return
+        until, by_client = stalled
+        if now > until:  # the window has passed for every member of then: forget them
+            group.stalled_clients = None
+            return
+        for m in by_client.get((ctx.client_id, ctx.client_host), ()):
+            if (group.members.get(m.member_id) is m and now <= m.stall_until and m.join is None):
                 log.info("member_rejoined_as_new", group_id=group.group_id, member_id=m.member_id,
                          client_id=m.client_id, client_host=m.client_host, generation=group.generation,
                          shard=self.shard_id)
@@ -1004,8 +1012,14 @@ class ClassicGroups:
         client gave its session up meanwhile (:meth:`_drop_member_given_up_after_stall`)."""
         self.last_stall = {"stall_ms": stall_ms, "ended_ms": now, "ended_wall_ms": wall}
         for group in self.groups.values():
+            by_client: dict = {}
+            until = now
             for m in group.members.values():
                 m.stall_until = now + m.session_timeout_ms
+                if m.group_instance_id is None:
+                    by_client.setdefault((m.client_id, m.client_host), []).append(m)
+                    until = max(until, m.stall_until)
+            group.stalled_clients = (until, by_client) if by_client else None
             if group.rebalance is not None:
                 group.rebalance.mark_stall(self.last_stall, now, during=True)
 

@@ -372,6 +372,25 @@ def test_a_new_member_from_another_client_or_after_the_window_removes_nobody():
     assert set(old3) <= set(h3.group("g").members)
 
 
+def test_only_members_of_the_stall_are_looked_up_and_the_lookup_is_dropped_after_its_window():
+    """The stall indexes the group's dynamic members then by client (a newcomer's JoinGroup looks
+    its client up instead of scanning every member): a member that joined after the stall from the
+    same client is never taken for one that gave up, and once the window has passed for all of them
+    the index is dropped (it holds no removed member for ever)."""
+    h, old, gen = given_up_group(1)
+    stall(h)
+    g = h.group("g")
+    assert g.stalled_clients is not None and [m.member_id for m in g.stalled_clients[1][("c0", "/10.0.0.1")]] == old
+    first, _t = h.join_dynamic("g", session=SESSION, client_id="c0")  # c0 gave up: its old member goes
+    assert old[0] not in g.members and first in g.members
+    second, _t = h.join_dynamic("g", session=SESSION, client_id="c0")  # again: nobody of the stall left
+    assert first in g.members and second in g.members
+    for _ in range(SESSION // 1_000 + 1):
+        h.advance(1_000)
+    h.join_dynamic("g", session=SESSION, client_id="c7")
+    assert g.stalled_clients is None
+
+
 # ---- a busy or loaded machine is not a pause (issue 33 item 9) -------------------------------------
 
 class Sched:
