@@ -9,10 +9,11 @@ a later slice of a big group's work (``Result.later``), ``F``/``D`` the store's 
 ``C`` a connection's deferred processing, ``X`` the core's timers; and inside those, ``H`` each
 request handled for over 1 ms (by API key) and ``Q`` each call over 1 ms of a function named in
 $HERD_TURN_TRACE_FUNCS (``module:Class.method``, comma-separated), and ``G`` each garbage
-collection over 1 ms (by generation: count, ms, objects freed), listed per iteration. An iteration starts when a
-callback follows a read (uvloop runs call_soon callbacks, then polls the sockets) or after a gap
-of over 1 ms. Printed: each of the longest iterations' span and busy time, and per kind (reads per
-API key) the calls and milliseconds, as JSON lines.
+collection over 1 ms (by generation: count, ms, objects freed), listed per iteration; then the
+five loop-lag probes that ran latest (``P``, over 20 ms late) and the longest iterations within
+their lag. An iteration starts when a callback follows a read (uvloop runs call_soon callbacks,
+then polls the sockets) or after a gap of over 1 ms. Printed: each of the longest iterations' span
+and busy time, and per kind (reads per API key) the calls and milliseconds, as JSON lines.
 """
 from __future__ import annotations
 
@@ -77,7 +78,8 @@ def main(argv=None) -> None:
     except FileNotFoundError:
         names = {}
     handled = [e for e in events if e[0] in ("H", "Q", "G")]
-    events = [e for e in events if e[0] not in ("H", "Q", "G")]
+    probes = [e for e in events if e[0] == "P"]
+    events = [e for e in events if e[0] not in ("H", "Q", "G", "P")]
     if not events:
         return
     for e in events:
@@ -87,15 +89,22 @@ def main(argv=None) -> None:
     rows = []
     for it in iterations(events):
         r = summary(it, t_first)
-        if r["t_s"] >= args.after:
-            r["_it"] = it
-            rows.append(r)
+        r["_it"], r["_t0"] = it, it[0][1]
+        rows.append(r)
+    every = rows
+    rows = [r for r in rows if r["t_s"] >= args.after]
     for r in sorted(rows, key=lambda r: -r["span_ms"])[:args.top]:
         it = r.pop("_it")
         found = inner(handled, it, names)
         if found:
             r["requests_over_1ms"] = found
         print(json.dumps(r))
+    for t, lag_us in sorted(((e[1], e[3]) for e in probes if e[1] - t_first >= args.after), key=lambda x: -x[1])[:5]:
+        # a late loop-lag probe: the iterations in the lag before it ran, longest first
+        before = [r for r in every if t - lag_us / 1e6 - 0.001 <= r["_t0"] <= t]
+        print(json.dumps({"probe_late_ms": round(lag_us / 1000, 1), "t_s": round(t - t_first, 3),
+                          "iterations_in_it": [{k: v for k, v in r.items() if not k.startswith("_")}
+                                               for r in sorted(before, key=lambda r: -r["span_ms"])[:3]]}))
 
 
 if __name__ == "__main__":

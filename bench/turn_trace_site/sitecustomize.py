@@ -111,6 +111,16 @@ if os.environ.get("HERD_TURN_TRACE"):
             _record(ord("G"), _gc_start[0], info.get("generation", 0) + 10 * min(info.get("collected", 0), 10**8))
     _gc.callbacks.insert(0, _gc_cb)
 
+    # "P": each loop-lag probe that found the loop late by over 20 ms (extra: the lag in µs)
+    from coordinator.ops import looplag as _looplag
+    _observe = _looplag.LoopLag.observe
+
+    def _observed(self, lag):
+        if lag > 0.02:
+            _record(ord("P"), _now(), int(lag * 1e6))
+        return _observe(self, lag)
+    _looplag.LoopLag.observe = _observed
+
     for _spec in filter(None, os.environ.get("HERD_TURN_TRACE_FUNCS", "").split(",")):
         _mod, _, _qual = _spec.strip().partition(":")
         _owner = importlib.import_module(_mod)

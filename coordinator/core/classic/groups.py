@@ -635,16 +635,13 @@ class ClassicGroups:
             if group.rebalance is not None:
                 group.rebalance.on_sync(mid, now)
             if group.is_leader(mid):
-                assignment = {}
-                for a in req.assignments:
-                    assignment[a.member_id] = a.assignment if a.assignment is not None else b""
                 members = list(group.members.values())
                 if len(members) <= RECORD_SLICE:
-                    self._store_assignment(group, assignment, None, now, wall, out)
+                    self._store_assignment(group, _assignment_map(req.assignments), None, now, wall, out)
                 else:  # a big group: its record encoded over several loop turns, then stored
+                    # (from the next turn on: this one decoded every member's assignment already)
                     job = group.assigning = object()
-                    self._assign_in_slices(group, job, group.generation, assignment, members, 0, [], now, wall,
-                                           out)
+                    self._later_assign(group, job, req.assignments, members, out)
         else:  # Stable: the assignment is stored; a follower syncing late gets it here
             self._remove_pending_sync(group, mid)
             if group.history:
@@ -667,6 +664,20 @@ class ClassicGroups:
         self._propagate_assignment(group, _NONE, now, out)
         group.transition_to(STABLE, wall)
         self._finish_rebalance(group, "stable", now, wall)
+
+    def _later_assign(self, group: Group, job, assignments, members: list[Member], out: Result) -> None:
+        """In the next loop turn, while ``job`` is still the group's (see :meth:`_assign_in_slices`):
+        the leader's ``assignments`` by member, then the record's first slice."""
+        gid, generation = group.group_id, group.generation
+
+        def first(now: int, wall: int) -> Result:
+            res = Result(shards=self._shard_set)
+            if (self.groups.get(gid) is group and group.assigning is job and group.generation == generation
+                    and group.state == COMPLETING_REBALANCE):
+                self._assign_in_slices(group, job, generation, _assignment_map(assignments), members, 0, [], now,
+                                       wall, res)
+            return res
+        out.defer(first)
 
     def _assign_in_slices(self, group: Group, job, generation: int, assignment: dict[str, bytes],
                           members: list[Member], start: int, parts: list, now: int, wall: int,
@@ -1123,6 +1134,11 @@ def _validate_offset_commit(group: Group, member_id: str, instance_id: str | Non
     if state == COMPLETING_REBALANCE:
         return errors.REBALANCE_IN_PROGRESS
     return _NONE
+
+
+def _assignment_map(assignments) -> dict[str, bytes]:
+    """The leader's SyncGroup assignments by member id (a null assignment: empty)."""
+    return {a.member_id: (a.assignment if a.assignment is not None else b"") for a in assignments}
 
 
 PENDING_LOGGED = 20  # pending member ids listed in one rebalance_completed line (the rest counted)

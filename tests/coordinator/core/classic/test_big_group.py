@@ -155,7 +155,9 @@ def test_a_big_group_s_record_is_encoded_in_slices_and_stored_once_then_every_sy
     writes = len(h.writes)
     h.hold_later = True
     lead = h.sync("big", g.generation, g.leader_id, {mid: b"a-" + mid.encode() for mid in mids}, version=5)
-    # the first slice encoded; nothing stored or answered yet, the group still completing
+    # nothing encoded in the leader's own turn (it decoded every assignment): the record's slices
+    # start in the next; nothing stored or answered yet, the group still completing
+    assert len(h.later) == 1
     assert len(h.writes) == writes and h.reply(lead) is None and g.state == "CompletingRebalance"
     late = h.sync("big", g.generation, mids[-1], version=5)  # a follower syncing again meanwhile: parks
     assert h.reply(late) is None
@@ -247,3 +249,20 @@ def test_the_pending_outcome_counts_kept_as_they_change_match_a_count_of_the_ent
     assert kept() == counted() and kept().get("joined") == 7
     h.leave("g", minted[7])  # a pending id that leaves instead
     assert kept() == counted()
+
+
+def test_a_second_leader_sync_before_the_record_s_first_turn_replaces_the_first():
+    """The big group's record starts in the turn after the leader's SyncGroup: a second SyncGroup
+    of the leader before that turn answers the first (REBALANCE_IN_PROGRESS, as before) and its
+    assignment is the one stored and given, once."""
+    h = Harness()
+    mids, g, syncs = _completing(h, BIG)
+    writes = len(h.writes)
+    h.hold_later = True
+    lead1 = h.sync("big", g.generation, g.leader_id, {mid: b"one" for mid in mids}, version=5)
+    lead2 = h.sync("big", g.generation, g.leader_id, {mid: b"two" for mid in mids}, version=5)
+    assert h.reply(lead1).error_code == GS.errors.REBALANCE_IN_PROGRESS
+    h.run_later()
+    assert g.state == "Stable" and len(h.writes) == writes + 1
+    assert h.reply(lead2).error_code == 0 and h.reply(lead2).assignment == b"two"
+    assert all(h.reply(t).assignment == b"two" for t in syncs.values())
