@@ -18,6 +18,7 @@ def result(target: str, big: int, *, p99=(10.0, 20.0), form_s=2.0, synced=None, 
                     "daemon_cpu_s": 1.0, "server_cpu_s": 0.8 if k == "formation" else 0.4}
     return {"target": target, "big_members": big, "small_groups": 1000, "small_members": 10000, "phases": phase,
             "formation_s_from_last_join": form_s, "rebalance_s_from_leave": 1.5, "minting_ids_s": 0.5,
+            "rebalance_s_from_last_join": 0.9, "rejoin_spread_s": 3.0,
             "big_synced": synced or [big, big - 1], "big_errors": {}, "loop_lag_max_s_end": 0.3 if lag else None,
             "server_rss_mb_end": 100.0 if target == "herd" else 500.0,
             "heartbeat_window": {"errors": {"UNKNOWN_MEMBER_ID": 2}, "members_failed": 1, "unanswered": 0,
@@ -56,6 +57,7 @@ def test_the_big_group_row_summarises_and_divides_kafka_by_herd():
     hs, ks = V.big_group_summary(h), V.big_group_summary(k)
     assert hs["formation_hb_p99_ms"] == 20.0 and hs["loop_lag_max_s"] == 0.3 and ks["loop_lag_max_s"] is None
     assert hs["formation_server_cpu_s"] == 0.8 and hs["rebalance_server_cpu_s"] == 0.4
+    assert hs["rebalance_s_from_last_join"] == 0.9 and hs["rejoin_spread_s"] == 3.0
     r = V.big_group_ratios(hs, ks)
     assert r["formation_hb_p99_ms"] == 4.0 and r["rebalance_hb_p99_ms"] == 0.5 and r["hb_p99_ms"] == 4.0
     assert r["formation_s"] == 2.0 and r["server_rss_mb_end"] == 5.0 and r["rebalance_s"] == 1.0
