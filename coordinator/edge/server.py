@@ -368,27 +368,21 @@ class Connection(asyncio.Protocol):
                     self.process()
         if self.closed:
             return
-        # _maybe_pause() and _account() in one: the write buffer's size asked once
-        written = self.transport.get_write_buffer_size()
-        queued = self.queued_bytes
-        decoder = self.decoder
-        if not self.paused and (self.write_paused or queued + decoder.buffered + written > self.max_pending):
-            self.paused = True
-            self.transport.pause_reading()
-        new = queued + (decoder.buffered if self.memory_paused else decoder.reserved) + written
-        delta = new - self.accounted
-        if delta:
-            self.accounted = new
-            server.buffered_change(self, delta)
+        written = self.transport.get_write_buffer_size()  # asked once for both
+        self._maybe_pause(written)
+        self._account(written)
 
-    def _account(self) -> None:
+    def _account(self, written: int | None = None) -> None:
         """Report this connection's buffered bytes (requests, the frame being read at its whole
-        announced size, unsent answers) to the server's budget (max_buffered_bytes)."""
+        announced size, unsent answers: ``written``, the transport's if not given) to the server's
+        budget (max_buffered_bytes)."""
         if self.closed:
             return
+        if written is None:
+            written = self.transport.get_write_buffer_size()
         # a connection paused for memory holds what it read, not the frame it announced
         frame = self.decoder.buffered if self.memory_paused else self.decoder.reserved
-        new = self.queued_bytes + frame + self.transport.get_write_buffer_size()
+        new = self.queued_bytes + frame + written
         delta = new - self.accounted
         if delta:
             self.accounted = new
@@ -407,11 +401,13 @@ class Connection(asyncio.Protocol):
         self._maybe_resume()
         self._account()
 
-    def _pending(self) -> int:
-        return self.queued_bytes + self.decoder.buffered + self.transport.get_write_buffer_size()
+    def _pending(self, written: int | None = None) -> int:
+        if written is None:
+            written = self.transport.get_write_buffer_size()
+        return self.queued_bytes + self.decoder.buffered + written
 
-    def _maybe_pause(self) -> None:
-        if not self.paused and not self.closed and (self.write_paused or self._pending() > self.max_pending):
+    def _maybe_pause(self, written: int | None = None) -> None:
+        if not self.paused and not self.closed and (self.write_paused or self._pending(written) > self.max_pending):
             self.paused = True
             self.transport.pause_reading()
 

@@ -619,12 +619,9 @@ class Group:
             return None
         topics: set[str] = set()
         seen: set[bytes] = set()  # members mostly share one subscription: each distinct one decoded once
-        proto = self.protocol_name
         try:
             for m in self.members.values():
-                first = m.protocols[0] if m.protocols else None
-                # the chosen protocol is mostly each member's first: no call for those
-                meta = first[1] if first is not None and first[0] == proto else m.metadata(proto)
+                meta = m.metadata(self.protocol_name)
                 if meta in seen:
                     continue
                 seen.add(meta)
