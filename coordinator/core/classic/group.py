@@ -173,9 +173,9 @@ class RebalanceRecord:
     or superseded by a restart)."""
 
     __slots__ = ("reason", "detail", "trigger", "client_reason", "initial", "from_generation",
-                 "started_ms", "started_wall_ms", "awaited", "joined", "removed", "join_done_ms",
-                 "synced", "protocol", "generation", "members", "outcome", "ended_ms", "ended_wall_ms", "stall",
-                 "pending", "pending_outcomes", "joined_ids")
+                 "started_ms", "started_wall_ms", "awaited", "rejoined", "outcomes", "replaced", "joined", "removed",
+                 "join_done_ms", "synced", "protocol", "generation", "members", "outcome", "ended_ms",
+                 "ended_wall_ms", "stall", "pending", "pending_outcomes", "joined_ids")
 
     def __init__(self, group: Group, reason: str, detail: str, trigger: dict | None,
                  client_reason: str | None, now_ms: int, wall_ms: int):
@@ -187,23 +187,28 @@ class RebalanceRecord:
         self.from_generation = group.generation
         self.started_ms = now_ms
         self.started_wall_ms = wall_ms
-        # members present when the rebalance started: who had to rejoin, and how long they took
+        # members present when the rebalance started: who had to rejoin, and how long they took.
+        # Kept compact (the Member objects, and only what changed per id): a 10,000-member group's
+        # rebalance starts in one request, so no per-member entry is built here (as_dict builds them)
         newcomer = trigger.get("member_id") if trigger and reason in ("initial", "member_joined") else None
-        self.awaited: dict[str, dict] = {}
+        members = group.members
+        self.awaited: dict[str, Member] = dict(members)
         self.joined: list[dict] = []  # members that were not in the group when it started
         self.joined_ids: set[str] = set()  # their ids: a 5,000-member join phase checks each join in O(1)
-        for m in group.members.values():
-            if m.member_id == newcomer:
-                self.joined.append({**_who(m), "joined_after_ms": 0})
-                self.joined_ids.add(m.member_id)
-                continue
-            self.awaited[m.member_id] = {
-                **_who(m), "rejoined_after_ms": 0 if m.join is not None else None, "outcome": None}
+        if newcomer is not None and newcomer in members:
+            m = self.awaited.pop(newcomer)
+            self.joined.append({**_who(m), "joined_after_ms": 0})
+            self.joined_ids.add(newcomer)
+        # ms after the start each awaited member rejoined (absent: not yet), what became of it
+        # (absent: nothing yet), and the id a static member replaced (KIP-345)
+        self.rejoined: dict[str, int] = {mid: 0 for mid, m in self.awaited.items() if m.join is not None}
+        self.outcomes: dict[str, str] = {}
+        self.replaced: dict[str, str] = {}
         self.removed: list[dict] = []
         # KIP-394 pending member ids (MEMBER_ID_REQUIRED handed out, not joined yet): the join phase
-        # waits for them too, so the record says which ones there were and what became of them
-        self.pending: dict[str, dict] = {pid: {"member_id": pid, "minted_after_ms": None, "outcome": None,
-                                               "after_ms": None} for pid in sorted(group.pending_members)}
+        # waits for them too, so the record says which ones there were and what became of them (an
+        # entry is built when something happens to its id: None until then, see _pending_entry)
+        self.pending: dict[str, dict | None] = dict.fromkeys(sorted(group.pending_members))
         # how many of them came to each outcome ("still_pending": none yet), kept as they change:
         # the rebalance_completed line of a 10,000-member formation counts them without a pass
         self.pending_outcomes: dict[str, int] = {"still_pending": len(self.pending)}
@@ -227,15 +232,23 @@ class RebalanceRecord:
 
     def on_pending(self, member_id: str, client_id: str, client_host: str, now_ms: int) -> None:
         """A pending member id was handed out while this rebalance waits for its joins."""
-        old = self.pending.get(member_id)
-        self._count_outcome(None if old is None else old["outcome"] or "still_pending", "still_pending")
+        if member_id in self.pending:
+            old = self.pending[member_id]
+            self._count_outcome((old and old["outcome"]) or "still_pending", "still_pending")
+        else:
+            self._count_outcome(None, "still_pending")
         self.pending[member_id] = {"member_id": member_id, "client_id": client_id, "client_host": client_host,
                                    "minted_after_ms": now_ms - self.started_ms, "outcome": None, "after_ms": None}
 
     def on_pending_gone(self, member_id: str, outcome: str, now_ms: int) -> None:
         """A pending id stopped holding the join phase: ``joined``, ``expired``, ``left``, ..."""
-        entry = self.pending.get(member_id)
-        if entry is not None and entry["outcome"] is None:
+        pending = self.pending
+        if member_id not in pending:
+            return
+        entry = pending[member_id]
+        if entry is None:
+            entry = pending[member_id] = _pending_entry(member_id)
+        if entry["outcome"] is None:
             entry["outcome"] = outcome
             entry["after_ms"] = now_ms - self.started_ms
             self._count_outcome("still_pending", outcome)
@@ -248,16 +261,21 @@ class RebalanceRecord:
 
     def waiting_for(self) -> dict:
         """While the join phase runs: the members not rejoined yet and the pending ids not joined."""
-        return {"members": [mid for mid, e in self.awaited.items()
-                            if e["rejoined_after_ms"] is None and e["outcome"] is None],
-                "pending_member_ids": [pid for pid, e in self.pending.items() if e["outcome"] is None]}
+        rejoined, outcomes = self.rejoined, self.outcomes
+        return {"members": [mid for mid in self.awaited if mid not in rejoined and mid not in outcomes],
+                "pending_member_ids": [pid for pid, e in self.pending.items() if e is None or e["outcome"] is None]}
+
+    def pending_entries(self) -> list[dict]:
+        """The pending ids' entries (as_dict, the rebalance_completed line)."""
+        return [e if e is not None else _pending_entry(pid) for pid, e in self.pending.items()]
 
     def on_join(self, member: Member, now_ms: int) -> None:
-        self.on_pending_gone(member.member_id, "joined", now_ms)
-        entry = self.awaited.get(member.member_id)
-        if entry is not None:
-            if entry["rejoined_after_ms"] is None:
-                entry["rejoined_after_ms"] = now_ms - self.started_ms
+        mid = member.member_id
+        if self.pending:
+            self.on_pending_gone(mid, "joined", now_ms)
+        if mid in self.awaited:
+            if mid not in self.rejoined:
+                self.rejoined[mid] = now_ms - self.started_ms
             return
         if member.member_id in self.joined_ids:
             return
@@ -265,17 +283,19 @@ class RebalanceRecord:
         self.joined.append({**_who(member), "joined_after_ms": now_ms - self.started_ms})
 
     def on_replaced(self, old_id: str, member: Member, now_ms: int) -> None:
-        entry = self.awaited.pop(old_id, None)
-        if entry is not None:
-            entry.update(_who(member))
-            entry["replaced_member_id"] = old_id
-            entry["rejoined_after_ms"] = now_ms - self.started_ms
-            self.awaited[member.member_id] = entry
+        if self.awaited.pop(old_id, None) is not None:
+            new_id = member.member_id
+            self.awaited[new_id] = member
+            self.replaced.pop(old_id, None)
+            self.replaced[new_id] = old_id
+            self.rejoined.pop(old_id, None)
+            self.rejoined[new_id] = now_ms - self.started_ms
+            if old_id in self.outcomes:
+                self.outcomes[new_id] = self.outcomes.pop(old_id)
 
     def on_removed(self, member_id: str, why: str, now_ms: int) -> None:
-        entry = self.awaited.get(member_id)
-        if entry is not None and entry["outcome"] is None:
-            entry["outcome"] = why
+        if member_id in self.awaited and member_id not in self.outcomes:
+            self.outcomes[member_id] = why
         self.removed.append({"member_id": member_id, "why": why, "after_ms": now_ms - self.started_ms})
 
     def on_join_done(self, group: Group, now_ms: int) -> None:
@@ -284,9 +304,10 @@ class RebalanceRecord:
         self.generation = group.generation
         self.members = len(group.members)
         self.synced = dict.fromkeys(group.members)
-        for mid, entry in self.awaited.items():
-            if entry["outcome"] is None and mid in group.members:
-                entry["outcome"] = "rejoined"
+        outcomes, members = self.outcomes, group.members
+        for mid in self.awaited:
+            if mid not in outcomes and mid in members:
+                outcomes[mid] = "rejoined"
 
     def on_sync(self, member_id: str, now_ms: int) -> None:
         if self.join_done_ms is not None and self.synced.get(member_id, 0) is None:
@@ -324,8 +345,7 @@ class RebalanceRecord:
     def as_dict(self, now_ms: int | None = None) -> dict:
         end = self.ended_ms if self.ended_ms is not None else now_ms
         preparing, completing = self._phases(end)
-        slowest = max(((mid, e["rejoined_after_ms"]) for mid, e in self.awaited.items()
-                       if e["rejoined_after_ms"] is not None), key=lambda x: x[1], default=None)
+        slowest = max(self.rejoined.items(), key=lambda x: x[1], default=None)
         return {
             "generation": self.generation,
             "previous_generation": self.from_generation,
@@ -341,16 +361,28 @@ class RebalanceRecord:
             "ended_wall_ms": self.ended_wall_ms,
             "duration_ms": None if end is None else end - self.started_ms,
             "phases": {"preparing_ms": preparing, "completing_ms": completing},
-            "awaited": [dict(e) for e in self.awaited.values()],
+            "awaited": [self._awaited_entry(mid, m) for mid, m in self.awaited.items()],
             "slowest_member": (None if slowest is None
                                else {"member_id": slowest[0], "rejoined_after_ms": slowest[1]}),
             "joined": [dict(j) for j in self.joined],
             "removed": [dict(r) for r in self.removed],
             "sync": [{"member_id": mid, "synced_after_ms": after} for mid, after in self.synced.items()],
             "stall": None if self.stall is None else dict(self.stall),
-            "pending": [dict(e) for e in self.pending.values()],
+            "pending": [dict(e) for e in self.pending_entries()],
             "waiting_for": self.waiting_for() if self.join_done_ms is None and self.ended_ms is None else None,
         }
+
+
+    def _awaited_entry(self, mid: str, m: Member) -> dict:
+        entry = {**_who(m), "rejoined_after_ms": self.rejoined.get(mid), "outcome": self.outcomes.get(mid)}
+        if mid in self.replaced:
+            entry["replaced_member_id"] = self.replaced[mid]
+        return entry
+
+
+def _pending_entry(member_id: str) -> dict:
+    """A pending id's entry in a RebalanceRecord before anything happened to it."""
+    return {"member_id": member_id, "minted_after_ms": None, "outcome": None, "after_ms": None}
 
 
 def _who(m: Member) -> dict:

@@ -594,7 +594,7 @@ class ClassicGroups:
                      outcome=outcome, protocol=entry["protocol"], detail=rec.detail,
                      preparing_ms=entry["phases"]["preparing_ms"],
                      completing_ms=entry["phases"]["completing_ms"],
-                     shard=self.shard_id, **stall, **_pending_summary(rec.pending.values(), rec.pending_outcomes))
+                     shard=self.shard_id, **stall, **_pending_summary(rec.pending_entries(), rec.pending_outcomes))
 
     # ==== SyncGroup ==============================================================================
 

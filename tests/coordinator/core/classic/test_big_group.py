@@ -239,10 +239,10 @@ def test_the_pending_outcome_counts_kept_as_they_change_match_a_count_of_the_ent
     assert len(rec.pending) == len(minted)
 
     def counted():
-        return GS._pending_summary(list(rec.pending.values()))["pending_outcomes"]
+        return GS._pending_summary(rec.pending_entries())["pending_outcomes"]
 
     def kept():
-        return GS._pending_summary(rec.pending.values(), rec.pending_outcomes)["pending_outcomes"]
+        return GS._pending_summary(rec.pending_entries(), rec.pending_outcomes)["pending_outcomes"]
     assert kept() == counted()
     for mid in minted[:7]:
         h.join("g", mid, version=9)  # joined
