@@ -372,14 +372,16 @@ def daemon_events(herd, w0_wall: float) -> list:
 
     out = []
     for ev in ("loop.lag", "loop.stall", "gc.pause", "gc.walked_all", "gc.checked_frozen", "gc.check_walks",
-               "gc.check_failed"):
+               "gc.check_failed", "edge.read_burst"):
         for e in herd.log_events(ev):
             try:
                 t = datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00")).timestamp() - w0_wall
             except (KeyError, ValueError):
                 t = None
-            ms = e.get("lag_ms", e.get("stall_ms", e.get("pause_ms", e.get("unreachable", e.get("error")))))
-            out.append([round(t, 2) if t is not None else None, ev, ms, e.get("frozen", e.get("frozen_before"))]
+            ms = e.get("lag_ms", e.get("stall_ms", e.get("pause_ms", e.get("unreachable", e.get("error",
+                                                                                    e.get("connections"))))))
+            out.append([round(t, 2) if t is not None else None, ev, ms,
+                        e.get("frozen", e.get("frozen_before", e.get("took_ms")))]
                        + ([e["fork_ms"]] if "fork_ms" in e else []))
     return sorted(out, key=lambda x: (x[0] is None, x[0] or 0))[:100]
 

@@ -88,6 +88,8 @@ FAILED_AUTH_DELAY = 0.1  # seconds between a failed authentication's answer and 
 SASL_MAX_RECEIVE_SIZE = 512 * 1024
 TLS_HANDSHAKE_TIMEOUT = 10.0
 REFUSED_LOG_INTERVAL = 10.0  # seconds between "too many connections" warnings
+REARM_PER_TURN = 128  # held-back connections read again per loop turn (Server.hold_back)
+BURST_LOG_INTERVAL = 1.0  # seconds between "reading held back" lines
 # Log lines about what a client sent: its fields cut to LOG_FIELD_MAX characters, and at most
 # LOG_BURST lines of a kind per peer address every LOG_WINDOW_S seconds (the rest counted in
 # herd_log_suppressed_total and summed up in the next line of that kind and peer): one client must
@@ -235,6 +237,11 @@ class Connection(asyncio.Protocol):
         self.resume_scheduled = False
         self.turn_waiting = False  # its next request (a rebalance one) waits for a loop turn (edge/turns.py)
         self.turn_pass = False
+        # Its next request is likely a rebalance one (fresh, its last request was one, or a
+        # Heartbeat answered with an error): held back in a burst (Server.hold_back)
+        self.rejoin_likely = True
+        self.held_back = False  # not read from until Server._rearm's turn for it
+        self.rearmed = False  # read again by Server._rearm: its waiting request is not a new burst
         self.dirty = False  # in server.dirty: answers released in a batch, written at its end
         self.closing = False  # close() waits for the answers in ``held``, then aborts
         self.last_active = 0.0
@@ -360,6 +367,10 @@ class Connection(asyncio.Protocol):
                     # kept short, the pause check and the accounting in one step)
                     self.queued_bytes += len(frame)
                     self.queue.append(frame)
+                    if self.rearmed:  # held back in a burst and read again: paced already
+                        self.rearmed = False
+                    else:
+                        server.turns.read_deferred()
             else:
                 for f in frames:
                     self.queued_bytes += len(f)
@@ -484,7 +495,7 @@ class Connection(asyncio.Protocol):
 
     def _maybe_resume(self) -> None:
         if self.paused and not self.closed and not self.closing and not self.write_paused \
-                and not self.memory_paused and self.decoder.error is None \
+                and not self.memory_paused and not self.held_back and self.decoder.error is None \
                 and self._pending() <= self.max_pending // 2:
             self.paused = False
             self.transport.resume_reading()
@@ -579,6 +590,11 @@ class Connection(asyncio.Protocol):
                           api_version=version)
             self.close()
             return
+        if (code != 0) != self.rejoin_likely:  # REBALANCE_IN_PROGRESS, UNKNOWN_MEMBER_ID, ...: it rejoins next
+            if code:
+                self.server.turns.rejoin_likely(self)
+            else:
+                self.server.turns.unlikely(self)
         tail = _heartbeat_tail(version, code)
         if self.held:  # behind an answer that waits for the log
             self.held.append(_FRAME_HEAD.pack(len(tail) + 4, correlation_id) + tail)
@@ -619,6 +635,8 @@ class Connection(asyncio.Protocol):
             return True
         if interval is None:
             return False
+        if self.rejoin_likely:
+            self.server.turns.unlikely(self)
         body = _steady_answer(frame, member_span, epoch, interval)
         answer = _FRAME_HEAD.pack(len(body) + 4, correlation_id) + body
         if self.held:  # behind an answer that waits for the log
@@ -960,8 +978,16 @@ class Server:
         # max_buffered_bytes: what every connection holds, counted as it changes (Connection._account)
         self.budget = MemoryBudget(config.buffered_bytes_limit, self._call_soon)
         self.accept_failures = 0
-        # rebalance requests yield to the rest when a loop turn is long (edge/turns.py)
+        # rebalance requests yield to the rest when a loop turn is long (edge/turns.py); a burst
+        # of them holds back the connections likely to send more (hold_back)
         self.turns = Turns(self._call_soon)
+        self.turns.on_burst = self.hold_back
+        self.held_back: deque[Connection] = deque()
+        self.rearm_per_turn = REARM_PER_TURN
+        self.rearm_scheduled = False
+        self.read_bursts = 0
+        self.held_back_total = 0
+        self._burst_logged_at = float("-inf")
         if metrics is not None:
             metrics.collectors.append(self.log_limiter.metric_lines)
             metrics.collectors.append(self.metric_lines)
@@ -1002,6 +1028,8 @@ class Server:
         self.per_ip[host] = n + 1
         conn.registered = True
         self.connections.add(conn)
+        if conn.rejoin_likely:
+            self.turns.likely.add(conn)
         if self.metrics is not None:
             self.metrics.connections_total.inc()
         return None
@@ -1024,6 +1052,7 @@ class Server:
 
     def unregister(self, conn: Connection) -> None:
         self.connections.discard(conn)
+        self.turns.likely.discard(conn)
         if conn.registered:
             conn.registered = False
             n = self.per_ip.get(conn.host, 1) - 1
@@ -1034,6 +1063,48 @@ class Server:
         if conn.accounted:
             self.buffered_change(conn, -conn.accounted)
             conn.accounted = 0
+
+    def hold_back(self) -> None:
+        """A burst of rebalance requests is being read (edge/turns.py: ``hold_back_after`` of them
+        read and deferred in this poll phase): stop reading every connection likely to send one
+        next that has not yet (``rejoin_likely``, nothing parked or waiting), so that libuv's poll
+        phase ends and the loop turns; ``_rearm`` reads them again, ``rearm_per_turn`` per turn.
+        Their requests wait in the kernel meanwhile; nothing is lost or reordered."""
+        started = _now()
+        held = self.held_back
+        before = len(held)
+        for conn in self.turns.likely:
+            if conn.rejoin_likely and not conn.paused and conn.inflight is None and not conn.turn_waiting \
+                    and not conn.closed and not conn.closing:
+                conn.held_back = conn.paused = True
+                conn.transport.pause_reading()
+                held.append(conn)
+        n = len(held) - before
+        self.read_bursts += 1
+        self.held_back_total += n
+        now = self.loop.time()
+        if now >= self._burst_logged_at + BURST_LOG_INTERVAL:
+            self._burst_logged_at = now
+            log.info("edge.read_burst", connections=n, took_ms=round((_now() - started) * 1000, 1),
+                     deferred_reads=self.turns.deferred_reads, rearm_per_turn=self.rearm_per_turn)
+        if held and not self.rearm_scheduled:
+            self.rearm_scheduled = True
+            self.loop.call_soon(self._rearm)
+
+    def _rearm(self) -> None:
+        """Read again the next ``rearm_per_turn`` held-back connections (one loop turn)."""
+        self.rearm_scheduled = False
+        held = self.held_back
+        n = self.rearm_per_turn
+        while held and n:
+            conn = held.popleft()
+            n -= 1
+            conn.held_back = False
+            conn.rearmed = True
+            conn._maybe_resume()
+        if held:
+            self.rearm_scheduled = True
+            self.loop.call_soon(self._rearm)
 
     def buffered_change(self, conn: Connection, delta: int) -> None:
         self.budget.change(conn, delta)
@@ -1068,6 +1139,13 @@ class Server:
             "that waited for a later loop turn: the turn's budget for them was spent.",
             "# TYPE herd_rebalance_requests_deferred_total counter",
             f"herd_rebalance_requests_deferred_total {self.turns.deferred_total}",
+            "# HELP herd_read_bursts_total Loop turns that read so many rebalance requests at once (a mass "
+            "rejoin) that the connections likely to send more were held back.",
+            "# TYPE herd_read_bursts_total counter", f"herd_read_bursts_total {self.read_bursts}",
+            "# HELP herd_connections_held_back_total Connections not read from for a few loop turns in a "
+            "burst of rebalance requests (read again a few hundred per turn).",
+            "# TYPE herd_connections_held_back_total counter",
+            f"herd_connections_held_back_total {self.held_back_total}",
             "# HELP herd_connections_limit The connection cap in force (max_connections, or lower to fit the "
             "open-file limit).", "# TYPE herd_connections_limit gauge",
             f"herd_connections_limit {self.max_connections}",

@@ -19,6 +19,7 @@ class Conn:
         self.name = name
         self.turn_waiting = False
         self.turn_pass = False
+        self.rejoin_likely = True
         self.log = log
 
     def resume_turn(self):
@@ -129,3 +130,35 @@ def test_a_request_found_to_be_rebalance_work_late_waits_only_once_the_budget_is
     clock.t = 0.009
     assert turns.defers_late(b) and b.turn_waiting and list(turns.waiting) == [b]
     assert turns.deferred_total == 1
+
+
+def test_a_burst_of_deferred_reads_calls_on_burst_once_per_turn():
+    turns, clock, scheduled = make()
+    turns.hold_back_after = 3
+    bursts = []
+    turns.on_burst = lambda: bursts.append(turns.deferred_reads)
+    turns.defers(Conn("first", []), frame(JOIN))  # opens the turn
+    clock.t = 0.010
+    for i in range(5):
+        assert turns.defers(Conn(str(i), []), frame(JOIN))
+        turns.read_deferred()
+    assert bursts == [3]  # at the third, not again at the fourth and fifth
+    scheduled.pop()()  # the next turn counts afresh
+    assert turns.deferred_reads == 0
+    for _ in range(3):
+        turns.read_deferred()
+    assert bursts == [3, 3]
+
+
+def test_what_a_connection_sent_last_says_whether_a_rejoin_is_likely():
+    turns, _clock, _scheduled = make()
+    c = Conn("c", [])
+    assert turns.defers(c, frame(COMMIT)) is False and c.rejoin_likely is False
+    turns.defers(c, frame(JOIN))
+    assert c.rejoin_likely is True
+    turns.defers(c, frame(COMMIT))
+    assert c.rejoin_likely is False
+    turns.defers(c, frame(SYNC))
+    assert c.rejoin_likely is True
+    turns.defers(c, frame(3))  # Metadata, FindCoordinator, ...: they say nothing either way
+    assert c.rejoin_likely is True
