@@ -368,7 +368,11 @@ class Runtime:
         if api_key in GROUP_APIS:
             self._guard()
             clock = self.clock
-            self.apply(self.groups.handle(api_key, version, request, token, clock.monotonic_ms(), clock.wall_ms(),
+            now = clock.monotonic_ms()
+            stall = self.stall
+            if stall is not None and now - stall.last_seen >= stall.threshold_ms > 0:
+                self._stall_check()
+            self.apply(self.groups.handle(api_key, version, request, token, now, clock.wall_ms(),
                                           client_id, client_host))
             self.arm()
             return
@@ -487,7 +491,11 @@ class Runtime:
         if self._closing:
             return E.NOT_COORDINATOR
         self._guard()
-        code = self.groups.heartbeat(version, request, self.clock.monotonic_ms())
+        now = self.clock.monotonic_ms()
+        stall = self.stall
+        if stall is not None and now - stall.last_seen >= stall.threshold_ms > 0:
+            self._stall_check()
+        code = self.groups.heartbeat(version, request, now)
         self.arm()
         return code
 
@@ -500,8 +508,12 @@ class Runtime:
         if self._closing:
             return None
         self._guard()  # a cluster node: no answer for a shard whose lease may have lapsed
+        now = self.clock.monotonic_ms()
+        stall = self.stall
+        if stall is not None and now - stall.last_seen >= stall.threshold_ms > 0:
+            self._stall_check()
         interval = self.groups.consumer_heartbeat_steady(group_id, member_id, member_epoch, client_id, client_host,
-                                                         self.clock.monotonic_ms(), self._write_pending)
+                                                         now, self._write_pending)
         if interval is not None:
             self.arm()
         return interval
@@ -748,6 +760,14 @@ class Runtime:
         self.arm(force=True)
 
     # ---- stalls --------------------------------------------------------------------------------
+
+    def _stall_check(self) -> None:
+        """A request is handled over ``stall_threshold_ms`` after the stall probe last looked: look
+        now, before the request moves any deadline. Back from a pause, the loop reads the sockets
+        before its timers run (libuv polls first), so a Heartbeat that waited in the kernel would
+        otherwise set its member's deadline and then see it moved by the whole pause as well
+        (a member killed during the pause kept the pause twice over)."""
+        self.stall.check()
 
     def _on_stall(self, give_back_ms: int, kind: str, stall_ms: int) -> None:
         """herd was away for ``stall_ms`` (the detector, from a loop timer callback): every

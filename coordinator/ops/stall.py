@@ -7,8 +7,10 @@ advancing, so every deadline that fell inside the pause is due the moment herd i
 has read the heartbeats that waited in its sockets. Members that did nothing wrong would expire.
 
 :class:`StallDetector` notices such a pause: a probe on the event loop every ``interval_ms``
-remembers when the loop was last seen running; a look (the probe, or the runtime's timer callback
-before it fires anything) that finds the loop was away for ``threshold_ms`` or more reports a stall
+remembers when the loop was last seen running; a look (the probe, the runtime's timer callback
+before it fires anything, or a request handled ``threshold_ms`` after the probe last looked, before
+it moves any deadline: back from a pause libuv reads the sockets before its timers run) that
+finds the loop was away for ``threshold_ms`` or more reports a stall
 of that length to ``on_stall(stall_ms, kind)``. The runtime then moves every deadline by the stall
 and reads the sockets before it decides any expiry (``coordinator.runtime``).
 

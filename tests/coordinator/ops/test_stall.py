@@ -270,6 +270,38 @@ async def test_the_runtime_notices_the_stall_in_its_timer_callback_and_holds_tim
     rt.shutdown()
 
 
+async def test_a_heartbeat_handled_before_the_timers_after_a_stall_is_not_given_the_stall_twice():
+    """Back from a pause, libuv reads the sockets before its timers run: a Heartbeat that waited in
+    the kernel notices the stall itself, so its member's deadline is one session from now, not one
+    session plus the pause (the conformance test's member killed in the pause expired 25 s after
+    herd came back instead of 10)."""
+    h = Harness()
+    rt = runtime_around(h)
+    mids, gen = h.form_group("g", 3, session=SESSION)
+    rt.start(asyncio.get_running_loop())
+    stalls = []
+    rt.stall_listeners.append(lambda ms, kind: stalls.append((ms, kind)))
+    rt.stall.reset()
+    h.clock.advance(STALL)
+    # the first thing handled: member 0's heartbeat, sent before its client died in the pause
+    req = HeartbeatRequest(group_id="g", generation_id=gen, member_id=mids[0])
+    assert rt.heartbeat(3, req) == E.NONE
+    assert stalls == [(STALL, "loop")] and rt._held
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert not rt._held
+    h.clock.advance(SESSION - 1)
+    rt.stall.reset()  # the manual clock's jump is time that passed, not another stall
+    rt._fire()
+    assert set(h.group("g").members) == set(mids)  # everyone had the pause given back
+    h.clock.advance(2)
+    rt.stall.reset()
+    rt._fire()
+    # one session after that heartbeat: gone with the others (not one session plus the pause)
+    assert mids[0] not in h.group("g").members
+    rt.shutdown()
+
+
 async def test_the_probe_alone_notices_a_stall():
     h = Harness()
     rt = runtime_around(h)
