@@ -372,7 +372,6 @@ class RebalanceRecord:
             "waiting_for": self.waiting_for() if self.join_done_ms is None and self.ended_ms is None else None,
         }
 
-
     def _awaited_entry(self, mid: str, m: Member) -> dict:
         entry = {**_who(m), "rejoined_after_ms": self.rejoined.get(mid), "outcome": self.outcomes.get(mid)}
         if mid in self.replaced:
