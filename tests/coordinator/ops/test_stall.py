@@ -244,7 +244,9 @@ def runtime_around(h: Harness) -> Runtime:
     return rt
 
 
-async def test_the_runtime_notices_the_stall_in_its_timer_callback_and_holds_timers_until_io():
+def stalled_group():
+    """A 3-member group on a started runtime whose clock then jumps STALL with nothing run: ->
+    the harness, the runtime, the member ids, the generation and the stalls its listener saw."""
     h = Harness()
     rt = runtime_around(h)
     mids, gen = h.form_group("g", 3, session=SESSION)
@@ -253,6 +255,11 @@ async def test_the_runtime_notices_the_stall_in_its_timer_callback_and_holds_tim
     rt.stall_listeners.append(lambda ms, kind: stalls.append((ms, kind)))
     rt.stall.reset()
     h.clock.advance(STALL)
+    return h, rt, mids, gen, stalls
+
+
+async def test_the_runtime_notices_the_stall_in_its_timer_callback_and_holds_timers_until_io():
+    h, rt, mids, gen, stalls = stalled_group()
     rt._fire()  # what the loop runs first on its way back: the core's timer, long overdue
     assert stalls == [(STALL, "loop")] and rt._held
     assert set(h.group("g").members) == set(mids)
@@ -275,14 +282,7 @@ async def test_a_heartbeat_handled_before_the_timers_after_a_stall_is_not_given_
     the kernel notices the stall itself, so its member's deadline is one session from now, not one
     session plus the pause (the conformance test's member killed in the pause expired 25 s after
     herd came back instead of 10)."""
-    h = Harness()
-    rt = runtime_around(h)
-    mids, gen = h.form_group("g", 3, session=SESSION)
-    rt.start(asyncio.get_running_loop())
-    stalls = []
-    rt.stall_listeners.append(lambda ms, kind: stalls.append((ms, kind)))
-    rt.stall.reset()
-    h.clock.advance(STALL)
+    h, rt, mids, gen, stalls = stalled_group()
     # the first thing handled: member 0's heartbeat, sent before its client died in the pause
     req = HeartbeatRequest(group_id="g", generation_id=gen, member_id=mids[0])
     assert rt.heartbeat(3, req) == E.NONE
