@@ -181,6 +181,100 @@ def ctx_switches(pid: int) -> tuple[int, int]:
     return vol, nonvol
 
 
+def task_schedstat(pid: int, tid: int | None = None) -> tuple[int, int]:
+    """(ns run on a CPU, ns waited on a run queue) of one thread (the main one by default), from the
+    kernel's ``schedstat``: the wait is time the thread was runnable and no CPU ran it."""
+    with open(f"/proc/{pid}/task/{pid if tid is None else tid}/schedstat") as f:
+        run, wait = f.read().split()[:2]
+    return int(run), int(wait)
+
+
+class RunQueueWatch:
+    """How long watched threads waited for a CPU, sampled every ``interval`` s in a thread.
+
+    ``tasks`` maps a name to the pids whose main threads it sums (the daemon's event loop; the load
+    processes); for a name in ``all_threads`` every thread of those pids (a JVM). On a machine whose
+    cores the server shares with its load, a slow answer in a moment when the server's loop thread
+    was runnable but not running (run-queue wait) is the machine's doing, not the server's:
+    ``between`` and ``in_buckets`` say how much of a stretch that was."""
+
+    def __init__(self, tasks: dict[str, list[int]], interval: float = 0.05, clock=time.perf_counter,
+                 all_threads: frozenset = frozenset()):
+        import threading
+
+        self.tasks = tasks
+        self.all_threads = all_threads
+        self.interval = interval
+        self.clock = clock
+        self.samples: list[tuple[float, dict[str, tuple[int, int]]]] = []  # (t, name -> (run ns, wait ns))
+        self._last: dict[tuple[str, int, int], tuple[int, int]] = {}  # a thread that exits keeps its last
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def sample(self) -> None:
+        now = self.clock()
+        got = {}
+        for name, pids in self.tasks.items():
+            last = self._last
+            for pid in pids:
+                try:
+                    tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")] if name in self.all_threads else [pid]
+                except OSError:
+                    continue  # exited: its threads' last samples stand
+                for tid in tids:
+                    try:
+                        last[name, pid, tid] = task_schedstat(pid, tid)
+                    except (OSError, ValueError):
+                        pass  # exited: its last sample stands
+            run = wait = 0
+            for (n, _, _), (r, w) in last.items():
+                if n == name:
+                    run += r
+                    wait += w
+            got[name] = (run, wait)
+        self.samples.append((now, got))
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(5)
+        self.sample()
+
+    def _at(self, t: float) -> dict[str, tuple[int, int]] | None:
+        """The last sample taken at or before ``t`` (the first one if none)."""
+        import bisect
+
+        if not self.samples:
+            return None
+        i = bisect.bisect_right([s[0] for s in self.samples], t) - 1
+        return self.samples[max(i, 0)][1]
+
+    def between(self, t0: float, t1: float) -> dict[str, dict[str, float]]:
+        """Per name: seconds run and waited between the samples nearest ``t0`` and ``t1``."""
+        a, b = self._at(t0), self._at(t1)
+        if a is None or b is None:
+            return {}
+        return {name: {"run_s": round((b[name][0] - a[name][0]) / 1e9, 3),
+                       "runqueue_wait_s": round((b[name][1] - a[name][1]) / 1e9, 3)} for name in b if name in a}
+
+    def in_buckets(self, start: float, keys: list[float], bucket: float = 0.25) -> dict[float, dict[str, float]]:
+        """Milliseconds each name waited for a CPU in the ``bucket``-second stretches that begin
+        ``keys`` seconds after ``start`` (e.g. a heartbeat window's slowest buckets)."""
+        out = {}
+        for k in keys:
+            d = self.between(start + k, start + k + bucket)
+            out[k] = {name: round(v["runqueue_wait_s"] * 1000, 1) for name, v in d.items()}
+        return out
+
+
 class MachineLoad:
     """``with MachineLoad(pid) as m: ...; m.result()`` — whole-machine CPU busy/steal share and the
     process's involuntary context switches over the block: how contended the CPUs were."""

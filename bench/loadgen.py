@@ -145,7 +145,15 @@ DEFAULTS = {
     "hb_schedule": True,  # scale mode: heartbeat every member from its join until the window ends
     "max_latency_samples": 5_000_000,
     "window_grace": 15.0,  # seconds after the window end to finish heartbeats that were due in it
+    # heartbeat connections read with the kernel's receive time of each read (SO_TIMESTAMPNS): a
+    # second latency, to the answer's arrival in this machine's kernel, that leaves out how long
+    # this process waited for a CPU before it read it (a load tool sharing the server's cores)
+    "kernel_stamps": False,
 }
+
+SO_TIMESTAMPNS = 35  # Linux (asm-generic); Python's socket module does not name it
+_CMSG_STAMP = socket.CMSG_SPACE(16) if hasattr(socket, "CMSG_SPACE") else 0
+_TIMESPEC = struct.Struct("qq")
 
 
 class ConnectionLost(Exception):
@@ -206,6 +214,57 @@ class PipeConn(asyncio.Protocol):
         self.cid = 0
         self.lost = False
         self.why = None
+        self.kernel_arrived = None  # stamp_reads(): when the kernel received the last read (perf_counter)
+        self._stamped = None  # the socket (a dup of the transport's) read with its kernel timestamps
+
+    def stamp_reads(self) -> bool:
+        """Read this connection here with ``recvmsg`` and the kernel's receive timestamp of each read
+        (``kernel_arrived``: of its last segment, so an answer that came before it is never made
+        faster than it was) instead of through the transport (paused for reading; it still writes).
+        False where the kernel or the transport does not allow it (then nothing changes)."""
+        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
+        if sock is None or not _CMSG_STAMP or not sys.platform.startswith("linux"):
+            return False
+        try:
+            dup = socket.socket(fileno=os.dup(sock.fileno()))
+            dup.setblocking(False)
+            dup.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        except OSError:
+            return False
+        self.transport.pause_reading()
+        self._stamped = dup
+        self.loop.add_reader(dup.fileno(), self._read_stamped)
+        return True
+
+    def _read_stamped(self) -> None:
+        dup = self._stamped
+        try:
+            data, anc, _, _ = dup.recvmsg(262144, _CMSG_STAMP)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            self._unstamp()
+            self.why = self.why or str(e)
+            self.transport.abort()
+            return
+        if not data:  # the server closed the connection
+            self._unstamp()
+            self.transport.abort()
+            return
+        kernel = None
+        for level, kind, raw in anc:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(raw) >= 16:
+                sec, ns = _TIMESPEC.unpack_from(raw)
+                kernel = sec + ns * 1e-9 - (time.time() - _now())  # realtime -> perf_counter's clock
+        self.kernel_arrived = kernel
+        self.data_received(data)
+
+    def _unstamp(self) -> None:
+        if self._stamped is not None:
+            dup, self._stamped = self._stamped, None
+            if self.loop is not None and not self.loop.is_closed():
+                self.loop.remove_reader(dup.fileno())
+            dup.close()
 
     # asyncio callbacks
     def connection_made(self, transport):
@@ -257,6 +316,7 @@ class PipeConn(asyncio.Protocol):
 
     def connection_lost(self, exc):
         self.lost = True
+        self._unstamp()
         why = self.why or (str(exc) if exc else "closed by server")
         while self.waiters:
             w = self.waiters.popleft()
@@ -302,6 +362,7 @@ class PipeConn(asyncio.Protocol):
         return m.RESPONSES[request.API_KEY].decode(resp, version, pos), arrived - sent
 
     def close(self):
+        self._unstamp()
         if self.transport is not None:
             self.transport.close()
 
@@ -479,6 +540,8 @@ class Stats:
         self.hb_latency_us = array("f")  # in the window
         self.hb_lateness_us = array("f")
         self.hb_sent_at = array("d")  # send time of each sample of hb_latency_us (LoadGen.window(samples=True))
+        self.hb_kernel_latency_us = array("f")  # kernel_stamps: to the kernel's receipt, in step with hb_latency_us
+        self.slow_kernel_sent = array("d")  # send times of heartbeats slow by that measure
         self.slow_sent = array("d")  # send times of slow heartbeats in the window (stall analysis)
         self.hb_sent = 0
         self.hb_in_window = 0
@@ -499,8 +562,9 @@ class Stats:
         self.failure = None
 
     def heartbeat_answered(self, window: tuple, sent: float, due: float, arrived: float, code: int,
-                           mem) -> None:
-        """Count one heartbeat answer: latency and lateness in the window, slow ones, errors."""
+                           mem, kernel: float | None = None) -> None:
+        """Count one heartbeat answer: latency and lateness in the window, slow ones, errors.
+        ``kernel``: when this machine's kernel received it (``PipeConn.stamp_reads``)."""
         latency = (arrived - sent) * 1e6
         if window[0] <= sent < window[1]:
             self.hb_in_window += 1
@@ -508,8 +572,13 @@ class Stats:
                 self.hb_latency_us.append(latency)
                 self.hb_lateness_us.append((sent - due) * 1e6)
                 self.hb_sent_at.append(sent)
+                if kernel is not None:
+                    # never above what this process saw (clock conversion jitter), never below 0
+                    self.hb_kernel_latency_us.append(min(latency, max(0.0, (kernel - sent) * 1e6)))
             if latency > SLOW_US and len(self.slow_sent) < 100_000:
                 self.slow_sent.append(sent)
+            if kernel is not None and (kernel - sent) * 1e6 > SLOW_US and len(self.slow_kernel_sent) < 100_000:
+                self.slow_kernel_sent.append(sent)
         else:
             self.hb_before_window += 1
             if latency > self.hb_max_latency_before_window_us:
@@ -568,6 +637,9 @@ class Worker:
             n_join = self.join_lanes() * cfg["members"]
             self.join_conns = await open_conns(self.host, self.port, n_join, self.client_id)
             self.hb_conns = await open_conns(self.host, self.port, cfg["hb_conns"], self.client_id)
+            if cfg["kernel_stamps"]:
+                for c in self.hb_conns:
+                    c.stamp_reads()
             kind = _PipeSchedule if cfg["hb_mode"] == "pipelined" else _Schedule
             self.schedules = [kind(self, c) for c in self.hb_conns]
             self.send("ready", {"cpu_s": _cpu()})
@@ -1294,6 +1366,8 @@ class Worker:
             "slow_sent": st.slow_sent.tobytes(),
             "hb_lateness_us": st.hb_lateness_us.tobytes(),
             "hb_sent_at": st.hb_sent_at.tobytes(),
+            "hb_kernel_latency_us": st.hb_kernel_latency_us.tobytes(),
+            "slow_kernel_sent": st.slow_kernel_sent.tobytes(),
             "cpu_s": _cpu(),
         }
 
@@ -1533,7 +1607,7 @@ class _Schedule:
             r = decode(resp, version, pos)
             code = r.error_code
             st.hb_sent += 1
-            st.heartbeat_answered(w.window, sent, due, arrived, code, mem)
+            st.heartbeat_answered(w.window, sent, due, arrived, code, mem, conn.kernel_arrived)
             if code:
                 continue
             if consumer and w.cg_answer(mem, r):  # a new epoch or assignment: the next beat says so
@@ -1601,6 +1675,7 @@ class _PipeSchedule:
         st = w.stats
         window = w.window
         fifo = self.fifo
+        kernel = self.conn.kernel_arrived
         for s, e in spans:
             if not fifo:
                 self.conn.abort("a heartbeat answer without a request")
@@ -1614,7 +1689,7 @@ class _PipeSchedule:
             code = 0 if chunk == mem.hb_ok else self.full_decode(chunk, mem)
             if code is None:
                 return  # the connection is being dropped
-            st.heartbeat_answered(window, b[1], b[2], arrived, code, mem)
+            st.heartbeat_answered(window, b[1], b[2], arrived, code, mem, kernel)
             if code:
                 b[5] += 1
             if i + 1 == len(members):
@@ -1720,14 +1795,14 @@ def _merge_counts(dicts) -> dict:
     return out
 
 
-def _stalls(reps, start: float, bucket: float = 0.25) -> dict:
+def _stalls(reps, start: float, bucket: float = 0.25, key: str = "slow_sent") -> dict:
     """Slow (> SLOW_US) heartbeats grouped by when they were sent: many in few 250 ms buckets
     point to the server stalling (every connection waits at once); spread thin, to CPU contention."""
     sent = array("d")
     per_proc = []
     for r in reps:
         n = len(sent)
-        sent.frombytes(r["slow_sent"])
+        sent.frombytes(r[key])
         per_proc.append(len(sent) - n)
     buckets: dict[int, int] = {}
     for t in sent:
@@ -1961,6 +2036,8 @@ class LoadGen:
         cpu1 = self._children_cpu()
         lat = _floats(r["hb_latency_us"] for r in reps)
         late = _floats(r["hb_lateness_us"] for r in reps)
+        kernel = _floats(r.get("hb_kernel_latency_us", b"") for r in reps)
+        stamped = len(kernel) == len(lat) and len(lat) > 0  # every sample has its kernel receipt
         from bench._util import percentiles
 
         lat_ms = {
@@ -1987,7 +2064,13 @@ class LoadGen:
             "load_cpu_util": (cpu1 - cpu0) / max(1e-9, _now() - start),
             "slow": _stalls(reps, start),
             "load_stalls": _loop_stalls(reps, start),
-            **({"samples": (_doubles(r["hb_sent_at"] for r in reps), lat)} if samples else {}),
+            # kernel_stamps: the same heartbeats, to when this machine's kernel received each answer
+            # (what the load process's own wait for a CPU added is left out)
+            **({"latency_at_kernel_ms": {k: (v / 1000 if isinstance(v, float) else v)
+                                         for k, v in percentiles(kernel, (50, 99, 99.9)).items()},
+                "slow_at_kernel": _stalls(reps, start, key="slow_kernel_sent")} if stamped else {}),
+            **({"samples": (_doubles(r["hb_sent_at"] for r in reps), lat) + ((kernel,) if stamped else ())}
+               if samples else {}),
         }
 
     def leave(self, timeout: float = 120.0) -> dict:

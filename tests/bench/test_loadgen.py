@@ -94,6 +94,54 @@ def worker(members: int = 3) -> L.Worker:
     return L.Worker(cfg, None)
 
 
+def test_stamped_reads_leave_out_how_long_the_reader_was_busy_and_see_the_server_close():
+    """A connection read with the kernel's receive timestamps (kernel_stamps): an answer that
+    arrives while the reading process is busy for 200 ms counts 200 ms later as seen by it, but not
+    at the kernel; answers still come in order; the server closing is seen as a lost connection."""
+    import socket
+    import time
+
+    import uvloop
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        srv = socket.socket()
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        host, port = srv.getsockname()
+        [conn] = await L.open_conns(host, port, 1, "t")
+        peer, _ = srv.accept()
+        try:
+            assert conn.stamp_reads()
+            fut = asyncio.ensure_future(conn.call_many([b"\x00\x00\x00\x04abcd"]))
+            await asyncio.sleep(0.05)  # sent
+            peer.sendall(answer(1) + answer(2)[:5])  # one answer and the start of the next
+            time.sleep(0.2)  # this process busy: the answer waits in the kernel
+            got, sent, arrived = await fut
+            assert got == [answer(1)[4:]]
+            assert arrived - sent >= 0.2
+            assert conn.kernel_arrived is not None and sent <= conn.kernel_arrived < arrived - 0.15
+            fut = asyncio.ensure_future(conn.call_many([b"\x00\x00\x00\x04efgh"]))
+            await asyncio.sleep(0.01)
+            peer.sendall(answer(2)[5:])  # the rest of it
+            got, _, _ = await fut
+            assert got == [answer(2)[4:]]
+            fut = asyncio.ensure_future(conn.call_many([b"\x00\x00\x00\x04ijkl"]))
+            await asyncio.sleep(0.01)
+            peer.close()
+            with pytest.raises(L.ConnectionLost):
+                await asyncio.wait_for(fut, 5)
+            assert conn.lost and conn._stamped is None
+        finally:
+            conn.close()
+            peer.close()
+            srv.close()
+            await asyncio.sleep(0)
+        assert loop.is_running()
+
+    uvloop.run(main())
+
+
 def test_heartbeat_frame_has_the_members_fixed_correlation_id_and_its_ok_answer():
     w = worker()
     g = w.groups[0]
@@ -152,6 +200,7 @@ def test_against_a_daemon_join_heartbeat_verify_burst(hb_mode):
             join_concurrency=10,  # two lanes: their rounds overlap
             session_timeout_ms=10_000,
             hb_interval=0.5,
+            kernel_stamps=True,
         ) as lg,
     ):
         joined = lg.join()
@@ -161,6 +210,9 @@ def test_against_a_daemon_join_heartbeat_verify_burst(hb_mode):
         hb = lg.window(1.5)
         assert hb["errors"] == {} and hb["members_failed"] == 0
         assert hb["heartbeats"] > 0 and hb["unanswered"] == 0 and hb["due_but_not_sent"] == 0
+        # every heartbeat read with its kernel receipt, never later than the load process saw it
+        assert hb["latency_at_kernel_ms"]["count"] == hb["latency_ms"]["count"]
+        assert hb["latency_at_kernel_ms"]["p99"] <= hb["latency_ms"]["p99"]
         if hb_mode == "pipelined":
             assert hb["full_decodes"] == 0  # the expected "no error" bytes are the daemon's
             assert hb["heartbeat_writes"] * 4 == hb["heartbeats"] + hb["heartbeats_before_window"]

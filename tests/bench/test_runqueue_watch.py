@@ -1,0 +1,85 @@
+"""bench._util.RunQueueWatch: how long watched threads waited for a CPU, from the kernel's schedstat
+(the big-group bench tells the machine's stalls from the server's with it)."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from bench import _util as U
+
+
+def test_schedstat_of_this_thread_grows_with_the_cpu_it_uses():
+    if not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/schedstat"):
+        pytest.skip("no /proc schedstat on this kernel")
+    run0, wait0 = U.task_schedstat(os.getpid())
+    cpu0 = time.thread_time()
+    while time.thread_time() - cpu0 < 0.03:  # 30 ms of this thread's CPU, however long that takes
+        pass
+    run1, wait1 = U.task_schedstat(os.getpid())
+    assert run1 - run0 >= 25_000_000
+    assert wait1 >= wait0
+
+
+def test_waits_between_two_moments_and_in_buckets_come_from_the_samples(monkeypatch):
+    now = [0.0]
+    stats = {1: (0, 0), 2: (0, 0), 3: (0, 0)}
+    monkeypatch.setattr(U, "task_schedstat", lambda pid, tid=None: stats[pid])
+    rq = U.RunQueueWatch({"server": [1], "load": [2, 3]}, clock=lambda: now[0])
+
+    def at(t, server, load2, load3):
+        now[0] = t
+        stats[1], stats[2], stats[3] = server, load2, load3
+        rq.sample()
+
+    at(10.0, (0, 0), (0, 0), (0, 0))
+    at(10.25, (200_000_000, 40_000_000), (100_000_000, 0), (50_000_000, 10_000_000))
+    at(10.5, (300_000_000, 140_000_000), (150_000_000, 5_000_000), (90_000_000, 10_000_000))
+    at(10.75, (500_000_000, 140_000_000), (150_000_000, 5_000_000), (90_000_000, 10_000_000))
+
+    whole = rq.between(10.0, 10.75)
+    assert whole["server"] == {"run_s": 0.5, "runqueue_wait_s": 0.14}
+    assert whole["load"] == {"run_s": 0.24, "runqueue_wait_s": 0.015}  # both load processes summed
+    # a moment between samples takes the sample before it
+    assert rq.between(10.3, 10.6)["server"]["runqueue_wait_s"] == 0.1
+    assert rq.in_buckets(10.0, [0.0, 0.25, 0.5]) == {0.0: {"server": 40.0, "load": 10.0},
+                                                      0.25: {"server": 100.0, "load": 5.0},
+                                                      0.5: {"server": 0.0, "load": 0.0}}
+
+
+def test_a_process_that_exits_keeps_its_last_sample_and_the_watch_samples_in_a_thread(monkeypatch):
+    calls = []
+
+    def schedstat(pid, tid=None):
+        calls.append(pid)
+        if pid == 2 and len(calls) > 2:
+            raise FileNotFoundError(pid)
+        return (len(calls) * 10**8, 0)
+
+    monkeypatch.setattr(U, "task_schedstat", schedstat)
+    with U.RunQueueWatch({"a": [1], "b": [2]}, interval=0.01) as rq:
+        time.sleep(0.05)
+    assert len(rq.samples) >= 3
+    assert rq.samples[-1][1]["b"] == rq.samples[1][1]["b"]  # gone: its last sample stands, not an error
+    assert rq.between(rq.samples[1][0], rq.samples[-1][0])["b"] == {"run_s": 0.0, "runqueue_wait_s": 0.0}
+    assert rq.between(rq.samples[0][0], rq.samples[-1][0])["a"]["run_s"] > 0
+
+
+def test_all_threads_of_a_process_are_summed_for_a_name_that_asks_for_it():
+    if not os.path.exists(f"/proc/{os.getpid()}/task"):
+        pytest.skip("no /proc on this system")
+    import threading
+
+    stop = threading.Event()
+    th = threading.Thread(target=lambda: [None for _ in iter(lambda: stop.wait(0.001), True)])
+    th.start()
+    try:
+        rq = U.RunQueueWatch({"main": [os.getpid()], "all": [os.getpid()]}, all_threads=frozenset({"all"}))
+        rq.sample()
+        run_main, _ = rq.samples[0][1]["main"]
+        run_all, _ = rq.samples[0][1]["all"]
+        assert run_all > run_main  # the pytest thread's CPU plus the helper thread's
+    finally:
+        stop.set()
+        th.join()
