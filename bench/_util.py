@@ -181,6 +181,42 @@ def ctx_switches(pid: int) -> tuple[int, int]:
     return vol, nonvol
 
 
+def renice(pid: int, nice: int) -> int:
+    """Set every thread of ``pid`` to ``nice`` (Linux: a nice value is per thread; threads started
+    later inherit their creator's) -> the main thread's value before. Raising it is always allowed;
+    lowering it again needs CAP_SYS_NICE (PermissionError)."""
+    before = os.getpriority(os.PRIO_PROCESS, pid)
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+        except ProcessLookupError:  # a thread that just ended
+            pass
+    return before
+
+
+class Reniced:
+    """``with Reniced(nice):`` this process's threads (and the processes it starts meanwhile) at
+    ``nice``; back to what they were after (when allowed: ``restored`` says). 0: nothing changes."""
+
+    def __init__(self, nice: int):
+        self.nice = nice
+        self.before = None
+        self.restored = None
+
+    def __enter__(self):
+        if self.nice:
+            self.before = renice(os.getpid(), self.nice)
+        return self
+
+    def __exit__(self, *exc):
+        if self.before is not None:
+            try:
+                renice(os.getpid(), self.before)
+                self.restored = True
+            except PermissionError:  # lowering a nice value needs CAP_SYS_NICE
+                self.restored = False
+
+
 def task_schedstat(pid: int, tid: int | None = None) -> tuple[int, int]:
     """(ns run on a CPU, ns waited on a run queue) of one thread (the main one by default), from the
     kernel's ``schedstat``: the wait is time the thread was runnable and no CPU ran it."""

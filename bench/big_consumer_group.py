@@ -272,9 +272,12 @@ def run(args) -> dict:
                   extra_args=extra, env=env) as herd:
         mport = herd.wait_metrics_port(30)
         out["data_fs"] = U.filesystem_of(herd.data_dir)
-        with LoadGen(herd.bootstrap, groups=args.groups, members=args.members, procs=args.procs,
-                     group_prefix="small", hb_mode="one", hb_interval=args.hb_interval,
-                     session_timeout_ms=30_000, kernel_stamps=True) as lg:
+        nice = getattr(args, "load_nice", 0)
+        out["load_nice"] = nice
+        reniced = U.Reniced(nice)  # this process and the load processes it starts (not the server)
+        with reniced, LoadGen(herd.bootstrap, groups=args.groups, members=args.members, procs=args.procs,
+                              group_prefix="small", hb_mode="one", hb_interval=args.hb_interval,
+                              session_timeout_ms=30_000, kernel_stamps=True) as lg:
             out["load_params"] = lg.params()
             out["small_join"] = {k: v for k, v in lg.join().items() if k in ("seconds", "groups_joined",
                                                                              "groups_failed", "errors")}
@@ -335,6 +338,8 @@ def run(args) -> dict:
             samples = hb.pop("samples")
             out["verify_small"] = lg.verify()
             out["daemon_events"] = daemon_events(herd, w0_wall)
+        if reniced.restored is False:
+            out["warning_nice"] = f"this process stays at nice {nice} (lowering it needs CAP_SYS_NICE)"
         out["phases"] = {
             "baseline": {"seconds": t_form - w0, "hb_ms": phase_stats(samples, w0, t_form),
                          "loop_lag": lag_delta(lag0, lag1)},

@@ -110,6 +110,10 @@ def add_small_group_args(ap) -> None:
     ap.add_argument("--members", type=int, default=10, help="members per small group")
     ap.add_argument("--procs", type=int, default=2, help="load processes for the small groups")
     ap.add_argument("--hb-interval", type=float, default=3.0)
+    ap.add_argument("--load-nice", type=int, default=0,
+                    help="run the load (the small groups' processes and this one, the big group's members) at "
+                         "this nice value, the server at its own: the load stands for clients on other machines, "
+                         "so it yields the shared cores to the server (0: no change)")
 
 
 class HerdServer:
@@ -426,9 +430,12 @@ def run(args) -> dict:
         out.update(srv.info)
         # the small groups' and the big group's coordinator answer (Kafka: their offsets partitions loaded)
         out["coordinator_wait_s"] = max(wait_coordinator(srv.bootstrap, g) for g in (GROUP, "small-0000000"))
-        with LoadGen(srv.bootstrap, groups=args.groups, members=args.members, procs=args.procs,
-                     group_prefix="small", hb_mode="one", hb_interval=args.hb_interval,
-                     session_timeout_ms=30_000, kernel_stamps=True) as lg:
+        nice = getattr(args, "load_nice", 0)
+        out["load_nice"] = nice
+        reniced = U.Reniced(nice)  # this process and the load processes it starts (not the server)
+        with reniced, LoadGen(srv.bootstrap, groups=args.groups, members=args.members, procs=args.procs,
+                              group_prefix="small", hb_mode="one", hb_interval=args.hb_interval,
+                              session_timeout_ms=30_000, kernel_stamps=True) as lg:
             out["load_params"] = lg.params()
             if args.pin:
                 from bench.scale import _pin
@@ -495,6 +502,8 @@ def run(args) -> dict:
             samples = hb.pop("samples")
             out["verify_small"] = lg.verify()
             out["daemon_events"] = srv.events(w0_wall)
+        if reniced.restored is False:
+            out["warning_nice"] = f"this process stays at nice {nice} (lowering it needs CAP_SYS_NICE)"
         out["server_rss_mb_end"] = U.proc_rss_bytes(srv.pid) / 2**20
         out["phases"] = {
             "baseline": {"seconds": formed["t_start"] - w0, "hb_ms": phase_stats(samples, w0, formed["t_start"]),

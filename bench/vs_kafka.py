@@ -274,7 +274,7 @@ def big_group_cell(target: str, big: int, args) -> dict:
                          window=args.big_window, baseline=6.0, settle=3.0, session_timeout_ms=300_000,
                          rebalance_timeout_ms=120_000, fsync="always", pin=False, profile=None, profile_rate=200,
                          rev=None, kafka_heap=args.kafka_heap, kafka_config=None,
-                         rejoin_spread=args.big_rejoin_spread)
+                         rejoin_spread=args.big_rejoin_spread, load_nice=args.big_load_nice)
     r = big_group.run(ns)
     out = big_group_summary(r)
     out["detail"] = r
@@ -290,6 +290,9 @@ def big_group_summary(r: dict) -> dict:
            "small_members": r["small_members"], "baseline_hb_p99_ms": ph["baseline"]["hb_ms"]["p99"]}
     for k in ("formation", "rebalance"):
         out[f"{k}_hb_p99_ms"] = ph[k]["hb_ms"]["p99"]
+        out[f"{k}_hb_p99_at_kernel_ms"] = (ph[k].get("hb_at_kernel_ms") or {}).get("p99")
+        out[f"{k}_server_runqueue_wait_s"] = sum(v["runqueue_wait_s"] for name, v in ph[k].get("runqueue", {}).items()
+                                                 if name in ("daemon_loop", "server_threads")) or None
         out[f"{k}_hb_max_ms"] = ph[k]["hb_ms"]["max"]
         out[f"{k}_server_cpu_s"] = ph[k]["server_cpu_s"]
     out.update(formation_s=r["formation_s_from_last_join"], rebalance_s=r["rebalance_s_from_leave"],
@@ -297,6 +300,7 @@ def big_group_summary(r: dict) -> dict:
                rejoin_spread_s=r["rejoin_spread_s"],
                minting_ids_s=r["minting_ids_s"], baseline_server_cpu_s=ph["baseline"]["server_cpu_s"],
                loop_lag_max_s=r["loop_lag_max_s_end"], hb_p99_ms=c["hb_p99_ms"], hb_p99_ok=c["hb_p99_ok"],
+               hb_p99_at_kernel_ms=c.get("hb_p99_at_kernel_ms"), load_nice=r.get("load_nice", 0),
                formation_ok=c["formation_ok"], big_group_complete=c["big_group_complete"],
                big_errors=r["big_errors"], small_errors=c["small_errors"], unanswered=hw["unanswered"],
                load_cpu_util=hw["load_cpu_util"], server_rss_mb_end=r["server_rss_mb_end"])
@@ -342,6 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "quick 25)")
     ap.add_argument("--big-rejoin-spread", type=float, default=0.0, help="bigGroup: the rebalance's rejoins "
                     "spread over this many seconds (each member at its next heartbeat); 0: all at once")
+    ap.add_argument("--big-load-nice", type=int, default=0, help="bigGroup: the load at this nice value, the "
+                    "server at its own (bench.big_group --load-nice); 0: no change")
     ap.add_argument("--kafka-heap", default="2g")
     return ap
 
