@@ -194,24 +194,54 @@ def renice(pid: int, nice: int) -> int:
     return before
 
 
-class Reniced:
-    """``with Reniced(nice):`` this process's threads (and the processes it starts meanwhile) at
-    ``nice``; back to what they were after (when allowed: ``restored`` says). 0: nothing changes."""
+def autogroup(pid: int | str = "self") -> tuple[str, int] | None:
+    """(name, nice) of a process's scheduling autogroup (Linux with ``sched_autogroup_enabled``: a
+    session's processes share one, and CPU is shared between autogroups before nice values count
+    inside one); None without autogroups."""
+    try:
+        with open(f"/proc/{pid}/autogroup") as f:
+            name, _, nice = f.read().split()
+        if open("/proc/sys/kernel/sched_autogroup_enabled").read().strip() != "1":
+            return None
+        return name, int(nice)
+    except (OSError, ValueError):
+        return None
 
-    def __init__(self, nice: int):
+
+def _set_autogroup_nice(nice: int) -> None:
+    with open("/proc/self/autogroup", "w") as f:
+        f.write(str(nice))
+
+
+class Reniced:
+    """``with Reniced(nice, server_pid):`` this process's threads (and the processes it starts
+    meanwhile) at ``nice``, and so is its autogroup when the server has another one (a daemon started
+    in its own session: otherwise the two autogroups share the CPUs equally whatever the nice values
+    in them); back to what they were after (when allowed: ``restored`` says). 0: nothing changes."""
+
+    def __init__(self, nice: int, server_pid: int | None = None):
         self.nice = nice
+        self.server_pid = server_pid
         self.before = None
+        self.group_before = None
         self.restored = None
 
     def __enter__(self):
         if self.nice:
             self.before = renice(os.getpid(), self.nice)
+            mine = autogroup()
+            theirs = autogroup(self.server_pid) if self.server_pid else None
+            if mine is not None and theirs is not None and mine[0] != theirs[0]:
+                _set_autogroup_nice(self.nice)
+                self.group_before = mine[1]
         return self
 
     def __exit__(self, *exc):
         if self.before is not None:
             try:
                 renice(os.getpid(), self.before)
+                if self.group_before is not None:
+                    _set_autogroup_nice(self.group_before)
                 self.restored = True
             except PermissionError:  # lowering a nice value needs CAP_SYS_NICE
                 self.restored = False

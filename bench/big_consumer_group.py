@@ -274,7 +274,7 @@ def run(args) -> dict:
         out["data_fs"] = U.filesystem_of(herd.data_dir)
         nice = getattr(args, "load_nice", 0)
         out["load_nice"] = nice
-        reniced = U.Reniced(nice)  # this process and the load processes it starts (not the server)
+        reniced = U.Reniced(nice, herd.pid)  # this process and the load processes it starts (not the server)
         with reniced, LoadGen(herd.bootstrap, groups=args.groups, members=args.members, procs=args.procs,
                               group_prefix="small", hb_mode="one", hb_interval=args.hb_interval,
                               session_timeout_ms=30_000, kernel_stamps=True) as lg:

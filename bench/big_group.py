@@ -432,7 +432,7 @@ def run(args) -> dict:
         out["coordinator_wait_s"] = max(wait_coordinator(srv.bootstrap, g) for g in (GROUP, "small-0000000"))
         nice = getattr(args, "load_nice", 0)
         out["load_nice"] = nice
-        reniced = U.Reniced(nice)  # this process and the load processes it starts (not the server)
+        reniced = U.Reniced(nice, srv.pid)  # this process and the load processes it starts (not the server)
         with reniced, LoadGen(srv.bootstrap, groups=args.groups, members=args.members, procs=args.procs,
                               group_prefix="small", hb_mode="one", hb_interval=args.hb_interval,
                               session_timeout_ms=30_000, kernel_stamps=True) as lg:
