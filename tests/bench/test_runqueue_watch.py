@@ -83,3 +83,38 @@ def test_all_threads_of_a_process_are_summed_for_a_name_that_asks_for_it():
     finally:
         stop.set()
         th.join()
+
+
+def test_reniced_lowers_this_process_its_children_and_its_own_autogroup_then_restores():
+    """bench's --load-nice: run in a process of its own session (its own autogroup), with this test's
+    process standing for the server, so nothing here is reniced."""
+    import json
+    import subprocess
+    import sys
+
+    code = """
+import json, os, subprocess, sys
+from bench import _util as U
+out = {"before": os.getpriority(os.PRIO_PROCESS, 0), "group_before": U.autogroup()}
+with U.Reniced(7, server_pid=int(sys.argv[1])) as r:
+    out["inside"] = os.getpriority(os.PRIO_PROCESS, 0)
+    out["child"] = int(subprocess.check_output([sys.executable, "-c", "import os; print(os.nice(0))"]))
+    out["group_inside"] = U.autogroup()
+out["after"] = os.getpriority(os.PRIO_PROCESS, 0)
+out["group_after"] = U.autogroup()
+out["restored"] = r.restored
+print(json.dumps(out))
+"""
+    res = subprocess.run([sys.executable, "-c", code, str(os.getpid())], capture_output=True, text=True,
+                         start_new_session=True, timeout=60, cwd=str(U.REPO))
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["inside"] == 7
+    assert out["child"] == out["inside"]  # the load processes it starts inherit it
+    if out["group_before"] is not None:  # autogroups on: its own session's group, lowered too
+        assert out["group_inside"][1] == 7
+    if out["restored"]:
+        assert out["after"] == out["before"]
+        assert out["group_after"] == out["group_before"]
+    else:  # lowering a nice value needs CAP_SYS_NICE
+        assert os.geteuid() != 0
