@@ -37,6 +37,19 @@ at the end and before the big group (herd only: null on Kafka); the server's CPU
 phase (``server_cpu_s``, /proc/<pid>/stat, every thread) on both.
 Targets (issue 31): small groups' heartbeat p99 < 50 ms, loop lag max < 0.1 s, formation < 10 s from the last join.
 
+Who had the CPU (server and load share this machine's cores): each phase's ``runqueue`` gives the
+seconds run and waited on a run queue (runnable, no CPU: the kernel's schedstat, sampled every
+50 ms by ``bench._util.RunQueueWatch``) of the daemon's loop thread (``daemon_loop``; Kafka: every
+thread, ``server_threads``), the small groups' load processes (``load``) and this process
+(``driver``: the big group's members); the heartbeat window's slowest 250 ms stretches carry the
+same waits (``top_buckets_runqueue_ms``). The small groups' heartbeat connections are read with
+the kernel's receive timestamps (``kernel_stamps``): ``hb_at_kernel_ms`` per phase and
+``latency_at_kernel_ms`` is each heartbeat from its send to its answer's receipt by the kernel, so
+a load process that waited for a CPU before reading an answer does not count that wait against
+the server (its wait between its send timestamp and the write is still counted).
+``--load-nice N``: the load (this process, the load processes, and their autogroup when the
+server runs in a session of its own, as herd and Kafka do here) at nice N, the server at 0.
+
 ``--trace-turns FILE``: the daemon records each loop callback's start and end
 (``bench/turn_trace_site``); ``python -m bench._turn_trace FILE`` lists the longest loop iterations
 and what filled them.
