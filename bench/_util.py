@@ -118,6 +118,13 @@ def proc_user_sys_seconds(pid: int) -> tuple[float, float]:
     return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
 
 
+def proc_children_cpu_seconds(pid: int) -> float:
+    """cutime + cstime: the CPU of a process's children it has waited for (herd's forked GC check)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[13]) + int(fields[14])) / CLK_TCK
+
+
 def proc_threads_cpu_ns(pid: int) -> dict[str, int]:
     """CPU ns per thread name (``schedstat`` sum_exec_runtime; threads of one name are summed).
 
@@ -331,13 +338,14 @@ class RunQueueWatch:
         return {name: {"run_s": round((b[name][0] - a[name][0]) / 1e9, 3),
                        "runqueue_wait_s": round((b[name][1] - a[name][1]) / 1e9, 3)} for name in b if name in a}
 
-    def in_buckets(self, start: float, keys: list[float], bucket: float = 0.25) -> dict[float, dict[str, float]]:
-        """Milliseconds each name waited for a CPU in the ``bucket``-second stretches that begin
+    def in_buckets(self, start: float, keys: list[float], bucket: float = 0.25) -> dict[float, dict[str, list]]:
+        """[ms run, ms waited for a CPU] of each name in the ``bucket``-second stretches that begin
         ``keys`` seconds after ``start`` (e.g. a heartbeat window's slowest buckets)."""
         out = {}
         for k in keys:
             d = self.between(start + k, start + k + bucket)
-            out[k] = {name: round(v["runqueue_wait_s"] * 1000, 1) for name, v in d.items()}
+            out[k] = {name: [round(v["run_s"] * 1000, 1), round(v["runqueue_wait_s"] * 1000, 1)]
+                      for name, v in d.items()}
         return out
 
 

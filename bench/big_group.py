@@ -405,7 +405,7 @@ def daemon_events(herd, w0_wall: float) -> list:
 
 def runqueue_in_slow_buckets(rq, w0: float, slow: dict) -> None:
     """Each of the heartbeat window's slowest 250 ms stretches, with how long each watched thread
-    waited for a CPU in it: [s into the window, slow heartbeats, {name: ms}]."""
+    ran and waited for a CPU in it: [s into the window, slow heartbeats, {name: [ms run, ms waited]}]."""
     waits = rq.in_buckets(w0, [k for k, _ in slow["top_buckets"]])
     slow["top_buckets_runqueue_ms"] = [[k, n, waits[k]] for k, n in slow["top_buckets"]]
 
@@ -483,9 +483,11 @@ def run(args) -> dict:
             th.start()
             lag0 = srv.lag()  # the loop lag before the big group (the small groups' join included)
             cpu0 = U.proc_cpu_seconds(srv.pid)
+            kids0 = U.proc_children_cpu_seconds(srv.pid)  # the forked GC checks it reaped
             time.sleep(args.baseline)
             lag1 = srv.lag()
             cpu1 = U.proc_cpu_seconds(srv.pid)
+            kids1 = U.proc_children_cpu_seconds(srv.pid)  # the forked GC checks it reaped
             spy = None
             if args.profile:  # py-spy on the daemon for the big group's two phases
                 os.makedirs(args.profile, exist_ok=True)
@@ -494,12 +496,15 @@ def run(args) -> dict:
             formed = loop.run_until_complete(big.form())
             lag2 = srv.lag()
             cpu2 = U.proc_cpu_seconds(srv.pid)
+            kids2 = U.proc_children_cpu_seconds(srv.pid)  # the forked GC checks it reaped
             time.sleep(args.settle)
             lag3 = srv.lag()
             cpu3 = U.proc_cpu_seconds(srv.pid)
+            kids3 = U.proc_children_cpu_seconds(srv.pid)  # the forked GC checks it reaped
             rebal = loop.run_until_complete(big.rebalance(getattr(args, "rejoin_spread", 0.0)))
             lag4 = srv.lag()
             cpu4 = U.proc_cpu_seconds(srv.pid)
+            kids4 = U.proc_children_cpu_seconds(srv.pid)  # the forked GC checks it reaped
             if spy is not None:
                 spy.__exit__(None, None, None)
             t_end = _now()
@@ -529,6 +534,9 @@ def run(args) -> dict:
                           "loop_lag": lag_delta(lag3, lag4), "daemon_cpu_s": cpu4 - cpu2,
                           "server_cpu_s": cpu4 - cpu3},
         }
+        for name, (a, b) in (("baseline", (kids0, kids1)), ("formation", (kids1, kids2)),
+                             ("rebalance", (kids3, kids4))):
+            out["phases"][name]["server_children_cpu_s"] = round(b - a, 3)
         out["timeline_s"] = {f"{ph}_{k[2:]}": round(v - w0, 3) for ph, d in (("form", formed), ("rebal", rebal))
                              for k, v in d.items() if k.startswith("t_") and v is not None}
         out["formation_s_from_last_join"] = formed["t_formed"] - formed["t_last_join"]

@@ -43,9 +43,9 @@ def test_waits_between_two_moments_and_in_buckets_come_from_the_samples(monkeypa
     assert whole["load"] == {"run_s": 0.24, "runqueue_wait_s": 0.015}  # both load processes summed
     # a moment between samples takes the sample before it
     assert rq.between(10.3, 10.6)["server"]["runqueue_wait_s"] == 0.1
-    assert rq.in_buckets(10.0, [0.0, 0.25, 0.5]) == {0.0: {"server": 40.0, "load": 10.0},
-                                                      0.25: {"server": 100.0, "load": 5.0},
-                                                      0.5: {"server": 0.0, "load": 0.0}}
+    assert rq.in_buckets(10.0, [0.0, 0.25, 0.5]) == {0.0: {"server": [200.0, 40.0], "load": [150.0, 10.0]},
+                                                      0.25: {"server": [100.0, 100.0], "load": [90.0, 5.0]},
+                                                      0.5: {"server": [200.0, 0.0], "load": [0.0, 0.0]}}
 
 
 def test_a_process_that_exits_keeps_its_last_sample_and_the_watch_samples_in_a_thread(monkeypatch):
