@@ -226,8 +226,17 @@ def _max_fd() -> int:
         return 65536
 
 
+# The child's walk is background work: at this nice value it yields the CPU to the event loop it was
+# forked from (same session, same autogroup: nice counts) and to everything else the machine runs. A
+# 10,000-member group's walk (~0.3-0.6 s of CPU) forked while the group formed took the loop's CPU
+# on a machine whose two cores were busy (bench/RESULTS.md 15.7); at 10 it gets ~10 % of a busy core,
+# so even then it answers well inside the minute.
+CHECK_NICE = 10
+
+
 def fork_check(schedule, timeout_s: float = 60.0, gc_module=gc):
-    """A ``check`` for ``GcWatch``: fork; the child counts the frozen set, unfreezes and collects
+    """A ``check`` for ``GcWatch``: fork; the child (at ``CHECK_NICE`` more than the parent's nice
+    value) counts the frozen set, unfreezes and collects
     everything, writes how many unreachable objects it found and how many were frozen, and exits
     at once (``os._exit``: no atexit, no flush, no
     other thread, nothing shared touched but the pipe); a thread of the parent waits for the
@@ -245,6 +254,10 @@ def fork_check(schedule, timeout_s: float = 60.0, gc_module=gc):
                 # shares with the parent (it gets EBADF); then no GcWatch (logging) in the child.
                 os.closerange(0, w)
                 os.closerange(w + 1, _max_fd())
+                try:
+                    os.nice(CHECK_NICE)  # background work: the loop (and the rest) first
+                except OSError:
+                    pass
                 gc_module.callbacks.clear()
                 exact = gc_module.get_freeze_count()  # the walk the parent does not make
                 gc_module.unfreeze()

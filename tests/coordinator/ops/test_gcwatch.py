@@ -307,3 +307,35 @@ def test_fork_check_answers_when_its_pipe_is_above_descriptor_1024():
             os.close(fd)
         if soft < 1100:
             resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork_check needs os.fork")
+def test_fork_check_walks_at_a_lower_cpu_priority_than_the_loop():
+    """The child's walk is background work: it runs CHECK_NICE above the daemon's nice value (here a
+    gc module whose collect() answers the child's own nice value)."""
+    from coordinator.ops import gcwatch
+
+    class NiceGc:
+        callbacks: list = []
+
+        @staticmethod
+        def get_freeze_count():
+            return 7
+
+        @staticmethod
+        def unfreeze():
+            pass
+
+        @staticmethod
+        def collect():
+            return os.getpriority(os.PRIO_PROCESS, 0)
+
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    answered = threading.Event()
+    results, found = [], []
+    fork_check(lambda fn: (results.append(fn), answered.set()), gc_module=NiceGc)(
+        lambda u, exact: found.append((u, exact)))
+    assert answered.wait(60), "no answer"
+    results.pop()()
+    assert found == [(min(19, mine + gcwatch.CHECK_NICE), 7)]
+    assert os.getpriority(os.PRIO_PROCESS, 0) == mine  # the parent (the loop) unchanged
