@@ -220,6 +220,31 @@ def _set_autogroup_nice(nice: int) -> None:
         f.write(str(nice))
 
 
+def _runqueue_main() -> None:
+    """RunQueueWatch's sampling process: samples every interval until its stdin closes, then once
+    more; one JSON line per sample on stdout."""
+    import json
+    import select
+
+    cfg = json.loads(sys.argv[1])
+    rq = RunQueueWatch(cfg["tasks"], cfg["interval"], all_threads=frozenset(cfg["all_threads"]), separate=False)
+    out = sys.stdout
+    poller = select.poll()
+    poller.register(sys.stdin.fileno(), select.POLLIN | select.POLLHUP)
+    rq.sample()
+    out.write("ready\n")
+    out.flush()
+    while True:
+        if poller.poll(cfg["interval"] * 1000):
+            if not os.read(sys.stdin.fileno(), 4096):
+                break
+        rq.sample()
+    rq.sample()
+    for t, got in rq.samples:
+        out.write(json.dumps([t, got]) + "\n")
+    out.flush()
+
+
 class Reniced:
     """``with Reniced(nice, server_pid):`` this process's threads (and the processes it starts
     meanwhile) at ``nice``, and so is its autogroup when the server has another one (a daemon started
@@ -263,7 +288,9 @@ def task_schedstat(pid: int, tid: int | None = None) -> tuple[int, int]:
 
 
 class RunQueueWatch:
-    """How long watched threads waited for a CPU, sampled every ``interval`` s in a thread.
+    """How long watched threads waited for a CPU, sampled every ``interval`` s in a process of its
+    own (``separate``, the default: a thread of a busy load process would sample only when that
+    process's GIL and CPU let it) or a thread.
 
     ``tasks`` maps a name to the pids whose main threads it sums (the daemon's event loop; the load
     processes); for a name in ``all_threads`` every thread of those pids (a JVM). On a machine whose
@@ -272,11 +299,13 @@ class RunQueueWatch:
     ``between`` and ``in_buckets`` say how much of a stretch that was."""
 
     def __init__(self, tasks: dict[str, list[int]], interval: float = 0.05, clock=time.perf_counter,
-                 all_threads: frozenset = frozenset()):
+                 all_threads: frozenset = frozenset(), separate: bool = True):
         import threading
 
         self.tasks = tasks
         self.all_threads = all_threads
+        self.separate = separate
+        self._proc = None
         self.interval = interval
         self.clock = clock
         self.samples: list[tuple[float, dict[str, tuple[int, int]]]] = []  # (t, name -> (run ns, wait ns))
@@ -313,13 +342,33 @@ class RunQueueWatch:
             self._stop.wait(self.interval)
 
     def __enter__(self):
-        self._thread.start()
+        if not self.separate:
+            self._thread.start()
+            return self
+        import json
+        import subprocess
+
+        cfg = {"tasks": self.tasks, "interval": self.interval, "all_threads": sorted(self.all_threads)}
+        self._proc = subprocess.Popen([sys.executable, "-c", "from bench._util import _runqueue_main; _runqueue_main()",
+                                       json.dumps(cfg)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      cwd=str(REPO), preexec_fn=die_with_parent)
+        if self._proc.stdout.readline() != b"ready\n":  # its first sample is taken
+            raise RuntimeError("the run-queue sampler did not start")
         return self
 
     def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join(5)
-        self.sample()
+        if self._proc is None:
+            self._stop.set()
+            self._thread.join(5)
+            self.sample()
+            return
+        import json
+
+        proc, self._proc = self._proc, None
+        out, _ = proc.communicate(timeout=30)  # closing its stdin stops it; it takes a last sample
+        for line in out.splitlines():
+            t, got = json.loads(line)
+            self.samples.append((t, {name: tuple(v) for name, v in got.items()}))
 
     def _at(self, t: float) -> dict[str, tuple[int, int]] | None:
         """The last sample taken at or before ``t`` (the first one if none)."""

@@ -277,7 +277,8 @@ def run(args) -> dict:
         reniced = U.Reniced(nice, herd.pid)  # this process and the load processes it starts (not the server)
         with reniced, LoadGen(herd.bootstrap, groups=args.groups, members=args.members, procs=args.procs,
                               group_prefix="small", hb_mode="one", hb_interval=args.hb_interval,
-                              session_timeout_ms=30_000, kernel_stamps=True) as lg:
+                              session_timeout_ms=30_000,
+                              kernel_stamps=getattr(args, "kernel_stamps", False)) as lg:
             out["load_params"] = lg.params()
             out["small_join"] = {k: v for k, v in lg.join().items() if k in ("seconds", "groups_joined",
                                                                              "groups_failed", "errors")}

@@ -58,12 +58,28 @@ def test_a_process_that_exits_keeps_its_last_sample_and_the_watch_samples_in_a_t
         return (len(calls) * 10**8, 0)
 
     monkeypatch.setattr(U, "task_schedstat", schedstat)
-    with U.RunQueueWatch({"a": [1], "b": [2]}, interval=0.01) as rq:
+    with U.RunQueueWatch({"a": [1], "b": [2]}, interval=0.01, separate=False) as rq:
         time.sleep(0.05)
     assert len(rq.samples) >= 3
     assert rq.samples[-1][1]["b"] == rq.samples[1][1]["b"]  # gone: its last sample stands, not an error
     assert rq.between(rq.samples[1][0], rq.samples[-1][0])["b"] == {"run_s": 0.0, "runqueue_wait_s": 0.0}
     assert rq.between(rq.samples[0][0], rq.samples[-1][0])["a"]["run_s"] > 0
+
+
+def test_the_watch_samples_from_a_process_of_its_own_on_the_same_clock():
+    """The default: a sampling process (a busy load process's thread would sample only when its GIL
+    let it), whose samples come back on this process's perf_counter clock."""
+    if not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/schedstat"):
+        pytest.skip("no /proc schedstat on this kernel")
+    t0 = time.perf_counter()
+    with U.RunQueueWatch({"me": [os.getpid()]}, interval=0.01) as rq:
+        cpu0 = time.thread_time()
+        while time.thread_time() - cpu0 < 0.1:  # 100 ms of this thread's CPU
+            pass
+    t1 = time.perf_counter()
+    assert len(rq.samples) >= 3
+    assert t0 <= rq.samples[0][0] and rq.samples[-1][0] <= t1
+    assert rq.between(t0, t1)["me"]["run_s"] >= 0.05  # most of the spinning was seen
 
 
 def test_all_threads_of_a_process_are_summed_for_a_name_that_asks_for_it():
@@ -75,7 +91,8 @@ def test_all_threads_of_a_process_are_summed_for_a_name_that_asks_for_it():
     th = threading.Thread(target=lambda: [None for _ in iter(lambda: stop.wait(0.001), True)])
     th.start()
     try:
-        rq = U.RunQueueWatch({"main": [os.getpid()], "all": [os.getpid()]}, all_threads=frozenset({"all"}))
+        rq = U.RunQueueWatch({"main": [os.getpid()], "all": [os.getpid()]}, all_threads=frozenset({"all"}),
+                             separate=False)
         rq.sample()
         run_main, _ = rq.samples[0][1]["main"]
         run_all, _ = rq.samples[0][1]["all"]
