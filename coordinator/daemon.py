@@ -344,7 +344,7 @@ class Daemon:
         """What watches and shows the running daemon, the same on a single node and a cluster
         node: GC tuning and its watch, stalls counted, the loop-lag probe, the console's log-end
         refresher (with a data cluster). Called by the node once its runtime runs."""
-        from coordinator.ops.gcwatch import GcWatch, fork_check
+        from coordinator.ops.gcwatch import CHECK_DELAY_S, GcWatch, fork_check
         from coordinator.ops.looplag import LoopLag
 
         config, metrics = self.config, self.metrics
@@ -356,10 +356,12 @@ class Daemon:
         # CPU while the group formed
         gc.set_threshold(YOUNG_GC_THRESHOLD, 10, 10)
         # The frozen set's periodic walk of everything runs in a forked child (gcwatch.fork_check)
-        # where fork exists: the loop pays the fork, not the walk (issue 31 item 4).
+        # where fork exists: the loop pays the fork, not the walk (issue 31 item 4); CHECK_DELAY_S
+        # after the doubling that calls for it, not in the middle of the ramp-up that caused it.
         schedule = self.loop.call_soon_threadsafe
         check = fork_check(schedule) if hasattr(os, "fork") else None
-        metrics.collectors.append(GcWatch(schedule=schedule, check=check).install().metric_lines)
+        metrics.collectors.append(GcWatch(schedule=schedule, check=check, check_delay_s=CHECK_DELAY_S,
+                                          call_later=self.loop.call_later).install().metric_lines)
         self.runtime.stall_listeners.append(metrics.on_stall)
         self.console.start(self.loop)  # the log-end refresher, if a data cluster is known: its own task
         if self.data is not None:

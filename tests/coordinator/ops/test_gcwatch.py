@@ -166,6 +166,27 @@ def test_a_doubling_is_checked_elsewhere_and_no_walk_happens_here_when_the_check
     w.uninstall()
 
 
+def test_a_doubling_is_checked_only_after_the_check_delay():
+    """The daemon's setting: the check of a doubling waits check_delay_s on the loop (the ramp-up
+    that doubled the frozen set, a big group forming, is not slowed by the fork and the walk)."""
+    g = FakeGc(frozen=1000)
+    scheduled, checks, timers = [], [], []
+    w = GcWatch(min_growth=100, schedule=scheduled.append, gc_module=g, check=checks.append, check_delay_s=30.0,
+                call_later=lambda delay, fn: timers.append((delay, fn))).install()
+    _doubled(g, w)
+    assert len(scheduled) == 1 and scheduled[0] != w.check_frozen
+    scheduled.pop()()  # on the loop: a timer, no check yet
+    assert timers == [(30.0, w.check_frozen)] and checks == []
+    g.live = 3000
+    g.collection(0)  # more growth meanwhile: still that one check pending
+    assert scheduled == [] and len(timers) == 1
+    timers.pop()[1]()
+    assert len(checks) == 1
+    checks.pop()(0, g.frozen)  # counted when it ran: the growth since the doubling included
+    assert w.checks == 1 and w.baseline == g.frozen and w.walks == 0
+    w.uninstall()
+
+
 def test_with_a_check_the_frozen_set_is_never_counted_here_and_a_high_estimate_costs_only_the_check():
     """The check counts the frozen set in the child: an estimate that erred high (frozen objects
     died) is corrected from that count with no walk here and no baseline moved; a real doubling is
