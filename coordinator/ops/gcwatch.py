@@ -28,7 +28,8 @@ the loop (below) not even that walk is made here: the child counts the frozen se
 it collects, and an estimate that erred high costs one fork (the recount was 24 ms at a
 10,000-member group, twice while it formed).
 
-Checking off the loop (``check=fork_check``, the daemon's default; issue 31 item 4): that walk of
+Checking off the loop (``check=fork_check``, the daemon's default, ``CHECK_DELAY_S`` after the
+doubling that calls for it, at nice +10; issue 31 item 4): that walk of
 everything stopped the loop 320-650 ms in every run with a 10,000-member group (250,000-290,000
 frozen objects then: ~30,000 of the process itself, 10 per connection, ~5 per classic member;
 ``bench/gc_census.py``), for nothing when the frozen set holds no garbage, which is the rule for
