@@ -132,6 +132,7 @@ def test_the_frozen_set_is_not_counted_after_every_collection_only_when_it_may_h
 
 import os  # noqa: E402
 import socket  # noqa: E402
+import sys  # noqa: E402
 import threading  # noqa: E402
 
 from coordinator.ops.gcwatch import fork_check  # noqa: E402
@@ -332,8 +333,8 @@ def test_fork_check_answers_when_its_pipe_is_above_descriptor_1024():
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork_check needs os.fork")
 def test_fork_check_walks_at_a_lower_cpu_priority_than_the_loop():
-    """The child's walk is background work: it runs CHECK_NICE above the daemon's nice value (here a
-    gc module whose collect() answers the child's own nice value)."""
+    """The child's walk is background work: it runs CHECK_NICE above the daemon's nice value and
+    under SCHED_IDLE (here a gc module whose collect() answers the child's own nice and policy)."""
     from coordinator.ops import gcwatch
 
     class NiceGc:
@@ -349,7 +350,8 @@ def test_fork_check_walks_at_a_lower_cpu_priority_than_the_loop():
 
         @staticmethod
         def collect():
-            return os.getpriority(os.PRIO_PROCESS, 0)
+            idle = hasattr(os, "SCHED_IDLE") and os.sched_getscheduler(0) == os.SCHED_IDLE
+            return os.getpriority(os.PRIO_PROCESS, 0) * 10 + idle
 
     mine = os.getpriority(os.PRIO_PROCESS, 0)
     answered = threading.Event()
@@ -358,5 +360,6 @@ def test_fork_check_walks_at_a_lower_cpu_priority_than_the_loop():
         lambda u, exact: found.append((u, exact)))
     assert answered.wait(60), "no answer"
     results.pop()()
-    assert found == [(min(19, mine + gcwatch.CHECK_NICE), 7)]
+    idle = int(hasattr(os, "SCHED_IDLE") and sys.platform.startswith("linux"))  # and where it exists, SCHED_IDLE
+    assert found == [(min(19, mine + gcwatch.CHECK_NICE) * 10 + idle, 7)]
     assert os.getpriority(os.PRIO_PROCESS, 0) == mine  # the parent (the loop) unchanged
