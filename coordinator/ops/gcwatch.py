@@ -41,8 +41,11 @@ parent's loop pays only the fork (page tables: ms, logged as ``fork_ms``) and go
 waits for the answer (``poll``: the pipe's descriptor is far above 1,024 with 10,000 connections).
 If the child found at most ``max_garbage_share`` (1%) of the frozen set unreachable, the current
 size becomes the baseline (``gc.checked_frozen``); otherwise, or when the check fails (no fork,
-a child that errs or does not answer within a minute: killed; ``gc.check_failed``), the parent
-walks everything itself as before (``walk_all``), freeing it.
+a child that errs: ``gc.check_failed``), the parent walks everything itself as before
+(``walk_all``), freeing it. A child that does not answer within a minute (it runs only on a CPU
+nothing else wants: a machine busy all that time) is killed (``gc.check_timed_out``,
+``herd_gc_frozen_check_timeouts_total``) and the check is tried again later, not replaced by a walk
+that would stop the loop of that busy machine; meanwhile the bound below waits with it.
 
 The bound on cyclic garbage hidden among frozen objects, F the frozen set and C its size at the
 last check or walk: at that moment at most 1% of C (more is freed at once), and since then at most
@@ -95,6 +98,7 @@ class GcWatch:
         self.check_delay_s = check_delay_s
         self.call_later = call_later
         self.checks = 0  # checks off the loop that found (almost) no garbage: no walk here
+        self.timeouts = 0  # checks whose child did not answer in time (tried again later)
         self.last_check: dict = {}
         self.last_check_start_ms = 0.0
 
@@ -160,15 +164,22 @@ class GcWatch:
         frozen = self.frozen
         started = time.perf_counter()
         try:
-            self.check(lambda found, exact=None: self._checked(found, frozen, exact))
+            self.check(lambda found, exact=None, timed_out=False: self._checked(found, frozen, exact, timed_out))
             self.last_check_start_ms = round((time.perf_counter() - started) * 1000, 1)  # the fork, on the loop
         except Exception as e:  # e.g. fork refused (memory): walk here, as without a check
             log.warning("gc.check_failed", error=repr(e))
             self._checked(None, frozen)
 
-    def _checked(self, found, frozen: int, exact: int | None = None) -> None:
+    def _checked(self, found, frozen: int, exact: int | None = None, timed_out: bool = False) -> None:
         """The check's answer: ``found`` unreachable objects (None: it failed) among the frozen set,
-        estimated at ``frozen`` when it started and counted ``exact`` by the check (None: not)."""
+        estimated at ``frozen`` when it started and counted ``exact`` by the check (None: not).
+        ``timed_out``: the child got no CPU to finish in time (it runs only on a CPU nothing else
+        wants: a machine busy for that long): no walk here, which would stop the loop on that busy
+        machine; the next collection finds the doubling still unchecked and schedules another."""
+        if timed_out:
+            self._walk_scheduled = False
+            self.timeouts += 1
+            return
         if exact is not None:
             grown = self.frozen - frozen  # survivors frozen here since the check started
             self.frozen = exact + grown
@@ -209,7 +220,11 @@ class GcWatch:
                   "no garbage to free (each one a walk of everything the event loop did not pay).",
                   "# TYPE herd_gc_frozen_checks_total counter", f"herd_gc_frozen_checks_total {self.checks}",
                   "# HELP herd_gc_full_walks_total Walks of everything (frozen set included) on the event loop.",
-                  "# TYPE herd_gc_full_walks_total counter", f"herd_gc_full_walks_total {self.walks}"]
+                  "# TYPE herd_gc_full_walks_total counter", f"herd_gc_full_walks_total {self.walks}",
+                  "# HELP herd_gc_frozen_check_timeouts_total Forked checks that got no CPU to answer in time "
+                  "(tried again later).",
+                  "# TYPE herd_gc_frozen_check_timeouts_total counter",
+                  f"herd_gc_frozen_check_timeouts_total {self.timeouts}"]
         return lines
 
     def _metric_lines(self) -> list[str]:
@@ -258,8 +273,9 @@ def fork_check(schedule, timeout_s: float = 60.0, gc_module=gc):
     everything, writes how many unreachable objects it found and how many were frozen, and exits
     at once (``os._exit``: no atexit, no flush, no
     other thread, nothing shared touched but the pipe); a thread of the parent waits for the
-    answer (at most ``timeout_s``, then kills the child: answer None) and hands it to the loop
-    through ``schedule`` (thread-safe, e.g. ``loop.call_soon_threadsafe``): ``done(found, frozen)``."""
+    answer (at most ``timeout_s``, then kills the child: answer None, ``timed_out`` True) and hands
+    it to the loop through ``schedule`` (thread-safe, e.g. ``loop.call_soon_threadsafe``):
+    ``done(found, frozen[, timed_out])``."""
 
     def check(done) -> None:
         r, w = os.pipe()
@@ -294,6 +310,7 @@ def fork_check(schedule, timeout_s: float = 60.0, gc_module=gc):
 
         def wait() -> None:
             found = exact = None
+            timed_out = False
             try:
                 poller = select.poll()  # not select(): the daemon's descriptors go far above 1,024
                 poller.register(r, select.POLLIN)
@@ -304,7 +321,8 @@ def fork_check(schedule, timeout_s: float = 60.0, gc_module=gc):
                     else:
                         log.warning("gc.check_failed", error=data.decode(errors="replace") or "no answer")
                 else:
-                    log.warning("gc.check_failed", error=f"no answer in {timeout_s} s")
+                    log.warning("gc.check_timed_out", error=f"no answer in {timeout_s} s: tried again later")
+                    timed_out = True
                     os.kill(pid, 9)
             except (OSError, ValueError) as e:
                 log.warning("gc.check_failed", error=repr(e))
@@ -316,7 +334,7 @@ def fork_check(schedule, timeout_s: float = 60.0, gc_module=gc):
                 except ChildProcessError:
                     pass
             try:
-                schedule(lambda: done(found, exact))
+                schedule(lambda: done(found, exact, timed_out) if timed_out else done(found, exact))
             except RuntimeError:  # the loop closed meanwhile (shutdown): nothing to decide
                 pass
 

@@ -254,7 +254,7 @@ def test_exposition_parses_and_follows_the_conventions(herd):
         "herd_log_fsyncs_total": "counter", "herd_shard_replay_seconds": "gauge",
         "herd_connections": "gauge", "herd_members_removed_total": "counter",
         "herd_gc_frozen_objects": "gauge", "herd_gc_frozen_checks_total": "counter",
-        "herd_gc_full_walks_total": "counter",
+        "herd_gc_full_walks_total": "counter", "herd_gc_frozen_check_timeouts_total": "counter",
     }.items():
         assert kinds.get(name) == kind, (name, kinds.get(name))
     # every state has a series, so a dashboard sees zeros instead of gaps

@@ -167,6 +167,26 @@ def test_a_doubling_is_checked_elsewhere_and_no_walk_happens_here_when_the_check
     w.uninstall()
 
 
+def test_a_check_that_timed_out_is_tried_again_later_and_nothing_is_walked_here():
+    """The child runs only on a CPU nothing else wants: on a machine busy for its whole minute it
+    does not answer; walking everything on the loop then would stall that busy machine's loop."""
+    g = FakeGc(frozen=1000)
+    scheduled, checks = [], []
+    w = GcWatch(min_growth=100, schedule=scheduled.append, gc_module=g, check=checks.append).install()
+    _doubled(g, w)
+    scheduled.pop()()
+    checks.pop()(None, None, True)  # no answer in time
+    assert w.walks == 0 and "unfreeze" not in g.calls and w.timeouts == 1 and w.checks == 0
+    assert "herd_gc_frozen_check_timeouts_total 1" in "\n".join(w.metric_lines())
+    g.live = 1
+    g.collection(0)  # the next collection: the doubling is still unchecked
+    assert scheduled == [w.check_frozen]
+    scheduled.pop()()
+    checks.pop()(0)
+    assert w.checks == 1 and w.walks == 0
+    w.uninstall()
+
+
 def test_a_doubling_is_checked_only_after_the_check_delay():
     """The daemon's setting: the check of a doubling waits check_delay_s on the loop (the ramp-up
     that doubled the frozen set, a big group forming, is not slowed by the fork and the walk)."""
@@ -363,3 +383,32 @@ def test_fork_check_walks_at_a_lower_cpu_priority_than_the_loop():
     idle = int(hasattr(os, "SCHED_IDLE") and sys.platform.startswith("linux"))  # and where it exists, SCHED_IDLE
     assert found == [(min(19, mine + gcwatch.CHECK_NICE) * 10 + idle, 7)]
     assert os.getpriority(os.PRIO_PROCESS, 0) == mine  # the parent (the loop) unchanged
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork_check needs os.fork")
+def test_fork_check_kills_a_child_that_does_not_answer_in_time_and_says_it_timed_out():
+    class SlowGc:
+        callbacks: list = []
+
+        @staticmethod
+        def get_freeze_count():
+            return 1
+
+        @staticmethod
+        def unfreeze():
+            pass
+
+        @staticmethod
+        def collect():
+            import time as _t
+
+            _t.sleep(30)  # a child that gets no CPU, as far as the parent can tell
+            return 0
+
+    answered = threading.Event()
+    results, found = [], []
+    fork_check(lambda fn: (results.append(fn), answered.set()), timeout_s=0.3, gc_module=SlowGc)(
+        lambda *a: found.append(a))
+    assert answered.wait(20), "no answer"
+    results.pop()()
+    assert found == [(None, None, True)]
