@@ -360,8 +360,12 @@ class Daemon:
         # after the doubling that calls for it, not in the middle of the ramp-up that caused it.
         schedule = self.loop.call_soon_threadsafe
         check = fork_check(schedule) if hasattr(os, "fork") else None
-        metrics.collectors.append(GcWatch(schedule=schedule, check=check, check_delay_s=CHECK_DELAY_S,
-                                          call_later=self.loop.call_later).install().metric_lines)
+        gcwatch = GcWatch(schedule=schedule, check=check, check_delay_s=CHECK_DELAY_S,
+                          call_later=self.loop.call_later).install()
+        metrics.collectors.append(gcwatch.metric_lines)
+        # a burst of rebalance work freezes its new objects at the end of each of its turns instead
+        # of stopping for young collections that would free nothing (GcWatch.freeze_young)
+        self.server.turns.after_turn = gcwatch.freeze_young
         self.runtime.stall_listeners.append(metrics.on_stall)
         self.console.start(self.loop)  # the log-end refresher, if a data cluster is known: its own task
         if self.data is not None:

@@ -52,6 +52,9 @@ class Turns:
         self.hold_back_after = hold_back_after
         self.deferred_reads = 0  # rebalance requests read and deferred in this turn
         self.on_burst = None  # called when they reach hold_back_after (once per turn)
+        # called at the end of each turn that handled rebalance work (the daemon: GcWatch.freeze_young,
+        # so a burst of joins is not interrupted by young collections that would free nothing)
+        self.after_turn = None
         # the connections whose ``rejoin_likely`` is set (kept as it changes: a burst looks at these
         # only, not at every connection)
         self.likely: set = set()
@@ -125,6 +128,8 @@ class Turns:
     def _next_turn(self) -> None:
         self.open = False
         self.deferred_reads = 0
+        if self.after_turn is not None:
+            self.after_turn()
         waiting = self.waiting
         while waiting and not self.spent():
             conn = waiting.popleft()

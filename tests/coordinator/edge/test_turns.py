@@ -162,3 +162,19 @@ def test_what_a_connection_sent_last_says_whether_a_rejoin_is_likely():
     assert c.rejoin_likely is True
     turns.defers(c, frame(3))  # Metadata, FindCoordinator, ...: they say nothing either way
     assert c.rejoin_likely is True
+
+
+def test_the_end_of_each_turn_with_rebalance_work_calls_after_turn_once():
+    turns, clock, scheduled = make()
+    ends = []
+    turns.after_turn = lambda: ends.append(clock.t)
+    log = []
+    a, b, hb = (Conn(n, log) for n in "abh")
+    assert not turns.defers(hb, frame(HEARTBEAT))  # a heartbeat opens no turn
+    assert scheduled == []
+    assert not turns.defers(a, frame(JOIN))
+    assert not turns.defers(b, frame(SYNC))
+    assert len(scheduled) == 1 and ends == []
+    clock.t = 0.004
+    scheduled.pop()()  # the turn ends
+    assert ends == [0.004]

@@ -24,6 +24,9 @@ class FakeGc:
         self.counts += 1
         return self.frozen
 
+    def get_count(self):
+        return (self.live, 0, 0)
+
     def get_objects(self, generation):
         return [None] * self.live if generation == 1 else []
 
@@ -185,6 +188,38 @@ def test_a_check_that_timed_out_is_tried_again_later_and_nothing_is_walked_here(
     checks.pop()(0)
     assert w.checks == 1 and w.walks == 0
     w.uninstall()
+
+
+def test_a_turn_of_rebalance_work_freezes_its_young_objects_without_a_collection_and_counts_them():
+    g = FakeGc(frozen=1000)
+    scheduled, checks = [], []
+    w = GcWatch(min_growth=100, schedule=scheduled.append, gc_module=g, check=checks.append).install()
+    w.freeze_young()  # nothing new: nothing done
+    assert g.calls == [] and w.young_freezes == 0
+    g.live = 600
+    w.freeze_young()
+    assert g.calls == ["freeze"] and "collect" not in g.calls and g.frozen == 1600 and w.frozen == 1600
+    assert w.young_freezes == 1 and scheduled == []
+    g.live = 600  # 2,200 > 2 * 1,000 + 100: the doubling is noticed here too
+    w.freeze_young()
+    assert scheduled == [w.check_frozen]
+    w.uninstall()
+
+
+def test_freeze_young_on_the_real_gc_resets_the_young_count():
+    w = GcWatch(schedule=None)
+    gc.collect()
+    gc.freeze()
+    try:
+        keep = [[] for _ in range(500)]  # tracked objects that survive
+        before = gc.get_freeze_count()
+        assert gc.get_count()[0] >= 500
+        w.freeze_young()
+        assert gc.get_count()[0] < 10 and gc.get_freeze_count() >= before + 500 and w.frozen >= w.baseline + 500
+        del keep
+    finally:
+        gc.unfreeze()
+        gc.collect()
 
 
 def test_a_doubling_is_checked_only_after_the_check_delay():
