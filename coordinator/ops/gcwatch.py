@@ -17,6 +17,14 @@ and walked once (``walk_all``, scheduled on the event loop) whenever it has doub
 walk of everything (plus ``min_growth`` objects), so that cost is amortised over growth (it comes
 during a ramp-up, while the state grows) and a steady state (stable groups) never pays it.
 
+During a burst of rebalance work (``freeze_young``, called at the end of each loop turn that
+handled some: ``edge.turns.Turns.after_turn``) the new objects are frozen without a collection:
+young collections in a 10,000-member group's joins walked up to the threshold of survivors, freed
+nothing and stopped the loop 3.5-34 ms each (bench/RESULTS.md 15.7). Cyclic garbage made then is
+left to the checks below, as a collection's survivors are. (A collection also stops tracking
+tuples and dicts that hold only untracked values; frozen without one, they stay tracked: the
+frozen set after a 10,000-member group was ~395,000 objects instead of ~278,000, all reachable.)
+
 Counting the frozen set is itself a walk: ``gc.get_freeze_count()`` follows the whole permanent
 generation's list (24-29 ms for 1.4 million objects measured; at 100,000 members it stalled the
 loop for 20-50 ms after every young collection, as often as every few seconds). So the count is
