@@ -363,8 +363,9 @@ class Daemon:
         gcwatch = GcWatch(schedule=schedule, check=check, check_delay_s=CHECK_DELAY_S,
                           call_later=self.loop.call_later).install()
         metrics.collectors.append(gcwatch.metric_lines)
-        # a burst of rebalance work freezes its new objects at the end of each of its turns instead
-        # of stopping for young collections that would free nothing (GcWatch.freeze_young)
+        # a burst of rebalance work (over a turn's budget) freezes its new objects at the end of
+        # each of its turns instead of stopping for young collections that would free nothing
+        # (GcWatch.freeze_young); ordinary turns keep the usual collections
         self.server.turns.after_turn = gcwatch.freeze_young
         self.runtime.stall_listeners.append(metrics.on_stall)
         self.console.start(self.loop)  # the log-end refresher, if a data cluster is known: its own task

@@ -32,7 +32,10 @@ from __future__ import annotations
 import time
 from collections import deque
 
+from coordinator import logging_setup
 from protocol.fastpath import consumer_heartbeat_is_rebalance_work
+
+log = logging_setup.get("herd.edge")
 
 REBALANCE_APIS = frozenset({11, 13, 14})  # JoinGroup, LeaveGroup, SyncGroup
 CONSUMER_GROUP_HEARTBEAT = 68  # waits here unless it is a member's steady heartbeat
@@ -52,8 +55,9 @@ class Turns:
         self.hold_back_after = hold_back_after
         self.deferred_reads = 0  # rebalance requests read and deferred in this turn
         self.on_burst = None  # called when they reach hold_back_after (once per turn)
-        # called at the end of each turn that handled rebalance work (the daemon: GcWatch.freeze_young,
-        # so a burst of joins is not interrupted by young collections that would free nothing)
+        # called at the end of each turn of a burst (rebalance work over the turn's budget; the
+        # daemon: GcWatch.freeze_young, so a big group's joins are not interrupted by young
+        # collections that would free nothing; ordinary turns keep the usual collections)
         self.after_turn = None
         # the connections whose ``rejoin_likely`` is set (kept as it changes: a burst looks at these
         # only, not at every connection)
@@ -127,9 +131,13 @@ class Turns:
 
     def _next_turn(self) -> None:
         self.open = False
+        burst = self.deferred_reads or self.waiting  # this turn had more rebalance work than its budget
         self.deferred_reads = 0
-        if self.after_turn is not None:
-            self.after_turn()
+        if burst and self.after_turn is not None:
+            try:
+                self.after_turn()
+            except Exception:  # our bug: logged; the waiting connections must still get their turns
+                log.exception("error at the end of a turn")
         waiting = self.waiting
         while waiting and not self.spent():
             conn = waiting.popleft()

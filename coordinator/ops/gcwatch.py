@@ -17,8 +17,9 @@ and walked once (``walk_all``, scheduled on the event loop) whenever it has doub
 walk of everything (plus ``min_growth`` objects), so that cost is amortised over growth (it comes
 during a ramp-up, while the state grows) and a steady state (stable groups) never pays it.
 
-During a burst of rebalance work (``freeze_young``, called at the end of each loop turn that
-handled some: ``edge.turns.Turns.after_turn``) the new objects are frozen without a collection:
+During a burst of rebalance work (``freeze_young``, called at the end of each loop turn that had
+more of it than the turn's budget: ``edge.turns.Turns.after_turn``; ordinary turns keep the usual
+collections) the new objects are frozen without a collection:
 young collections in a 10,000-member group's joins walked up to the threshold of survivors, freed
 nothing and stopped the loop 3.5-34 ms each (bench/RESULTS.md 15.7). Cyclic garbage made then is
 left to the checks below, as a collection's survivors are. (A collection also stops tracking
@@ -169,7 +170,7 @@ class GcWatch:
 
     def freeze_young(self) -> None:
         """Freeze what was allocated since the last collection or freeze, without collecting it:
-        called at the end of each loop turn that handled rebalance work. A big group's burst of
+        called at the end of each loop turn of a burst (more rebalance work than its budget). A big group's burst of
         joins makes long-lived objects (members, their metadata, the answers) and its garbage dies
         by reference counting, so a young collection in the middle of it walks up to the threshold
         of survivors, frees nothing, and stops the loop 3.5-34 ms each time (bench/RESULTS.md

@@ -164,17 +164,26 @@ def test_what_a_connection_sent_last_says_whether_a_rejoin_is_likely():
     assert c.rejoin_likely is True
 
 
-def test_the_end_of_each_turn_with_rebalance_work_calls_after_turn_once():
+def test_after_turn_is_called_at_the_end_of_a_turn_of_a_burst_only_and_its_error_keeps_nobody_waiting():
     turns, clock, scheduled = make()
     ends = []
-    turns.after_turn = lambda: ends.append(clock.t)
+
+    def after():
+        ends.append(clock.t)
+        raise RuntimeError("a bug in the hook")
+
+    turns.after_turn = after
     log = []
-    a, b, hb = (Conn(n, log) for n in "abh")
+    a, b, c, hb = (Conn(n, log) for n in "abch")
     assert not turns.defers(hb, frame(HEARTBEAT))  # a heartbeat opens no turn
     assert scheduled == []
     assert not turns.defers(a, frame(JOIN))
     assert not turns.defers(b, frame(SYNC))
-    assert len(scheduled) == 1 and ends == []
     clock.t = 0.004
-    scheduled.pop()()  # the turn ends
-    assert ends == [0.004]
+    scheduled.pop()()  # an ordinary turn (within its budget) ends: no hook
+    assert ends == []
+    assert not turns.defers(a, frame(JOIN))  # the next turn
+    clock.t = 0.020
+    assert turns.defers(c, frame(JOIN))  # over the budget: c waits
+    scheduled.pop()()  # the burst's turn ends: the hook, and c still gets its turn despite its error
+    assert ends == [0.020] and log == ["c"]
