@@ -59,9 +59,10 @@ from bench.big_group import (
     lag_delta,
     loop_lag,
     phase_stats,
+    small_group_load,
     turn_trace_env,
 )
-from bench.loadgen import DEFAULTS, CgTrack, ConnectionLost, LoadGen, Worker, open_conns
+from bench.loadgen import DEFAULTS, CgTrack, ConnectionLost, Worker, open_conns
 from protocol import errors as E
 from protocol import messages as m
 
@@ -272,13 +273,9 @@ def run(args) -> dict:
                   extra_args=extra, env=env) as herd:
         mport = herd.wait_metrics_port(30)
         out["data_fs"] = U.filesystem_of(herd.data_dir)
-        nice = getattr(args, "load_nice", 0)
-        out["load_nice"] = nice
-        reniced = U.Reniced(nice, herd.pid)  # this process and the load processes it starts (not the server)
-        with reniced, LoadGen(herd.bootstrap, groups=args.groups, members=args.members, procs=args.procs,
-                              group_prefix="small", hb_mode="one", hb_interval=args.hb_interval,
-                              session_timeout_ms=30_000,
-                              kernel_stamps=getattr(args, "kernel_stamps", False)) as lg:
+        nice = out["load_nice"] = getattr(args, "load_nice", 0)
+        reniced, load = small_group_load(args, herd.bootstrap, herd.pid)
+        with reniced, load as lg:
             out["load_params"] = lg.params()
             out["small_join"] = {k: v for k, v in lg.join().items() if k in ("seconds", "groups_joined",
                                                                              "groups_failed", "errors")}

@@ -133,6 +133,16 @@ def add_small_group_args(ap) -> None:
                          "so it yields the shared cores to the server (0: no change)")
 
 
+def small_group_load(args, bootstrap: str, server_pid: int) -> tuple:
+    """(Reniced, LoadGen) for the small groups, shared with bench.big_consumer_group: ``--load-nice``
+    lowers this process and the load processes it starts (not the server)."""
+    reniced = U.Reniced(getattr(args, "load_nice", 0), server_pid)
+    load = LoadGen(bootstrap, groups=args.groups, members=args.members, procs=args.procs, group_prefix="small",
+                   hb_mode="one", hb_interval=args.hb_interval, session_timeout_ms=30_000,
+                   kernel_stamps=getattr(args, "kernel_stamps", False))
+    return reniced, load
+
+
 class HerdServer:
     """herd for the big group: ``--metrics-port 0`` (the loop lag), room for every connection,
     optionally the daemon of another revision (``--rev``)."""
@@ -447,13 +457,9 @@ def run(args) -> dict:
         out.update(srv.info)
         # the small groups' and the big group's coordinator answer (Kafka: their offsets partitions loaded)
         out["coordinator_wait_s"] = max(wait_coordinator(srv.bootstrap, g) for g in (GROUP, "small-0000000"))
-        nice = getattr(args, "load_nice", 0)
-        out["load_nice"] = nice
-        reniced = U.Reniced(nice, srv.pid)  # this process and the load processes it starts (not the server)
-        with reniced, LoadGen(srv.bootstrap, groups=args.groups, members=args.members, procs=args.procs,
-                              group_prefix="small", hb_mode="one", hb_interval=args.hb_interval,
-                              session_timeout_ms=30_000,
-                              kernel_stamps=getattr(args, "kernel_stamps", False)) as lg:
+        nice = out["load_nice"] = getattr(args, "load_nice", 0)
+        reniced, load = small_group_load(args, srv.bootstrap, srv.pid)
+        with reniced, load as lg:
             out["load_params"] = lg.params()
             if args.pin:
                 from bench.scale import _pin

@@ -170,9 +170,9 @@ class GcWatch:
 
     def freeze_young(self) -> None:
         """Freeze what was allocated since the last collection or freeze, without collecting it:
-        called at the end of each loop turn of a burst (more rebalance work than its budget). A big group's burst of
-        joins makes long-lived objects (members, their metadata, the answers) and its garbage dies
-        by reference counting, so a young collection in the middle of it walks up to the threshold
+        called at the end of each loop turn of a burst (more rebalance work than its budget). A
+        big group's burst of joins makes long-lived objects (members, their metadata, the answers)
+        and its garbage dies by reference counting, so a young collection in the middle of it walks up to the threshold
         of survivors, frees nothing, and stops the loop 3.5-34 ms each time (bench/RESULTS.md
         15.7); freezing them resets the young count instead (an O(1) list splice). Cyclic garbage
         made meanwhile is left to the frozen set's checks, as the survivors of a collection are;
