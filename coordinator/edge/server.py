@@ -89,6 +89,7 @@ SASL_MAX_RECEIVE_SIZE = 512 * 1024
 TLS_HANDSHAKE_TIMEOUT = 10.0
 REFUSED_LOG_INTERVAL = 10.0  # seconds between "too many connections" warnings
 REARM_PER_TURN = 128  # held-back connections read again per loop turn (Server.hold_back)
+CLOSE_PER_TURN = 256  # connections whose client closed, closed by us per loop turn (Server.close_soon)
 BURST_LOG_INTERVAL = 1.0  # seconds between "reading held back" lines
 # Log lines about what a client sent: its fields cut to LOG_FIELD_MAX characters, and at most
 # LOG_BURST lines of a kind per peer address every LOG_WINDOW_S seconds (the rest counted in
@@ -327,6 +328,19 @@ class Connection(asyncio.Protocol):
         self.pending_ids.append((group_id, member_id))
         if len(self.pending_ids) > PENDING_IDS_KEPT:
             del self.pending_ids[0]
+
+    def eof_received(self):
+        """The client closed its side (it sends nothing more). uvloop would close the transport at
+        once, and the close() system calls of every connection whose EOF one poll phase read would
+        then run in the next loop turn: 10,000 clients gone at once held the loop 0.2-0.3 s (bench
+        RESULTS 15.8). So the connection is done here (nothing more is handled or answered, as on
+        uvloop's own close) and its transport closed in a later turn, CLOSE_PER_TURN a turn
+        (``Server.close_soon``). TLS transports close as before (their EOF cannot be kept open)."""
+        if self.server.tls:
+            return None
+        self.closed = True
+        self.server.close_soon(self)
+        return True
 
     def connection_lost(self, exc):
         self.closed = True
@@ -984,6 +998,10 @@ class Server:
         self.turns.on_burst = self.hold_back
         self.held_back: deque[Connection] = deque()
         self.rearm_per_turn = REARM_PER_TURN
+        self.tls = security is not None and security.ssl_context is not None
+        self.to_close: deque[Connection] = deque()  # their client closed; closed by us in turns
+        self.close_per_turn = CLOSE_PER_TURN
+        self.close_scheduled = False
         self.rearm_scheduled = False
         self.read_bursts = 0
         self.held_back_total = 0
@@ -1063,6 +1081,25 @@ class Server:
         if conn.accounted:
             self.buffered_change(conn, -conn.accounted)
             conn.accounted = 0
+
+    def close_soon(self, conn: Connection) -> None:
+        """Close ``conn``'s transport in a later loop turn, ``close_per_turn`` a turn (see
+        Connection.eof_received)."""
+        self.to_close.append(conn)
+        if not self.close_scheduled:
+            self.close_scheduled = True
+            self._call_soon(self._close_some)
+
+    def _close_some(self) -> None:
+        queue = self.to_close
+        for _ in range(min(len(queue), self.close_per_turn)):
+            transport = queue.popleft().transport
+            if transport is not None:
+                transport.close()  # what uvloop does at an EOF: connection_lost follows next turn
+        if queue:
+            self._call_soon(self._close_some)
+        else:
+            self.close_scheduled = False
 
     def hold_back(self) -> None:
         """A burst of rebalance requests is being read (edge/turns.py: ``hold_back_after`` of them
@@ -1228,6 +1265,10 @@ class Server:
             self._idle_timer.cancel()
 
     def close_all(self) -> None:
+        while self.to_close:
+            conn = self.to_close.popleft()
+            if conn.transport is not None:
+                conn.transport.close()
         for conn in list(self.connections):
             if conn.transport is not None and not conn.closed:
                 conn.closed = True
