@@ -277,6 +277,10 @@ def run(args) -> dict:
         reniced, load = small_group_load(args, herd.bootstrap, herd.pid)
         with reniced, load as lg:
             out["load_params"] = lg.params()
+            if args.pin:
+                from bench.scale import _pin
+
+                out["pinning"] = _pin(herd.pid, [c.pid for c in lg.children])
             out["small_join"] = {k: v for k, v in lg.join().items() if k in ("seconds", "groups_joined",
                                                                              "groups_failed", "errors")}
             try:

@@ -131,6 +131,9 @@ def add_small_group_args(ap) -> None:
                     help="run the load (the small groups' processes and this one, the big group's members) at "
                          "this nice value, the server at its own: the load stands for clients on other machines, "
                          "so it yields the shared cores to the server (0: no change)")
+    ap.add_argument("--pin", action="store_true", help="the daemon on the first CPU, the load (this process "
+                    "and the small groups' processes) on the others, as bench.scale --pin: a server with a "
+                    "core of its own, its clients elsewhere")
 
 
 def small_group_load(args, bootstrap: str, server_pid: int) -> tuple:
@@ -626,8 +629,6 @@ def main(argv=None):
     ap.add_argument("--kafka-heap", default="2g", help="the Kafka broker's -Xmx")
     ap.add_argument("--kafka-config", action="append", default=None, metavar="KEY=VALUE",
                     help="an extra server.properties line for the Kafka broker (repeatable)")
-    ap.add_argument("--pin", action="store_true", help="the daemon on the first CPU, the load (this process "
-                    "and the small groups' processes) on the others, as bench.scale --pin")
     ap.add_argument("--profile", default=None, help="directory: py-spy the daemon during the big group's phases")
     ap.add_argument("--profile-rate", type=int, default=200)
     ap.add_argument("--trace-turns", default=None, help="file: the daemon records each loop callback's "
