@@ -333,7 +333,7 @@ class Connection(asyncio.Protocol):
         """The client closed its side (it sends nothing more). uvloop would close the transport at
         once, and the close() system calls of every connection whose EOF one poll phase read would
         then run in the next loop turn: 10,000 clients gone at once held the loop 0.2-0.3 s (bench
-        RESULTS 15.8). So the connection is done here (nothing more is handled or answered, as on
+        RESULTS 15.9). So the connection is done here (nothing more is handled or answered, as on
         uvloop's own close) and its transport closed in a later turn, CLOSE_PER_TURN a turn
         (``Server.close_soon``). TLS transports close as before (their EOF cannot be kept open)."""
         if self.server.tls:
