@@ -308,3 +308,38 @@ def test_operator_views():
     stats = h.gc.snapshot_stats()
     assert stats["groups_by_state"]["Stable"] == 1 and stats["members"] == 2 and stats["offsets"] == 1
     assert stats["counters"]["offset_commits"] == 1
+
+
+def test_a_describe_of_many_groups_is_described_in_slices_and_answered_once(monkeypatch):
+    """DescribeGroups for many groups (``kafka-consumer-groups --describe --all-groups`` asks a
+    coordinator for all of its groups at once) describes DESCRIBE_SLICE_MEMBERS members (and groups) a
+    loop turn and answers once, with every group in the order asked; each group as it is in its
+    slice's turn."""
+    from coordinator.core import coordinator as core
+
+    monkeypatch.setattr(core, "DESCRIBE_SLICE_MEMBERS", 7)
+    h = Harness(offsets_partitions=10)
+    formed = {f"g{i}": h.form_group(f"g{i}", 3)[0] for i in range(6)}
+    asked = ["g0", "nope", "g1", "g2", "g3", "g4", "g5"]
+    h.hold_later = True
+    token = h.send(DESCRIBE, 5, DescribeGroupsRequest(groups=asked))
+    assert h.reply(token) is None  # g0 (4), "nope" (1), g1 (4): over 7, the rest waits
+    assert h.run_later(1) == 1 and h.reply(token) is None  # g2, g3
+    (g5_leaver,) = formed["g5"][:1]
+    h.hold_later = False
+    h.leave("g5", g5_leaver)  # changes g5 before its slice describes it
+    h.hold_later = True
+    assert h.run_later() == 1  # g4 and g5, and the answer
+    resp = h.reply(token)
+    assert [g.group_id for g in resp.groups] == asked
+    assert [g.group_state for g in resp.groups] == ["Stable", "Dead", "Stable", "Stable", "Stable", "Stable",
+                                                    "PreparingRebalance"]
+    for g in resp.groups[:-1]:
+        if g.group_id != "nope":
+            assert {m.member_id for m in g.members} == set(formed[g.group_id])
+    assert {m.member_id for m in resp.groups[-1].members} == set(formed["g5"][1:])
+    # the same request under the budget: answered at once, the same answer for the unchanged groups
+    monkeypatch.setattr(core, "DESCRIBE_SLICE_MEMBERS", 10_000)
+    token = h.send(DESCRIBE, 5, DescribeGroupsRequest(groups=asked[:-1]))
+    assert [g.group_id for g in h.reply(token).groups] == asked[:-1]
+    assert h.reply(token).groups == resp.groups[:-1]

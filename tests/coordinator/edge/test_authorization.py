@@ -79,3 +79,33 @@ def test_acls_created_over_the_wire_are_replayed_from_the_log(tmp_path):
         assert not runtime.acls.authorizer.authorize("User:ANONYMOUS", "127.0.0.1", A.READ, A.GROUP, "g0")
     finally:
         store.close()
+
+
+def test_a_describe_encoded_in_parts_carries_the_gates_refusals(tmp_path, monkeypatch):
+    """A DescribeGroups answer encoded over several turns (ENCODE_SLICE_MEMBERS) carries the
+    gate's refusals as the one-piece answer does (after the groups described, as Kafka's
+    KafkaApis puts them)."""
+    from coordinator.edge import server as edge_server
+
+    async def main():
+        async with Edge(tmp_path, authorizer="acl", allow_everyone_if_no_acl_found=True) as edge:
+            gate = gated(edge)
+            for i in range(4):
+                await edge.member(f"g{i}")
+            gate.authorizer.add(A.Acl(A.GROUP, "g0", A.LITERAL, "User:ANONYMOUS", "*", A.DESCRIBE, A.DENY))
+            gate.authorizer.add(A.Acl(A.GROUP, "g2", A.LITERAL, "User:ANONYMOUS", "*", A.DESCRIBE, A.DENY))
+            asked = ["g0", "g1", "g2", "g3"]
+            whole = await edge.call(m.DescribeGroupsRequest(groups=asked), 5)
+            monkeypatch.setattr(edge_server, "ENCODE_SLICE_MEMBERS", 2)
+            conn, tr = edge.connect()
+            conn.data_received(frame(m.DescribeGroupsRequest(groups=asked), 5, 1))
+            assert not tr.data
+            await until(lambda: tr.data, tr)
+            (body,) = answers(tr.data)
+            _, resp = decode(body, 15, 5)
+            assert resp == whole
+            assert [(g.group_id, g.error_code) for g in resp.groups] == [
+                ("g1", E.NONE), ("g3", E.NONE), ("g0", E.GROUP_AUTHORIZATION_FAILED),
+                ("g2", E.GROUP_AUTHORIZATION_FAILED)]
+
+    run(main())

@@ -665,3 +665,64 @@ def test_offset_commits_answer_the_same_bytes_with_and_without_the_fast_paths(tm
     monkeypatch.setattr(server, "_encode_offset_commit", lambda response, version: None)
     generic, _ = _commit_scenario(tmp_path / "generic")
     assert fast == generic
+
+
+def test_a_describe_answered_in_slices_holds_the_requests_pipelined_after_it(tmp_path, monkeypatch):
+    """A DescribeGroups the core describes over several loop turns (DESCRIBE_SLICE_MEMBERS) parks
+    on its connection like any late answer: the heartbeat pipelined after it is answered after it."""
+    from coordinator.core import coordinator as core
+
+    monkeypatch.setattr(core, "DESCRIBE_SLICE_MEMBERS", 2)
+
+    async def main():
+        async with Edge(tmp_path) as edge:
+            hb = await edge.member("g0")
+            for i in range(1, 5):
+                await edge.member(f"g{i}")
+            conn, tr = edge.connect()
+            groups = [f"g{i}" for i in range(5)]
+            conn.data_received(frame(m.DescribeGroupsRequest(groups=groups), 5, 1) + frame(hb, HB, 2))
+            assert not tr.data and conn.inflight is not None  # the first slice: g0 only
+            await until(lambda: len(answers(tr.data)) == 2, tr)
+            bodies = answers(tr.data)
+            cid, resp = decode(bodies[0], 15, 5)
+            assert cid == 1 and [g.group_id for g in resp.groups] == groups
+            assert all(g.group_state == "Stable" and len(g.members) == 1 for g in resp.groups)
+            assert decode(bodies[1], 12, HB) == (2, m.HeartbeatResponse(error_code=E.NONE))
+
+    run(main())
+
+
+def test_a_big_describe_answer_is_encoded_over_several_turns_and_is_the_codecs(tmp_path, monkeypatch):
+    """A DescribeGroups answer over ENCODE_SLICE_MEMBERS members (and groups) is encoded a part per
+    loop turn (Connection._encode_in_turns): the bytes sent are the generated encoder's, and the
+    heartbeat pipelined after it is answered after it."""
+    from coordinator.edge import server as edge_server
+
+    async def main():
+        async with Edge(tmp_path) as edge:
+            hb = await edge.member("g0")
+            for i in range(1, 6):
+                await edge.member(f"g{i}")
+            groups = [f"g{i}" for i in range(6)] + ["nope"]
+            for version in (0, 3, 5):
+                # the answer in one piece first (under the threshold), then in parts of 4
+                whole_conn, whole_tr = edge.connect()
+                whole_conn.data_received(frame(m.DescribeGroupsRequest(groups=groups), version, 1))
+                await until(lambda t=whole_tr: t.data, whole_tr)
+                monkeypatch.setattr(edge_server, "ENCODE_SLICE_MEMBERS", 4)
+                conn, tr = edge.connect()
+                conn.data_received(frame(m.DescribeGroupsRequest(groups=groups), version, 1) + frame(hb, HB, 2))
+                assert not tr.data and conn.inflight is not None  # 2 groups (4) encoded, the rest later
+                await asyncio.sleep(0)
+                assert not tr.data  # 2 more a turn
+                await until(lambda t=tr: len(answers(t.data)) == 2, tr)
+                monkeypatch.setattr(edge_server, "ENCODE_SLICE_MEMBERS", 2048)
+                bodies = answers(tr.data)
+                assert bodies[0] == answers(whole_tr.data)[0]
+                cid, resp = decode(bodies[0], 15, version)
+                assert cid == 1 and [g.group_id for g in resp.groups] == groups
+                assert [len(g.members) for g in resp.groups] == [1] * 6 + [0]
+                assert decode(bodies[1], 12, HB) == (2, m.HeartbeatResponse(error_code=E.NONE))
+
+    run(main())
