@@ -100,6 +100,29 @@ def test_kafka_python_admin_client(herd, members):
         admin.close()
 
 
+def test_kafka_python_admin_describes_thousands_of_groups_in_one_request(herd, members):
+    """kafka-python's admin client sends one DescribeGroups per coordinator (as Kafka's own does,
+    KIP-699): 3,000 groups and a live one, over what herd describes and encodes in one loop turn
+    (2,048 members and groups), come back whole: every group once, the live one in full."""
+    from kafka.admin import KafkaAdminClient
+
+    group, topic = "admin-many", "admin-many-topic"
+    ms = _start_group(herd, members, group, topic)
+    admin = KafkaAdminClient(bootstrap_servers=herd.bootstrap, request_timeout_ms=10000)
+    try:
+        unknown = [f"admin-none-{i:04d}" for i in range(3000)]
+        described = admin.describe_groups(unknown[:1500] + [group] + unknown[1500:])
+        assert sorted(described) == sorted(unknown + [group])
+        g = described[group]
+        assert (g["group_state"], g["protocol_data"], g["error"]) == ("Stable", "range", None)
+        assert {m["client_id"] for m in g["members"]} == {"kp-admin", "ck-admin"}
+        assert all(described[u]["group_state"] == "Dead" and not described[u]["members"] for u in unknown)
+    finally:
+        admin.close()
+        for mem in ms:
+            mem.stop()
+
+
 def _error_name(value) -> str:
     """kafka-python 3.0.12 reports delete_groups results as error class names or instances."""
     if isinstance(value, str):
