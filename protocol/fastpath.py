@@ -4,9 +4,9 @@ The daemon answers its two most frequent requests without building request or re
 
 * Heartbeat: the answer's bytes after the correlation id depend only on (version, error code):
   :func:`heartbeat_tail`, cached.
-* a DescribeGroups answer of many groups can be encoded a part at a time
-  (:func:`describe_groups_frame` around the parts of :func:`encode_described_groups`), so that the
-  edge spreads a big one over several loop turns.
+* a DescribeGroups or ConsumerGroupDescribe answer of many groups can be encoded a part at a time
+  (:func:`list_answer_frame` around the parts of :func:`encode_list_entries`), so that the edge
+  spreads a big one over several loop turns.
 * a steady-state ConsumerGroupHeartbeat (KIP-848: a member that changes nothing): the request is
   recognised from its bytes (:func:`parse_steady_consumer_heartbeat`) and the answer written from
   the request's own group-id bytes (:func:`steady_consumer_heartbeat_answer`).
@@ -29,7 +29,7 @@ from protocol.wire import ProtocolError, read_uvarint, uvarint_bytes
 
 __all__ = ["FRAME_HEAD", "header_tails", "heartbeat_tail", "encode_heartbeat_body",
            "parse_steady_consumer_heartbeat", "steady_consumer_heartbeat_answer", "encode_offset_commit_response",
-           "decode_offset_commit_request", "describe_groups_frame", "encode_described_groups"]
+           "decode_offset_commit_request", "list_answer_frame", "encode_list_entries"]
 
 FRAME_HEAD = struct.Struct(">ii")  # frame size, correlation id
 _II = struct.Struct(">ii")
@@ -377,22 +377,24 @@ def consumer_heartbeat_is_rebalance_work(frame: bytes) -> bool:
     return version >= len(_CG_STEADY_TAIL) or frame[end:] != _CG_STEADY_TAIL[version]
 
 
-def describe_groups_frame(count: int, version: int, throttle_time_ms: int = 0) -> tuple[bytes, bytes]:
-    """(head, tail) of a DescribeGroupsResponse of ``count`` groups and no tagged fields: the
-    encoded answer is ``head``, then the parts of :func:`encode_described_groups` for its groups in
-    order, then ``tail``."""
-    empty = m.DescribeGroupsResponse(throttle_time_ms=throttle_time_ms, groups=[]).encode(version)
-    if version >= m.DescribeGroupsResponse.FLEXIBLE_VERSION:  # [throttle] uvarint(0 + 1), no tagged fields
+def list_answer_frame(cls, count: int, version: int, throttle_time_ms: int = 0) -> tuple[bytes, bytes]:
+    """(head, tail) of an answer of ``cls`` whose one list, ``groups``, is its last field after
+    fixed-size ones (DescribeGroupsResponse, ConsumerGroupDescribeResponse), with ``count`` entries
+    and no tagged fields: the encoded answer is ``head``, then the parts of
+    :func:`encode_list_entries` for its entries in order, then ``tail``."""
+    empty = cls(throttle_time_ms=throttle_time_ms, groups=[]).encode(version)
+    if version >= cls.FLEXIBLE_VERSION:  # ... uvarint(0 + 1), no tagged fields
         return empty[:-2] + uvarint_bytes(count + 1), empty[-1:]
     return empty[:-4] + _I32.pack(count), b""
 
 
-def encode_described_groups(groups: list, version: int) -> bytes:
-    """The bytes ``groups`` (DescribeGroupsResponseDescribedGroup) take inside a DescribeGroups
-    answer of ``version``: the generic encoder's, without the answer's own fields around them."""
-    out = m.DescribeGroupsResponse(groups=groups).encode(version)
-    pos = 4 if version >= 1 else 0  # throttle_time_ms
-    if version >= m.DescribeGroupsResponse.FLEXIBLE_VERSION:
+def encode_list_entries(cls, entries: list, version: int) -> bytes:
+    """The bytes ``entries`` take inside an answer of ``cls`` (see :func:`list_answer_frame`): the
+    generic encoder's, without the answer's own fields around them."""
+    out = cls(groups=entries).encode(version)
+    flexible = version >= cls.FLEXIBLE_VERSION
+    pos = len(cls(groups=[]).encode(version)) - (2 if flexible else 4)  # the fixed-size fields before the list
+    if flexible:
         _, pos = read_uvarint(out, pos)
         return out[pos:-1]  # and the answer's empty tagged fields
     return out[pos + 4:]

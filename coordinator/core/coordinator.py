@@ -84,10 +84,10 @@ _NO_SHARDS = NO_SHARDS
 # Timer heap entries looked at per on_timers call (~1-2 ms of re-arming extended heartbeat deadlines
 # on the machine measured); more is left for the next loop turn, with I/O served in between.
 TIMER_STEPS_PER_CALL = 500
-# A DescribeGroups describes groups until it has described this many members (and groups), then
-# leaves the rest for later loop turns (Result.later): `kafka-consumer-groups --describe
-# --all-groups` asks for every group of a coordinator in one request, and describing 1,000 groups of
-# 10 members took ~30 ms of loop time in one go (bench/RESULTS.md 15.10).
+# A DescribeGroups (ConsumerGroupDescribe) describes groups until it has described this many members
+# (and groups), then leaves the rest for later loop turns (Result.later): `kafka-consumer-groups
+# --describe --all-groups` asks for every group of a coordinator in one request, and describing
+# 1,000 groups of 10 members took ~30 ms of loop time in one go (bench/RESULTS.md 15.10).
 DESCRIBE_SLICE_MEMBERS = 2048
 _REPLAY_PREFIXES_MAX = 100_000  # bounds the replay cache when there are very many (group, topic) pairs
 
@@ -326,20 +326,16 @@ class GroupCoordinator:
         return out
 
     def _consumer_group_describe(self, version, req, token, now, wall, client_id, client_host) -> Result:
-        described = []
-        touched = set()
-        for gid in req.group_ids:
-            shard = self._shard(gid)
-            touched.add(shard.shard_id)
+        def one(shard, gid):
             err = self._unavailable(shard)
             if err:
-                described.append(consumer_described_group_error(gid, err))
-                continue
+                return consumer_described_group_error(gid, err), 0
             d = shard.consumer.describe([gid], req.include_authorized_operations)[0]
             if d.error_code == errors.GROUP_ID_NOT_FOUND and gid in shard.classic.groups:
                 d.error_message = f"Group {gid} is not a consumer group."  # Kafka's words for a classic one
-            described.append(d)
-        return Result([], [(token, ConsumerGroupDescribeResponse(groups=described))], frozenset(touched))
+            return d, len(d.members)
+
+        return self._described_in_slices(req.group_ids, one, ConsumerGroupDescribeResponse, token)
 
     def topics_changed(self, now_ms: int, wall_ms: int) -> Result:
         """A topic was created or grown in the catalog (and once after start-up): every consumer
@@ -352,42 +348,43 @@ class GroupCoordinator:
 
     def _describe_groups(self, version, req, token, now, wall, client_id, client_host) -> Result:
         include_ops = version >= 3 and req.include_authorized_operations
-        ids = req.groups
-        out_groups = []
+
+        def one(shard, gid):
+            err = self._unavailable(shard)
+            if err:
+                return described_group_error(gid, err), 0
+            described = shard.describe_group(gid, include_ops)
+            if version < 4:
+                for m in described.members:
+                    m.group_instance_id = None
+            return described, len(described.members)
+
+        return self._described_in_slices(req.groups, one, DescribeGroupsResponse, token)
+
+    def _described_in_slices(self, ids, one, response_cls, token) -> Result:
+        """Answer ``token`` with ``response_cls(groups=[one(shard, id)[0] for each id])``, describing
+        DESCRIBE_SLICE_MEMBERS members (and groups) a loop turn and leaving the rest for the next
+        ones (Result.later; ``one`` -> (the described group, its members)). Each group is described
+        as it is in its slice's turn (Kafka's describes read each group on its own, not all of them
+        at one instant either)."""
+        described = []
         touched = set()
 
-        def describe(start: int) -> int:
-            """Describe ``ids[start:]`` until DESCRIBE_SLICE_MEMBERS members (and groups) are
-            described; -> where the next slice starts (len(ids): done)."""
+        def step(start: int) -> Result:
             budget = DESCRIBE_SLICE_MEMBERS
             i = start
             while i < len(ids) and budget > 0:
                 gid = ids[i]
                 i += 1
-                budget -= 1
                 shard = self._shard(gid)
                 touched.add(shard.shard_id)
-                err = self._unavailable(shard)
-                if err:
-                    out_groups.append(described_group_error(gid, err))
-                    continue
-                described = shard.describe_group(gid, include_ops)
-                budget -= len(described.members)
-                if version < 4:
-                    for m in described.members:
-                        m.group_instance_id = None
-                out_groups.append(described)
-            return i
-
-        def step(start: int) -> Result:
-            """Describe a slice; answer once every group is described, else leave the rest for
-            the next loop turn. Each group is described as it is in its slice's turn (Kafka's
-            DescribeGroups reads each group on its own, not all of them at one instant either)."""
-            nxt = describe(start)
-            if nxt >= len(ids):
-                return Result([], [(token, DescribeGroupsResponse(groups=out_groups))], frozenset(touched))
+                d, members = one(shard, gid)
+                described.append(d)
+                budget -= 1 + members
+            if i >= len(ids):
+                return Result([], [(token, response_cls(groups=described))], frozenset(touched))
             out = Result()
-            out.defer(lambda now_ms, wall_ms: step(nxt))
+            out.defer(lambda now_ms, wall_ms: step(i))
             return out
 
         return step(0)

@@ -75,12 +75,13 @@ _decode_sync = fastpath.decode_sync_group_request
 OFFSET_COMMIT = m.OffsetCommitRequest.API_KEY
 HEARTBEAT = 12
 JOIN_GROUP = m.JoinGroupRequest.API_KEY
-DESCRIBE_GROUPS = m.DescribeGroupsRequest.API_KEY
-_DescribeGroupsResponse = m.DescribeGroupsResponse
-# A DescribeGroups answer over this many members (and groups) is encoded this many a loop turn
-# (Connection._encode_in_turns): one for every group of a coordinator (`kafka-consumer-groups
-# --describe --all-groups`) took ~20 ms to encode per 1,000 groups of 10 (bench/RESULTS.md 15.10).
+# A DescribeGroups (ConsumerGroupDescribe) answer over this many members (and groups) is encoded this
+# many a loop turn (Connection._encode_in_turns): one for every group of a coordinator
+# (`kafka-consumer-groups --describe --all-groups`) took ~20 ms to encode per 1,000 groups of 10
+# (bench/RESULTS.md 15.10).
 ENCODE_SLICE_MEMBERS = 2048
+_SLICED_ANSWERS = {m.DescribeGroupsRequest.API_KEY: m.DescribeGroupsResponse,
+                   m.ConsumerGroupDescribeRequest.API_KEY: m.ConsumerGroupDescribeResponse}
 SYNC_GROUP = m.SyncGroupRequest.API_KEY
 PENDING_IDS_KEPT = 32  # MEMBER_ID_REQUIRED ids remembered per connection (normally one at a time)
 CONSUMER_GROUP_HEARTBEAT = m.ConsumerGroupHeartbeatRequest.API_KEY
@@ -169,7 +170,7 @@ class _Encoded:
     """An answer whose body is already encoded (Connection._encode_in_turns)."""
 
     __slots__ = ("body",)
-    error_code = 0  # for herd_request_errors_total: DescribeGroups has per-group errors only
+    error_code = 0  # for herd_request_errors_total: the describes have per-group errors only
 
     def __init__(self, body: bytes):
         self.body = body
@@ -853,8 +854,9 @@ class Connection(asyncio.Protocol):
     def send_response(self, token: Reply, response) -> None:
         if token.api_key == JOIN_GROUP and response.error_code == E.MEMBER_ID_REQUIRED and response.member_id:
             self._minted(token.request.group_id, response.member_id)
-        elif token.api_key == DESCRIBE_GROUPS and token is self.inflight and type(response) is _DescribeGroupsResponse \
-                and not response.unknown_tagged_fields and not self.closed:
+        elif token.api_key in _SLICED_ANSWERS and token is self.inflight \
+                and type(response) is _SLICED_ANSWERS[token.api_key] and not response.unknown_tagged_fields \
+                and not self.closed:
             if token.amend is not None:
                 response, token.amend = token.amend(response), None
             if len(response.groups) + sum(len(g.members) for g in response.groups) > ENCODE_SLICE_MEMBERS:
@@ -903,20 +905,20 @@ class Connection(asyncio.Protocol):
                 self.released()
 
     def _encode_in_turns(self, token: Reply, response, start: int, body: bytearray) -> None:
-        """Encode a big DescribeGroups answer ENCODE_SLICE_MEMBERS members (and groups) a loop turn,
-        then send it. The request stays in flight meanwhile, so nothing after it on this connection
-        is handled before its answer leaves."""
+        """Encode a big DescribeGroups (ConsumerGroupDescribe) answer ENCODE_SLICE_MEMBERS members
+        (and groups) a loop turn, then send it. The request stays in flight meanwhile, so nothing
+        after it on this connection is handled before its answer leaves."""
         if token is not self.inflight or self.closed:
             return  # the connection closed meanwhile
-        groups, version = response.groups, token.api_version
+        groups, version, cls = response.groups, token.api_version, type(response)
         if start == 0:
-            body += fastpath.describe_groups_frame(len(groups), version, response.throttle_time_ms)[0]
+            body += fastpath.list_answer_frame(cls, len(groups), version, response.throttle_time_ms)[0]
         end, budget = start, ENCODE_SLICE_MEMBERS
         while end < len(groups) and budget > 0:
             budget -= 1 + len(groups[end].members)
             end += 1
         try:
-            body += fastpath.encode_described_groups(groups[start:end], version)
+            body += fastpath.encode_list_entries(cls, groups[start:end], version)
         except EncodeError:
             log.exception("cannot encode response", peer=self.peer, response=type(response).__name__,
                           api_version=version)
@@ -925,7 +927,7 @@ class Connection(asyncio.Protocol):
         if end < len(groups):
             self.server.loop.call_soon(self._encode_in_turns, token, response, end, body)
             return
-        body += fastpath.describe_groups_frame(len(groups), version, response.throttle_time_ms)[1]
+        body += fastpath.list_answer_frame(cls, len(groups), version, response.throttle_time_ms)[1]
         self.send_response(token, _Encoded(bytes(body)))
 
     def released(self) -> None:

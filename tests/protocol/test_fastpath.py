@@ -320,9 +320,10 @@ def test_a_describe_groups_answer_encoded_in_parts_is_the_codecs(groups, cuts, v
             for mem in g.members:
                 mem.group_instance_id = None
     whole = m.DescribeGroupsResponse(throttle_time_ms=throttle if version >= 1 else 0, groups=groups).encode(version)
-    head, tail = fastpath.describe_groups_frame(len(groups), version, throttle if version >= 1 else 0)
+    head, tail = fastpath.list_answer_frame(m.DescribeGroupsResponse, len(groups), version,
+                                            throttle if version >= 1 else 0)
     bounds = sorted({0, len(groups), *(min(c, len(groups)) for c in cuts)})
-    parts = b"".join(fastpath.encode_described_groups(groups[a:b], version)
+    parts = b"".join(fastpath.encode_list_entries(m.DescribeGroupsResponse, groups[a:b], version)
                      for a, b in zip(bounds[:-1], bounds[1:], strict=True))
     assert head + parts + tail == whole
 
@@ -331,6 +332,23 @@ def test_a_describe_groups_answer_of_over_127_groups_has_a_longer_count():
     groups = [m.DescribeGroupsResponseDescribedGroup(group_id=f"g{i}", group_state="Dead") for i in range(300)]
     for version in range(6):
         whole = m.DescribeGroupsResponse(groups=groups).encode(version)
-        head, tail = fastpath.describe_groups_frame(300, version)
-        assert head + fastpath.encode_described_groups(groups[:200], version) \
-            + fastpath.encode_described_groups(groups[200:], version) + tail == whole
+        head, tail = fastpath.list_answer_frame(m.DescribeGroupsResponse, 300, version)
+        assert head + fastpath.encode_list_entries(m.DescribeGroupsResponse, groups[:200], version) \
+            + fastpath.encode_list_entries(m.DescribeGroupsResponse, groups[200:], version) + tail == whole
+
+
+def test_a_consumer_group_describe_answer_encoded_in_parts_is_the_codecs():
+    groups = [m.ConsumerGroupDescribeResponseDescribedGroup(
+        group_id=f"g{i}", group_state="Stable", group_epoch=i, assignment_epoch=i, assignor_name="uniform",
+        members=[m.ConsumerGroupDescribeResponseMember(
+            member_id=f"m{i}-{k}", member_epoch=i, client_id="c", client_host="/h", subscribed_topic_names=["t"],
+            assignment=m.ConsumerGroupDescribeResponseAssignment(topic_partitions=[
+                m.ConsumerGroupDescribeResponseTopicPartitions(topic_id=(i + 1).to_bytes(16, "big"), topic_name="t",
+                                                               partitions=[k])]))
+            for k in range(i % 3)]) for i in range(200)]
+    for cut in (0, 1, 130, 199, 200):
+        whole = m.ConsumerGroupDescribeResponse(throttle_time_ms=7, groups=groups).encode(0)
+        head, tail = fastpath.list_answer_frame(m.ConsumerGroupDescribeResponse, 200, 0, 7)
+        parts = fastpath.encode_list_entries(m.ConsumerGroupDescribeResponse, groups[:cut], 0) \
+            + fastpath.encode_list_entries(m.ConsumerGroupDescribeResponse, groups[cut:], 0)
+        assert head + parts + tail == whole

@@ -349,3 +349,23 @@ def test_the_assignment_interval_setting_reaches_the_consumer_groups():
     st = converge(h, "g", {a.member_id: [a.member_epoch, owned_of(a)], b.member_id: [b.member_epoch, {}]})
     assert sorted(len(st[mid][1].get(T, ())) for mid in st) == [2, 2]
     assert h.gc.describe_group("g")["state"] == "Stable"
+
+
+def test_a_consumer_group_describe_of_many_groups_is_described_in_slices(monkeypatch):
+    """ConsumerGroupDescribe of more groups than DESCRIBE_SLICE_MEMBERS members (and groups):
+    described over loop turns, answered once, every group in the order asked."""
+    from coordinator.core import coordinator as core
+
+    h = harness()
+    members = {gid: join(h, gid).member_id for gid in ("a", "b", "c", "d")}
+    monkeypatch.setattr(core, "DESCRIBE_SLICE_MEMBERS", 3)
+    asked = ["a", "nope", "b", "c", "d"]
+    h.hold_later = True
+    token = h.send(CGD, 0, m.ConsumerGroupDescribeRequest(group_ids=asked))
+    assert h.reply(token) is None  # a (2) and nope (1): the budget of 3
+    assert h.run_later() == 2  # b and c, then d and the answer
+    r = h.reply(token)
+    assert [g.group_id for g in r.groups] == asked
+    assert [g.error_code for g in r.groups] == [0, E.GROUP_ID_NOT_FOUND, 0, 0, 0]
+    assert [[mm.member_id for mm in g.members] for g in r.groups] == [
+        [members["a"]], [], [members["b"]], [members["c"]], [members["d"]]]
