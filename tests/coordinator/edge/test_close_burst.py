@@ -6,16 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import struct
 
-from coordinator.config import Config
-from coordinator.core.catalog import Catalog
-from coordinator.core.coordinator import GroupCoordinator
-from coordinator.edge.server import Connection, Server
-from coordinator.runtime import Runtime
-from coordinator.store.filelog import LogStore
+from coordinator.edge.server import Connection
 from protocol import messages as m
-from tests.coordinator.edge.test_server_fastpath import answers, decode, frame, run
+from tests.coordinator.edge.test_server_fastpath import Listening, answers, decode, frame, run, sock_answer
 
 
 def test_a_burst_of_closes_is_closed_by_turns_and_nothing_is_left_behind(tmp_path, monkeypatch):
@@ -31,69 +25,52 @@ def test_a_burst_of_closes_is_closed_by_turns_and_nothing_is_left_behind(tmp_pat
     monkeypatch.setattr(Connection, "connection_lost", counted_lost)
 
     async def main():
-        config = Config(data_dir=str(tmp_path), fsync="never", offsets_partitions=4, port=0,
-                        initial_rebalance_delay_ms=0)
-        store = LogStore(tmp_path, config.offsets_partitions, fsync="never")
-        store.open(latest_only=True)
         loop = asyncio.get_running_loop()
-        runtime = Runtime(config, GroupCoordinator(config.group_config(), node_id=0), Catalog(config, node_id=0),
-                          store)
-        server = Server(config, runtime)
-        runtime.replay({})
-        runtime.start(loop)
-        host, port = await server.bind()
-        await server.start()
-        server.close_per_turn = 16
-        ticking = [True]
+        async with Listening(tmp_path) as edge:
+            server = edge.server
+            server.close_per_turn = 16
+            ticking = [True]
 
-        def tick():  # counts loop turns: one call_soon callback per turn
-            turn[0] += 1
-            if ticking[0]:
-                loop.call_soon(tick)
+            def tick():  # counts loop turns: one call_soon callback per turn
+                turn[0] += 1
+                if ticking[0]:
+                    loop.call_soon(tick)
 
-        socks = []
-        other = None
-        try:
-            for _ in range(n):
-                socks.append(socket.create_connection((host, port)))
-            other = socket.create_connection((host, port))
-            other.setblocking(False)
-            while len(server.connections) < n + 1:  # accepted
-                await asyncio.sleep(0.01)
-            loop.call_soon(tick)
-            await asyncio.sleep(0)
-            for s in socks:  # all in one go: the server's next poll reads every EOF
-                s.close()
             socks = []
-            # meanwhile another client is served
-            other.send(frame(m.ApiVersionsRequest(), 3, 77))
-            data = b""
-            while len(data) < 4 or len(data) < 4 + struct.unpack_from(">i", data)[0]:
-                data += await asyncio.wait_for(loop.sock_recv(other, 65536), 10)
-            (body,) = answers(data)
-            assert decode(body, m.ApiVersionsRequest.API_KEY, 3)[0] == 77
-            for _ in range(1000):
-                if len(turn_of_lost) == n:
-                    break
-                await asyncio.sleep(0.01)
-            assert len(turn_of_lost) == n
-            per_turn: dict[int, int] = {}
-            for t in turn_of_lost:
-                per_turn[t] = per_turn.get(t, 0) + 1
-            assert max(per_turn.values()) <= 16  # close_per_turn a turn
-            assert len(per_turn) >= n // 16
-            assert len(server.connections) == 1 and not server.to_close and not server.close_scheduled
-            assert server.per_ip == {"127.0.0.1": 1}
-        finally:
-            ticking[0] = False
-            for s in socks:
-                s.close()
-            if other is not None:
-                other.close()
-            server.stop_accepting()
-            server.close_all()
-            runtime.shutdown()
-            store.close()
+            other = None
+            try:
+                for _ in range(n):
+                    socks.append(socket.create_connection((edge.host, edge.port)))
+                other = socket.create_connection((edge.host, edge.port))
+                other.setblocking(False)
+                while len(server.connections) < n + 1:  # accepted
+                    await asyncio.sleep(0.01)
+                loop.call_soon(tick)
+                await asyncio.sleep(0)
+                for s in socks:  # all in one go: the server's next poll reads every EOF
+                    s.close()
+                socks = []
+                # meanwhile another client is served
+                other.send(frame(m.ApiVersionsRequest(), 3, 77))
+                assert decode(await sock_answer(other, 10), m.ApiVersionsRequest.API_KEY, 3)[0] == 77
+                for _ in range(1000):
+                    if len(turn_of_lost) == n:
+                        break
+                    await asyncio.sleep(0.01)
+                assert len(turn_of_lost) == n
+                per_turn: dict[int, int] = {}
+                for t in turn_of_lost:
+                    per_turn[t] = per_turn.get(t, 0) + 1
+                assert max(per_turn.values()) <= 16  # close_per_turn a turn
+                assert len(per_turn) >= n // 16
+                assert len(server.connections) == 1 and not server.to_close and not server.close_scheduled
+                assert server.per_ip == {"127.0.0.1": 1}
+            finally:
+                ticking[0] = False
+                for s in socks:
+                    s.close()
+                if other is not None:
+                    other.close()
 
     run(main())
 
@@ -103,40 +80,28 @@ def test_a_client_that_closes_after_its_request_is_answered_and_then_closed(tmp_
     the server closes its side."""
 
     async def main():
-        config = Config(data_dir=str(tmp_path), fsync="never", offsets_partitions=4, port=0)
-        store = LogStore(tmp_path, config.offsets_partitions, fsync="never")
-        store.open(latest_only=True)
         loop = asyncio.get_running_loop()
-        runtime = Runtime(config, GroupCoordinator(config.group_config(), node_id=0), Catalog(config, node_id=0),
-                          store)
-        server = Server(config, runtime)
-        runtime.replay({})
-        runtime.start(loop)
-        host, port = await server.bind()
-        await server.start()
-        s = socket.create_connection((host, port))
-        s.setblocking(False)
-        try:
-            s.send(frame(m.ApiVersionsRequest(), 3, 5))
-            s.shutdown(socket.SHUT_WR)
-            data = b""
-            while True:
-                chunk = await asyncio.wait_for(loop.sock_recv(s, 65536), 10)
-                if not chunk:  # the server closed its side
-                    break
-                data += chunk
-            (body,) = answers(data)
-            assert decode(body, m.ApiVersionsRequest.API_KEY, 3)[0] == 5
-            for _ in range(500):
-                if not server.connections:
-                    break
-                await asyncio.sleep(0.01)
-            assert not server.connections and server.per_ip == {}
-        finally:
-            s.close()
-            server.stop_accepting()
-            server.close_all()
-            runtime.shutdown()
-            store.close()
+        async with Listening(tmp_path) as edge:
+            server = edge.server
+            s = socket.create_connection((edge.host, edge.port))
+            s.setblocking(False)
+            try:
+                s.send(frame(m.ApiVersionsRequest(), 3, 5))
+                s.shutdown(socket.SHUT_WR)
+                data = b""
+                while True:
+                    chunk = await asyncio.wait_for(loop.sock_recv(s, 65536), 10)
+                    if not chunk:  # the server closed its side
+                        break
+                    data += chunk
+                (body,) = answers(data)
+                assert decode(body, m.ApiVersionsRequest.API_KEY, 3)[0] == 5
+                for _ in range(500):
+                    if not server.connections:
+                        break
+                    await asyncio.sleep(0.01)
+                assert not server.connections and server.per_ip == {}
+            finally:
+                s.close()
 
     run(main())

@@ -6,17 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import struct
 
-from coordinator.config import Config
-from coordinator.core.catalog import Catalog
-from coordinator.core.coordinator import GroupCoordinator
-from coordinator.edge.server import Server
-from coordinator.runtime import Runtime
-from coordinator.store.filelog import LogStore
 from protocol import errors as E
 from protocol import messages as m
-from tests.coordinator.edge.test_server_fastpath import HB, Edge, answers, decode, frame, run
+from tests.coordinator.edge.test_server_fastpath import HB, Edge, Listening, answers, decode, frame, run, sock_answer
 
 SYNC_V = 3
 
@@ -118,52 +111,32 @@ def test_over_loopback_a_burst_is_held_back_and_every_request_is_answered(tmp_pa
     n = 200
 
     async def main():
-        config = Config(data_dir=str(tmp_path), fsync="never", offsets_partitions=4, port=0,
-                        initial_rebalance_delay_ms=0)
-        store = LogStore(tmp_path, config.offsets_partitions, fsync="never")
-        store.open(latest_only=True)
-        loop = asyncio.get_running_loop()
-        runtime = Runtime(config, GroupCoordinator(config.group_config(), node_id=0), Catalog(config, node_id=0),
-                          store)
-        server = Server(config, runtime)
-        runtime.replay({})
-        runtime.start(loop)
-        host, port = await server.bind()
-        await server.start()
-        server.turns.budget = 0.0
-        server.turns.hold_back_after = 8
-        server.rearm_per_turn = 16
-        socks = []
-        try:
-            for _ in range(n):
-                s = socket.create_connection((host, port))
-                s.setblocking(False)
-                socks.append(s)
-            while len(server.connections) < n:  # accepted
-                await asyncio.sleep(0.01)
-            for i, s in enumerate(socks):  # all in one go: the server's next poll finds them all readable
-                s.send(frame(unknown_sync(f"big{i}"), SYNC_V, 100 + i))
+        async with Listening(tmp_path) as edge:
+            server = edge.server
+            server.turns.budget = 0.0
+            server.turns.hold_back_after = 8
+            server.rearm_per_turn = 16
+            socks = []
+            try:
+                for _ in range(n):
+                    s = socket.create_connection((edge.host, edge.port))
+                    s.setblocking(False)
+                    socks.append(s)
+                while len(server.connections) < n:  # accepted
+                    await asyncio.sleep(0.01)
+                for i, s in enumerate(socks):  # all in one go: the server's next poll finds them all readable
+                    s.send(frame(unknown_sync(f"big{i}"), SYNC_V, 100 + i))
 
-            async def answer(i, s):
-                data = b""
-                while len(data) < 4 or len(data) < 4 + struct.unpack_from(">i", data)[0]:
-                    chunk = await loop.sock_recv(s, 4096)
-                    assert chunk, "connection closed"
-                    data += chunk
-                (body,) = answers(data)
-                return decode(body, m.SyncGroupRequest.API_KEY, SYNC_V)
+                async def answer(s):
+                    return decode(await sock_answer(s), m.SyncGroupRequest.API_KEY, SYNC_V)
 
-            got = await asyncio.wait_for(asyncio.gather(*(answer(i, s) for i, s in enumerate(socks))), 30)
-            assert [cid for cid, _ in got] == [100 + i for i in range(n)]
-            assert all(resp.error_code == E.UNKNOWN_MEMBER_ID for _, resp in got)
-            assert server.read_bursts >= 1 and server.held_back_total > 0
-            assert not server.held_back and all(not c.held_back and not c.paused for c in server.connections)
-        finally:
-            for s in socks:
-                s.close()
-            server.stop_accepting()
-            server.close_all()
-            runtime.shutdown()
-            store.close()
+                got = await asyncio.wait_for(asyncio.gather(*(answer(s) for s in socks)), 30)
+                assert [cid for cid, _ in got] == [100 + i for i in range(n)]
+                assert all(resp.error_code == E.UNKNOWN_MEMBER_ID for _, resp in got)
+                assert server.read_bursts >= 1 and server.held_back_total > 0
+                assert not server.held_back and all(not c.held_back and not c.paused for c in server.connections)
+            finally:
+                for s in socks:
+                    s.close()
 
     run(main())

@@ -150,6 +150,36 @@ class Edge:
         return m.HeartbeatRequest(group_id=group_id, generation_id=j.generation_id, member_id=j.member_id)
 
 
+class Listening(Edge):
+    """An Edge whose server listens on a loopback port of its own (``host``, ``port``): real sockets."""
+
+    def __init__(self, tmp_path: Path, **overrides):
+        super().__init__(tmp_path, port=0, **overrides)
+
+    async def __aenter__(self) -> Listening:
+        await super().__aenter__()
+        self.host, self.port = await self.server.bind()
+        await self.server.start()
+        return self
+
+    async def __aexit__(self, *exc):
+        self.server.stop_accepting()
+        self.server.close_all()
+        await super().__aexit__(*exc)
+
+
+async def sock_answer(sock, bound_s: float = 30.0) -> bytes:
+    """One answer's body read from a non-blocking socket on the running loop."""
+    loop = asyncio.get_running_loop()
+    data = b""
+    while len(data) < 4 or len(data) < 4 + struct.unpack_from(">i", data)[0]:
+        chunk = await asyncio.wait_for(loop.sock_recv(sock, 65536), bound_s)
+        assert chunk, "connection closed"
+        data += chunk
+    (body,) = answers(data)
+    return body
+
+
 async def until(cond, tr: FakeTransport, bound_s: float = 30.0):
     """Wait until ``cond()`` holds, waking on each write to ``tr`` (the answers released by the log
     writer arrive through the loop); ``bound_s`` only bounds a hung test."""
