@@ -172,7 +172,7 @@ class _Encoded:
     __slots__ = ("body",)
     error_code = 0  # for herd_request_errors_total: the describes have per-group errors only
 
-    def __init__(self, body: bytes):
+    def __init__(self, body: bytes | bytearray):
         self.body = body
 
 
@@ -928,7 +928,7 @@ class Connection(asyncio.Protocol):
             self.server.loop.call_soon(self._encode_in_turns, token, response, end, body)
             return
         body += fastpath.list_answer_frame(cls, len(groups), version, response.throttle_time_ms)[1]
-        self.send_response(token, _Encoded(bytes(body)))
+        self.send_response(token, _Encoded(body))  # the bytearray itself: no copy of a big answer
 
     def released(self) -> None:
         """Write what was released while no request was being handled; go on with the queue."""
